@@ -1,0 +1,41 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="verl-mm-tools",
+    version="0.1.0",
+    description="Multimodal multi-turn tool use for verl's PPO/GRPO trainers: image tools, an mm_tool agent loop, "
+    "environments, reward managers and a CPU backend, as a verl plugin.",
+    long_description=(HERE / "README_VLMRL.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verl_mm_tools", "verl_mm_tools.*"]),
+    package_data={"verl_mm_tools": ["py.typed", "**/*.yaml", "**/*.jinja"]},
+    install_requires=[
+        "verl>=0.9.1,<0.10",
+        # torch/torchvision are not pinned: GPU users bring their own build. The CPU path pins them in
+        # constraints-cpu.txt (torch 2.14.1 + torchvision 0.29.1).
+        "torch",
+        "torchvision",
+        "transformers>=5.5.3,<5.11",  # verl 0.9.1's supported range
+        "qwen-vl-utils>=0.0.14",
+        "pillow",
+        "tokenizers>=0.22",
+        # imported by verl's agent-loop / rollout code but not declared by verl 0.9.1
+        "cachetools",
+        "fastapi",
+        "uvicorn",
+    ],
+    extras_require={
+        "vllm": ["vllm"],
+        "sglang": ["sglang"],
+        "test": ["pytest>=8", "hypothesis>=6"],
+    },
+    entry_points={
+        "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],
+        "console_scripts": ["verl-mm-tools = verl_mm_tools.cli:main"],
+    },
+)

@@ -1,0 +1,36 @@
+"""One small error hierarchy. Messages say what was wrong, what was received and what to do."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class VerlMMToolsError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(VerlMMToolsError, ValueError):
+    """A user configuration (YAML, hydra override, dataset column) is invalid."""
+
+
+class PluginRegistrationError(VerlMMToolsError, RuntimeError):
+    """Registering a component into one of verl's registries failed (e.g. a name clash)."""
+
+
+class ToolInputError(VerlMMToolsError, ValueError):
+    """A model-written tool call is invalid. The message is shown to the model as the tool response."""
+
+
+class ImageBudgetError(VerlMMToolsError):
+    """An image does not fit the trajectory's image budget."""
+
+
+class TrajectoryValidationError(VerlMMToolsError):
+    """A finished trajectory violates an invariant (token/mask lengths, image placeholders, ...)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """A ' Did you mean ...?' suffix naming the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
