@@ -1,0 +1,33 @@
+"""Shared fixtures: the real embedded tiny models (built once per machine, cached) and their processors."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_mm_tools.tiny import FAMILIES, tiny_model_path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """The default tiny Qwen2.5-VL."""
+    return tiny_model_path()
+
+
+@pytest.fixture(scope="session", params=sorted(FAMILIES))
+def tiny_family_dir(request):
+    """Each tiny family verl supports for Qwen: (family, model directory)."""
+    return request.param, tiny_model_path(family=request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_processor(tiny_model_dir):
+    from verl.utils import hf_processor
+
+    return hf_processor(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from verl.utils import hf_tokenizer
+
+    return hf_tokenizer(str(tiny_model_dir))

@@ -1,0 +1,157 @@
+"""The embedded tiny VLMs: deterministic builds, loading through transformers and verl, the chat template, and
+verl's Continuous-Token builder on them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.tiny import TinyModelSpec, build_tiny_model, tiny_model_path
+from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER, SPECIAL_TOKENS
+
+ROTATE_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "rotate",
+        "description": "Rotate an image.",
+        "parameters": {
+            "type": "object",
+            "properties": {"degrees": {"type": "number", "description": "Angle."}},
+            "required": ["degrees"],
+        },
+    },
+}
+TOOL_CALL_TEXT = '<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call><|im_end|>'
+
+
+def solid(color, size=(56, 56)):
+    return Image.new("RGB", size, color)
+
+
+def tool_conversation(first, second):
+    return [
+        {"role": "user", "content": [{"type": "image", "image": first}, {"type": "text", "text": "Rotate it."}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "rotate", "arguments": {"degrees": 90}}}],
+        },
+        {"role": "tool", "content": [{"type": "image", "image": second}, {"type": "text", "text": "Image 2: done"}]},
+    ]
+
+
+def test_same_seed_builds_identical_models_and_other_seed_differs(tmp_path):
+    first = build_tiny_model(tmp_path / "a", TinyModelSpec(seed=3))
+    second = build_tiny_model(tmp_path / "b", TinyModelSpec(seed=3))
+    other = build_tiny_model(tmp_path / "c", TinyModelSpec(seed=4))
+    weights_a, weights_b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    weights_c = load_file(other / "model.safetensors")
+    assert not torch.equal(weights_a["lm_head.weight"], weights_c["lm_head.weight"])
+
+
+def test_cache_is_reused_and_rebuilt_when_the_builder_version_changes(tmp_path):
+    path = tiny_model_path(out=tmp_path / "m")
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert tiny_model_path(out=path) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    marker = json.loads((path / COMPLETE_MARKER).read_text())
+    assert marker["builder_version"] == BUILDER_VERSION
+    marker["builder_version"] = BUILDER_VERSION - 1
+    (path / COMPLETE_MARKER).write_text(json.dumps(marker))
+    tiny_model_path(out=path)
+    assert json.loads((path / COMPLETE_MARKER).read_text())["builder_version"] == BUILDER_VERSION
+
+
+def test_unknown_family_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown tiny model family 'qwen25_vl'.*Did you mean 'qwen2_5_vl'"):
+        TinyModelSpec(family="qwen25_vl")
+
+
+def test_tokenizer_has_qwen_special_tokens_in_order_and_one_newline_token(tiny_tokenizer):
+    assert [tiny_tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    assert len(tiny_tokenizer.encode("\n", add_special_tokens=False)) == 1
+    assert tiny_tokenizer.eos_token == "<|im_end|>"
+    call_ids = tiny_tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False)
+    # <tool_call> tags are ordinary added tokens: skip_special_tokens keeps them, so the hermes parser sees them.
+    assert tiny_tokenizer.decode(call_ids, skip_special_tokens=True) == TOOL_CALL_TEXT.removesuffix("<|im_end|>")
+    assert tiny_tokenizer.decode(call_ids) == TOOL_CALL_TEXT
+
+
+def test_chat_template_renders_tools_tool_calls_and_tool_images(tiny_processor):
+    messages = tool_conversation(solid("red"), solid("blue"))
+    text = tiny_processor.apply_chat_template(messages, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    expected_tools = "<tools>\n" + json.dumps(ROTATE_SCHEMA) + "\n</tools>"
+    assert expected_tools in text
+    assert text.endswith(
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Rotate it.<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>Image 2: done\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_chat_template_string_arguments_and_grouped_tool_messages(tiny_processor):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "tool_calls": [{"function": {"name": "f", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "content": "one"},
+        {"role": "tool", "content": "two"},
+    ]
+    text = tiny_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        '<|im_start|>assistant\nok\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response><|im_end|>\n"
+    )
+
+
+@pytest.mark.parametrize(("size", "expected_tokens"), [((56, 56), 4), ((112, 56), 8), ((30, 30), 1)])
+def test_processor_expands_one_image_pad_per_merged_patch(tiny_processor, size, expected_tokens):
+    messages = [{"role": "user", "content": [{"type": "image", "image": solid("red", size)}]}]
+    text = tiny_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = tiny_processor(text=[text], images=[solid("red", size)], return_tensors="pt")
+    image_pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((inputs["input_ids"] == image_pad).sum()) == expected_tokens
+    assert int(inputs["image_grid_thw"].prod()) == 4 * expected_tokens
+    assert inputs["pixel_values"].shape[0] == 4 * expected_tokens
+
+
+def test_families_load_generate_and_round_trip_through_continuous_tokens(tiny_family_dir):
+    from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.tokenizer.continuous_token import QwenVLContinuousTokenBuilder
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    family, path = tiny_family_dir
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    assert model.config.model_type == family
+    assert type(AutoProcessor.from_pretrained(path)).__name__ == type(hf_processor(str(path))).__name__
+    tokenizer, processor = hf_tokenizer(str(path)), hf_processor(str(path))
+    builder = create_continuous_token_builder(tokenizer, hf_model_type=family, processor=processor)
+    assert type(builder) is QwenVLContinuousTokenBuilder
+
+    first, second = solid("red"), solid("blue", (84, 56))
+    conversation = tool_conversation(first, second)
+    prompt_ids = builder.build_initial_tokens(conversation[:1], tools=[ROTATE_SCHEMA], images=[first])
+    generated = tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False)
+    after_call = builder.merge_assistant_tokens(prompt_ids, generated).token_ids
+    merged = builder.merge_context_tokens(conversation[:2], conversation, after_call, tools=[ROTATE_SCHEMA])
+
+    text = processor.apply_chat_template(conversation, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    full = processor(text=[text], images=[first, second], return_tensors="pt")
+    assert merged.token_ids == full["input_ids"][0].tolist()
+    assert merged.inserted_token_ids == tokenizer.encode("\n", add_special_tokens=False)
+
+    with torch.no_grad():
+        out = model.generate(**full, min_new_tokens=5, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, full["input_ids"].shape[1] + 5)
+    assert torch.equal(out[0, : full["input_ids"].shape[1]], full["input_ids"][0])

@@ -1,0 +1,38 @@
+"""``verl-mm-tools`` command line: tiny-model, ... (one sub-command per job)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, tiny_model_path
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    path = tiny_model_path(family=args.family, seed=args.seed, out=args.out)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-mm-tools", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    tiny = commands.add_parser("tiny-model", help="build (or reuse) the embedded tiny VLM and print its directory")
+    tiny.add_argument("--out", help="directory to build into (default: the user cache, reused across runs)")
+    tiny.add_argument("--family", default=DEFAULT_FAMILY, choices=sorted(FAMILIES))
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(run=_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""Build the embedded tiny Qwen-VL models offline, deterministically from a seed, and cache them.
+
+A tiny model is a real Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint (config, random weights, a byte-level BPE
+tokenizer trained here on generated text, a Qwen2.5-format chat template with tool support, and an image/video
+processor) small enough that the whole verl trainer runs on a laptop CPU. It loads with ``AutoProcessor`` /
+``AutoModelForImageTextToText`` and with verl's ``hf_tokenizer`` / ``hf_processor``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.tiny.corpus import generate_corpus
+
+logger = logging.getLogger(__name__)
+
+# Bump whenever the output of the builder changes: cached models built by an older version are rebuilt.
+BUILDER_VERSION = 1
+CACHE_ENV = "VERL_MM_TOOLS_CACHE"
+COMPLETE_MARKER = "tiny_model_complete.json"
+
+# Qwen's special tokens, in Qwen order (ids follow this order from 0 in the tiny vocabulary).
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Added as NON-special tokens, as in Qwen: decode(skip_special_tokens=True) keeps them, so the hermes parser sees them.
+TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
+# Qwen's pre-tokenizer split (digits one by one, newlines on their own), so "\n" is exactly one token.
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What differs between the Qwen-VL families the tiny builder supports."""
+
+    model_type: str
+    patch_size: int
+    processor_class: str
+    video_processor_class: str
+
+
+FAMILIES = {
+    "qwen2_vl": FamilySpec("qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
+    "qwen2_5_vl": FamilySpec("qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
+    "qwen3_vl": FamilySpec("qwen3_vl", 16, "Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+}
+DEFAULT_FAMILY = "qwen2_5_vl"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything that determines a tiny model's bytes. Two builds of equal specs are identical."""
+
+    family: str = DEFAULT_FAMILY
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vision_hidden_size: int = 32
+    vision_depth: int = 2
+    merge_size: int = 2
+    # Image pixel budget of the processor: min one merged token (2x2 patches), max 8x8 merged tokens.
+    min_tokens: int = 1
+    max_tokens: int = 64
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ConfigError(
+                f"unknown tiny model family {self.family!r}; choose one of {sorted(FAMILIES)}."
+                + did_you_mean(self.family, FAMILIES)
+            )
+
+    @property
+    def image_factor(self) -> int:
+        """Side length in pixels of one merged image token (28 for Qwen2/2.5-VL, 32 for Qwen3-VL)."""
+        return FAMILIES[self.family].patch_size * self.merge_size
+
+    @property
+    def min_pixels(self) -> int:
+        return self.min_tokens * self.image_factor**2
+
+    @property
+    def max_pixels(self) -> int:
+        return self.max_tokens * self.image_factor**2
+
+    def cache_name(self) -> str:
+        return f"tiny-{self.family}-seed{self.seed}-v{BUILDER_VERSION}"
+
+
+def default_cache_root() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl_mm_tools"
+
+
+def tiny_model_path(family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None) -> Path:
+    """The directory of the tiny model, built on first use (seconds) and reused afterwards."""
+    spec = TinyModelSpec(family=family, seed=seed)
+    target = Path(out) if out is not None else default_cache_root() / spec.cache_name()
+    if _is_complete(target, spec):
+        return target
+    return build_tiny_model(target, spec)
+
+
+def _is_complete(path: Path, spec: TinyModelSpec) -> bool:
+    marker = path / COMPLETE_MARKER
+    if not marker.is_file():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return recorded == _marker_content(spec)
+
+
+def _marker_content(spec: TinyModelSpec) -> dict:
+    return {"builder_version": BUILDER_VERSION, "spec": spec.__dict__}
+
+
+def build_tiny_model(target: str | os.PathLike, spec: TinyModelSpec | None = None) -> Path:
+    """Build the model into ``target`` (replacing what is there). Built in a temporary sibling directory and moved
+    into place, so concurrent builders (test workers, Ray actors) never see a half-written model."""
+    spec = spec or TinyModelSpec()
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o755)
+    try:
+        _write_model(staging, spec)
+        (staging / COMPLETE_MARKER).write_text(json.dumps(_marker_content(spec), indent=2))
+        _move_into_place(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("built tiny %s model (seed %d) in %s", spec.family, spec.seed, target)
+    return target
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        # Another process finished the same build first; its result is identical.
+        if not (target / COMPLETE_MARKER).is_file():
+            raise
+
+
+def _write_model(out: Path, spec: TinyModelSpec) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = build_tokenizer(spec)
+    tokenizer.save_pretrained(out)
+    processor = build_processor(spec, tokenizer)
+    processor.save_pretrained(out)
+    model = build_random_model(spec, tokenizer)
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+
+
+def chat_template() -> str:
+    return (Path(__file__).parent / "chat_template.jinja").read_text()
+
+
+def build_tokenizer(spec: TinyModelSpec):
+    """A byte-level BPE trained on generated text, with Qwen's special tokens and chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(generate_corpus(spec.seed), trainer=trainer)
+    core.add_tokens(list(TOOL_CALL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
+def build_processor(spec: TinyModelSpec, tokenizer):
+    import transformers
+
+    family = FAMILIES[spec.family]
+    size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
+    image_processor = transformers.Qwen2VLImageProcessor(
+        size=size, patch_size=family.patch_size, merge_size=spec.merge_size, temporal_patch_size=2
+    )
+    video_processor = getattr(transformers, family.video_processor_class)(
+        size=size, patch_size=family.patch_size, merge_size=spec.merge_size, temporal_patch_size=2
+    )
+    processor_cls = getattr(transformers, family.processor_class)
+    return processor_cls(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=chat_template(),
+    )
+
+
+def build_random_model(spec: TinyModelSpec, tokenizer):
+    import torch
+    import transformers
+
+    config = build_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def build_config(spec: TinyModelSpec, tokenizer):
+    import transformers
+
+    token_ids = {
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        "vision_start_token_id": tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+        "vision_end_token_id": tokenizer.convert_tokens_to_ids("<|vision_end|>"),
+    }
+    text = _text_config(spec, tokenizer)
+    vision = _vision_config(spec)
+    config_cls = transformers.AutoConfig.for_model(FAMILIES[spec.family].model_type).__class__
+    return config_cls(text_config=text, vision_config=vision, tie_word_embeddings=False, **token_ids)
+
+
+def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
+    head_dim = spec.hidden_size // spec.num_heads
+    # M-RoPE sections (temporal, height, width) over head_dim/2 rotary frequencies.
+    half = head_dim // 2
+    mrope_section = [half - 2 * (half // 3), half // 3, half // 3]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section}
+    if spec.family == "qwen3_vl":
+        rope["mrope_interleaved"] = True
+    config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.hidden_size * 2,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "max_position_embeddings": 8192,
+        "rope_parameters": rope,
+        "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if spec.family == "qwen3_vl":
+        config["head_dim"] = head_dim
+    return config
+
+
+def _vision_config(spec: TinyModelSpec) -> dict:
+    family = FAMILIES[spec.family]
+    common = {
+        "depth": spec.vision_depth,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": family.patch_size,
+        "spatial_merge_size": spec.merge_size,
+        "temporal_patch_size": 2,
+    }
+    if spec.family == "qwen2_vl":
+        return {**common, "embed_dim": spec.vision_hidden_size, "mlp_ratio": 2, "hidden_size": spec.hidden_size}
+    if spec.family == "qwen2_5_vl":
+        return {
+            **common,
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_hidden_size * 2,
+            "out_hidden_size": spec.hidden_size,
+            "window_size": family.patch_size * spec.merge_size * 4,
+            "fullatt_block_indexes": [spec.vision_depth - 1],
+        }
+    return {
+        **common,
+        "hidden_size": spec.vision_hidden_size,
+        "intermediate_size": spec.vision_hidden_size * 2,
+        "out_hidden_size": spec.hidden_size,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [spec.vision_depth - 1],
+    }
