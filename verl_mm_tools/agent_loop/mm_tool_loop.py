@@ -1,22 +1,449 @@
-"""The ``mm_tool`` agent loop: verl's ToolAgentLoop plus an image workspace that tools resolve image ids in."""
+"""The ``mm_tool`` agent loop: verl's ToolAgentLoop (state machine, Continuous-Token builder, tool parser) plus what
+verl lacks for multimodal tool use:
+
+- an image workspace: every image has a stable 1-based id; tools name earlier images by id;
+- per-trajectory tool sessions (create once, execute on the same instance, release exactly once);
+- an image budget (max images, pixel bounds, max image tokens), with downscale-or-refuse, never a partial image;
+- failure isolation: any error ends only its own trajectory, as a valid output with a zeroed response mask;
+- validation of every trajectory (lengths, image placeholders per image vs the processor, no generated vision tokens);
+- per-trajectory statistics that verl carries into the batch (see ``stats``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
 from typing import Any
 
+from PIL import Image
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
+from verl.tools.schemas import ToolResponse
+from verl.utils.profiler import simple_timer
 
+from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
+from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.sessions import ToolSessions
+from verl_mm_tools.agent_loop.stats import TrajectoryStats
+from verl_mm_tools.agent_loop.validation import processor_image_tokens, trajectory_problems, vision_token_ids
+from verl_mm_tools.errors import ConfigError, ImageBudgetError, TrajectoryValidationError, did_you_mean
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
 
+# Constructor kwargs verl itself passes (hydra also forwards the YAML entry's ``name``); everything else is ours.
+VERL_LOOP_KWARGS = frozenset(
+    {"trainer_config", "server_manager", "tokenizer", "processor", "dataset_cls", "data_config", "hf_model_type",
+     "tools", "name"}
+)
+MALFORMED_CALL_TEXT = (
+    'Error: a tool call could not be parsed. Write each call as <tool_call>{"name": <tool name>, "arguments": '
+    "{...}}</tool_call> with valid JSON."
+)
+
+
+class ToolCrashError(RuntimeError):
+    """A tool raised instead of answering: the trajectory is masked (its tool responses cannot be trusted)."""
+
 
 class MMToolAgentLoop(ToolAgentLoop):
-    """Multimodal tool loop registered as ``mm_tool``."""
+    """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
+
+    def __init__(self, *args, **kwargs):
+        options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
+        super().__init__(*args, **kwargs)
+        self.mm_config = MMToolLoopConfig.from_options(options, limit_images=self.rollout_config.get("limit_images"))
+        self.geometry = ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self._sees_images else None
+        self.forbidden_generated = vision_token_ids(self.tokenizer)
+        self.image_token_id = self.tokenizer.get_vocab().get("<|image_pad|>") if self._sees_images else None
+
+    @property
+    def _sees_images(self) -> bool:
+        return getattr(self.processor, "image_processor", None) is not None
+
+    # ----- one trajectory -------------------------------------------------------------------------------------
+
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
+        stats = TrajectoryStats()
+        agent_data = None
+        try:
+            agent_data = await self._new_agent_data(kwargs, priority, stats)
+            await self._run_states(agent_data, sampling_params)
+            output = self._checked_output(agent_data, stats)
+        except Exception as error:  # isolation: verl gathers trajectories without return_exceptions
+            output = self._masked_output(agent_data, stats, error, kwargs)
+        finally:
+            sessions = getattr(agent_data, "mm_sessions", None)
+            if sessions is not None:
+                await sessions.release_all()
+        output.extra_fields.update(stats.to_extra_fields())
+        return output
+
+    async def _new_agent_data(self, kwargs: dict, priority: int, stats: TrajectoryStats) -> AgentData:
+        messages = list(kwargs["raw_prompt"])
+        multi_modal_data = await self.process_multi_modal_info(messages)
+        agent_data = AgentData(
+            messages=messages,
+            image_data=list(multi_modal_data.get("images") or []),
+            video_data=multi_modal_data.get("videos"),
+            audio_data=multi_modal_data.get("audios"),
+            mm_processor_kwargs=self._get_mm_processor_kwargs(multi_modal_data.get("audios")),
+            metrics={},
+            request_id=self._make_request_id(priority, self.rollout_config.full_determinism),
+            tools_kwargs=kwargs.get("tools_kwargs") or {},
+        )
+        self._select_tools(agent_data, (kwargs.get("extra_info") or {}).get("tool_selection"))
+        setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
+        agent_data.mm_sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
+        agent_data.mm_stats = stats
+        agent_data.mm_budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
+        agent_data.mm_prompt_length = 0
+        agent_data.mm_prompt_images = len(agent_data.image_data)
+        agent_data.mm_malformed_calls = 0
+        return agent_data
+
+    def _select_tools(self, agent_data: AgentData, selection) -> None:
+        """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
+        tools = self.tools
+        if selection and self.tools:
+            tools = {name: self.tools[name] for name in selection if name in self.tools}
+        agent_data._active_tools = tools
+        agent_data._active_tool_schemas = [
+            tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools.values()
+        ]
+
+    async def _run_states(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> None:
+        handlers = {
+            AgentState.PENDING: lambda: self._handle_pending_state(agent_data, sampling_params),
+            AgentState.GENERATING: lambda: self._handle_generating_state(agent_data, sampling_params),
+            AgentState.PROCESSING_TOOLS: lambda: self._handle_processing_tools_state(agent_data),
+        }
+        state = AgentState.PENDING
+        while state != AgentState.TERMINATED:
+            state = await handlers[state]()
+
+    # ----- states ---------------------------------------------------------------------------------------------
 
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
-        if agent_data.image_data is None:
-            agent_data.image_data = []
-        setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
-        return await super()._handle_pending_state(agent_data, sampling_params)
+        if agent_data.mm_budget is not None:
+            agent_data.mm_budget.count_prompt_images(agent_data.image_data)
+            problem = agent_data.mm_budget.prompt_problem
+            if problem:
+                raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
+        state = await super()._handle_pending_state(agent_data, sampling_params)
+        agent_data.mm_prompt_length = len(agent_data.prompt_ids)
+        return state
+
+    async def _handle_generating_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
+    ) -> AgentState:
+        stats: TrajectoryStats = agent_data.mm_stats
+        tokens_left = self.response_length - len(agent_data.response_mask)
+        if tokens_left <= 0:
+            stats.stop_reason = "length_limit"
+            return AgentState.TERMINATED
+        # Never generate past the response budget: the output is then never cut, so no image is ever cut off.
+        limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
+        state = await super()._handle_generating_state(agent_data, {**sampling_params, "max_tokens": limit})
+        generated = set(agent_data.response_ids) & self.forbidden_generated
+        if generated:
+            raise TrajectoryValidationError(f"the model generated vision placeholder tokens {sorted(generated)}")
+        return self._after_generation(agent_data, state)
+
+    def _after_generation(self, agent_data: AgentData, state: AgentState) -> AgentState:
+        stats: TrajectoryStats = agent_data.mm_stats
+        text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        attempted = text.count("<tool_call>")
+        if state == AgentState.PROCESSING_TOOLS or not self._at_limit(agent_data):
+            agent_data.mm_malformed_calls = max(0, attempted - len(agent_data.tool_calls))
+            if agent_data.mm_malformed_calls:
+                return AgentState.PROCESSING_TOOLS
+        if state == AgentState.TERMINATED:
+            stats.stop_reason = self._stop_reason(agent_data, attempted)
+        return state
+
+    def _at_limit(self, agent_data: AgentData) -> bool:
+        return (
+            len(agent_data.response_mask) >= self.response_length
+            or bool(self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns)
+            or bool(self.max_user_turns and agent_data.user_turns >= self.max_user_turns)
+        )
+
+    def _stop_reason(self, agent_data: AgentData, attempted_calls: int) -> str:
+        if len(agent_data.response_mask) >= self.response_length:
+            return "length_limit"
+        if attempted_calls and self._at_limit(agent_data):
+            return "turn_limit"
+        return "answered"
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        stats: TrajectoryStats = agent_data.mm_stats
+        workspace: ImageWorkspace = getattr(agent_data, WORKSPACE_ATTR)
+        budget_before = (agent_data.mm_budget.images, agent_data.mm_budget.tokens) if agent_data.mm_budget else None
+        images_before, previous = len(workspace), list(agent_data.messages)
+        calls = agent_data.tool_calls[: self.max_parallel_calls]
+        stats.ignored_calls += len(agent_data.tool_calls) - len(calls)
+
+        new_messages, rewards = [], []
+        with simple_timer("tool_calls", agent_data.metrics):
+            # Sequential, so image ids are deterministic and a call may use an image made by an earlier one.
+            for call in calls:
+                response, reward = await self._execute(call, agent_data)
+                message = self._tool_message(call, response, agent_data)
+                if message is None:  # over budget with over_budget=stop
+                    self._roll_back(agent_data, previous, images_before, budget_before)
+                    stats.stop_reason = "budget"
+                    return AgentState.TERMINATED
+                new_messages.append(message)
+                rewards.append(reward)
+        stats.invalid_actions += agent_data.mm_malformed_calls
+        new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * agent_data.mm_malformed_calls
+        agent_data.mm_malformed_calls = 0
+        return await self._merge_tool_turn(agent_data, previous, new_messages, rewards, images_before, budget_before)
+
+    async def _merge_tool_turn(self, agent_data, previous, new_messages, rewards, images_before, budget_before):
+        agent_data.messages.extend(new_messages)
+        merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
+            previous,
+            agent_data.messages,
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs or None,
+            tools=agent_data._active_tool_schemas,
+        )
+        if len(response_mask) >= self.response_length:
+            # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.
+            self._roll_back(agent_data, previous, images_before, budget_before)
+            agent_data.mm_stats.dropped_turns += 1
+            agent_data.mm_stats.stop_reason = "length_limit"
+            return AgentState.TERMINATED
+        agent_data.prompt_ids = merge_result.token_ids
+        agent_data.response_mask = response_mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = response_logprobs or []
+        agent_data.tool_rewards.extend(reward for reward in rewards if reward is not None)
+        agent_data.user_turns += 1
+        return AgentState.GENERATING
+
+    @staticmethod
+    def _roll_back(agent_data: AgentData, previous: list, images_before: int, budget_before) -> None:
+        del agent_data.messages[len(previous) :]
+        getattr(agent_data, WORKSPACE_ATTR).truncate(images_before)
+        if budget_before is not None:
+            agent_data.mm_budget.images, agent_data.mm_budget.tokens = budget_before
+
+    # ----- tools ----------------------------------------------------------------------------------------------
+
+    async def _execute(self, call: FunctionCall, agent_data: AgentData) -> tuple[ToolResponse, float | None]:
+        """Run one call on the trajectory's tool session. Model mistakes become text; a raising tool raises."""
+        stats: TrajectoryStats = agent_data.mm_stats
+        tools = agent_data._active_tools
+        if call.name not in tools:
+            stats.invalid_actions += 1
+            hint = did_you_mean(call.name, tools)
+            return ToolResponse(text=f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}.{hint}"), None
+        arguments = _parse_arguments(call.arguments)
+        if isinstance(arguments, str):
+            stats.invalid_actions += 1
+            return ToolResponse(text=f"Error: arguments of {call.name!r} {arguments}"), None
+        started = time.perf_counter()
+        try:
+            response, reward, metrics = await asyncio.wait_for(
+                self._invoke(call.name, arguments, agent_data), timeout=self.mm_config.tool_timeout_s
+            )
+        except asyncio.TimeoutError:
+            stats.record_call(call.name, time.perf_counter() - started, failed=True)
+            seconds = self.mm_config.tool_timeout_s
+            return ToolResponse(text=f"Error: tool {call.name!r} took longer than {seconds:g} s and was cancelled"), None
+        except Exception as error:
+            stats.record_call(call.name, time.perf_counter() - started, failed=True)
+            raise ToolCrashError(f"tool {call.name!r} raised {type(error).__name__}: {error}") from error
+        stats.record_call(call.name, time.perf_counter() - started, failed=bool((metrics or {}).get("error")))
+        return response, reward
+
+    async def _invoke(self, tool_name: str, arguments: dict, agent_data: AgentData):
+        tool = agent_data._active_tools[tool_name]
+        if isinstance(tool, FunctionTool):
+            return normalize_function_tool_return(await tool.call(arguments))
+        instance_id = await agent_data.mm_sessions.instance_id(tool_name)
+        return await tool.execute(instance_id, arguments, agent_data=agent_data)
+
+    def _tool_message(self, call: FunctionCall, response: ToolResponse, agent_data: AgentData) -> dict | None:
+        """The tool-role message: admitted images (with ids) then text. None when the budget says stop."""
+        images = response.image if isinstance(response.image, list) else [response.image] if response.image else []
+        content, new_ids, notes = [], [], []
+        if response.video:
+            notes.append("videos from tools are not supported and were dropped")
+        for image in images:
+            admitted = self._admit(image, agent_data, notes)
+            if admitted is False:
+                return None
+            if admitted is not None:
+                new_ids.append(getattr(agent_data, WORKSPACE_ATTR).add(admitted))
+                content.append({"type": "image", "image": admitted})
+        text = self._response_text(response.text or "", images, new_ids, notes)
+        message: dict[str, Any] = {"role": "tool", "content": content + [{"type": "text", "text": text}] if content else text}
+        if call.tool_call_id is not None:
+            message["tool_call_id"] = call.tool_call_id
+        return message
+
+    def _admit(self, image, agent_data: AgentData, notes: list[str]):
+        """The admitted image, None when refused (reason appended to ``notes``), False when the trajectory stops."""
+        stats: TrajectoryStats = agent_data.mm_stats
+        if not isinstance(image, Image.Image):
+            notes.append(f"the tool returned a {type(image).__name__} instead of an image; it was dropped")
+            return None
+        if agent_data.mm_budget is None:
+            notes.append("this model cannot see images; the tool's image was dropped")
+            return None
+        admission = agent_data.mm_budget.admit(image)
+        if admission.refusal:
+            stats.budget_refusals += 1
+            if self.mm_config.over_budget == "stop":
+                return False
+            notes.append(admission.refusal)
+            return None
+        if admission.downscaled_from:
+            stats.budget_downscales += 1
+            width, height = admission.image.size
+            notes.append(f"the image was downscaled to {width}x{height} px to fit the image token budget")
+        return admission.image
+
+    def _response_text(self, text: str, images: list, new_ids: list[int], notes: list[str]) -> str:
+        if images and not new_ids:
+            text = ""  # the tool's text describes an image the model will not see
+        elif self.mm_config.annotate_image_ids:
+            unnamed = [image_id for image_id in new_ids if f"Image {image_id}" not in text]
+            text = "".join(f"Image {image_id}. " for image_id in unnamed) + text
+        text = self._truncate(text)
+        if notes:
+            text = (text + "\n" if text else "") + "Note: " + "; ".join(notes) + "."
+        return text
+
+    def _truncate(self, text: str) -> str:
+        """verl's ``max_tool_response_length`` truncation, applied to the tool's own text."""
+        limit = self.max_tool_response_length
+        if len(text) <= limit:
+            return text
+        if self.tool_response_truncate_side == "left":
+            return "(truncated)..." + text[-limit:]
+        if self.tool_response_truncate_side == "right":
+            return text[:limit] + "...(truncated)"
+        return text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
+
+    # ----- output ---------------------------------------------------------------------------------------------
+
+    def _checked_output(self, agent_data: AgentData, stats: TrajectoryStats) -> AgentLoopOutput:
+        excess = agent_data.response_mask[self.response_length :]
+        if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
+            raise TrajectoryValidationError(
+                f"the response holds {len(agent_data.response_mask)} tokens, more than response_length="
+                f"{self.response_length}, and the excess is not only generated text"
+            )
+        output = self._output(agent_data)
+        image_tokens = self._image_tokens(agent_data.image_data, agent_data.mm_processor_kwargs)
+        problems = self._problems(output, image_tokens)
+        if problems:
+            raise TrajectoryValidationError("; ".join(problems))
+        stats.images, stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
+        return output
+
+    def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
+        if not self._sees_images:
+            return []
+        return [processor_image_tokens(self.processor, image, mm_processor_kwargs) for image in images]
+
+    def _problems(self, output: AgentLoopOutput, image_tokens: list[int]) -> list[str]:
+        return trajectory_problems(
+            prompt_ids=output.prompt_ids,
+            response_ids=output.response_ids,
+            response_mask=output.response_mask,
+            response_logprobs=output.response_logprobs,
+            image_tokens=image_tokens,
+            image_token_id=self.image_token_id,
+            forbidden_generated=self.forbidden_generated,
+        )
+
+    def _output(self, agent_data: AgentData) -> AgentLoopOutput:
+        limit = self.response_length
+        split = len(agent_data.prompt_ids) - len(agent_data.response_mask)
+        return AgentLoopOutput(
+            prompt_ids=agent_data.prompt_ids[:split],
+            response_ids=agent_data.prompt_ids[split:][:limit],
+            response_mask=agent_data.response_mask[:limit],
+            response_logprobs=agent_data.response_logprobs[:limit] if agent_data.response_logprobs else None,
+            multi_modal_data={"images": agent_data.image_data} if agent_data.image_data else {},
+            mm_processor_kwargs=agent_data.mm_processor_kwargs,
+            num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,
+            metrics=agent_data.metrics,
+            extra_fields={
+                **agent_data.extra_fields,
+                "turn_scores": agent_data.turn_scores,
+                "tool_rewards": agent_data.tool_rewards,
+            },
+        )
+
+    def _masked_output(self, agent_data, stats: TrajectoryStats, error: Exception, sample: dict) -> AgentLoopOutput:
+        """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
+        if isinstance(error, ConfigError):
+            raise error  # a broken configuration must stop the run, not mask every sample
+        stats.masked, stats.stop_reason = True, "error"
+        stats.error = f"{type(error).__name__}: {error}"
+        logger.warning(
+            "mm_tool: masked the trajectory of sample %s (%s)", _sample_name(sample), stats.error,
+            exc_info=not isinstance(error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError)),
+        )
+        output = self._prompt_only_output(agent_data)
+        if output is None:
+            notice = "This sample was dropped by verl-mm-tools; see mm_tool/error."
+            output = self._masked(self.tokenizer.encode(notice, add_special_tokens=False)[-self.prompt_length :], [], agent_data)
+        stats.images = len(output.multi_modal_data.get("images", []))
+        return output
+
+    def _prompt_only_output(self, agent_data: AgentData | None) -> AgentLoopOutput | None:
+        """The rendered prompt with its own images, if it was rendered and is sound."""
+        if agent_data is None or not agent_data.mm_prompt_length:
+            return None
+        images = agent_data.image_data[: agent_data.mm_prompt_images]
+        output = self._masked(agent_data.prompt_ids[: agent_data.mm_prompt_length], images, agent_data)
+        image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
+        return None if self._problems(output, image_tokens) else output
+
+    def _masked(self, prompt_ids: list[int], images: list, agent_data) -> AgentLoopOutput:
+        # verl concatenates rollout log-probs across the batch: all samples have them or none does.
+        logprobs = [0.0] if self.rollout_config.calculate_log_probs else None
+        return AgentLoopOutput(
+            prompt_ids=list(prompt_ids),
+            response_ids=[self.tokenizer.eos_token_id],
+            response_mask=[0],
+            response_logprobs=logprobs,
+            multi_modal_data={"images": list(images)} if images else {},
+            mm_processor_kwargs=getattr(agent_data, "mm_processor_kwargs", None),
+            num_turns=1,
+            metrics=getattr(agent_data, "metrics", {}),
+            extra_fields={"turn_scores": [], "tool_rewards": []},
+        )
+
+
+def _parse_arguments(raw: str) -> dict | str:
+    """The call's arguments as a dict, or a sentence saying what was wrong with them."""
+    try:
+        arguments = json.loads(raw)
+    except (TypeError, ValueError) as error:
+        return f"are not valid JSON ({error}); received {raw!r:.200}"
+    if not isinstance(arguments, dict):
+        return f"must be a JSON object, received {type(arguments).__name__} {raw!r:.200}"
+    return arguments
+
+
+def _sample_name(sample: dict) -> str:
+    extra_info = sample.get("extra_info") or {}
+    for key in ("index", "uid"):
+        value = sample.get(key, extra_info.get(key) if isinstance(extra_info, dict) else None)
+        if value is not None:
+            return str(value)
+    return "<unknown>"

@@ -1,0 +1,143 @@
+"""The per-trajectory image budget: how many images and image tokens a trajectory may hold, and how a tool image is
+sized (``qwen_vl_utils.smart_resize``, exactly as verl sizes dataset images) so the processor never resizes it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from PIL import Image
+from qwen_vl_utils import smart_resize
+
+from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    """How the processor turns an image into placeholder tokens."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry:
+        image_processor = processor.image_processor
+        kwargs = mm_processor_kwargs or {}
+        size = image_processor.size
+        size = size if isinstance(size, dict) else size.__dict__
+        return cls(
+            patch_size=int(kwargs.get("patch_size", image_processor.patch_size)),
+            merge_size=int(kwargs.get("merge_size", image_processor.merge_size)),
+            min_pixels=int(kwargs.get("min_pixels", size["shortest_edge"])),
+            max_pixels=int(kwargs.get("max_pixels", size["longest_edge"])),
+        )
+
+    @property
+    def factor(self) -> int:
+        """Pixels per side of one placeholder token."""
+        return self.patch_size * self.merge_size
+
+    def resized(self, width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+        """(width, height) after smart_resize with these bounds. Raises ValueError for aspect ratios over 200."""
+        new_height, new_width = smart_resize(height, width, self.factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        return new_width, new_height
+
+    def tokens(self, width: int, height: int) -> int:
+        """Placeholder tokens the processor produces for an image of this size."""
+        new_width, new_height = self.resized(width, height, self.min_pixels, self.max_pixels)
+        return (new_width // self.factor) * (new_height // self.factor)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The budget's verdict on one tool image: admitted (maybe downscaled) or refused with a reason for the model."""
+
+    image: Image.Image | None
+    tokens: int = 0
+    downscaled_from: tuple[int, int] | None = None
+    refusal: str | None = None
+
+
+class ImageBudget:
+    """Counts images and image tokens of one trajectory and sizes new tool images to fit."""
+
+    def __init__(self, config: MMToolLoopConfig, geometry: ImageGeometry):
+        self.config = config
+        self.geometry = geometry
+        # Never leave the processor's own bounds: it would resize the image again and change the token count.
+        self.min_pixels = max(config.min_pixels or 0, geometry.min_pixels)
+        self.max_pixels = min(config.max_pixels or geometry.max_pixels, geometry.max_pixels)
+        self.images = 0
+        self.tokens = 0
+
+    def count_prompt_images(self, images: list[Image.Image]) -> None:
+        """Charge the dataset's images (they are never refused; a prompt over budget fails the trajectory)."""
+        self.images += len(images)
+        self.tokens += sum(self.geometry.tokens(*image.size) for image in images)
+
+    @property
+    def prompt_problem(self) -> str | None:
+        if self.images > self.config.max_images:
+            return f"the prompt holds {self.images} images, more than max_images={self.config.max_images}"
+        if self.config.max_image_tokens is not None and self.tokens > self.config.max_image_tokens:
+            return f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens"
+        return None
+
+    def admit(self, image: Image.Image) -> Admission:
+        """Size a tool image and charge it, or refuse it. Never partial: the image is either whole or absent."""
+        if self.images >= self.config.max_images:
+            return Admission(None, refusal=f"the image budget is exhausted ({self.config.max_images} images per "
+                             "conversation); no further images can be shown")
+        try:
+            width, height = self.geometry.resized(*image.size, self.min_pixels, self.max_pixels)
+        except ValueError as error:
+            return Admission(None, refusal=f"the tool produced an image of {image.size[0]}x{image.size[1]} px that "
+                             f"cannot be shown ({error})")
+        tokens = self._tokens_of(width, height)
+        left = self._tokens_left()
+        downscaled_from = None
+        if tokens > left:
+            fitted = self._downscaled(image, left)
+            if fitted is None:
+                return Admission(None, refusal=f"the image token budget is exhausted ({left} image tokens left, the "
+                                 f"image needs {tokens}); no further images can be shown")
+            downscaled_from, (width, height) = (width, height), fitted
+            tokens = self._tokens_of(width, height)
+        try:
+            admitted = _to_rgb_size(image, width, height)
+        except (OSError, ValueError) as error:  # truncated data, modes PIL cannot convert
+            return Admission(None, refusal=f"the tool produced an image that cannot be decoded ({error})")
+        self.images += 1
+        self.tokens += tokens
+        return Admission(admitted, tokens, downscaled_from)
+
+    def _tokens_of(self, width: int, height: int) -> int:
+        return (width // self.geometry.factor) * (height // self.geometry.factor)
+
+    def _tokens_left(self) -> int:
+        if self.config.max_image_tokens is None:
+            return 1 << 62
+        return self.config.max_image_tokens - self.tokens
+
+    def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
+        if self.config.over_budget != "downscale" or tokens_left < 1:
+            return None
+        max_pixels = tokens_left * self.geometry.factor**2
+        if max_pixels < self.min_pixels:
+            return None
+        width, height = self.geometry.resized(*image.size, self.min_pixels, max_pixels)
+        return (width, height) if self._tokens_of(width, height) <= tokens_left else None
+
+
+def _to_rgb_size(image: Image.Image, width: int, height: int) -> Image.Image:
+    """RGB at exactly (width, height); the same object when it already is (no needless copies)."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
+    return image

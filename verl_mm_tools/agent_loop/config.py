@@ -1,0 +1,91 @@
+"""The mm_tool loop's options, parsed once into a frozen dataclass.
+
+Options come from verl's ``agent_loop_config_path`` YAML (extra keys of the ``mm_tool`` entry become constructor
+kwargs). Every option has a default, so ``default_agent_loop=mm_tool`` alone works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from verl_mm_tools.errors import ConfigError, did_you_mean
+
+OVER_BUDGET_POLICIES = ("downscale", "refuse", "stop")
+DEFAULT_MAX_IMAGES = 16
+
+
+@dataclass(frozen=True)
+class MMToolLoopConfig:
+    """Options of the ``mm_tool`` loop (all optional).
+
+    Attributes:
+        max_images: Most images in one trajectory, prompt images included. Default: the rollout's
+            ``limit_images`` when set, else 16. Must not exceed ``limit_images`` (vLLM's ``limit_mm_per_prompt``).
+        min_pixels: Smallest area of a tool image after resizing. Default: the processor's ``min_pixels``.
+        max_pixels: Largest area of a tool image after resizing. Default: the processor's ``max_pixels``.
+        max_image_tokens: Most image placeholder tokens in one trajectory, prompt images included (None: no cap
+            beyond ``max_images`` x per-image maximum).
+        over_budget: What happens to a tool image that does not fit ``max_image_tokens``: ``downscale`` it to the
+            tokens left (refuse when even the smallest size does not fit), ``refuse`` it (the model gets a text
+            response saying the budget is exhausted), or ``stop`` the trajectory (stop reason ``budget``).
+        tool_timeout_s: Seconds a single tool call may take; it is then cancelled and the model told.
+        annotate_image_ids: Prefix each tool response with the ids of the images it added ("Image 3: ...") when
+            the tool's own text does not already name them.
+    """
+
+    max_images: int = DEFAULT_MAX_IMAGES
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    max_image_tokens: int | None = None
+    over_budget: str = "downscale"
+    tool_timeout_s: float = 60.0
+    annotate_image_ids: bool = True
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
+        """Parse the loop's YAML options, checked against verl's rollout ``limit_images``."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        for key in options:
+            if key not in names:
+                raise ConfigError(
+                    f"unknown mm_tool option {key!r}; valid options are {sorted(names)}." + did_you_mean(key, names)
+                )
+        values = {key: value for key, value in options.items() if value is not None}
+        if "max_images" not in values and limit_images is not None:
+            values["max_images"] = int(limit_images)
+        config = cls(**values)
+        config.check_against_server(limit_images)
+        return config
+
+    def __post_init__(self):
+        _require_positive_int("max_images", self.max_images)
+        for name in ("min_pixels", "max_pixels", "max_image_tokens"):
+            if getattr(self, name) is not None:
+                _require_positive_int(name, getattr(self, name))
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ConfigError(f"mm_tool min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
+        if self.over_budget not in OVER_BUDGET_POLICIES:
+            raise ConfigError(
+                f"mm_tool over_budget must be one of {OVER_BUDGET_POLICIES}, got {self.over_budget!r}."
+                + did_you_mean(str(self.over_budget), OVER_BUDGET_POLICIES)
+            )
+        timeout = self.tool_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"mm_tool tool_timeout_s must be a positive number of seconds, got {timeout!r}")
+
+    def check_against_server(self, limit_images: int | None) -> None:
+        """Refuse a budget that lets the loop send more images than the inference server accepts."""
+        if limit_images is not None and self.max_images > limit_images:
+            raise ConfigError(
+                f"mm_tool max_images={self.max_images} exceeds actor_rollout_ref.rollout.limit_images={limit_images} "
+                f"(the inference server's limit_mm_per_prompt): a trajectory could be rejected by the server. Set "
+                f"max_images <= {limit_images} in the mm_tool agent-loop config, or raise rollout.limit_images."
+            )
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"mm_tool {name} must be a positive integer, got {value!r}")
