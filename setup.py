@@ -26,6 +26,7 @@ setup(
         "tokenizers>=0.22",
         # imported by verl's agent-loop / rollout code but not declared by verl 0.9.1
         "cachetools",
+        "mathruler",  # verl.utils.reward_score.geo3k imports it
         "fastapi",
         "uvicorn",
     ],

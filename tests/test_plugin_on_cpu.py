@@ -80,3 +80,16 @@ def test_register_unique_is_idempotent_for_the_same_entry_and_refuses_another():
     with pytest.raises(PluginRegistrationError, match=r"agent loop 'x' as c\.D: .*already registered by a\.B"):
         register_unique(registry, "x", {"_target_": "c.D"}, "agent loop")
     assert registry == {"x": {"_target_": "a.B"}}
+
+
+def test_import_verl_registers_the_reward_managers(tmp_path):
+    result = run_python(
+        """
+        import verl
+        from verl.experimental.reward_loop.reward_manager.registry import get_reward_manager_cls
+        print(get_reward_manager_cls("mm_turn_discount").__qualname__)
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "MMTurnDiscountRewardManager"

@@ -27,8 +27,18 @@ def register_agent_loops() -> None:
         register_unique(verl_agent_loop._agent_loop_registry, name, {"_target_": qualified_name(loop_cls)}, "agent loop")
 
 
+def register_reward_managers() -> None:
+    from verl.experimental.reward_loop.reward_manager import registry as verl_reward_registry
+
+    from verl_mm_tools.rewards import REWARD_MANAGERS
+
+    for name, manager_cls in REWARD_MANAGERS.items():
+        register_unique(verl_reward_registry.REWARD_MANAGER, name, manager_cls, "reward manager")
+
+
 def register_all() -> None:
     register_agent_loops()
+    register_reward_managers()
 
 
 def _register_or_report() -> None:
