@@ -1,0 +1,177 @@
+"""check_tool on every shipped tool loaded by verl's YAML loader, on a custom tool, and on broken tools."""
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.tools.tool_registry import initialize_tools_from_config
+
+from verl_mm_tools.tools import (
+    BUILTIN_TOOLS,
+    ImageTool,
+    RotateTool,
+    ToolCheckError,
+    ZoomInConfig,
+    acheck_tool,
+    check_tool,
+)
+
+YAML = Path(__file__).resolve().parents[2] / "examples" / "tools" / "image_tools.yaml"
+
+
+# ---- the README example: a custom tool is one pure function plus a small class ----------------------------------
+
+
+def grayscale(image: Image.Image) -> Image.Image:
+    return ImageOps.grayscale(image).convert("RGB")
+
+
+def to_grayscale(image_id: int | None = None):
+    """Convert an image to grayscale.
+
+    Args:
+        image_id: Number of the image to convert (Image 1 is the first image). Default: the latest image.
+    """
+
+
+class GrayscaleTool(ImageTool):
+    schema_fn = to_grayscale
+
+    def apply(self, image):
+        return grayscale(image), "converted to grayscale"
+
+
+def test_custom_grayscale_tool(make_agent_data, execute):
+    tool = GrayscaleTool(config={"type": "native"}, tool_schema=None)
+    check_tool(tool)
+    response, _, _ = execute(tool, {}, make_agent_data([Image.new("RGB", (40, 30), (255, 0, 0))]))
+    assert response.text == "Image 2: Image 1 converted to grayscale, 40x30 px."
+    assert (np.asarray(response.image[0]) == 76).all()  # ITU-R 601 luma of pure red
+
+
+# ---- shipped tools through verl's own loader ----------------------------------------------------------------------
+
+
+def test_yaml_loads_all_six_tools_and_each_passes_check_tool():
+    tools = initialize_tools_from_config(str(YAML))
+    assert [type(t) for t in tools] == list(BUILTIN_TOOLS)
+    assert [t.name for t in tools] == ["rotate", "flip", "crop", "zoom_in", "draw_bbox", "draw_line"]
+    assert tools[3].settings == ZoomInConfig(type="native", max_pixels=1003520, target_side=448)
+    for tool in tools:
+        check_tool(tool)
+
+
+def test_yaml_tool_schema_overrides_the_derived_one(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        """
+tools:
+  - class_name: verl_mm_tools.tools.RotateTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: rotate_image
+        description: Turn the picture.
+        parameters:
+          type: object
+          properties:
+            degrees: {type: number, description: Counter-clockwise angle.}
+            image_id: {type: integer, description: Which image.}
+          required: [degrees]
+"""
+    )
+    [tool] = initialize_tools_from_config(str(path))
+    assert (tool.name, tool.tool_schema.function.description) == ("rotate_image", "Turn the picture.")
+    check_tool(tool)
+
+
+def test_a_yaml_schema_with_other_parameters_fails_check_tool():
+    schema = RotateTool().tool_schema.model_copy(deep=True)
+    schema.function.parameters.properties["angle"] = schema.function.parameters.properties.pop("degrees")
+    with pytest.raises(ToolCheckError, match="schema parameters \\['angle', 'image_id'\\] differ"):
+        check_tool(RotateTool(config=None, tool_schema=schema))
+
+
+# ---- broken tools are caught ----------------------------------------------------------------------------------------
+
+
+def _schema(name="broken"):
+    return OpenAIFunctionToolSchema.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "A broken tool.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "number", "description": "A number."}},
+                    "required": ["x"],
+                },
+            },
+        }
+    )
+
+
+class RaisingTool(BaseTool):
+    def __init__(self, config=None, tool_schema=None):
+        self.config, self.tool_schema, self.name = config, tool_schema or _schema(), "broken"
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        x = float(parameters["x"])  # raises on bad input
+        return ToolResponse(image=[Image.new("RGB", (8, 8))], text=f"Image 2: x={x}"), 0.0, {}
+
+
+class TextOnlyTool(RaisingTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        return ToolResponse(text="done"), 0.0, {}
+
+
+class AppendingTool(GrayscaleTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        result = await super().execute(instance_id, parameters, **kwargs)
+        if result[0].image:
+            kwargs["agent_data"].image_data.append(result[0].image[0])
+        return result
+
+
+@pytest.mark.parametrize(
+    ("tool", "problems"),
+    [
+        (
+            RaisingTool(),
+            [
+                "an unknown argument: must be refused as text without an image, got 'Image 2: x=1.0'",
+                "no image in the conversation: must be refused",
+                "x='ninety': raised ValueError",
+                "x=None: raised TypeError",
+            ],
+        ),
+        (TextOnlyTool(), ["must return a list of PIL images", "the text must start with 'Image 2:'"]),
+        (AppendingTool(), ["execute must not add images to the workspace itself"]),
+    ],
+)
+def test_check_tool_reports_every_problem(tool, problems):
+    with pytest.raises(ToolCheckError) as error:
+        check_tool(tool, {"x": 1} if isinstance(tool, RaisingTool) else None)
+    for problem in problems:
+        assert problem in str(error.value)
+
+
+def test_check_tool_rejects_bad_names():
+    tool = TextOnlyTool(tool_schema=_schema("has space"))
+    with pytest.raises(ToolCheckError, match="name must match"):
+        check_tool(tool)
+
+
+def test_check_tool_inside_a_running_loop_points_to_acheck_tool():
+    async def inside():
+        with pytest.raises(RuntimeError, match="await acheck_tool"):
+            check_tool(RotateTool())
+        await acheck_tool(RotateTool())
+
+    asyncio.run(inside())

@@ -1,0 +1,137 @@
+"""``ImageTool``: the thin verl ``BaseTool`` adapter every image tool derives from.
+
+A tool is a pure op (``verl_mm_tools.ops``) plus a subclass that names a *schema function* (signature + Google
+docstring, from which the OpenAI schema is derived as verl's function tools do; the image is not a parameter) and
+implements ``apply(image, **arguments) -> (new_image, what_was_done)``. ``execute`` checks the arguments, resolves
+the input image from the trajectory's workspace (``image_id``, default: the latest image), calls ``apply``, bounds
+the result to ``max_pixels`` and answers ``ToolResponse(image=[new], text="Image N: ...")``. Invalid input is
+answered as text (with reward 0.0 and metrics ``{"error": message}``), never raised.
+
+``N`` is the workspace's ``next_id`` when the tool runs: exact under the mm_tool loop, which runs calls one by one
+and adds each image right after its call. verl's plain ``tool_agent`` loop runs one turn's calls concurrently and
+appends their images afterwards, so there the second image-returning call of a turn announces the same N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from PIL import Image
+from transformers.utils import get_json_schema
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.rollout_trace import rollout_trace_op
+
+from verl_mm_tools.errors import ConfigError, ToolInputError, did_you_mean
+from verl_mm_tools.ops.checks import show
+from verl_mm_tools.ops.geometry import DEFAULT_MAX_PIXELS, MIN_MAX_PIXELS, fit_pixels
+from verl_mm_tools.ops.transform import as_rgb
+from verl_mm_tools.tools.arguments import ArgumentSpec
+from verl_mm_tools.workspace import workspace_of
+
+logger = logging.getLogger(__name__)
+
+MAX_MAX_PIXELS = 1 << 26  # 64 Mpx: no configuration may let a tool answer with a larger image
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageToolConfig:
+    """The ``config:`` block of an image tool in verl's tool YAML. Subclass it to add fields."""
+
+    type: str = "native"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        if not MIN_MAX_PIXELS <= self.max_pixels <= MAX_MAX_PIXELS:
+            raise ConfigError(
+                f"max_pixels must be between {MIN_MAX_PIXELS} and {MAX_MAX_PIXELS}, got {self.max_pixels}"
+            )
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any] | None) -> ImageToolConfig:
+        """Parse a config mapping once; unknown keys and wrongly typed values are ConfigErrors."""
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        values = dict(config or {})
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"{cls.__name__}: unknown config key {key!r}.{did_you_mean(str(key), fields)} "
+                    f"Known keys: {sorted(fields)}"
+                )
+            kind = hints[key]
+            if isinstance(kind, type) and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
+                raise ConfigError(f"{cls.__name__}: {key} must be a {kind.__name__}, got {value!r}")
+        return cls(**values)
+
+
+def build_schema(fn: Callable[..., Any]) -> OpenAIFunctionToolSchema:
+    """The OpenAI tool schema of a schema function (name, Google docstring, typed parameters), with the
+    docstring's line breaks folded into spaces."""
+    schema = OpenAIFunctionToolSchema.model_validate(get_json_schema(fn))
+    schema.function.description = " ".join(schema.function.description.split())
+    for prop in schema.function.parameters.properties.values():
+        prop.description = " ".join((prop.description or "").split()) or None
+    return schema
+
+
+class ImageTool(BaseTool):
+    """Base of the image tools. Subclasses set ``schema_fn`` and implement ``apply``.
+
+    Class attributes:
+        schema_fn: the tool's argument function; its name, docstring and typed parameters give the schema, and
+            the model's arguments are checked against its signature. ``image_id: int | None = None`` selects the
+            input image (default: the latest); tools without it always use the latest image.
+        config_cls: the frozen dataclass the YAML ``config`` is parsed into (``self.settings``).
+        example_arguments: valid arguments for ``check_tool``'s probe image (64x48 px).
+    """
+
+    schema_fn: ClassVar[Callable[..., Any]]
+    config_cls: ClassVar[type[ImageToolConfig]] = ImageToolConfig
+    example_arguments: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
+        # BaseTool.__init__ is not called on purpose: it print()s the schema.
+        if not callable(getattr(type(self), "schema_fn", None)):
+            raise TypeError(f"{type(self).__name__} must set schema_fn, the function its schema is derived from")
+        self.config = dict(config or {})
+        self.settings = self.config_cls.from_dict(self.config)
+        if isinstance(tool_schema, Mapping):
+            tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
+        self.tool_schema = tool_schema or build_schema(type(self).schema_fn)
+        self.name = self.tool_schema.function.name
+        self.arguments = ArgumentSpec(type(self).schema_fn)
+
+    def apply(self, image: Image.Image, **arguments: Any) -> tuple[Image.Image, str]:
+        """The new image and what was done to the input, e.g. ``(rotated, "rotated by 90 degrees")``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement apply(image, **arguments)")
+
+    @rollout_trace_op
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        try:
+            return self._run(parameters, kwargs.get("agent_data"))
+        except ToolInputError as error:
+            return self._refuse(str(error))
+        except Exception as error:  # noqa: BLE001 - the model must get an answer, never an exception
+            logger.exception("%s failed on arguments %s", self.name, show(parameters))
+            return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
+
+    def _run(self, parameters: Any, agent_data: Any) -> tuple[ToolResponse, float, dict]:
+        arguments = self.arguments.parse(parameters)
+        image_id = arguments.pop("image_id", None)
+        workspace = workspace_of(agent_data)
+        image = workspace.get(image_id)
+        source_id = image_id if image_id is not None else workspace.latest_id
+        result, what = self.apply(as_rgb(image), **arguments)
+        result = fit_pixels(as_rgb(result), self.settings.max_pixels)
+        text = f"Image {workspace.next_id}: Image {source_id} {what}, {result.width}x{result.height} px."
+        return ToolResponse(image=[result], text=text), 0.0, {}
+
+    def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
+        return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}

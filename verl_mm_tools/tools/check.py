@@ -1,0 +1,165 @@
+"""``check_tool``: does a tool keep the image-tool contract?
+
+``check_tool(tool)`` is synchronous (it runs its own event loop); from async code use ``await acheck_tool(tool)``.
+Both raise ``ToolCheckError`` listing every problem found, and return None when the tool conforms:
+
+* schema: a valid OpenAI function schema whose name is the tool's ``name`` (``[A-Za-z0-9_-]{1,64}``), with a
+  description, object parameters, known JSON types, ``required`` a subset of the properties, and (for an
+  ``ImageTool``) exactly the parameters of its schema function;
+* a valid call (``arguments``, default ``tool.example_arguments``) on a 64x48 probe image returns
+  ``(ToolResponse, float reward, dict metrics)`` with a list of PIL images no larger than the tool's
+  ``settings.max_pixels``, a text starting with ``"Image 2:"``, and leaves the workspace unchanged;
+* bad input (an unknown argument, a missing image, ``image_id`` 99, hostile values for every parameter) is
+  answered as text, without images and without raising.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import types
+from typing import Any
+
+from PIL import Image
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from verl_mm_tools.errors import VerlMMToolsError
+
+PROBE_SIZE = (64, 48)
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_JSON_TYPES = {"string", "number", "integer", "boolean", "array", "object", "null"}
+_HOSTILE_VALUES: tuple[Any, ...] = (None, "", "ninety", math.nan, math.inf, -1e308, 10**30, -1, True, [1, 2], {"a": 1})
+
+
+class ToolCheckError(VerlMMToolsError, AssertionError):
+    """A tool does not keep the image-tool contract; the message lists every problem."""
+
+
+def probe_image() -> Image.Image:
+    """A 64x48 RGB gradient, different in every pixel row and column."""
+    image = Image.new("RGB", PROBE_SIZE)
+    image.putdata([(4 * x, 5 * y, 128) for y in range(PROBE_SIZE[1]) for x in range(PROBE_SIZE[0])])
+    return image
+
+
+def schema_problems(tool: Any) -> list[str]:
+    """Problems with a tool's name and OpenAI schema."""
+    schema = getattr(tool, "tool_schema", None)
+    if not isinstance(schema, OpenAIFunctionToolSchema):
+        return [f"tool_schema must be an OpenAIFunctionToolSchema, got {type(schema).__name__}"]
+    function, problems = schema.function, []
+    if schema.type != "function":
+        problems.append(f"tool_schema.type must be 'function', got {schema.type!r}")
+    if not _NAME.match(function.name) or getattr(tool, "name", None) != function.name:
+        problems.append(f"name must match {_NAME.pattern} and equal tool.name, got {function.name!r}")
+    if not function.description.strip():
+        problems.append("the schema has no description")
+    parameters = function.parameters
+    if parameters.type != "object":
+        problems.append(f"parameters.type must be 'object', got {parameters.type!r}")
+    for name, prop in parameters.properties.items():
+        kinds = {prop.type} if isinstance(prop.type, str) else set(prop.type)
+        if not kinds <= _JSON_TYPES or not prop.description:
+            problems.append(f"parameter {name!r} needs a JSON type and a description, got {prop.model_dump()}")
+    if missing := set(parameters.required) - set(parameters.properties):
+        problems.append(f"required names unknown parameters: {sorted(missing)}")
+    if OpenAIFunctionToolSchema.model_validate(schema.model_dump()) != schema:
+        problems.append("the schema does not survive a model_dump/model_validate round trip")
+    spec = getattr(tool, "arguments", None)
+    if spec is not None and set(spec.parameters) != set(parameters.properties):
+        problems.append(f"schema parameters {sorted(parameters.properties)} differ from the schema function's")
+    return problems
+
+
+async def _call(tool: BaseTool, arguments: Any, images: list[Image.Image]) -> Any:
+    agent_data = types.SimpleNamespace(image_data=images)
+    instance_id, _ = await tool.create()
+    try:
+        return await tool.execute(instance_id, arguments, agent_data=agent_data)
+    finally:
+        await tool.release(instance_id)
+
+
+async def valid_call_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
+    """Problems with the answer to a valid call on the probe image."""
+    images = [probe_image()]
+    try:
+        result = await _call(tool, arguments, images)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return [f"a valid call {arguments} raised {type(error).__name__}: {error}"]
+    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
+        return [f"execute must return (ToolResponse, reward, metrics), got {result!r:.200}"]
+    response, reward, metrics = result
+    problems = []
+    if not isinstance(reward, (int, float)) or not isinstance(metrics, dict):
+        problems.append(f"reward must be a number and metrics a dict, got {reward!r} and {metrics!r}")
+    if not response.image or not all(isinstance(image, Image.Image) for image in response.image):
+        problems.append(f"a valid call {arguments} must return a list of PIL images, got {response!r:.300}")
+    elif (limit := getattr(getattr(tool, "settings", None), "max_pixels", None)) is not None:
+        oversized = [f"{i.width}x{i.height}" for i in response.image if i.width * i.height > limit]
+        if oversized:
+            problems.append(f"images of {oversized} px exceed max_pixels {limit}")
+    if not (response.text or "").startswith("Image 2:"):
+        problems.append(f"the text must start with 'Image 2:' (the new image's id), got {response.text!r}")
+    if len(images) != 1:
+        problems.append("execute must not add images to the workspace itself (the agent loop does)")
+    return problems
+
+
+def _bad_calls(tool: BaseTool, arguments: dict[str, Any]) -> list[tuple[str, dict[str, Any], list, bool]]:
+    """(what, arguments, images, must_refuse) for each bad input."""
+    probe = probe_image()
+    properties = tool.tool_schema.function.parameters.properties
+    calls = [
+        ("an unknown argument", {**arguments, "no_such_argument": 1}, [probe], True),
+        ("no image in the conversation", arguments, [], True),
+    ]
+    if "image_id" in properties:
+        calls.append(("image_id 99 of 1 image", {**arguments, "image_id": 99}, [probe], True))
+    for name in properties:
+        calls += [(f"{name}={value!r}", {**arguments, name: value}, [probe], False) for value in _HOSTILE_VALUES]
+    return calls
+
+
+async def bad_input_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
+    """Problems with the answers to bad input: each must be a text ToolResponse; refusals carry no image."""
+    problems = []
+    for what, call_arguments, images, must_refuse in _bad_calls(tool, arguments):
+        try:
+            result = await _call(tool, call_arguments, images)
+        except Exception as error:  # noqa: BLE001 - reported, not raised
+            problems.append(f"{what}: raised {type(error).__name__}: {error}")
+            continue
+        response = result[0] if isinstance(result, tuple) and result else None
+        if not isinstance(response, ToolResponse) or not response.text:
+            problems.append(f"{what}: must be answered with a text ToolResponse, got {result!r:.200}")
+        elif must_refuse and response.image:
+            problems.append(f"{what}: must be refused as text without an image, got {response.text!r}")
+    return problems
+
+
+async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> None:
+    """Async ``check_tool``."""
+    arguments = dict(getattr(tool, "example_arguments", {}) if arguments is None else arguments)
+    problems = schema_problems(tool)
+    if not problems:
+        problems += await valid_call_problems(tool, arguments)
+        problems += await bad_input_problems(tool, arguments)
+    if problems:
+        name = getattr(tool, "name", type(tool).__name__)
+        raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
+
+
+def check_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> None:
+    """Raise ToolCheckError unless ``tool`` keeps the image-tool contract (see the module docstring).
+
+    ``arguments``: a valid call for the 64x48 probe image (default: ``tool.example_arguments``). Synchronous: it
+    runs its own event loop, so call ``await acheck_tool(tool)`` inside a running loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(acheck_tool(tool, arguments))
+    raise RuntimeError("check_tool() runs its own event loop; inside async code use 'await acheck_tool(tool)'")
