@@ -157,9 +157,22 @@ class LocalRollout:
             overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}")
         return compose_trainer_config(self.model_dir, [*overrides, *extra])
 
-    def run(self, turns, prompts: Sequence[list[dict]], *, model=None, columns: dict | None = None, **config_kwargs):
-        """Returns (the generated DataProto, the server with its recorded requests, the worker)."""
-        worker = make_worker(self.config(**config_kwargs), None)
-        server = ScriptedServer(worker.tokenizer, turns, model=model)
-        worker.llm_client = server
-        return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
+    def run(self, turns, prompts: Sequence[list[dict]], *, model=None, columns: dict | None = None, tools=None,
+            **config_kwargs):
+        """Returns (the generated DataProto, the server with its recorded requests, the worker). ``tools`` replaces
+        the tools loaded from the YAML (instances, e.g. defined in a test)."""
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        # verl's worker writes agent_loop_config_path entries into its process-wide registry: restore it afterwards
+        # so one run's loop options never leak into the next.
+        saved = dict(_agent_loop_registry)
+        try:
+            worker = make_worker(self.config(**config_kwargs), None)
+            if tools is not None:
+                worker.tools = list(tools)
+            server = ScriptedServer(worker.tokenizer, turns, model=model)
+            worker.llm_client = server
+            return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
+        finally:
+            _agent_loop_registry.clear()
+            _agent_loop_registry.update(saved)
