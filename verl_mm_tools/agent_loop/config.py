@@ -34,6 +34,8 @@ class MMToolLoopConfig:
         tool_timeout_s: Seconds a single tool call may take; it is then cancelled and the model told.
         annotate_image_ids: Prefix each tool response with the ids of the images it added ("Image 3: ...") when
             the tool's own text does not already name them.
+        env: The environment of every trajectory whose sample names none in ``extra_info.env``: a registered name
+            or ``{"name": ..., <kwargs>}`` (see ``verl_mm_tools.envs``). None: no environment turns.
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -43,6 +45,7 @@ class MMToolLoopConfig:
     over_budget: str = "downscale"
     tool_timeout_s: float = 60.0
     annotate_image_ids: bool = True
+    env: str | dict | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:

@@ -4,7 +4,6 @@ config, a scripted inference server, and a batch builder. Used by the tests, the
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -108,7 +107,10 @@ def _objects(values: Sequence[Any]) -> np.ndarray:
 
 
 def generate(worker, batch: DataProto) -> DataProto:
-    return asyncio.run(worker.generate_sequences(batch))
+    """Run the worker on verl's event loop (the one verl's reward worker and agent loops capture)."""
+    from verl.utils.ray_utils import get_event_loop
+
+    return get_event_loop().run_until_complete(worker.generate_sequences(batch))
 
 
 def tool_call_text(name: str, **arguments: Any) -> str:
@@ -158,9 +160,10 @@ class LocalRollout:
         return compose_trainer_config(self.model_dir, [*overrides, *extra])
 
     def run(self, turns, prompts: Sequence[list[dict]], *, model=None, columns: dict | None = None, tools=None,
-            **config_kwargs):
+            score: bool = False, **config_kwargs):
         """Returns (the generated DataProto, the server with its recorded requests, the worker). ``tools`` replaces
-        the tools loaded from the YAML (instances, e.g. defined in a test)."""
+        the tools loaded from the YAML (instances, e.g. defined in a test); ``score`` streams every trajectory
+        through verl's real reward worker (the configured reward manager), in-process."""
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
         # verl's worker writes agent_loop_config_path entries into its process-wide registry: restore it afterwards
@@ -170,9 +173,29 @@ class LocalRollout:
             worker = make_worker(self.config(**config_kwargs), None)
             if tools is not None:
                 worker.tools = list(tools)
+            if score:
+                worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(worker.config))]
             server = ScriptedServer(worker.tokenizer, turns, model=model)
             worker.llm_client = server
             return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
         finally:
             _agent_loop_registry.clear()
             _agent_loop_registry.update(saved)
+
+
+class _InProcessActor:
+    """Stands in for a Ray actor handle: ``handle.method.remote(...)`` returns the awaitable of the local call."""
+
+    def __init__(self, target: Any):
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=getattr(self._target, name))
+
+
+def _reward_worker(config: DictConfig):
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    return RewardLoopWorker(config)

@@ -30,6 +30,8 @@ from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, trajectory_problems, vision_token_ids
+from verl_mm_tools.envs import Observation, Sample, make_environment
+from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ConfigError, ImageBudgetError, TrajectoryValidationError, did_you_mean
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
@@ -77,11 +79,22 @@ class MMToolAgentLoop(ToolAgentLoop):
         except Exception as error:  # isolation: verl gathers trajectories without return_exceptions
             output = self._masked_output(agent_data, stats, error, kwargs)
         finally:
-            sessions = getattr(agent_data, "mm_sessions", None)
-            if sessions is not None:
-                await sessions.release_all()
+            await self._release(agent_data)
         output.extra_fields.update(stats.to_extra_fields())
         return output
+
+    async def _release(self, agent_data) -> None:
+        """Release tool sessions and close the environment, once, however the trajectory ended."""
+        sessions = getattr(agent_data, "mm_sessions", None)
+        if sessions is not None:
+            await sessions.release_all()
+        env = getattr(agent_data, "mm_env", None)
+        if env is not None:
+            agent_data.mm_env = None
+            try:
+                await call_env(env.close)
+            except Exception:
+                logger.warning("closing environment %r failed", type(env).__name__, exc_info=True)
 
     async def _new_agent_data(self, kwargs: dict, priority: int, stats: TrajectoryStats) -> AgentData:
         messages = list(kwargs["raw_prompt"])
@@ -101,10 +114,26 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data.mm_sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
         agent_data.mm_stats = stats
         agent_data.mm_budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
+        agent_data.mm_malformed_calls = 0
+        agent_data.mm_env, agent_data.mm_env_pending = None, False
+        await self._start_environment(agent_data, kwargs)
         agent_data.mm_prompt_length = 0
         agent_data.mm_prompt_images = len(agent_data.image_data)
-        agent_data.mm_malformed_calls = 0
         return agent_data
+
+    async def _start_environment(self, agent_data: AgentData, row: dict) -> None:
+        """Create and reset the sample's environment; an observation from reset joins the prompt."""
+        extra_info = row.get("extra_info") or {}
+        spec = extra_info.get("env") if isinstance(extra_info, dict) else None
+        spec = spec or self.mm_config.env
+        if not spec:
+            return
+        agent_data.mm_env = make_environment(spec)
+        observation = await call_env(agent_data.mm_env.reset, Sample.from_row(row, list(agent_data.image_data)))
+        if observation is not None and (observation.text or observation.images):
+            content = [{"type": "image", "image": image} for image in observation.images]
+            agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
+            agent_data.image_data.extend(observation.images)
 
     def _select_tools(self, agent_data: AgentData, selection) -> None:
         """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
@@ -120,7 +149,10 @@ class MMToolAgentLoop(ToolAgentLoop):
         handlers = {
             AgentState.PENDING: lambda: self._handle_pending_state(agent_data, sampling_params),
             AgentState.GENERATING: lambda: self._handle_generating_state(agent_data, sampling_params),
-            AgentState.PROCESSING_TOOLS: lambda: self._handle_processing_tools_state(agent_data),
+            AgentState.PROCESSING_TOOLS: lambda: (
+                self._handle_env_turn(agent_data) if agent_data.mm_env_pending
+                else self._handle_processing_tools_state(agent_data)
+            ),
         }
         state = AgentState.PENDING
         while state != AgentState.TERMINATED:
@@ -157,6 +189,8 @@ class MMToolAgentLoop(ToolAgentLoop):
     def _after_generation(self, agent_data: AgentData, state: AgentState) -> AgentState:
         stats: TrajectoryStats = agent_data.mm_stats
         text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        stats.last_assistant_text = text
+        stats.turn_rewards.append(0.0)
         attempted = text.count("<tool_call>")
         if state == AgentState.PROCESSING_TOOLS or not self._at_limit(agent_data):
             agent_data.mm_malformed_calls = max(0, attempted - len(agent_data.tool_calls))
@@ -164,6 +198,9 @@ class MMToolAgentLoop(ToolAgentLoop):
                 return AgentState.PROCESSING_TOOLS
         if state == AgentState.TERMINATED:
             stats.stop_reason = self._stop_reason(agent_data, attempted)
+            if stats.stop_reason == "answered" and agent_data.mm_env is not None:
+                agent_data.mm_env_pending = True  # the environment reacts to the answer
+                return AgentState.PROCESSING_TOOLS
         return state
 
     def _at_limit(self, agent_data: AgentData) -> bool:
@@ -203,9 +240,10 @@ class MMToolAgentLoop(ToolAgentLoop):
         stats.invalid_actions += agent_data.mm_malformed_calls
         new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * agent_data.mm_malformed_calls
         agent_data.mm_malformed_calls = 0
-        return await self._merge_tool_turn(agent_data, previous, new_messages, rewards, images_before, budget_before)
+        return await self._merge_context_turn(agent_data, previous, new_messages, rewards, images_before, budget_before)
 
-    async def _merge_tool_turn(self, agent_data, previous, new_messages, rewards, images_before, budget_before):
+    async def _merge_context_turn(self, agent_data, previous, new_messages, rewards, images_before, budget_before):
+        """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
         agent_data.messages.extend(new_messages)
         merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
             previous,
@@ -225,7 +263,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data.response_mask = response_mask
         if agent_data.response_logprobs:
             agent_data.response_logprobs = response_logprobs or []
-        agent_data.tool_rewards.extend(reward for reward in rewards if reward is not None)
+        rewards = [float(reward) for reward in rewards if reward is not None]
+        agent_data.tool_rewards.extend(rewards)
+        agent_data.mm_stats.turn_rewards[-1] += sum(rewards)
         agent_data.user_turns += 1
         return AgentState.GENERATING
 
@@ -235,6 +275,33 @@ class MMToolAgentLoop(ToolAgentLoop):
         getattr(agent_data, WORKSPACE_ATTR).truncate(images_before)
         if budget_before is not None:
             agent_data.mm_budget.images, agent_data.mm_budget.tokens = budget_before
+
+    async def _handle_env_turn(self, agent_data: AgentData) -> AgentState:
+        """The environment scores the answer; unless done (or out of turns), its observation is the next user turn."""
+        stats: TrajectoryStats = agent_data.mm_stats
+        agent_data.mm_env_pending = False
+        observation, reward, done, info = await call_env(agent_data.mm_env.step, stats.last_assistant_text)
+        stats.attempts += 1
+        agent_data.turn_scores.append(float(reward))
+        stats.turn_rewards[-1] += float(reward)
+        stats.env_infos.append(dict(info or {}))
+        if done:
+            return AgentState.TERMINATED
+        if self._at_limit(agent_data):
+            stats.stop_reason = "turn_limit"
+            return AgentState.TERMINATED
+        workspace: ImageWorkspace = getattr(agent_data, WORKSPACE_ATTR)
+        budget_before = (agent_data.mm_budget.images, agent_data.mm_budget.tokens) if agent_data.mm_budget else None
+        images_before, previous = len(workspace), list(agent_data.messages)
+        observation = observation or Observation()
+        content = self._content(list(observation.images), observation.text, [], agent_data)
+        if content is None:  # over budget with over_budget=stop
+            self._roll_back(agent_data, previous, images_before, budget_before)
+            stats.stop_reason = "budget"
+            return AgentState.TERMINATED
+        stats.stop_reason = "answered"
+        message = {"role": "user", "content": content}
+        return await self._merge_context_turn(agent_data, previous, [message], [], images_before, budget_before)
 
     # ----- tools ----------------------------------------------------------------------------------------------
 
@@ -273,11 +340,21 @@ class MMToolAgentLoop(ToolAgentLoop):
         return await tool.execute(instance_id, arguments, agent_data=agent_data)
 
     def _tool_message(self, call: FunctionCall, response: ToolResponse, agent_data: AgentData) -> dict | None:
-        """The tool-role message: admitted images (with ids) then text. None when the budget says stop."""
+        """The tool-role message of one call. None when the budget says stop."""
         images = response.image if isinstance(response.image, list) else [response.image] if response.image else []
-        content, new_ids, notes = [], [], []
-        if response.video:
-            notes.append("videos from tools are not supported and were dropped")
+        notes = ["videos from tools are not supported and were dropped"] if response.video else []
+        content = self._content(images, response.text or "", notes, agent_data)
+        if content is None:
+            return None
+        message: dict[str, Any] = {"role": "tool", "content": content}
+        if call.tool_call_id is not None:
+            message["tool_call_id"] = call.tool_call_id
+        return message
+
+    def _content(self, images: list, text: str, notes: list[str], agent_data: AgentData) -> list | str | None:
+        """Message content: the admitted images (each added to the workspace) then the text, with image ids and
+        notes on what the budget did. None when the budget says stop."""
+        content, new_ids = [], []
         for image in images:
             admitted = self._admit(image, agent_data, notes)
             if admitted is False:
@@ -285,11 +362,8 @@ class MMToolAgentLoop(ToolAgentLoop):
             if admitted is not None:
                 new_ids.append(getattr(agent_data, WORKSPACE_ATTR).add(admitted))
                 content.append({"type": "image", "image": admitted})
-        text = self._response_text(response.text or "", images, new_ids, notes)
-        message: dict[str, Any] = {"role": "tool", "content": content + [{"type": "text", "text": text}] if content else text}
-        if call.tool_call_id is not None:
-            message["tool_call_id"] = call.tool_call_id
-        return message
+        text = self._response_text(text, images, new_ids, notes)
+        return content + [{"type": "text", "text": text}] if content else text
 
     def _admit(self, image, agent_data: AgentData, notes: list[str]):
         """The admitted image, None when refused (reason appended to ``notes``), False when the trajectory stops."""

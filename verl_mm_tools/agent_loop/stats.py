@@ -33,6 +33,10 @@ class TrajectoryStats:
     budget_refusals: int = 0
     budget_downscales: int = 0
     dropped_turns: int = 0
+    attempts: int = 0
+    turn_rewards: list[float] = field(default_factory=list)
+    last_assistant_text: str = ""
+    env_infos: list[dict] = field(default_factory=list)
     masked: bool = False
     stop_reason: str = "answered"
     error: str = ""
@@ -54,6 +58,10 @@ class TrajectoryStats:
     def to_extra_fields(self) -> dict:
         return {
             "tool_call_counts": self.tool_calls,
+            "attempts": max(1, self.attempts),  # answers given; read by the mm_turn_discount reward manager
+            "last_assistant_text": self.last_assistant_text,
+            PREFIX + "turn_rewards": list(self.turn_rewards),
+            PREFIX + "env_infos": list(self.env_infos),
             PREFIX + "tool_calls": self.tool_calls,
             PREFIX + "tool_errors": self.tool_errors,
             PREFIX + "tool_time_s": sum(stats.time_s for stats in self.per_tool.values()),
@@ -81,6 +89,8 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     if not rows:
         return {}
     metrics = {}
+    attempts = np.asarray([non_tensor_batch["attempts"][index] for index in rows], dtype=np.float64)
+    metrics[PREFIX + "attempts/mean"] = float(attempts.mean())
     for key in ("tool_calls", "tool_errors", "tool_time_s", "images", "image_tokens", "budget_refusals",
                 "budget_downscales", "dropped_turns", "masked", "invalid_actions", "ignored_calls"):
         values = np.asarray([non_tensor_batch[PREFIX + key][index] for index in rows], dtype=np.float64)

@@ -1,0 +1,105 @@
+"""Environment turns in the mm_tool loop, scored by verl's real reward worker with the mm_turn_discount manager."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from verl_mm_tools.agent_loop.budget import ImageGeometry
+from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
+from verl_mm_tools.ops import rotate
+
+ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
+REWARD = [
+    "reward.reward_manager.name=mm_turn_discount",
+    "+reward.reward_kwargs.gamma=0.9",
+    "+reward.reward_kwargs.reward_fn=rotation_reward_45",
+]
+
+
+def rotated_image() -> Image.Image:
+    upright = Image.new("RGB", (84, 56), (128, 128, 128))
+    upright.paste((255, 0, 0), (0, 0, 28, 28))
+    return upright.rotate(90, expand=True)  # ground truth: 90 degrees
+
+
+@pytest.fixture
+def rollout(tiny_model_dir, tmp_path):
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(ROTATE_TOOLS_YAML)
+    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
+
+
+def rotation_rows(env):
+    columns = {
+        "data_source": ["verl_mm_tools/rotation"],
+        "reward_model": [{"style": "rule", "ground_truth": "90"}],
+        "extra_info": [{"index": 0, "env": env}],
+    }
+    return [image_prompt("By how many degrees was this image rotated?", [rotated_image()])], columns
+
+
+def test_wrong_answer_feedback_right_answer_is_discounted_by_the_manager(rollout):
+    prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3})
+    turns = ["<answer>45</answer><|im_end|>", "<answer>90</answer><|im_end|>"]
+    output, server, worker = rollout.run(turns, prompts, columns=columns, score=True, extra=REWARD)
+
+    feedback = worker.tokenizer.decode(server.requests[1]["prompt_ids"]).rsplit("<|im_start|>user\n", 1)[1]
+    assert feedback == "Your answer is not correct. Please try again; 2 attempt(s) left.<|im_end|>\n<|im_start|>assistant\n"
+    assert output.non_tensor_batch["attempts"][0] == 2
+    assert output.non_tensor_batch["turn_scores"][0] == [0.0, 1.0]
+    assert output.non_tensor_batch["mm_tool/turn_rewards"][0] == [0.0, 1.0]
+    assert output.non_tensor_batch["last_assistant_text"][0] == "<answer>90</answer>"
+    # mm_turn_discount: final score x gamma^(attempts - 1) = 1.0 x 0.9
+    assert output.batch["rm_scores"][0].sum().item() == pytest.approx(0.9)
+    assert output.non_tensor_batch["turn_discount"][0] == pytest.approx(0.9)
+    row = unpadded_row(output)
+    assert row["response_mask"].count(0) > 0 and row["response_mask"][-1] == 1
+
+
+def test_rotation_feedback_image_enters_the_workspace_with_its_id_and_token_count(rollout):
+    prompts, columns = rotation_rows({"name": "rotation", "max_attempts": 2})
+    turns = ["<answer>45</answer><|im_end|>", tool_call_text("rotate", degrees=-45, image_id=2), "<answer>90</answer><|im_end|>"]
+    output, server, worker = rollout.run(turns, prompts, columns=columns, score=True, extra=REWARD)
+
+    turned_back = rotate(server.requests[0]["images"][0], -45)
+    geometry = ImageGeometry.from_processor(worker.processor)  # sized by the budget like a tool image
+    size = geometry.resized(*turned_back.size, geometry.min_pixels, geometry.max_pixels)
+    assert [len(request["images"]) for request in server.requests] == [1, 2, 3]
+    shown = server.requests[1]["images"][1]
+    assert shown.size == size == (112, 112)  # the 99x99 turned-back canvas, rounded to 28 px tokens
+    assert list(shown.getdata()) == list(turned_back.resize(size, Image.Resampling.BICUBIC).getdata())
+    feedback = worker.tokenizer.decode(server.requests[1]["prompt_ids"]).rsplit("<|im_start|>user\n", 1)[1]
+    assert feedback.startswith("<|vision_start|>")
+    assert "Image 2. Image 1 turned back by your estimate of 45 degrees" in feedback
+    image_pad = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    row = unpadded_row(output)
+    expected = [processor_image_tokens(worker.processor, image) for image in server.requests[2]["images"]]
+    assert placeholder_runs(row["prompt_ids"] + row["response_ids"], image_pad) == expected
+    assert expected[1] == processor_image_tokens(worker.processor, turned_back)
+    assert output.non_tensor_batch["attempts"][0] == 2
+    assert output.non_tensor_batch["tool_call_counts"][0] == 1
+    assert output.batch["rm_scores"][0].sum().item() == pytest.approx(0.9)
+    assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "answered"
+
+
+def test_out_of_attempts_stops_and_the_environment_is_closed_once(rollout, monkeypatch):
+    from verl_mm_tools.envs import AnswerFeedbackEnv
+
+    closed = []
+    monkeypatch.setattr(AnswerFeedbackEnv, "close", lambda self: closed.append(self.attempts))
+    prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 2})
+    output, server, _ = rollout.run(["<answer>0</answer><|im_end|>"] * 3, prompts, columns=columns)
+    assert len(server.requests) == 2
+    assert closed == [2]
+    assert output.non_tensor_batch["turn_scores"][0] == [0.0, 0.0]
+    assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "answered"
+
+
+def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_limit(rollout):
+    prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 5})
+    output, server, _ = rollout.run(["<answer>0</answer><|im_end|>"] * 3, prompts, columns=columns, max_turns=2)
+    assert len(server.requests) == 2
+    assert output.non_tensor_batch["turn_scores"][0] == [0.0, 0.0]
+    assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "turn_limit"

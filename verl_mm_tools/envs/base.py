@@ -1,0 +1,102 @@
+"""The environment API of the mm_tool loop: gym-like, with observations that may carry images.
+
+After an assistant turn without a tool call, the loop hands the assistant's text to the trajectory's environment
+(``step``); unless the environment is done, its observation becomes the next user message (its images enter the
+image workspace with ids, through the image budget) and the model answers again, up to the turn limit.
+
+An environment is chosen per dataset sample (``extra_info.env``: a registered name, or ``{"name": ..., <kwargs>}``)
+or for every sample by the loop's ``env`` option. One instance serves one trajectory: ``reset`` once, ``step`` per
+answer, ``close`` exactly once at the end, however the trajectory ends. ``reset``/``step``/``close`` may be plain or
+``async`` methods.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from PIL import Image
+
+from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.registry import register_unique
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment shows the model: text and images (each image gets the next workspace id)."""
+
+    text: str = ""
+    images: tuple[Image.Image, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The dataset row an environment is reset with."""
+
+    data_source: str | None
+    ground_truth: Any
+    extra_info: dict[str, Any]
+    images: list[Image.Image] = field(default_factory=list)  # the prompt's images: ids 1..len(images)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], images: list[Image.Image]) -> Sample:
+        reward_model = row.get("reward_model") or {}
+        return cls(
+            data_source=row.get("data_source"),
+            ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+            extra_info=dict(row.get("extra_info") or {}),
+            images=list(images),
+        )
+
+
+class Environment:
+    """Base class: implement ``step`` (and ``reset`` when the environment keeps state from the sample)."""
+
+    name: ClassVar[str] = ""
+
+    def reset(self, sample: Sample) -> Observation | None:
+        """Start a trajectory. An observation returned here is appended to the prompt as a user message."""
+        return None
+
+    def step(self, assistant_text: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """React to the assistant's answer: (observation, reward, done, info)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the trajectory held (called exactly once)."""
+
+
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+
+
+def register_environment(cls: type[Environment]) -> type[Environment]:
+    """Class decorator: make an environment selectable by its ``name``."""
+    if not cls.name:
+        raise ConfigError(f"environment class {cls.__qualname__} needs a non-empty `name` class attribute")
+    register_unique(ENVIRONMENTS, cls.name, cls, "environment")
+    return cls
+
+
+def make_environment(spec: str | dict[str, Any]) -> Environment:
+    """An environment instance from a name or ``{"name": ..., **kwargs}``."""
+    if isinstance(spec, str):
+        name, kwargs = spec, {}
+    elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        name, kwargs = spec["name"], {key: value for key, value in spec.items() if key != "name"}
+    else:
+        raise ConfigError(f"an environment is selected by a name or a mapping with a 'name' key, got {spec!r}")
+    if name not in ENVIRONMENTS:
+        raise ConfigError(
+            f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}." + did_you_mean(name, ENVIRONMENTS)
+        )
+    try:
+        return ENVIRONMENTS[name](**kwargs)
+    except TypeError as error:
+        raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
+
+
+async def call(method, *args):
+    """Call a plain or async environment method."""
+    result = method(*args)
+    return await result if inspect.isawaitable(result) else result
