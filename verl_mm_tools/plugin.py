@@ -36,9 +36,26 @@ def register_reward_managers() -> None:
         register_unique(verl_reward_registry.REWARD_MANAGER, name, manager_cls, "reward manager")
 
 
+def register_cpu_backend() -> None:
+    """The CPU platform and the ``hf`` rollout: inert unless VERL_PLATFORM=cpu / rollout.name=hf select them."""
+    from verl_mm_tools.cpu import register_cpu_backend as register
+
+    register()
+
+
+def register_advantage_estimators() -> None:
+    from verl.trainer.ppo import core_algos
+
+    from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, compute_turn_grpo_advantage
+
+    register_unique(core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator")
+
+
 def register_all() -> None:
     register_agent_loops()
     register_reward_managers()
+    register_advantage_estimators()
+    register_cpu_backend()
 
 
 def _register_or_report() -> None:

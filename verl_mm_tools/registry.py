@@ -16,7 +16,7 @@ def qualified_name(obj: Any) -> str:
 
 
 def _describe(entry: Any) -> str:
-    if isinstance(entry, type):
+    if isinstance(entry, type) or callable(entry) and hasattr(entry, "__qualname__"):
         return qualified_name(entry)
     if isinstance(entry, MutableMapping) and "_target_" in entry:
         return str(entry["_target_"])

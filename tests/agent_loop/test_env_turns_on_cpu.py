@@ -103,3 +103,35 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
     assert len(server.requests) == 2
     assert output.non_tensor_batch["turn_scores"][0] == [0.0, 0.0]
     assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "turn_limit"
+
+
+def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
+    from types import SimpleNamespace
+
+    from verl_mm_tools.agent_loop.harness import ScriptedServer, _InProcessActor, _reward_worker, make_batch, make_worker
+    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
+    from verl_mm_tools.rewards.turn_credit import turn_spans
+
+    prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3})
+    config = rollout.config(extra=[*REWARD, "algorithm.adv_estimator=mm_turn_grpo"])
+    worker = make_worker(config, None)
+    worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(config))]
+    worker.llm_client = ScriptedServer(worker.tokenizer, ["<answer>80</answer><|im_end|>", "<answer>90</answer><|im_end|>"])
+    manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)
+    manager.config = config
+    manager.agent_loop_workers = [SimpleNamespace(generate_sequences=SimpleNamespace(remote=worker.generate_sequences))]
+    batch = make_batch(prompts, **columns)
+
+    async def generate():  # on verl's loop, which the reward worker captured
+        return await manager.generate_sequences(batch)
+
+    from verl.utils.ray_utils import get_event_loop
+
+    output = get_event_loop().run_until_complete(generate())
+
+    first, second = turn_spans(output.batch["response_mask"][0])
+    rm_scores = output.batch["rm_scores"][0]
+    assert rm_scores[first[1] - 1].item() == pytest.approx(1 - 10 / 45)  # environment reward of the first answer
+    assert rm_scores[second[1] - 1].item() == pytest.approx(1.0 + 0.9)  # env reward + discounted final score
+    assert rm_scores.sum().item() == pytest.approx(1 - 10 / 45 + 1.9)
+    assert output.meta_info["timing"]["mm_tool/turn_rewards/unplaced"] == 0.0

@@ -1,0 +1,123 @@
+"""Turn-level credit for multi-turn trajectories: the ``mm_turn_grpo`` advantage estimator.
+
+Definitions, for trajectory i of a prompt group (same ``uid``) whose assistant turns j = 1..T_i are the runs of
+generated tokens (``response_mask == 1``):
+
+- turn reward ``R_ij``: the sum of ``token_level_rewards`` from the first token of turn j up to (not including) the
+  first token of turn j+1, so a reward placed on turn j's last token, or on the context tokens after it, belongs to
+  turn j. The reward manager's final score sits on the last token and belongs to the last turn;
+  ``MMToolAgentLoopManager`` places the loop's per-turn rewards (tool step rewards + environment rewards,
+  ``mm_tool/turn_rewards``) on the last token of each turn.
+- discounted return from turn j on: ``G_ij = sum_{k >= j} gamma^(k - j) R_ik``;
+- baseline and scale: the mean ``b`` and standard deviation ``s`` over the group of the whole-trajectory returns
+  ``G_i1``;
+- advantage of every generated token of turn j: ``A_ij = (G_ij - b) / (s + eps)`` (``G_ij - b`` when
+  ``norm_adv_by_std_in_grpo`` is off, as in Dr.GRPO).
+
+Why one baseline per group and not per turn index (verl RFC #7244): normalising the returns of turn j only over the
+trajectories that reached turn j subtracts a baseline whose number of terms depends on the trajectory's own
+stopping turn, an action-dependent baseline, which biases the gradient whenever the policy decides when to stop
+(every tool-use agent does). ``b`` depends on no action of the trajectory being credited beyond what plain GRPO
+already accepts, so the estimator is as unbiased as GRPO. With one turn, or with only a final reward and gamma = 1,
+it is exactly GRPO.
+
+Select it with ``algorithm.adv_estimator=mm_turn_grpo``; ``algorithm.gamma`` is the per-turn discount.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+ESTIMATOR_NAME = "mm_turn_grpo"
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in a response mask row: the assistant turns."""
+    values = mask_row.tolist()
+    spans, start = [], None
+    for position, value in enumerate(values):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            spans.append((start, position))
+            start = None
+    if start is not None:
+        spans.append((start, len(values)))
+    return spans
+
+
+def _turn_returns(rewards_row: torch.Tensor, spans: list[tuple[int, int]], gamma: float) -> list[float]:
+    bounds = [start for start, _ in spans[1:]] + [rewards_row.shape[0]]
+    turn_rewards = [float(rewards_row[start:bound].sum()) for (start, _), bound in zip(spans, bounds)]
+    returns, running = [], 0.0
+    for reward in reversed(turn_rewards):
+        running = reward + gamma * running
+        returns.append(running)
+    return returns[::-1]
+
+
+def compute_turn_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl advantage-estimator signature; see the module docstring for the definition."""
+    gamma = float(getattr(config, "gamma", 1.0) if config is not None else 1.0)
+    if config is not None:
+        norm_adv_by_std_in_grpo = bool(getattr(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+    with torch.no_grad():
+        spans = [turn_spans(row) for row in response_mask]
+        returns = [_turn_returns(token_level_rewards[i], spans[i], gamma) for i in range(len(spans))]
+        baseline, scale = _group_statistics(index, [row[0] if row else 0.0 for row in returns])
+        advantages = torch.zeros_like(token_level_rewards, dtype=torch.float32)
+        for i, (row_spans, row_returns) in enumerate(zip(spans, returns)):
+            b, s = baseline[index[i]], scale[index[i]]
+            for (start, end), value in zip(row_spans, row_returns):
+                advantage = (value - b) / (s + epsilon) if norm_adv_by_std_in_grpo else value - b
+                advantages[i, start:end] = advantage
+        advantages = advantages * response_mask
+    return advantages, advantages
+
+
+def _group_statistics(index: np.ndarray, whole_returns: list[float]) -> tuple[dict, dict]:
+    groups: dict = defaultdict(list)
+    for uid, value in zip(index, whole_returns):
+        groups[uid].append(value)
+    baseline, scale = {}, {}
+    for uid, values in groups.items():
+        if len(values) == 1:  # as verl's GRPO: a lone sample is its own baseline-free advantage
+            baseline[uid], scale[uid] = 0.0, 1.0
+        else:
+            tensor = torch.tensor(values, dtype=torch.float32)
+            baseline[uid], scale[uid] = float(tensor.mean()), float(tensor.std())
+    return baseline, scale
+
+
+def place_turn_rewards(rm_scores: torch.Tensor, response_mask: torch.Tensor, turn_rewards) -> int:
+    """Add each trajectory's per-turn rewards on the last generated token of each of its turns (in place).
+
+    Returns how many trajectories were skipped because their turn count did not match their reward list (they keep
+    only the final score; the caller reports them).
+    """
+    skipped = 0
+    for i, rewards in enumerate(turn_rewards):
+        rewards = list(rewards or [])
+        spans = turn_spans(response_mask[i])
+        if not spans:  # masked trajectory: nothing is trained, nothing to credit
+            continue
+        if len(spans) != len(rewards):
+            skipped += 1
+            continue
+        for (_, end), reward in zip(spans, rewards):
+            rm_scores[i, end - 1] += float(reward)
+    return skipped
