@@ -7,12 +7,22 @@ import logging
 import sys
 
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, tiny_model_path
+from verl_mm_tools.viewer.command import add_view_command
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
     path = tiny_model_path(family=args.family, seed=args.seed, out=args.out)
     sys.stdout.write(f"{path}\n")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from verl_mm_tools import bench
+
+    figures = bench.run(str(tiny_model_path()), quick=args.quick)
+    for figure in figures:
+        sys.stdout.write(figure.line() + "\n")
+    return 0 if all(figure.passed for figure in figures) or args.no_fail else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--family", default=DEFAULT_FAMILY, choices=sorted(FAMILIES))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=_tiny_model)
+
+    add_view_command(commands)
+
+    bench = commands.add_parser("bench", help="benchmarks: name value target PASS|FAIL, one line per figure")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
+    bench.add_argument("--no-fail", action="store_true", help="exit 0 even when a target is missed")
+    bench.set_defaults(run=_bench)
     return parser
 
 

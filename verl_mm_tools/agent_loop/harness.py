@@ -51,16 +51,13 @@ class ScriptedServer:
         self.tokenizer = tokenizer
         self.model = model
         self.script = turns if callable(turns) else (lambda turn, prompt_ids, images: turns[turn])
-        self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+        self.turns_seen: dict[str, int] = {}
         self.requests: list[dict[str, Any]] = []
 
-    def _turn(self, prompt_ids: list[int]) -> int:
-        width = len(self.header)
-        starts = sum(prompt_ids[i : i + width] == self.header for i in range(len(prompt_ids) - width + 1))
-        return starts - 1
-
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs) -> TokenOutput:
-        turn = self._turn(list(prompt_ids))
+        # verl gives each trajectory its own request id: the k-th request of an id is the trajectory's turn k
+        turn = self.turns_seen.get(request_id, 0)
+        self.turns_seen[request_id] = turn + 1
         images = list(image_data or [])
         self.requests.append({"prompt_ids": list(prompt_ids), "images": images, "sampling_params": dict(sampling_params)})
         text = self.script(turn, list(prompt_ids), images)

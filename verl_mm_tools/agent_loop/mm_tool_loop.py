@@ -27,9 +27,10 @@ from verl.utils.profiler import simple_timer
 
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.dump import DUMP_KEY, require_dump_manager, stage_trajectory
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
-from verl_mm_tools.agent_loop.validation import processor_image_tokens, trajectory_problems, vision_token_ids
+from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
 from verl_mm_tools.envs import Observation, Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ConfigError, ImageBudgetError, TrajectoryValidationError, did_you_mean
@@ -61,7 +62,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.mm_config = MMToolLoopConfig.from_options(options, limit_images=self.rollout_config.get("limit_images"))
         self.geometry = ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self._sees_images else None
         self.forbidden_generated = vision_token_ids(self.tokenizer)
-        self.image_token_id = self.tokenizer.get_vocab().get("<|image_pad|>") if self._sees_images else None
+        self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
+        if self.mm_config.dump_dir:
+            require_dump_manager(self.config)
 
     @property
     def _sees_images(self) -> bool:
@@ -81,6 +84,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         finally:
             await self._release(agent_data)
         output.extra_fields.update(stats.to_extra_fields())
+        if self.mm_config.dump_dir:
+            output.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, output, kwargs)
         return output
 
     async def _release(self, agent_data) -> None:
