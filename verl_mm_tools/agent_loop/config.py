@@ -36,6 +36,13 @@ class MMToolLoopConfig:
             the tool's own text does not already name them.
         env: The environment of every trajectory whose sample names none in ``extra_info.env``: a registered name
             or ``{"name": ..., <kwargs>}`` (see ``verl_mm_tools.envs``). None: no environment turns.
+        dump_dir: Directory to dump trajectories to, for ``verl-mm-tools view`` (None: no dumps). Needs
+            ``agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager``, which adds the step
+            and rewards and enforces the caps. Layout and record keys: ``verl_mm_tools.agent_loop.dump``.
+        dump_max_per_step: Most trajectories dumped per step (the first ones of the batch, so GRPO groups stay
+            whole); the others are deleted and counted as skipped.
+        dump_max_mb: Most megabytes (MiB) the dump directory may hold; once reached, dumping stops for the rest of
+            the run (a ``_FULL`` file is written; delete it after freeing space to resume).
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -46,6 +53,9 @@ class MMToolLoopConfig:
     tool_timeout_s: float = 60.0
     annotate_image_ids: bool = True
     env: str | dict | None = None
+    dump_dir: str | None = None
+    dump_max_per_step: int = 16
+    dump_max_mb: float = 512.0
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -78,6 +88,10 @@ class MMToolLoopConfig:
         timeout = self.tool_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
             raise ConfigError(f"mm_tool tool_timeout_s must be a positive number of seconds, got {timeout!r}")
+        _require_positive_int("dump_max_per_step", self.dump_max_per_step)
+        _require_positive_number("dump_max_mb", self.dump_max_mb)
+        if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir.strip()):
+            raise ConfigError(f"mm_tool dump_dir must be a directory path or null, got {self.dump_dir!r}")
 
     def check_against_server(self, limit_images: int | None) -> None:
         """Refuse a budget that lets the loop send more images than the inference server accepts."""
@@ -92,3 +106,8 @@ class MMToolLoopConfig:
 def _require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"mm_tool {name} must be a positive integer, got {value!r}")
+
+
+def _require_positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"mm_tool {name} must be a positive number, got {value!r}")

@@ -10,6 +10,9 @@ which the trainer logs as ``timing_s/<name>``. Select this manager with
 With ``algorithm.adv_estimator=mm_turn_grpo`` it also adds each trajectory's per-turn rewards
 (``mm_tool/turn_rewards``: tool step rewards + environment rewards) to ``rm_scores`` on the last token of each
 assistant turn, where the estimator credits them (``verl_mm_tools.rewards.turn_credit``).
+
+When the mm_tool loop dumps trajectories (its ``dump_dir`` option), it publishes each step's dumps with the step and
+rewards and enforces their caps (``verl_mm_tools.agent_loop.dump``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
+from verl_mm_tools.agent_loop.dump import finalize_step_dumps
 from verl_mm_tools.agent_loop.stats import PREFIX, aggregate_metrics
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, place_turn_rewards
 
@@ -31,6 +35,7 @@ class MMToolAgentLoopManager(AgentLoopManager):
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         output = await AgentLoopManager.generate_sequences.__wrapped__(self, prompts)
         metrics = aggregate_metrics(output.non_tensor_batch)
+        metrics.update(finalize_step_dumps(output, prompts.meta_info))  # before turn rewards are placed in rm_scores
         if self._turn_credit_enabled():
             metrics[PREFIX + "turn_rewards/unplaced"] = float(self._place_turn_rewards(output))
         output.meta_info.setdefault("timing", {}).update(metrics)

@@ -1,0 +1,148 @@
+"""``verl-mm-tools view``: a static site from trajectory records, and a localhost server for it.
+
+Layout of a site: ``index.html``, ``t/<id>.html`` per trajectory, ``img/<id>/images/*`` (hard links to the dump's
+files when the file system allows, else copies). The site is self-contained: it can be opened from disk or copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from verl_mm_tools.agent_loop.dump import SITE_DIR
+from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
+from verl_mm_tools.viewer.records import Trajectory, ViewerError, load_trajectories
+
+logger = logging.getLogger(__name__)
+
+SITE_MARKER = ".verl-mm-tools-site"  # lets a rebuild replace a site it made, and nothing else
+QUESTION_CHARS = 120
+
+
+@dataclass(frozen=True)
+class Site:
+    index: Path
+    pages: dict[str, Path]  # trajectory id -> page
+
+
+def default_site_dir(dump_dir: str | os.PathLike) -> Path:
+    return Path(dump_dir) / SITE_DIR
+
+
+def build_site(dump_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Site:
+    """Write the site for every trajectory under ``dump_dir`` into ``out`` (default ``<dump_dir>/_site``)."""
+    trajectories = load_trajectories(dump_dir)
+    out = Path(out) if out is not None else default_site_dir(dump_dir)
+    _prepare(out)
+    pages = {trajectory.id: f"t/{trajectory.id}.html" for trajectory in trajectories}
+    links = [pages[trajectory.id] for trajectory in trajectories]
+    for position, trajectory in enumerate(trajectories):
+        image_base = _copy_images(trajectory, out)
+        neighbours = (
+            _sibling(links, position - 1),
+            _sibling(links, position + 1),
+        )
+        html = trajectory_page(trajectory.record, image_base and f"../{image_base}", "../index.html", neighbours)
+        (out / pages[trajectory.id]).write_text(html, encoding="utf-8")
+    rows = [_index_row(trajectory, pages[trajectory.id]) for trajectory in trajectories]
+    (out / "index.html").write_text(index_page(rows, str(dump_dir)), encoding="utf-8")
+    logger.info("wrote %d trajectory pages to %s", len(trajectories), out)
+    return Site(index=out / "index.html", pages={key: out / value for key, value in pages.items()})
+
+
+def _sibling(links: list[str], position: int) -> str | None:
+    # Pages live side by side in t/, so a neighbour is linked by its file name.
+    return Path(links[position]).name if 0 <= position < len(links) else None
+
+
+def _prepare(out: Path) -> None:
+    """Replace a site this viewer wrote; refuse to write into any other non-empty directory."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / SITE_MARKER).exists():
+            raise ViewerError(f"{out} exists and is not a site written by verl-mm-tools view; pass an empty or new "
+                              f"directory to --out")
+        shutil.rmtree(out)
+    (out / "t").mkdir(parents=True)
+    (out / "img").mkdir()
+    (out / SITE_MARKER).write_text("written by verl-mm-tools view; the whole directory is replaced on rebuild\n")
+
+
+def _copy_images(trajectory: Trajectory, out: Path) -> str | None:
+    """Link or copy the trajectory's image files into the site; returns their base path (None: no files)."""
+    if trajectory.folder is None:
+        return None
+    base = f"img/{trajectory.id}"
+    for image in trajectory.record.get("images") or []:
+        for key in ("file", "thumb"):
+            if image.get(key):
+                _link_or_copy(trajectory.folder / image[key], out / base / image[key])
+    return base
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    if not source.is_file():
+        raise ViewerError(f"{source} is listed in its trajectory record but missing; the dump is incomplete "
+                          f"(was it copied partially or cleaned while running?)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)  # no extra disk for the site
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _index_row(trajectory: Trajectory, page_link: str) -> IndexRow:
+    record = trajectory.record
+    sample = record.get("sample") or {}
+    images = record.get("images") or []
+    thumbs = [image for image in images if image.get("thumb")]
+    shown = thumbs[:1] + thumbs[-2:] if len(thumbs) > 3 else thumbs  # the prompt image and the last tool images
+    turns = record.get("turns")
+    return IndexRow(
+        page=page_link,
+        id=trajectory.id,
+        step=record.get("step"),
+        validate=bool(record.get("validate")),
+        sample_index=sample.get("index"),
+        rollout_n=record.get("rollout_n"),
+        question=_question(record)[:QUESTION_CHARS],
+        reward=(record.get("reward") or {}).get("score"),
+        tools=tuple(record.get("tools_used") or ()),
+        masked=record.get("masked"),
+        turns=len(turns) if turns else _assistant_messages(record),
+        stop_reason=record.get("stop_reason"),
+        thumbnails=tuple((f"img/{trajectory.id}/{image['thumb']}", f"Image {image['id']}") for image in shown),
+        origin=trajectory.origin,
+    )
+
+
+def _question(record: dict) -> str:
+    """The last user message of the prompt, on one line."""
+    prompt = [message for message in record.get("messages") or [] if message.get("role") == "user" and not message.get("turn")]
+    return " ".join((prompt[-1].get("text") or "").split()) if prompt else ""
+
+
+def _assistant_messages(record: dict) -> int | None:
+    count = sum(1 for message in record.get("messages") or [] if message.get("role") == "assistant")
+    return count or None
+
+
+# ----- serving --------------------------------------------------------------------------------------------------
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        logger.debug("%s - %s", self.address_string(), format % args)
+
+
+def make_server(site_dir: str | os.PathLike, port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server for ``site_dir`` on 127.0.0.1 only (port 0: any free port); call ``serve_forever()``."""
+    handler = functools.partial(_QuietHandler, directory=str(site_dir))
+    try:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as error:
+        raise ViewerError(f"cannot serve on 127.0.0.1:{port} ({error}); pick another --serve port, or 0 for any") from error
