@@ -13,7 +13,9 @@ The CPU training step comparison lives with the CPU demo (``verl_mm_tools.cpu``)
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import statistics
 import tempfile
 import time
@@ -69,7 +71,8 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int):
         prompt_length=(side // 28) ** 2 + 512, response_length=response_length, max_turns=turns + 1,
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
     )
-    worker = make_worker(config, None)
+    with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class ..." on stdout
+        worker = make_worker(config, None)
 
     def make(name: str, server):
         return hydra.utils.instantiate(
