@@ -46,3 +46,22 @@ def test_format_reward_table(response: str, tunables: dict, reason: str) -> None
 def test_format_reward_config_errors(tunables: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         format_reward("any", "<answer>1</answer>", None, **tunables)
+
+
+@pytest.mark.parametrize(
+    ("response", "ground_truth", "kwargs", "expected"),
+    [
+        ("<answer>7</answer><|im_end|>", "7", {}, (1.0, "ok")),
+        ("I think <answer> 7 </answer>", 7, {}, (1.0, "ok")),
+        ("<answer>4</answer> then <answer>7</answer>", "7", {}, (1.0, "ok")),
+        ("<answer>Seven</answer>", "seven", {}, (1.0, "ok")),
+        ("<answer>Seven</answer>", "seven", {"case_sensitive": True}, (0.0, "wrong answer")),
+        ("7", "7", {}, (0.0, "no <answer>...</answer> block")),
+    ],
+)
+def test_exact_answer_reward(response, ground_truth, kwargs, expected):
+    from verl_mm_tools.rewards import exact_answer_reward
+
+    result = exact_answer_reward("verl_mm_tools/zoom", response, ground_truth, **kwargs)
+    assert (result["score"], result["reason"]) == expected
+    assert result["acc"] == result["score"]
