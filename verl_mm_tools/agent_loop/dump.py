@@ -415,15 +415,17 @@ def _final_fields(output, step: int, validate: bool) -> list[dict]:
 def _publish_rows(dump_dir: Path, rows: list[tuple[dict, dict]], step: int, validate: bool) -> tuple[Counter, int]:
     step_dir = dump_dir / f"{'val_' if validate else ''}step_{step:06d}"
     max_per_step, max_bytes = rows[0][0]["max_per_step"], rows[0][0]["max_mb"] * 2**20
+    dump_dir.mkdir(parents=True, exist_ok=True)  # no trajectory may have been staged (all failed, say)
     used = folder_bytes(dump_dir, skip=frozenset({STAGING_DIR, SITE_DIR}))
     already = sum(1 for entry in step_dir.iterdir() if entry.is_dir()) if step_dir.is_dir() else 0
     counts: Counter = Counter()
+    full = (dump_dir / FULL_MARKER).exists()
     for reference, final in rows:
-        reason = reference.get("skipped")
+        reason = reference.get("skipped") or ("disk_cap" if full else None)
         if reason is None and already + counts["written"] >= max_per_step:
             reason = "per_step_cap"
         elif reason is None and used + reference["bytes"] > max_bytes:
-            reason = "disk_cap"
+            reason, full = "disk_cap", True  # for good: a smaller trajectory that would still fit is skipped too
             (dump_dir / FULL_MARKER).write_text(f"dump_max_mb={reference['max_mb']} reached at step {step}\n")
         if reason is None:
             used += _publish(reference, final, step_dir)

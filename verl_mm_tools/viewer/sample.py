@@ -65,9 +65,11 @@ def scripted_by_word(tokenizer, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) 
     return script
 
 
-def run_steps(rollout: LocalRollout, script, prompts, columns: dict, *, steps: Sequence[int], loop_options: dict,
-              extra: Sequence[str] = (), validate: bool = False) -> list:
-    """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs."""
+def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict, *, steps: Sequence[int], loop_options: dict,
+              extra: Sequence[str] = (), validate: bool = False) -> tuple[list, ScriptedServer]:
+    """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
+    server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
+    turns (a list of texts or a script function)."""
     from verl.utils.ray_utils import get_event_loop
 
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
@@ -75,7 +77,8 @@ def run_steps(rollout: LocalRollout, script, prompts, columns: dict, *, steps: S
     config = rollout.config(loop_options=loop_options, extra=[MANAGER_OVERRIDE, *REWARD_OVERRIDES, *extra])
     worker = make_worker(config, None)
     worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(config))]
-    worker.llm_client = ScriptedServer(worker.tokenizer, script(worker.tokenizer) if callable(script) else script)
+    server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
+    worker.llm_client = server
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
     manager.agent_loop_workers = [SimpleNamespace(generate_sequences=SimpleNamespace(remote=worker.generate_sequences))]
@@ -88,7 +91,7 @@ def run_steps(rollout: LocalRollout, script, prompts, columns: dict, *, steps: S
             return await manager.generate_sequences(batch)
 
         outputs.append(get_event_loop().run_until_complete(generate()))
-    return outputs
+    return outputs, server
 
 
 def write_sample_dump(dump_dir: str | os.PathLike, workdir: str | os.PathLike, model_dir: str | os.PathLike | None = None,
@@ -103,4 +106,5 @@ def write_sample_dump(dump_dir: str | os.PathLike, workdir: str | os.PathLike, m
     rollout = LocalRollout(model_dir or tiny_model_path(), tools_yaml, workdir)
     prompts, columns = sample_rows(list(SAMPLE_SCRIPTS))
     options = {"dump_dir": str(dump_dir), **loop_options}
-    return run_steps(rollout, scripted_by_word, prompts, columns, steps=steps, loop_options=options)
+    outputs, _ = run_steps(rollout, scripted_by_word, prompts, columns, steps=steps, loop_options=options)
+    return outputs
