@@ -7,6 +7,7 @@ import logging
 import sys
 
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, tiny_model_path
+from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.viewer.command import add_view_command
 
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(run=_tiny_model)
 
     add_view_command(commands)
+    add_make_data_command(commands)
 
     bench = commands.add_parser("bench", help="benchmarks: name value target PASS|FAIL, one line per figure")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")

@@ -94,3 +94,16 @@ def test_zoom_dataset_has_a_small_target_and_loads_in_verls_dataset(tmp_path, ti
 def test_zoom_sizes_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="zoom target must be between 8 and side/4=128 px, got 200"):
         write_zoom_dataset(tmp_path, side=512, target=200)
+
+
+def test_make_data_cli_writes_the_splits(tmp_path, capsys):
+    from verl_mm_tools.cli import main
+
+    assert main(["make-data", "zoom", "--out", str(tmp_path / "z"), "--train-size", "2", "--val-size", "1",
+                 "--side", "256", "--target", "16"]) == 0
+    assert main(["make-data", "geo3k", "--source", str(hub_layout_geo3k(tmp_path / "hub", rows=2)),
+                 "--out", str(tmp_path / "g")]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / "z" / "train.parquet"), str(tmp_path / "z" / "val.parquet"),
+                       str(tmp_path / "g" / "train.parquet"), str(tmp_path / "g" / "test.parquet")]
+    assert len(pd.read_parquet(tmp_path / "g" / "test.parquet")) == 2

@@ -1,0 +1,54 @@
+"""``verl-mm-tools make-data {rotation,zoom,geo3k}``: write verl RL parquet for the built-in tasks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _rotation(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.rotation import write_rotation_dataset
+
+    return list(write_rotation_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed))
+
+
+def _zoom(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.zoom import write_zoom_dataset
+
+    return list(write_zoom_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed,
+                                   side=args.side, target=args.target))
+
+
+def _geo3k(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.geo3k import convert_geo3k
+
+    return list(convert_geo3k(args.source, args.out, max_attempts=args.max_attempts).values())
+
+
+def _run(args: argparse.Namespace) -> int:
+    for path in args.write(args):
+        sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def add_make_data_command(commands) -> None:
+    make_data = commands.add_parser("make-data", help="write verl parquet for a built-in task")
+    tasks = make_data.add_subparsers(dest="task", required=True)
+    for name, write, help_text in (
+        ("rotation", _rotation, "synthetic rotation estimation (train/val parquet)"),
+        ("zoom", _zoom, "V*-like: a small digit in a large image (train/val parquet)"),
+    ):
+        task = tasks.add_parser(name, help=help_text)
+        task.add_argument("--out", required=True, help="output directory")
+        task.add_argument("--train-size", type=int, default=512)
+        task.add_argument("--val-size", type=int, default=64)
+        task.add_argument("--seed", type=int, default=0)
+        task.set_defaults(run=_run, write=write)
+    tasks.choices["zoom"].add_argument("--side", type=int, default=1024, help="image side in pixels")
+    tasks.choices["zoom"].add_argument("--target", type=int, default=24, help="digit box side in pixels")
+    geo3k = tasks.add_parser("geo3k", help="convert a downloaded hiyouga/geometry3k to mm_tool parquet")
+    geo3k.add_argument("--source", required=True, help="directory (or parquet file) of the dataset as on the hub")
+    geo3k.add_argument("--out", required=True, help="output directory")
+    geo3k.add_argument("--max-attempts", type=int, default=3, help="answers allowed by the feedback environment")
+    geo3k.set_defaults(run=_run, write=_geo3k)
