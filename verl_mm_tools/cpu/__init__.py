@@ -1,0 +1,49 @@
+"""verl's real trainer on CPU: a CPU platform, an HF-transformers rollout backend (``hf``) and two patches.
+
+The only package module that touches verl internals. Everything is inert unless selected:
+
+- ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies ``patches``;
+- ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``).
+
+``config.cpu_trainer_overrides()`` lists the hydra overrides a CPU run of ``verl.trainer.main_ppo`` needs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from verl_mm_tools.registry import register_unique
+
+PLATFORM_ENV = "VERL_PLATFORM"
+
+
+def cpu_platform_selected() -> bool:
+    from verl_mm_tools.cpu.platform import PLATFORM_NAME
+
+    return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
+
+
+def _load_hf_replica():
+    from verl_mm_tools.cpu.replica import HFReplica
+
+    return HFReplica
+
+
+def register_cpu_backend() -> None:
+    """Register the CPU platform and the ``hf`` rollout with verl; patch verl only when the CPU platform is selected."""
+    from verl.plugin.platform import PlatformRegistry
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from verl_mm_tools.cpu.platform import PLATFORM_NAME, PlatformCPU
+    from verl_mm_tools.cpu.replica import ROLLOUT_NAME
+
+    register_unique(PlatformRegistry._platforms, PLATFORM_NAME, PlatformCPU, "platform")
+    register_unique(RolloutReplicaRegistry._registry, ROLLOUT_NAME, _load_hf_replica, "rollout replica")
+    # verl has no public API for the worker-side rollout class: its registry maps (name, mode) to a class path.
+    register_unique(rollout_base._ROLLOUT_REGISTRY, (ROLLOUT_NAME, "async"),
+                    "verl_mm_tools.cpu.replica.HFServerAdapter", "rollout adapter")
+    if cpu_platform_selected():
+        from verl_mm_tools.cpu.patches import apply_cpu_patches
+
+        apply_cpu_patches()

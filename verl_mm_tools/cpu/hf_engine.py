@@ -10,7 +10,7 @@ Two traps it handles (both seen with transformers 5 and Qwen-VL):
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from PIL import Image
@@ -75,26 +75,96 @@ class HFVisionLM:
         seed: int | None = None,
     ) -> tuple[list[int], list[float]]:
         """Sample (greedy when temperature is 0) up to ``max_new_tokens``; returns (token ids, log-probs)."""
-        inputs = self.model_inputs(prompt_ids, images)
-        sampling = {"do_sample": False} if temperature <= 0 else {
-            "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else 0}
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(
-                **inputs,
-                max_new_tokens=max_new_tokens,
-                suppress_tokens=self.forbidden_token_ids,
-                eos_token_id=self.eos_token_ids,
-                pad_token_id=self.tokenizer.pad_token_id,
-                output_logits=True,
-                return_dict_in_generate=True,
-                **sampling,
+            (result,) = self.generate_batch(
+                [(prompt_ids, images)], max_new_tokens=[max_new_tokens], temperature=temperature, top_p=top_p,
+                top_k=top_k,
             )
-        token_ids = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-        raw = torch.stack(out.logits, dim=1)[0, : len(token_ids)].float() / _positive(temperature)
-        log_probs = torch.log_softmax(raw, dim=-1).gather(-1, torch.tensor(token_ids).unsqueeze(-1)).squeeze(-1)
-        return token_ids, log_probs.tolist()
+        return result
+
+    def batch_inputs(self, requests: Sequence[tuple[Sequence[int], Sequence[Image.Image]]]) -> dict[str, torch.Tensor]:
+        """Forward inputs for several requests, left-padded; their images concatenated in request order."""
+        singles = [self.model_inputs(ids, images) for ids, images in requests]
+        if len(singles) == 1:
+            return singles[0]
+        width = max(single["input_ids"].shape[1] for single in singles)
+        batch = {}
+        for key, fill in (("input_ids", self.tokenizer.pad_token_id), ("attention_mask", 0), ("mm_token_type_ids", 0)):
+            batch[key] = torch.cat([_left_pad(single[key], width, fill) for single in singles])
+        with_images = [single for single in singles if "pixel_values" in single]
+        if with_images:
+            batch["pixel_values"] = torch.cat([single["pixel_values"] for single in with_images])
+            batch["image_grid_thw"] = torch.cat([single["image_grid_thw"] for single in with_images])
+        return batch
+
+    @torch.no_grad()
+    def generate_batch(
+        self,
+        requests: Sequence[tuple[Sequence[int], Sequence[Image.Image]]],
+        *,
+        max_new_tokens: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+    ) -> list[tuple[list[int], list[float]]]:
+        """``generate`` for several (prompt ids, images) requests at once: one (token ids, log-probs) per request,
+        each cut at its own ``max_new_tokens`` and after its first end-of-turn token. Sampling per step is
+        independent across rows, so cutting a longer sample is the same as stopping there."""
+        inputs = self.batch_inputs(requests)
+        sampling = {"do_sample": False} if temperature <= 0 else {
+            "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else 0}
+        out = self.model.generate(
+            **inputs,
+            max_new_tokens=max(max_new_tokens),
+            suppress_tokens=self.forbidden_token_ids,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **sampling,
+        )
+        generated = out.sequences[:, inputs["input_ids"].shape[1] :]
+        # Log-probs from the raw logits (before suppression), as the trainer recomputes them.
+        raw = torch.stack(out.logits, dim=1).float() / _positive(temperature)
+        log_probs = torch.log_softmax(raw, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        return [
+            self._cut(generated[row].tolist(), log_probs[row].tolist(), limit)
+            for row, limit in enumerate(max_new_tokens)
+        ]
+
+    def _cut(self, token_ids: list[int], log_probs: list[float], limit: int) -> tuple[list[int], list[float]]:
+        length = min(limit, len(token_ids))
+        for position, token in enumerate(token_ids[:length]):
+            if token in self.eos_token_ids:
+                length = position + 1
+                break
+        return token_ids[:length], log_probs[:length]
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy trainer weights (verl's HF-named full tensors) into the model; returns how many were loaded."""
+        state = self.model.state_dict()
+        unknown, loaded = [], 0
+        for name, tensor in named_tensors:
+            target = state.get(name)
+            if target is None or target.shape != tensor.shape:
+                unknown.append(f"{name} {tuple(tensor.shape)}")
+                continue
+            target.copy_(tensor.to(target.dtype))
+            loaded += 1
+        if unknown:
+            raise ValueError(
+                f"weight update holds {len(unknown)} tensor(s) that match no parameter of the rollout model (name or "
+                f"shape): {unknown[:5]}; the rollout model must be the trainer's model "
+                f"(actor_rollout_ref.model.path). Known names look like {list(state)[:3]}"
+            )
+        return loaded
+
+
+def _left_pad(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    return torch.nn.functional.pad(tensor, (width - tensor.shape[1], 0), value=fill)
 
 
 def _positive(temperature: float) -> float:

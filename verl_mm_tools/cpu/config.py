@@ -1,0 +1,55 @@
+"""The hydra overrides that make ``python -m verl.trainer.main_ppo`` run on CPU with the ``hf`` rollout.
+
+Each entry says why it is needed; the environment ``cpu_environment()`` adds selects the platform.
+"""
+
+from __future__ import annotations
+
+import os
+
+from verl_mm_tools.cpu.platform import PLATFORM_NAME
+from verl_mm_tools.cpu.replica import ROLLOUT_NAME
+
+# (override, why)
+CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("trainer.use_v1=false", "the v1 trainer needs transfer_queue, which CPU installs lack"),
+    ("trainer.device=cpu", "worker groups place tensors on this device"),
+    ("trainer.nnodes=1", "one machine"),
+    ("trainer.n_gpus_per_node=1", "one trainer process (one logical Ray GPU)"),
+    ("+ray_kwargs.ray_init.num_gpus=1", "verl's resource pools are hard-coded use_gpu=True: one logical GPU"),
+    ("ray_kwargs.ray_init.num_cpus=8", "logical CPUs: a pool bundle takes 3, plus the task runner, agent-loop and "
+                                       "reward workers; too few and the placement group waits forever"),
+    (f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}", "the transformers rollout server"),
+    ("actor_rollout_ref.rollout.mode=async", "verl's server mode, the only one left"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=1", "one server process per replica"),
+    ("actor_rollout_ref.rollout.data_parallel_size=1", "one server process per replica"),
+    ("actor_rollout_ref.rollout.pipeline_model_parallel_size=1", "one server process per replica"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.backend=naive", "weights go trainer -> adapter -> server in-process"),
+    ("actor_rollout_ref.rollout.free_cache_engine=false", "no KV cache to free between steps"),
+    ("actor_rollout_ref.rollout.calculate_log_probs=true", "the server returns log-probs: verl compares them to the "
+                                                           "actor's (training/rollout_probs_diff_*)"),
+    ("actor_rollout_ref.rollout.agent.num_workers=1", "each agent-loop worker is a 300-500 MB process (default 8)"),
+    ("reward.num_workers=1", "each reward worker is a 300-500 MB process (default 8)"),
+    ("+actor_rollout_ref.model.override_config.attn_implementation=sdpa", "no flash-attention on CPU"),
+    ("actor_rollout_ref.model.use_remove_padding=false", "verl's packed-sequence attention needs flash-attention"),
+    ("actor_rollout_ref.actor.strategy=fsdp2", "FSDP2 runs on gloo"),
+    ("+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+     "bf16 on CPU is slow and makes actor log-probs differ from the fp32 rollout"),
+    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false", "compiling costs more than it saves on CPU"),
+    ("data.dataloader_num_workers=0", "each dataloader worker is another process (default 8)"),
+    ("actor_rollout_ref.actor.use_kl_loss=false", "no reference model: its CPUOffloadPolicy path is untested on CPU"),
+    ("algorithm.use_kl_in_reward=false", "no reference model"),
+)
+
+
+def cpu_trainer_overrides() -> list[str]:
+    return [override for override, _ in CPU_TRAINER_OVERRIDES]
+
+
+def cpu_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a CPU trainer run: the CPU platform, and verl's FSDP engine (registered for ``cuda``)."""
+    env = dict(os.environ if base is None else base)
+    env["VERL_PLATFORM"] = PLATFORM_NAME
+    env["VERL_ENGINE_DEVICE"] = "cuda"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env

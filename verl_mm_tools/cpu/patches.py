@@ -1,0 +1,115 @@
+"""The two changes to verl functions a CPU run needs. Applied only when the CPU platform is selected
+(``VERL_PLATFORM=cpu``); each checks that verl still looks the way the change assumes and fails loudly otherwise.
+
+1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
+   ``f"cpu:gloo,{device}:{backend}"``, which on CPU is ``"cpu:gloo,cpu:gloo"``: torch rejects the duplicate device.
+   The patched function passes ``backend="cpu:gloo"`` unless the caller chose one.
+2. ``verl.workers.utils.padding.left_right_2_no_padding`` packs Qwen-VL's (4, L) position ids with
+   ``torch.nested.as_nested_tensor``. When every sequence of the batch has the same length L, torch makes the
+   constant dimension (4) the ragged one, and ``update_actor`` later dies in ``split_with_sizes ... sum exactly to``.
+   The patched function rebuilds that nested tensor with the sequence dimension ragged. It changes nothing when
+   the lengths differ (torch then picks the right dimension).
+
+verl's modules bind these functions by name at import (``from verl.utils.distributed import ...``), so the patch
+replaces the function in its home module and in every already-imported verl module that bound it. Plugins load
+inside ``import verl``, before the trainer and worker modules are imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+
+import torch
+
+from verl_mm_tools.errors import PluginRegistrationError
+
+logger = logging.getLogger(__name__)
+
+GLOO_TARGET = ("verl.utils.distributed", "initialize_global_process_group_ray")
+GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+PADDING_TARGET = ("verl.workers.utils.padding", "left_right_2_no_padding")
+PADDING_EXPECTED_SOURCE = "torch.nested.as_nested_tensor(position_ids_list, layout=torch.jagged)"
+CPU_BACKEND = "cpu:gloo"
+_PATCHED = "__verl_mm_tools_patched__"
+
+
+class VerlChangedError(PluginRegistrationError):
+    """A verl function the CPU backend patches no longer looks the way the patch assumes."""
+
+
+def _original(module_name: str, function_name: str, expected_source: str,
+              parameters: tuple[str, ...]) -> Callable | None:
+    """verl's function, checked: it must still have ``parameters`` and contain ``expected_source``. None when it is
+    already patched (the plugin module can be imported twice)."""
+    function = getattr(importlib.import_module(module_name), function_name)
+    if getattr(function, _PATCHED, False):
+        return None
+    found = tuple(inspect.signature(function).parameters)
+    source = inspect.getsource(function)
+    if found != parameters or expected_source not in source:
+        raise VerlChangedError(
+            f"verl-mm-tools' CPU backend patches {module_name}.{function_name}, but that function changed in this "
+            f"verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
+            f"{found}. The CPU backend supports verl 0.9.1; install verl==0.9.1 or update verl_mm_tools/cpu/patches.py."
+        )
+    return function
+
+
+def _install(module_name: str, function_name: str, original: Callable, replacement: Callable) -> None:
+    """Put ``replacement`` wherever verl's modules hold ``original`` under ``function_name``."""
+    setattr(replacement, _PATCHED, True)
+    for name, module in list(sys.modules.items()):
+        if (name == module_name or name.startswith("verl.")) and getattr(module, function_name, None) is original:
+            setattr(module, function_name, replacement)
+    logger.debug("patched %s.%s for the CPU platform", module_name, function_name)
+
+
+def patch_gloo_backend() -> None:
+    original = _original(*GLOO_TARGET, GLOO_EXPECTED_SOURCE, ("timeout_second", "backend"))
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or CPU_BACKEND)
+
+    _install(*GLOO_TARGET, original, initialize_global_process_group_ray)
+
+
+def patch_equal_length_position_ids() -> None:
+    original = _original(*PADDING_TARGET, PADDING_EXPECTED_SOURCE, ("data",))
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def left_right_2_no_padding(data):
+        data = original(data)
+        data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
+        return data
+
+    _install(*PADDING_TARGET, original, left_right_2_no_padding)
+
+
+def fix_ragged_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Nested (batch, 4, L_i) position ids with the sequence dimension ragged, whatever torch chose.
+
+    ``as_nested_tensor`` of equal-shape (4, L) components makes dimension 1 (the 4) ragged; verl's consumers
+    (``maybe_fix_3d_position_ids`` sets ``_ragged_idx = 2``) assume dimension 2.
+    """
+    if not position_ids.is_nested or position_ids.dim() != 3 or position_ids._ragged_idx == 2:
+        return position_ids
+    components = position_ids.unbind()
+    lengths = torch.tensor([0] + [component.shape[-1] for component in components])
+    return torch.nested.nested_tensor_from_jagged(
+        torch.cat(components, dim=-1), offsets=lengths.cumsum(0), jagged_dim=2
+    )
+
+
+def apply_cpu_patches() -> None:
+    patch_gloo_backend()
+    patch_equal_length_position_ids()

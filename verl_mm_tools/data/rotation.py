@@ -1,0 +1,113 @@
+"""A synthetic rotation task as verl RL parquet: each prompt shows an arrow picture turned by a multiple of 90 degrees
+and asks for the angle; the rotate tool lets the model turn the picture and look again.
+
+Rows carry what verl's ``RLHFDataset`` and our reward functions read: ``prompt`` (chat messages whose user text
+holds one ``<image>`` placeholder), ``images`` (``[{"bytes": PNG}]``), ``data_source``, ``ability``,
+``reward_model.ground_truth`` (the angle as a string), ``extra_info`` (split, index, angle, image digest) and
+``agent_name``. Generation is seeded; the validation split holds no image of the training split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from verl_mm_tools.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DATA_SOURCE = "verl_mm_tools/rotation"
+ANGLES = (0, 90, 180, 270)
+IMAGE_SIDE = 56  # 2 x 2 merged image tokens for Qwen2/2.5-VL (28 px per token side)
+PROMPT = (
+    "<image>This picture of an arrow was turned counter-clockwise by 0, 90, 180 or 270 degrees. You may call the "
+    "rotate tool to turn it and look again. Answer with the angle it was turned by, as <answer>90</answer>."
+)
+
+
+@dataclass(frozen=True)
+class RotationSample:
+    image: Image.Image  # the turned picture the model sees
+    angle: int  # degrees counter-clockwise the upright picture was turned by
+    digest: str  # sha256 of the upright picture's pixels: equal digests mean the same picture
+
+
+def upright_picture(rng: random.Random, side: int = IMAGE_SIDE) -> Image.Image:
+    """An arrow pointing up on a plain background, with random colours, size and offset."""
+    background = tuple(rng.randrange(0, 256) for _ in range(3))
+    ink = tuple((channel + rng.randrange(96, 160)) % 256 for channel in background)
+    image = Image.new("RGB", (side, side), background)
+    draw = ImageDraw.Draw(image)
+    half = rng.randrange(side // 5, side // 3)
+    x, y = side // 2 + rng.randrange(-4, 5), side // 2 + rng.randrange(-4, 5)
+    draw.polygon([(x, y - half), (x - half, y), (x + half, y)], fill=ink)  # the head
+    draw.rectangle([x - half // 3, y, x + half // 3, y + half], fill=ink)  # the shaft
+    return image
+
+
+def _digest(image: Image.Image) -> str:
+    return hashlib.sha256(image.tobytes()).hexdigest()
+
+
+def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset(),
+                     angles: tuple[int, ...] = ANGLES) -> list[RotationSample]:
+    """``count`` samples with distinct pictures, none of whose digests is in ``exclude``."""
+    rng = random.Random(seed)
+    samples, seen = [], set(exclude)
+    for _ in range(count * 100):
+        if len(samples) == count:
+            return samples
+        picture = upright_picture(rng)
+        digest = _digest(picture)
+        if digest in seen:
+            continue
+        seen.add(digest)
+        angle = rng.choice(angles)
+        samples.append(RotationSample(picture.rotate(angle, expand=True), angle, digest))
+    raise ConfigError(f"could not draw {count} distinct rotation pictures (seed {seed}); ask for fewer samples")
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _rows(samples: list[RotationSample], split: str, agent_name: str) -> Iterator[dict]:
+    for index, sample in enumerate(samples):
+        yield {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": PROMPT}],
+            "images": [{"bytes": _png(sample.image)}],
+            "ability": "vision",
+            "reward_model": {"style": "rule", "ground_truth": str(sample.angle)},
+            "extra_info": {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest},
+            "agent_name": agent_name,
+        }
+
+
+def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
+                           agent_name: str = "mm_tool") -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
+    import pandas as pd
+
+    if train_size < 1 or val_size < 1:
+        raise ConfigError(f"rotation dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train = rotation_samples(train_size, seed)
+    val = rotation_samples(val_size, seed + 1_000_003, exclude=frozenset(sample.digest for sample in train))
+    paths = []
+    for name, samples in (("train", train), ("val", val)):
+        path = out / f"{name}.parquet"
+        pd.DataFrame(list(_rows(samples, name, agent_name))).to_parquet(path)
+        paths.append(path)
+    logger.info("wrote %d train / %d val rotation samples under %s", train_size, val_size, out)
+    return paths[0], paths[1]
