@@ -56,7 +56,8 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     dump_dir, output, server = one_step
     record = records(dump_dir / "step_000007")[0]
     assert record["id"] == output.non_tensor_batch["mm_tool/dump"][0]["id"]
-    assert [message["role"] for message in record["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    roles = [message["role"] for message in record["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert [message["image_ids"] for message in record["messages"]] == [[1], [], [2], [], [3], []]
     assert [message["turn"] for message in record["messages"]] == [0, 1, 1, 2, 2, 3]
     assert record["messages"][-1]["text"] == "<answer>90</answer>"
@@ -69,13 +70,15 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     assert record["tools_used"] == ["rotate"]
 
     # every image: exactly the pixels the model saw on its last turn, plus a thumbnail
-    seen = [request for request in server.requests if "rotated:" in tiny_tokenizer.decode(request["prompt_ids"])][-1]["images"]
+    requests = [request for request in server.requests if "rotated:" in tiny_tokenizer.decode(request["prompt_ids"])]
+    seen = requests[-1]["images"]
     folder = dump_dir / "step_000007" / record["id"]
     assert [(image["id"], image["source"], image["turn"]) for image in record["images"]] == [
         (1, "prompt", 0), (2, "tool", 1), (3, "tool", 2)]
     for entry, expected in zip(record["images"], seen, strict=True):
         with Image.open(folder / entry["file"]) as png:
-            assert (png.size, list(png.convert("RGB").getdata())) == (expected.size, list(expected.convert("RGB").getdata()))
+            assert png.size == expected.size
+            assert list(png.convert("RGB").getdata()) == list(expected.convert("RGB").getdata())
         assert (entry["width"], entry["height"]) == expected.size
         with Image.open(folder / entry["thumb"]) as thumb:
             assert thumb.format == "JPEG" and max(thumb.size) <= 160
@@ -198,3 +201,9 @@ def test_dump_options_default_to_off_with_documented_caps():
     assert (config.dump_dir, config.dump_max_per_step, config.dump_max_mb) == (None, 16, 512.0)
     for name in ("dump_dir", "dump_max_per_step", "dump_max_mb"):
         assert f"{name}:" in MMToolLoopConfig.__doc__
+
+
+def test_dump_options_never_leak_into_later_rollouts_of_the_process(rollout, tmp_path):
+    dump_steps(rollout, tmp_path / "dump", words=["guess"])
+    output, _, _ = rollout.run(["<answer>90</answer><|im_end|>"], sample_rows(["guess"])[0])
+    assert output.non_tensor_batch.get("mm_tool/dump", [None])[0] is None

@@ -71,7 +71,8 @@ def test_every_trajectory_page_shows_every_image_at_its_size(browser, site_url, 
             keep_screenshot(page, "viewer-trajectory.png")
             score = page.evaluate("document.getElementById('score').textContent")
             assert score == "1"
-            turns = page.evaluate("Array.from(document.querySelectorAll('#turns tbody tr')).map(r => r.cells[1].textContent)")
+            turns = page.evaluate("Array.from(document.querySelectorAll('#turns tbody tr'))"
+                                  ".map(row => row.cells[1].textContent)")
             assert turns == [str(turn["trained_tokens"]) for turn in trajectory.record["turns"]]
             calls = page.evaluate("Array.from(document.querySelectorAll('.call b')).map(b => b.textContent)")
             assert calls == ["rotate", "rotate"]

@@ -21,7 +21,7 @@ from verl_mm_tools.agent_loop.dump import RECORD_FILE, STAGED_RECORD_FILE, STAGI
 from verl_mm_tools.cli import main
 from verl_mm_tools.viewer.chromium import ENV_EXECUTABLE, ChromiumError, find_chromium
 from verl_mm_tools.viewer.records import ViewerError, load_trajectories
-from verl_mm_tools.viewer.site import SITE_MARKER, build_site
+from verl_mm_tools.viewer.site import build_site
 
 REMOTE_REFERENCE = re.compile(r"""(?:src|href|action)\s*=\s*["']?\s*(?:[a-z]+:)?//""", re.IGNORECASE)
 
@@ -77,9 +77,11 @@ def test_verl_rollout_data_dir_jsonl_is_shown_as_text_only_trajectories(tmp_path
     rollout_dir = tmp_path / "rollouts"
     rollout_dir.mkdir()
     rows = [  # what verl's trainer writes to trainer.rollout_data_dir/<step>.jsonl
-        {"input": "user\nHow far is it rotated?", "output": '<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}'
-         '\n</tool_call>\n<answer>90</answer>', "gts": "90", "score": 1.0, "step": 3, "acc": True},
-        {"input": "user\nAnd this one?", "output": "<answer>0</answer>", "gts": "90", "score": 0.0, "step": 3, "acc": False},
+        {"input": "user\nHow far is it rotated?",
+         "output": '<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call>\n<answer>90</answer>',
+         "gts": "90", "score": 1.0, "step": 3, "acc": True},
+        {"input": "user\nAnd this one?", "output": "<answer>0</answer>", "gts": "90", "score": 0.0, "step": 3,
+         "acc": False},
     ]
     (rollout_dir / "3.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     site = build_site(rollout_dir, tmp_path / "site")

@@ -224,7 +224,7 @@ def _call(call: dict) -> dict:
 def _images(records: list[dict], message_images: list[list], images: list) -> tuple[list[dict], list]:
     """Number images in message order (the token order, so the ids tools use); pixels are what the model saw."""
     entries, pixels = [], []
-    for record, found in zip(records, message_images):
+    for record, found in zip(records, message_images, strict=True):
         for item in found:
             image_id = len(entries) + 1
             image = images[image_id - 1] if image_id <= len(images) else item
@@ -328,7 +328,7 @@ def write_staged(dump_dir: str | os.PathLike, record: dict, images: list) -> dic
     """Write the images and the record under ``<dump_dir>/_staging/<id>/``; returns ``id``, ``dir`` and ``bytes``."""
     folder = Path(dump_dir) / STAGING_DIR / record["id"]
     (folder / "images").mkdir(parents=True)
-    for entry, image in zip(record["images"], images):
+    for entry, image in zip(record["images"], images, strict=True):
         if image is not None:
             entry["file"], entry["thumb"] = _write_image(folder, entry["id"], image)
     _write_json(folder / STAGED_RECORD_FILE, record)
@@ -380,7 +380,8 @@ def finalize_step_dumps(output, meta_info: dict) -> dict[str, float]:
             by_dir.setdefault(reference["dump_dir"], []).append(row)
     totals, used = Counter(), 0
     for dump_dir, rows in by_dir.items():
-        counts, dir_bytes = _publish_rows(Path(dump_dir), [(references[row], finals[row]) for row in rows], step, validate)
+        pairs = [(references[row], finals[row]) for row in rows]
+        counts, dir_bytes = _publish_rows(Path(dump_dir), pairs, step, validate)
         totals.update(counts)
         used += dir_bytes
     skipped = sum(count for reason, count in totals.items() if reason != "written")
@@ -467,7 +468,7 @@ def _write_step_summary(step_dir: Path, counts: Counter, step: int, validate: bo
 def _log_skips_once(dump_dir: Path, counts: Counter, step: int, reference: dict) -> None:
     limits = {
         "per_step_cap": f"dump_max_per_step={reference['max_per_step']}",
-        "disk_cap": f"dump_max_mb={reference['max_mb']} (delete {dump_dir / FULL_MARKER} after freeing space to resume)",
+        "disk_cap": f"dump_max_mb={reference['max_mb']} (free space, then delete {dump_dir / FULL_MARKER} to resume)",
         "error": "staging failed; see the earlier warning",
     }
     for reason, limit in limits.items():

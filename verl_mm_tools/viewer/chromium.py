@@ -61,7 +61,8 @@ def find_chromium() -> str:
 class Chromium:
     """One headless browser process with a fresh profile; a context manager that always ends the process."""
 
-    def __init__(self, executable: str | None = None, *, timeout_s: float = 30.0, window: tuple[int, int] = (1280, 900)):
+    def __init__(self, executable: str | None = None, *, timeout_s: float = 30.0,
+                 window: tuple[int, int] = (1280, 900)):
         self.executable = executable or find_chromium()
         self.timeout_s = timeout_s
         self.window = window
@@ -211,7 +212,8 @@ class Page:
     def screenshot(self, path: str | os.PathLike, full_page: bool = True) -> Path:
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": full_page}
         if full_page:
-            width, height = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            width, height = self.evaluate("[document.documentElement.scrollWidth,"
+                                          " document.documentElement.scrollHeight]")
             params["clip"] = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
         data = self.browser.command("Page.captureScreenshot", params, self.session)["data"]
         path = Path(path)

@@ -36,12 +36,14 @@ td.thumbs img { height: 40px; margin-right: 3px; border: 1px solid var(--line); 
 dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 0; }
 dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
 .chat { display: flex; flex-direction: column; gap: 10px; }
-.msg { background: var(--card); border: 1px solid var(--line); border-radius: 10px; padding: 8px 12px; max-width: 880px; }
+.msg { background: var(--card); border: 1px solid var(--line); border-radius: 10px; padding: 8px 12px;
+       max-width: 880px; }
 .msg.assistant { align-self: flex-end; background: #eef4ff; border-color: #c7d7fe; }
 .msg.tool { background: var(--tool); } .msg.environment { background: var(--env); }
 .msg.error { background: var(--bad-bg); border-color: #fecdca; }
 .msg .who { font-size: 12px; color: var(--muted); margin-bottom: 4px; }
-.msg pre, .card pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0; font: 13px/1.4 ui-monospace, monospace; }
+.msg pre, .card pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0;
+                      font: 13px/1.4 ui-monospace, monospace; }
 .call { border-left: 3px solid var(--accent); padding: 2px 8px; margin: 6px 0; background: #fff; }
 .note { font-size: 12px; color: var(--muted); font-style: italic; }
 figure { display: inline-block; margin: 6px 10px 4px 0; vertical-align: top; }
@@ -153,7 +155,8 @@ def index_page(rows: list[IndexRow], source: str) -> str:
 
 
 def _filters(rows: list[IndexRow]) -> str:
-    steps = sorted({row.step_key for row in rows if row.step_key}, key=lambda key: (key.startswith("val"), int(key.split()[-1])))
+    steps = sorted({row.step_key for row in rows if row.step_key},
+                   key=lambda key: (key.startswith("val"), int(key.split()[-1])))
     tools = sorted({tool for row in rows for tool in row.tools})
     stops = sorted({row.stop_reason for row in rows if row.stop_reason})
     return (
@@ -212,7 +215,8 @@ def _number_text(value) -> str:
 # ----- trajectory page ------------------------------------------------------------------------------------------
 
 
-def trajectory_page(record: dict, image_base: str | None, index_link: str, neighbours: tuple[str | None, str | None]) -> str:
+def trajectory_page(record: dict, image_base: str | None, index_link: str,
+                    neighbours: tuple[str | None, str | None]) -> str:
     """``image_base``: the URL prefix of the record's image files (None: the record has no image files)."""
     previous, following = neighbours
     nav = f"<a href=\"{escape(index_link)}\">← all trajectories</a>"
@@ -221,8 +225,10 @@ def trajectory_page(record: dict, image_base: str | None, index_link: str, neigh
     header = f"<header><nav>{nav}</nav><h1>Trajectory {escape(record['id'])}</h1></header>"
     cards = _summary_card(record) + _reward_card(record)
     chat = "".join(_message(message, record, image_base) for message in record.get("messages", []))
-    details = _details("Statistics (mm_tool extra fields)", record.get("stats")) + _details("Timing (s)", record.get("timing"))
-    body = f"{header}<main><div class=\"grid\">{cards}</div><div class=\"chat\" id=\"chat\">{chat}</div>{details}</main>"
+    details = _details("Statistics (mm_tool extra fields)", record.get("stats"))
+    details += _details("Timing (s)", record.get("timing"))
+    body = (f"{header}<main><div class=\"grid\">{cards}</div><div class=\"chat\" id=\"chat\">{chat}</div>"
+            f"{details}</main>")
     return page(f"Trajectory {record['id']}", body)
 
 
@@ -237,27 +243,38 @@ def _summary_card(record: dict) -> str:
         ("Masked", record.get("masked")), ("Error", record.get("error") or None),
         ("Images", len(record.get("images") or [])), ("Tools used", ", ".join(record.get("tools_used") or []) or None),
     ]
-    items = "".join(f"<dt>{escape(name)}</dt><dd>{escape(_text(value))}</dd>" for name, value in fields if value is not None)
-    return f"<section class=\"card\" id=\"summary\"><h2>Trajectory</h2><dl>{items}</dl></section>"
+    known = [(name, value) for name, value in fields if value is not None]
+    return f"<section class=\"card\" id=\"summary\"><h2>Trajectory</h2><dl>{_items(known)}</dl></section>"
 
 
 def _reward_card(record: dict) -> str:
     reward = record.get("reward") or {}
-    mask = record.get("mask") or {}
+    score = f"<dt>Score</dt><dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>"
+    extra = _items(list((reward.get("extra") or {}).items()))
+    totals = _items([(key.replace("_", " "), value) for key, value in (record.get("mask") or {}).items()])
+    return (
+        f"<section class=\"card\" id=\"reward\"><h2>Reward</h2><dl>{score}{extra}</dl>"
+        f"<h2 style=\"margin-top:10px\">Turns and mask</h2>{_turns_table(record.get('turns') or [])}"
+        f"<dl>{totals}</dl></section>"
+    )
+
+
+def _turns_table(turns: list[dict]) -> str:
+    if not turns:
+        return ""
     rows = "".join(
         f"<tr><td>{turn['turn']}</td><td class=\"num\">{turn['trained_tokens']}</td>"
-        f"<td class=\"num\">{turn['context_tokens_after']}</td><td class=\"num\">{escape(_number_text(turn.get('reward')))}</td></tr>"
-        for turn in record.get("turns") or []
+        f"<td class=\"num\">{turn['context_tokens_after']}</td>"
+        f"<td class=\"num\">{escape(_number_text(turn.get('reward')))}</td></tr>"
+        for turn in turns
     )
-    turns = ("<table id=\"turns\"><thead><tr><th>Turn</th><th>Trained tokens</th><th>Context tokens after</th>"
-             f"<th>Turn reward</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
-    totals = "".join(f"<dt>{escape(key.replace('_', ' '))}</dt><dd>{escape(str(value))}</dd>" for key, value in mask.items())
-    extra = "".join(f"<dt>{escape(key)}</dt><dd>{escape(_text(value))}</dd>" for key, value in (reward.get("extra") or {}).items())
-    return (
-        "<section class=\"card\" id=\"reward\"><h2>Reward</h2><dl>"
-        f"<dt>Score</dt><dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>{extra}</dl>"
-        f"<h2 style=\"margin-top:10px\">Turns and mask</h2>{turns}<dl>{totals}</dl></section>"
-    )
+    return ("<table id=\"turns\"><thead><tr><th>Turn</th><th>Trained tokens</th><th>Context tokens after</th>"
+            f"<th>Turn reward</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+def _items(fields: list[tuple[str, object]]) -> str:
+    """Definition-list items (put inside a <dl>)."""
+    return "".join(f"<dt>{escape(name)}</dt><dd>{escape(_text(value))}</dd>" for name, value in fields)
 
 
 def _message(message: dict, record: dict, image_base: str | None) -> str:
@@ -266,9 +283,11 @@ def _message(message: dict, record: dict, image_base: str | None) -> str:
     classes = f"msg {kind}" + (" error" if message.get("error") else "")
     who = f"{kind} · turn {message['turn']}" if message.get("turn") else f"{kind} · prompt"
     images = {image["id"]: image for image in record.get("images") or []}
-    figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in message.get("image_ids") or [])
+    image_ids = message.get("image_ids") or []
+    figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
     calls = "".join(
-        f"<div class=\"call\"><b>{escape(str(call.get('name')))}</b><pre>{escape(_json(call.get('arguments')))}</pre></div>"
+        f"<div class=\"call\"><b>{escape(str(call.get('name')))}</b>"
+        f"<pre>{escape(_json(call.get('arguments')))}</pre></div>"
         for call in message.get("tool_calls") or []
     )
     note = f"<div class=\"note\">{escape(message['note'])}</div>" if message.get("note") else ""
@@ -280,17 +299,19 @@ def _figure(image: dict | None, image_id: int, image_base: str | None) -> str:
     caption = f"Image {image_id}"
     if image and image.get("width"):
         caption += f" · {image['source']} · {image['width']}×{image['height']}"
+    caption = f"<figcaption>{escape(caption)}</figcaption>"
     if not image or not image.get("file") or image_base is None:
-        return f"<figure id=\"image-{image_id}\"><span class=\"missing\">pixels not dumped</span><figcaption>{escape(caption)}</figcaption></figure>"
-    src = f"{image_base}/{image['file']}"
-    return (f"<figure id=\"image-{image_id}\"><a href=\"{escape(src)}\"><img src=\"{escape(src)}\" alt=\"Image {image_id}\" "
-            f"data-image-id=\"{image_id}\"></a><figcaption>{escape(caption)}</figcaption></figure>")
+        return f"<figure id=\"image-{image_id}\"><span class=\"missing\">pixels not dumped</span>{caption}</figure>"
+    src = escape(f"{image_base}/{image['file']}")
+    picture = f"<img src=\"{src}\" alt=\"Image {image_id}\" data-image-id=\"{image_id}\">"
+    return f"<figure id=\"image-{image_id}\"><a href=\"{src}\">{picture}</a>{caption}</figure>"
 
 
 def _details(title: str, values: dict | None) -> str:
     if not values:
         return ""
-    return f"<details class=\"card\" style=\"margin-top:12px\"><summary>{escape(title)}</summary><pre>{escape(_json(values))}</pre></details>"
+    return (f"<details class=\"card\" style=\"margin-top:12px\"><summary>{escape(title)}</summary>"
+            f"<pre>{escape(_json(values))}</pre></details>")
 
 
 def _json(value) -> str:

@@ -5,6 +5,7 @@ are scripted, so the dump is reproducible; used by the tests and to render the v
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,16 +66,35 @@ def scripted_by_word(tokenizer, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) 
     return script
 
 
-def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict, *, steps: Sequence[int], loop_options: dict,
-              extra: Sequence[str] = (), validate: bool = False) -> tuple[list, ScriptedServer]:
+def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict, *, steps: Sequence[int],
+              loop_options: dict, extra: Sequence[str] = (), validate: bool = False) -> tuple[list, ScriptedServer]:
     """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
     server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
     turns (a list of texts or a script function)."""
+    config = rollout.config(loop_options=loop_options, extra=[MANAGER_OVERRIDE, *REWARD_OVERRIDES, *extra])
+    with _restored_loop_registry():
+        return _run_manager_steps(config, turns_for, prompts, columns, steps, validate)
+
+
+@contextlib.contextmanager
+def _restored_loop_registry():
+    """verl's worker writes agent_loop_config_path entries (our loop options) into its process-wide registry: put it
+    back afterwards, so this run's dump_dir never leaks into later rollouts in the same process."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    saved = dict(_agent_loop_registry)
+    try:
+        yield
+    finally:
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
+
+
+def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, steps: Sequence[int], validate: bool):
     from verl.utils.ray_utils import get_event_loop
 
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
 
-    config = rollout.config(loop_options=loop_options, extra=[MANAGER_OVERRIDE, *REWARD_OVERRIDES, *extra])
     worker = make_worker(config, None)
     worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(config))]
     server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
@@ -94,7 +114,7 @@ def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict
     return outputs, server
 
 
-def write_sample_dump(dump_dir: str | os.PathLike, workdir: str | os.PathLike, model_dir: str | os.PathLike | None = None,
+def write_sample_dump(dump_dir: str | os.PathLike, workdir: str | os.PathLike, *, model_dir: str | None = None,
                       steps: Sequence[int] = (1, 2), **loop_options) -> list:
     """Dump the four sample scripts for each step into ``dump_dir``; returns the generated outputs."""
     from verl_mm_tools.tiny import tiny_model_path

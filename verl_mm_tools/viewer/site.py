@@ -122,7 +122,8 @@ def _index_row(trajectory: Trajectory, page_link: str) -> IndexRow:
 
 def _question(record: dict) -> str:
     """The last user message of the prompt, on one line."""
-    prompt = [message for message in record.get("messages") or [] if message.get("role") == "user" and not message.get("turn")]
+    messages = record.get("messages") or []
+    prompt = [message for message in messages if message.get("role") == "user" and not message.get("turn")]
     return " ".join((prompt[-1].get("text") or "").split()) if prompt else ""
 
 
@@ -145,4 +146,6 @@ def make_server(site_dir: str | os.PathLike, port: int = 0) -> ThreadingHTTPServ
     try:
         return ThreadingHTTPServer(("127.0.0.1", port), handler)
     except OSError as error:
-        raise ViewerError(f"cannot serve on 127.0.0.1:{port} ({error}); pick another --serve port, or 0 for any") from error
+        raise ViewerError(
+            f"cannot serve on 127.0.0.1:{port} ({error}); pick another --serve port, or 0 for any free one"
+        ) from error
