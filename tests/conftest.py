@@ -31,3 +31,15 @@ def tiny_tokenizer(tiny_model_dir):
     from verl.utils import hf_tokenizer
 
     return hf_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(autouse=True)
+def _restore_verl_agent_loop_registry():
+    """verl's AgentLoopWorker writes agent_loop_config_path entries into a process-wide registry; restore it after
+    each test so one test's loop options never leak into the next."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    saved = dict(_agent_loop_registry)
+    yield
+    _agent_loop_registry.clear()
+    _agent_loop_registry.update(saved)
