@@ -47,7 +47,7 @@ dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
 .call { border-left: 3px solid var(--accent); padding: 2px 8px; margin: 6px 0; background: #fff; }
 .note { font-size: 12px; color: var(--muted); font-style: italic; }
 figure { display: inline-block; margin: 6px 10px 4px 0; vertical-align: top; }
-figure img { display: block; max-width: 360px; max-height: 360px; min-width: 64px; image-rendering: pixelated;
+figure img { display: block; max-width: 360px; max-height: 360px; min-height: 96px; image-rendering: pixelated;
              border: 1px solid var(--line); border-radius: 4px; background: #fff; }
 figcaption { font-size: 12px; color: var(--muted); }
 .missing { display: inline-block; padding: 20px; border: 1px dashed var(--line); color: var(--muted); }
@@ -249,7 +249,8 @@ def _summary_card(record: dict) -> str:
 
 def _reward_card(record: dict) -> str:
     reward = record.get("reward") or {}
-    score = f"<dt>Score</dt><dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>"
+    score = (f"<dt title=\"sum of rm_scores\">Score (rm_scores)</dt>"
+             f"<dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>")
     extra = _items(list((reward.get("extra") or {}).items()))
     totals = _items([(key.replace("_", " "), value) for key, value in (record.get("mask") or {}).items()])
     return (
