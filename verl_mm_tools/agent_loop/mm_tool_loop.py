@@ -77,6 +77,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data = None
         try:
             agent_data = await self._new_agent_data(kwargs, priority, stats)
+            await self._start_environment(agent_data, kwargs)  # after agent_data exists: close() runs even if reset raises
             await self._run_states(agent_data, sampling_params)
             output = self._checked_output(agent_data, stats)
         except Exception as error:  # isolation: verl gathers trajectories without return_exceptions
@@ -121,7 +122,6 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data.mm_budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
         agent_data.mm_malformed_calls = 0
         agent_data.mm_env, agent_data.mm_env_pending = None, False
-        await self._start_environment(agent_data, kwargs)
         agent_data.mm_prompt_length = 0
         agent_data.mm_prompt_images = len(agent_data.image_data)
         return agent_data
@@ -139,6 +139,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             content = [{"type": "image", "image": image} for image in observation.images]
             agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
             agent_data.image_data.extend(observation.images)
+            agent_data.mm_prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
 
     def _select_tools(self, agent_data: AgentData, selection) -> None:
         """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
