@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import pytest
 from PIL import Image
@@ -117,7 +118,7 @@ def test_tool_errors_and_masked_trajectories_are_dumped_with_their_reasons(one_s
     assert broken["mask"]["trained_tokens"] == 0 and broken["turns"] == []
     assert [image["id"] for image in broken["images"]] == [1]  # the prompt the masked output keeps
     assert summary(dump_dir / "step_000007") == {"step": 7, "validate": False, "written": 4, "per_step_cap": 0,
-                                                 "disk_cap": 0, "error": 0}
+                                                 "disk_cap": 0, "error": 0, "not_found": 0}
     assert not any((dump_dir / STAGING_DIR).iterdir())
     assert output.meta_info["timing"]["mm_tool/dump/written"] == 4.0
 
@@ -130,7 +131,7 @@ def test_per_step_cap_keeps_the_first_trajectories_of_each_step_and_logs_once(ro
         step_dir = dump_dir / f"step_{step:06d}"
         assert [record["sample"]["index"] for record in records(step_dir)] == [0, 1]
         assert summary(step_dir) == {"step": step, "validate": False, "written": 2, "per_step_cap": 2, "disk_cap": 0,
-                                     "error": 0}
+                                     "error": 0, "not_found": 0}
         assert outputs[step - 1].meta_info["timing"]["mm_tool/dump/skipped"] == 2.0
     assert not any((dump_dir / STAGING_DIR).iterdir())  # the skipped ones' images are gone too
     warnings = [record.getMessage() for record in caplog.records if "skipped" in record.getMessage()]
@@ -146,7 +147,7 @@ def test_disk_cap_stops_dumping_for_good_and_the_dump_stays_under_it(rollout, tm
     dump_dir = tmp_path / "dump"
     outputs, _ = dump_steps(rollout, dump_dir, steps=(1, 2), dump_max_mb=max_mb)
     assert summary(dump_dir / "step_000001") == {"step": 1, "validate": False, "written": 1, "per_step_cap": 0,
-                                                 "disk_cap": 3, "error": 0}
+                                                 "disk_cap": 3, "error": 0, "not_found": 0}
     assert [record["sample"]["index"] for record in records(dump_dir / "step_000001")] == [0]
     assert (dump_dir / FULL_MARKER).exists()
     # step 2: the loops see the marker and write nothing at all
@@ -207,3 +208,28 @@ def test_dump_options_never_leak_into_later_rollouts_of_the_process(rollout, tmp
     dump_steps(rollout, tmp_path / "dump", words=["guess"])
     output, _, _ = rollout.run(["<answer>90</answer><|im_end|>"], sample_rows(["guess"])[0])
     assert output.non_tensor_batch.get("mm_tool/dump", [None])[0] is None
+
+
+def test_a_staged_folder_the_driver_cannot_see_is_counted_and_explained(rollout, tmp_path, monkeypatch, caplog):
+    real_write_staged = dump.write_staged
+
+    def staged_on_another_node(*args):
+        written = real_write_staged(*args)
+        shutil.rmtree(written["dir"])  # what the driver sees when dump_dir is not on a shared file system
+        return written
+
+    monkeypatch.setattr(dump, "write_staged", staged_on_another_node)
+    with caplog.at_level(logging.WARNING, logger=dump.__name__):
+        dump_steps(rollout, tmp_path / "dump", words=["guess"])
+    assert summary(tmp_path / "dump" / "step_000001")["not_found"] == 1
+    assert "must be on a file system that the rollout workers and the trainer's driver share" in caplog.text
+
+
+def test_a_failing_publication_never_stops_the_step(rollout, tmp_path, monkeypatch):
+    def read_only(*args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(dump, "_publish", read_only)
+    (output,), _ = dump_steps(rollout, tmp_path / "dump", words=["guess"])
+    assert output.meta_info["timing"]["mm_tool/dump/failed"] == 1.0
+    assert output.batch["rm_scores"].shape[0] == 1

@@ -38,7 +38,9 @@ class MMToolLoopConfig:
             or ``{"name": ..., <kwargs>}`` (see ``verl_mm_tools.envs``). None: no environment turns.
         dump_dir: Directory to dump trajectories to, for ``verl-mm-tools view`` (None: no dumps). Needs
             ``agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager``, which adds the step
-            and rewards and enforces the caps. Layout and record keys: ``verl_mm_tools.agent_loop.dump``.
+            and rewards and enforces the caps. Relative paths resolve against the rollout worker's working
+            directory; on several nodes, use a file system shared with the driver. Layout and record keys:
+            ``verl_mm_tools.agent_loop.dump``.
         dump_max_per_step: Most trajectories dumped per step (the first ones of the batch, so GRPO groups stay
             whole); the others are deleted and counted as skipped.
         dump_max_mb: Most megabytes (MiB) the dump directory may hold; once reached, dumping stops for the rest of

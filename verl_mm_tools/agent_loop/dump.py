@@ -9,8 +9,12 @@ Each half of a trajectory is known to a different process, so a dump is written 
    ``dump_max_per_step`` staged trajectories of the batch (batch order, so whole GRPO groups stay together) to
    ``<dump_dir>/step_<NNNNNN>/<id>/`` (``val_step_<NNNNNN>`` for validation), completes their records, deletes the
    others, and stops dumping for good once the dump holds ``dump_max_mb`` (it then writes ``<dump_dir>/_FULL``, which
-   the loops check so they stop writing images too). What was skipped is counted in ``step_<NNNNNN>/_step.json`` and
-   in the step metrics ``mm_tool/dump/*``, and logged once per reason.
+   the loops check so they stop writing images too). What was skipped is counted in ``step_<NNNNNN>/_step.json``
+   (``written``, ``per_step_cap``, ``disk_cap``, ``error``: staging failed, ``not_found``: the driver cannot see the
+   workers' staged folder) and in the step metrics ``mm_tool/dump/*``, and logged once per reason.
+
+``dump_dir`` is resolved to an absolute path by the loop; on several nodes it must be on a file system the rollout
+workers and the trainer's driver share. A failing dump never costs a trajectory or stops training.
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
 ``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 1):
@@ -68,6 +72,7 @@ STAGED_RECORD_FILE = "record.json"
 THUMBNAIL_SIZE = (160, 160)
 MANAGER_FQN = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
 STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
+STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
 _warned: set[tuple[str, str]] = set()
 
 
@@ -109,16 +114,18 @@ async def stage_trajectory(loop, agent_data, output, sample: dict) -> dict:
 
     A dump must never cost a trajectory: any failure here is logged and reported in the reference instead."""
     config = loop.mm_config
-    reference = {"dump_dir": str(config.dump_dir), "max_per_step": config.dump_max_per_step,
+    # Absolute, so the manager (another process, maybe another working directory) finds the same folder.
+    dump_dir = Path(config.dump_dir).expanduser().resolve()
+    reference = {"dump_dir": str(dump_dir), "max_per_step": config.dump_max_per_step,
                  "max_mb": config.dump_max_mb, "sample_index": _sample_ids(sample)["index"]}
-    if (Path(config.dump_dir) / FULL_MARKER).exists():
+    if (dump_dir / FULL_MARKER).exists():
         return {**reference, "skipped": "disk_cap"}
     try:
         record, images = _loop_record(loop, agent_data, output, sample)
         # Encoding images is the slow part: off the event loop, which other trajectories share.
-        written = await asyncio.to_thread(write_staged, config.dump_dir, record, images)
+        written = await asyncio.to_thread(write_staged, dump_dir, record, images)
     except Exception as error:  # noqa: BLE001 - see docstring
-        logger.warning("mm_tool dump: could not stage a trajectory under %s", config.dump_dir, exc_info=True)
+        logger.warning("mm_tool dump: could not stage a trajectory under %s", dump_dir, exc_info=True)
         return {**reference, "skipped": "error", "error": f"{type(error).__name__}: {error}"}
     return {**reference, **written}
 
@@ -368,10 +375,20 @@ def folder_bytes(folder: str | os.PathLike, skip: frozenset[str] = frozenset()) 
 
 def finalize_step_dumps(output, meta_info: dict) -> dict[str, float]:
     """Publish the staged trajectories of one generated batch (a verl DataProto) within the caps; returns step
-    metrics ``mm_tool/dump/{written,skipped,mb}``. Batches without dumps return ``{}``."""
+    metrics ``mm_tool/dump/{written,skipped,mb}``. Batches without dumps return ``{}``.
+
+    A dump must never stop training: a file-system failure is logged and reported as ``mm_tool/dump/failed``."""
     references = output.non_tensor_batch.get(DUMP_KEY)
     if references is None or not any(isinstance(reference, dict) for reference in references):
         return {}
+    try:
+        return _finalize(output, meta_info, references)
+    except OSError:
+        logger.warning("mm_tool dump: publishing the step's trajectories failed; training goes on", exc_info=True)
+        return {"mm_tool/dump/failed": 1.0}
+
+
+def _finalize(output, meta_info: dict, references) -> dict[str, float]:
     step, validate = int(meta_info.get("global_steps", -1)), bool(meta_info.get("validate", False))
     finals = _final_fields(output, step, validate)
     by_dir: dict[str, list[int]] = {}
@@ -423,6 +440,8 @@ def _publish_rows(dump_dir: Path, rows: list[tuple[dict, dict]], step: int, vali
     full = (dump_dir / FULL_MARKER).exists()
     for reference, final in rows:
         reason = reference.get("skipped") or ("disk_cap" if full else None)
+        if reason is None and not Path(reference["dir"]).is_dir():
+            reason = "not_found"  # staged by a worker whose file system this process does not see
         if reason is None and already + counts["written"] >= max_per_step:
             reason = "per_step_cap"
         elif reason is None and used + reference["bytes"] > max_bytes:
@@ -460,7 +479,7 @@ def _write_step_summary(step_dir: Path, counts: Counter, step: int, validate: bo
     step_dir.mkdir(parents=True, exist_ok=True)
     path = step_dir / STEP_SUMMARY
     summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"step": step, "validate": validate}
-    for reason in ("written", "per_step_cap", "disk_cap", "error"):
+    for reason in STEP_COUNTS:
         summary[reason] = summary.get(reason, 0) + counts[reason]
     _write_json(path, summary)
 
@@ -470,6 +489,8 @@ def _log_skips_once(dump_dir: Path, counts: Counter, step: int, reference: dict)
         "per_step_cap": f"dump_max_per_step={reference['max_per_step']}",
         "disk_cap": f"dump_max_mb={reference['max_mb']} (free space, then delete {dump_dir / FULL_MARKER} to resume)",
         "error": "staging failed; see the earlier warning",
+        "not_found": "their staged folders are not visible here: dump_dir must be on a file system that the rollout "
+                     "workers and the trainer's driver share",
     }
     for reason, limit in limits.items():
         if counts[reason] and (str(dump_dir), reason) not in _warned:
