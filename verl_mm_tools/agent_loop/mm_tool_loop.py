@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
@@ -47,6 +48,26 @@ MALFORMED_CALL_TEXT = (
     'Error: a tool call could not be parsed. Write each call as <tool_call>{"name": <tool name>, "arguments": '
     "{...}}</tool_call> with valid JSON."
 )
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """Where a tool or environment turn started: a dropped turn is rolled back to it, images and budget included."""
+
+    messages: int
+    images: int
+    budget: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, agent_data) -> _Checkpoint:
+        budget = agent_data.mm_budget
+        return cls(len(agent_data.messages), len(agent_data.image_data), (budget.images, budget.tokens) if budget else None)
+
+    def restore(self, agent_data) -> None:
+        del agent_data.messages[self.messages :]
+        getattr(agent_data, WORKSPACE_ATTR).truncate(self.images)
+        if self.budget is not None:
+            agent_data.mm_budget.images, agent_data.mm_budget.tokens = self.budget
 
 
 class ToolCrashError(RuntimeError):
@@ -225,9 +246,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         stats: TrajectoryStats = agent_data.mm_stats
-        workspace: ImageWorkspace = getattr(agent_data, WORKSPACE_ATTR)
-        budget_before = (agent_data.mm_budget.images, agent_data.mm_budget.tokens) if agent_data.mm_budget else None
-        images_before, previous = len(workspace), list(agent_data.messages)
+        checkpoint = _Checkpoint.of(agent_data)
         calls = agent_data.tool_calls[: self.max_parallel_calls]
         stats.ignored_calls += len(agent_data.tool_calls) - len(calls)
 
@@ -238,7 +257,7 @@ class MMToolAgentLoop(ToolAgentLoop):
                 response, reward = await self._execute(call, agent_data)
                 message = self._tool_message(call, response, agent_data)
                 if message is None:  # over budget with over_budget=stop
-                    self._roll_back(agent_data, previous, images_before, budget_before)
+                    checkpoint.restore(agent_data)
                     stats.stop_reason = "budget"
                     return AgentState.TERMINATED
                 new_messages.append(message)
@@ -246,10 +265,11 @@ class MMToolAgentLoop(ToolAgentLoop):
         stats.invalid_actions += agent_data.mm_malformed_calls
         new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * agent_data.mm_malformed_calls
         agent_data.mm_malformed_calls = 0
-        return await self._merge_context_turn(agent_data, previous, new_messages, rewards, images_before, budget_before)
+        return await self._merge_context_turn(agent_data, checkpoint, new_messages, rewards)
 
-    async def _merge_context_turn(self, agent_data, previous, new_messages, rewards, images_before, budget_before):
+    async def _merge_context_turn(self, agent_data, checkpoint: _Checkpoint, new_messages: list, rewards: list):
         """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
+        previous = agent_data.messages[: checkpoint.messages]
         agent_data.messages.extend(new_messages)
         merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
             previous,
@@ -261,7 +281,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         )
         if len(response_mask) >= self.response_length:
             # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.
-            self._roll_back(agent_data, previous, images_before, budget_before)
+            checkpoint.restore(agent_data)
             agent_data.mm_stats.dropped_turns += 1
             agent_data.mm_stats.stop_reason = "length_limit"
             return AgentState.TERMINATED
@@ -274,13 +294,6 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data.mm_stats.turn_rewards[-1] += sum(rewards)
         agent_data.user_turns += 1
         return AgentState.GENERATING
-
-    @staticmethod
-    def _roll_back(agent_data: AgentData, previous: list, images_before: int, budget_before) -> None:
-        del agent_data.messages[len(previous) :]
-        getattr(agent_data, WORKSPACE_ATTR).truncate(images_before)
-        if budget_before is not None:
-            agent_data.mm_budget.images, agent_data.mm_budget.tokens = budget_before
 
     async def _handle_env_turn(self, agent_data: AgentData) -> AgentState:
         """The environment scores the answer; unless done (or out of turns), its observation is the next user turn."""
@@ -296,18 +309,15 @@ class MMToolAgentLoop(ToolAgentLoop):
         if self._at_limit(agent_data):
             stats.stop_reason = "turn_limit"
             return AgentState.TERMINATED
-        workspace: ImageWorkspace = getattr(agent_data, WORKSPACE_ATTR)
-        budget_before = (agent_data.mm_budget.images, agent_data.mm_budget.tokens) if agent_data.mm_budget else None
-        images_before, previous = len(workspace), list(agent_data.messages)
+        checkpoint = _Checkpoint.of(agent_data)
         observation = observation or Observation()
         content = self._content(list(observation.images), observation.text, [], agent_data)
         if content is None:  # over budget with over_budget=stop
-            self._roll_back(agent_data, previous, images_before, budget_before)
+            checkpoint.restore(agent_data)
             stats.stop_reason = "budget"
             return AgentState.TERMINATED
         stats.stop_reason = "answered"
-        message = {"role": "user", "content": content}
-        return await self._merge_context_turn(agent_data, previous, [message], [], images_before, budget_before)
+        return await self._merge_context_turn(agent_data, checkpoint, [{"role": "user", "content": content}], [])
 
     # ----- tools ----------------------------------------------------------------------------------------------
 
