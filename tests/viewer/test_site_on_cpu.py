@@ -168,3 +168,17 @@ def test_serve_answers_on_127_0_0_1_until_interrupted(sample_dump, tmp_path):
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0, process.stderr.read()
         process.stderr.close()
+
+
+def test_a_browser_that_dies_or_hangs_is_an_error_not_a_hang(tmp_path):
+    from verl_mm_tools.viewer.chromium import Chromium
+
+    with Chromium("/bin/false") as dead:
+        with pytest.raises(ChromiumError, match=r"Chromium exited (before|while waiting for)"):
+            dead.open("about:blank")
+    hanging = tmp_path / "hanging-browser"
+    hanging.write_text("#!/bin/sh\nexec sleep 60\n")
+    hanging.chmod(0o755)
+    with Chromium(str(hanging), timeout_s=1) as silent:
+        with pytest.raises(ChromiumError, match=r"timed out after 1 s waiting for the answer to Target.createTarget"):
+            silent.open("about:blank")

@@ -16,7 +16,7 @@ import logging
 import os
 import select
 import shutil
-import subprocess
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +44,15 @@ class ChromiumError(ViewerError):
     """Chromium is missing, failed to start, or a DevTools command failed."""
 
 
+def _pipe_above(lowest: int) -> tuple[int, int]:
+    """A pipe whose two ends are file descriptors >= ``lowest`` (close-on-exec, as os.pipe's)."""
+    read_end, write_end = os.pipe()
+    moved = tuple(fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, lowest) for end in (read_end, write_end))
+    os.close(read_end)
+    os.close(write_end)
+    return moved
+
+
 def find_chromium() -> str:
     """The Chromium binary: ``$VERL_MM_TOOLS_CHROMIUM``, else the first of EXECUTABLES on PATH."""
     configured = os.environ.get(ENV_EXECUTABLE)
@@ -61,7 +70,7 @@ def find_chromium() -> str:
 class Chromium:
     """One headless browser process with a fresh profile; a context manager that always ends the process."""
 
-    def __init__(self, executable: str | None = None, *, timeout_s: float = 30.0,
+    def __init__(self, executable: str | None = None, *, timeout_s: float = 60.0,
                  window: tuple[int, int] = (1280, 900)):
         self.executable = executable or find_chromium()
         self.timeout_s = timeout_s
@@ -73,36 +82,53 @@ class Chromium:
     def __enter__(self) -> Chromium:
         self._profile = tempfile.mkdtemp(prefix="verl-mm-tools-chromium-")
         self._stderr = tempfile.TemporaryFile()
-        to_browser_read, self._to_browser = os.pipe()
-        self._from_browser, from_browser_write = os.pipe()
-
-        def pipes_on_3_and_4():  # Chromium reads commands from fd 3 and writes answers to fd 4
-            read_end = fcntl.fcntl(to_browser_read, fcntl.F_DUPFD, 10)
-            write_end = fcntl.fcntl(from_browser_write, fcntl.F_DUPFD, 10)
-            os.dup2(read_end, 3)
-            os.dup2(write_end, 4)
-
+        to_browser_read, self._to_browser = _pipe_above(10)
+        self._from_browser, from_browser_write = _pipe_above(10)
         command = [self.executable, *FLAGS, f"--user-data-dir={self._profile}",
                    f"--window-size={self.window[0]},{self.window[1]}", "about:blank"]
-        self._process = subprocess.Popen(command, preexec_fn=pipes_on_3_and_4, close_fds=False,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr)
+        # posix_spawn, not Popen(preexec_fn=...): remapping fds in a forked child of a threaded process may deadlock.
+        # Chromium reads commands from fd 3 and writes answers to fd 4; the pipe ends sit above fd 10, so placing
+        # one cannot overwrite the other.
+        with open(os.devnull, "rb") as devnull:
+            self._pid = os.posix_spawn(self.executable, command, dict(os.environ), file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull.fileno(), 0),
+                (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 2),
+                (os.POSIX_SPAWN_DUP2, to_browser_read, 3),
+                (os.POSIX_SPAWN_DUP2, from_browser_write, 4),
+            ])
         os.close(to_browser_read)
         os.close(from_browser_write)
         return self
 
     def __exit__(self, *exc_info) -> None:
         try:
-            if self._process.poll() is None:
+            if not self._exited(0):
                 self.command("Browser.close")
-                self._process.wait(timeout=10)
-        except (ChromiumError, OSError, subprocess.TimeoutExpired):
-            self._process.kill()
-            self._process.wait()
+                if not self._exited(10):
+                    raise ChromiumError("Chromium did not exit within 10 s of Browser.close")
+        except (ChromiumError, OSError):
+            os.kill(self._pid, signal.SIGKILL)
+            self._exited(None)
         finally:
             os.close(self._to_browser)
             os.close(self._from_browser)
             self._stderr.close()
             shutil.rmtree(self._profile, ignore_errors=True)
+
+    def _exited(self, within_s: float | None) -> bool:
+        """Whether the browser process has exited (reaping it), waiting up to ``within_s`` (None: forever)."""
+        if not hasattr(self, "_status"):
+            deadline = None if within_s is None else time.monotonic() + within_s
+            while True:
+                pid, status = os.waitpid(self._pid, 0 if deadline is None else os.WNOHANG)
+                if pid:
+                    self._status = status
+                    break
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.05)
+        return True
 
     # ----- protocol ---------------------------------------------------------------------------------------------
 
