@@ -248,7 +248,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         stats: TrajectoryStats = agent_data.mm_stats
         checkpoint = _Checkpoint.of(agent_data)
         calls = agent_data.tool_calls[: self.max_parallel_calls]
-        stats.ignored_calls += len(agent_data.tool_calls) - len(calls)
+        ignored = len(agent_data.tool_calls) - len(calls)
+        stats.ignored_calls += ignored
 
         new_messages, rewards = [], []
         with simple_timer("tool_calls", agent_data.metrics):
@@ -264,8 +265,14 @@ class MMToolAgentLoop(ToolAgentLoop):
                 rewards.append(reward)
         stats.invalid_actions += agent_data.mm_malformed_calls
         new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * agent_data.mm_malformed_calls
+        # every call is answered: a call past max_parallel_calls the model is never told about looks executed
+        new_messages += [{"role": "tool", "content": self._ignored_call_text()}] * ignored
         agent_data.mm_malformed_calls = 0
         return await self._merge_context_turn(agent_data, checkpoint, new_messages, rewards)
+
+    def _ignored_call_text(self) -> str:
+        return (f"Error: only {self.max_parallel_calls} tool call(s) per turn are run, so this call was not run; "
+                "make it again in a later turn.")
 
     async def _merge_context_turn(self, agent_data, checkpoint: _Checkpoint, new_messages: list, rewards: list):
         """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
