@@ -129,6 +129,57 @@ def sample_tools_kwargs(tools: Sequence[BaseTool], count: int) -> list[dict]:
     return [{tool.name: {"create_kwargs": {"sample": index}} for tool in tools} for index in range(count)]
 
 
+# ----- environments -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvLog:
+    """Environments started and closed, process-wide (the loop builds them from a registered name)."""
+
+    reset: list[int] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)
+
+
+ENV_LOG = EnvLog()
+
+
+def register_test_environments() -> None:
+    """``reliability_faulty``: raises in ``fail_in`` (reset, step or close) and else answers like a strict grader;
+    ``reliability_counting``: done after ``answers`` answers, shows an image of ``image_size`` after each other one.
+    Both log their lifecycle in ``ENV_LOG``."""
+    from verl_mm_tools.envs import ENVIRONMENTS, Environment, Observation, register_environment
+
+    if "reliability_faulty" in ENVIRONMENTS:
+        return
+
+    class Logged(Environment):
+        def __init__(self, fail_in: str = "", answers: int = 1, image_size: list | None = None):
+            self.fail_in, self.answers, self.image_size, self.sample, self.steps = fail_in, answers, image_size, None, 0
+
+        def _maybe_fail(self, where: str) -> None:
+            if self.fail_in == where:
+                raise RuntimeError(f"environment failed in {where}")
+
+        def reset(self, sample):
+            self.sample = (sample.extra_info or {}).get("index")
+            ENV_LOG.reset.append(self.sample)
+            self._maybe_fail("reset")
+
+        def step(self, assistant_text):
+            self._maybe_fail("step")
+            self.steps += 1
+            done = self.steps >= self.answers
+            images = (Image.new("RGB", tuple(self.image_size), 90),) if self.image_size and not done else ()
+            return Observation(text="try again", images=images), float(done), done, {"steps": self.steps}
+
+        def close(self):
+            ENV_LOG.closed.append(self.sample)
+            self._maybe_fail("close")
+
+    register_environment(type("FaultyEnv", (Logged,), {"name": "reliability_faulty"}))
+    register_environment(type("CountingEnv", (Logged,), {"name": "reliability_counting"}))
+
+
 # ----- server -----------------------------------------------------------------------------------------------------
 
 

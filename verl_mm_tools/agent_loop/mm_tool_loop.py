@@ -341,15 +341,15 @@ class MMToolAgentLoop(ToolAgentLoop):
             stats.invalid_actions += 1
             return ToolResponse(text=f"Error: arguments of {call.name!r} {arguments}"), None
         started = time.perf_counter()
-        try:
-            response, reward, metrics = await asyncio.wait_for(
-                self._invoke(call.name, arguments, agent_data), timeout=self.mm_config.tool_timeout_s
-            )
-        except asyncio.TimeoutError:
+        invocation = self._invoke(call.name, arguments, agent_data)
+        task = await _finished_or_cancelled(invocation, self.mm_config.tool_timeout_s)
+        if task is None:
             stats.record_call(call.name, time.perf_counter() - started, failed=True)
             seconds = self.mm_config.tool_timeout_s
             return ToolResponse(text=f"Error: tool {call.name!r} took longer than {seconds:g} s and was cancelled"), None
-        except Exception as error:
+        try:
+            response, reward, metrics = task.result()
+        except (Exception, asyncio.CancelledError) as error:  # the tool's own, TimeoutError and CancelledError too
             stats.record_call(call.name, time.perf_counter() - started, failed=True)
             raise ToolCrashError(f"tool {call.name!r} raised {type(error).__name__}: {error}") from error
         stats.record_call(call.name, time.perf_counter() - started, failed=bool((metrics or {}).get("error")))
@@ -524,6 +524,31 @@ class MMToolAgentLoop(ToolAgentLoop):
             metrics=getattr(agent_data, "metrics", {}),
             extra_fields={"turn_scores": [], "tool_rewards": []},
         )
+
+
+CANCEL_GRACE_S = 1.0
+
+
+async def _finished_or_cancelled(coroutine, timeout_s: float) -> asyncio.Task | None:
+    """The finished task of a tool call, or None when it ran past ``timeout_s`` and was cancelled.
+
+    Unlike ``asyncio.wait_for``, the tool's own TimeoutError or CancelledError stays the tool's (in the task), and a
+    tool that ignores cancellation is abandoned after ``CANCEL_GRACE_S`` instead of hanging the trajectory.
+    """
+    task = asyncio.ensure_future(coroutine)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())  # no "never retrieved" warnings
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:  # the trajectory itself is being cancelled: take the call down with it
+        task.cancel()
+        raise
+    if finished:
+        return task
+    task.cancel()
+    finished, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    if not finished:
+        logger.warning("a tool call ignored its cancellation for %g s and was abandoned", CANCEL_GRACE_S)
+    return None
 
 
 def _parse_arguments(raw: str) -> dict | str:
