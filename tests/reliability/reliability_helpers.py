@@ -67,14 +67,24 @@ class PicTool(BaseTool):
 
 
 class ScriptedTool(BaseTool):
-    """A tool whose ``execute`` is any coroutine function ``behave(parameters)``: raising, hanging, odd outputs."""
+    """A tool whose ``execute`` is any coroutine function ``behave(parameters)``: raising, hanging, odd outputs.
+    ``fail_in`` ("create" or "release") makes that lifecycle call raise."""
 
-    def __init__(self, name: str, behave: Callable[[dict], Any]):
-        self.config, self.name, self.behave = {}, name, behave
+    def __init__(self, name: str, behave: Callable[[dict], Any], fail_in: str = ""):
+        self.config, self.name, self.behave, self.fail_in = {}, name, behave, fail_in
         self.tool_schema = short_schema(name, {"x": "integer"}, [])
+
+    async def create(self, instance_id=None, **kwargs):
+        if self.fail_in == "create":
+            raise RuntimeError(f"{self.name}: create failed")
+        return await super().create(instance_id, **kwargs)
 
     async def execute(self, instance_id, parameters, **kwargs):
         return await self.behave(parameters)
+
+    async def release(self, instance_id, **kwargs):
+        if self.fail_in == "release":
+            raise RuntimeError(f"{self.name}: release failed")
 
 
 @dataclass
@@ -144,7 +154,7 @@ ENV_LOG = EnvLog()
 
 
 def register_test_environments() -> None:
-    """``reliability_faulty``: raises in ``fail_in`` (reset, step or close) and else answers like a strict grader;
+    """``reliability_faulty``: raises in ``fail_in`` (init, reset, step or close), else is done after ``answers``;
     ``reliability_counting``: done after ``answers`` answers, shows an image of ``image_size`` after each other one.
     Both log their lifecycle in ``ENV_LOG``."""
     from verl_mm_tools.envs import ENVIRONMENTS, Environment, Observation, register_environment
@@ -155,6 +165,7 @@ def register_test_environments() -> None:
     class Logged(Environment):
         def __init__(self, fail_in: str = "", answers: int = 1, image_size: list | None = None):
             self.fail_in, self.answers, self.image_size, self.sample, self.steps = fail_in, answers, image_size, None, 0
+            self._maybe_fail("init")
 
         def _maybe_fail(self, where: str) -> None:
             if self.fail_in == where:

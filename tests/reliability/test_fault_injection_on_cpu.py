@@ -86,6 +86,8 @@ FAULTY_TOOLS = [
     ScriptedTool("garbage", answers_garbage),
     ScriptedTool("non_image", answers_a_non_image),
     ScriptedTool("fine", creates_then_works),
+    ScriptedTool("create_fails", creates_then_works, fail_in="create"),
+    ScriptedTool("release_fails", creates_then_works, fail_in="release"),
     PicTool(),
 ]
 
@@ -99,11 +101,15 @@ CASES = {
     "tool times out itself": ([call("times_out"), ANSWER], None, 1, "ToolCrashError: tool 'times_out' raised TimeoutError: backend timed out"),
     "tool answers garbage": ([call("garbage"), ANSWER], None, 1, "ToolCrashError: tool 'garbage' raised ValueError"),
     "tool answers a non-image": ([call("non_image"), ANSWER], None, 0, ""),
+    "tool create raises": ([call("create_fails"), ANSWER], None, 1, "ToolCrashError: tool 'create_fails' raised RuntimeError: create_fails: create failed"),
+    "tool release raises": ([call("release_fails"), call("fine"), ANSWER], None, 0, ""),
+    "env init raises": ([ANSWER], {"name": "reliability_faulty", "fail_in": "init"}, 1, "RuntimeError: environment failed in init"),
     "env reset raises": ([ANSWER], {"name": "reliability_faulty", "fail_in": "reset"}, 1, "RuntimeError: environment failed in reset"),
     "env step raises": ([call("fine"), ANSWER], {"name": "reliability_faulty", "fail_in": "step"}, 1, "RuntimeError: environment failed in step"),
     "env close raises": ([ANSWER, ANSWER], {"name": "reliability_faulty", "fail_in": "close", "answers": 2}, 0, ""),
     "server raises": ([call("fine"), "SERVER FAILS", ANSWER], None, 1, "RuntimeError: inference server failed"),
     "server raises at once": (["SERVER FAILS"], None, 1, "RuntimeError: inference server failed"),
+    "server request cancelled": ([call("fine"), "SERVER CANCELS"], None, 1, "CancelledError"),
 }
 
 
@@ -113,6 +119,8 @@ def script_for(names: list[str]):
         text = turns[min(turn, len(turns) - 1)]
         if text == "SERVER FAILS":
             raise RuntimeError("inference server failed")
+        if text == "SERVER CANCELS":  # e.g. a client whose request was aborted on the server side
+            raise asyncio.CancelledError()
         return text
 
     return script
@@ -149,8 +157,8 @@ def test_the_batch_completes_with_exactly_the_affected_samples_masked(faulty_bat
 def test_no_session_or_environment_leaks_whatever_failed(faulty_batch):
     names, _, lifecycle = faulty_batch
     assert lifecycle.leaks() == []
-    with_env = sorted(index for index, name in enumerate(names) if CASES[name][1])
-    assert sorted(ENV_LOG.reset) == sorted(ENV_LOG.closed) == with_env
+    started = [index for index, name in enumerate(names) if CASES[name][1] and CASES[name][1]["fail_in"] != "init"]
+    assert sorted(ENV_LOG.reset) == sorted(ENV_LOG.closed) == started
 
 
 @pytest.mark.parametrize("case, tool", [("tool hangs", "hangs"), ("tool ignores cancellation", "stubborn")])

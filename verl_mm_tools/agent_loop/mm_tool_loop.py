@@ -101,7 +101,9 @@ class MMToolAgentLoop(ToolAgentLoop):
             await self._start_environment(agent_data, kwargs)  # after agent_data exists: close() runs even if reset raises
             await self._run_states(agent_data, sampling_params)
             output = self._checked_output(agent_data, stats)
-        except Exception as error:  # isolation: verl gathers trajectories without return_exceptions
+        except (Exception, asyncio.CancelledError) as error:  # isolation: verl gathers without return_exceptions
+            if isinstance(error, asyncio.CancelledError) and _being_cancelled():
+                raise  # this trajectory is being cancelled; a stray CancelledError from a callee is masked instead
             output = self._masked_output(agent_data, stats, error, kwargs)
         finally:
             await self._release(agent_data)
@@ -527,6 +529,12 @@ class MMToolAgentLoop(ToolAgentLoop):
 
 
 CANCEL_GRACE_S = 1.0
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task was asked to cancel (Python 3.11+; on 3.10 every CancelledError counts as stray)."""
+    task = asyncio.current_task()
+    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
 
 
 async def _finished_or_cancelled(coroutine, timeout_s: float) -> asyncio.Task | None:
