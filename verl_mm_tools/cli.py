@@ -26,6 +26,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if all(figure.passed for figure in figures) or args.no_fail else 1
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from verl_mm_tools.cpu.demo import DemoOptions, run_demo
+
+    options = DemoOptions(out=Path(args.out), steps=args.steps, seed=args.seed, warm_start=not args.no_warm_start,
+                          overrides=tuple(args.overrides))
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    return run_demo(options, say)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-mm-tools", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -36,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--family", default=DEFAULT_FAMILY, choices=sorted(FAMILIES))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=_tiny_model)
+
+    demo = commands.add_parser(
+        "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop, rotate tool), ~5 min"
+    )
+    demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
+    demo.add_argument("--steps", type=int, default=30, help="training steps")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--no-warm-start", action="store_true",
+                      help="train the random tiny model as is (it will not call the tool)")
+    demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")
+    demo.set_defaults(run=_demo)
 
     add_view_command(commands)
     add_make_data_command(commands)

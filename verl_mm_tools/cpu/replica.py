@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
-# Torch threads of the server process: generation of the tiny model is latency-bound, more threads only contend with
-# the trainer worker on a small machine.
+# Torch threads of the server process (default 1): generating with a small model is a stream of small matmuls, which
+# several OpenMP threads slow down as soon as the cores are busy (see cpu.config.THREAD_ENV).
 SERVER_THREADS_ENV = "VERL_MM_TOOLS_SERVER_THREADS"
 
 
@@ -59,7 +59,7 @@ class HFReplica(RolloutReplica):
             model_path,
             response_length=self.config.response_length,
             seed=self.config.seed,
-            num_threads=int(threads) if threads else None,
+            num_threads=int(threads or 1),
         )
         self.servers = [server]
         self._server_handle = server

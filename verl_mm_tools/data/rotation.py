@@ -26,10 +26,11 @@ logger = logging.getLogger(__name__)
 DATA_SOURCE = "verl_mm_tools/rotation"
 ANGLES = (0, 90, 180, 270)
 IMAGE_SIDE = 56  # 2 x 2 merged image tokens for Qwen2/2.5-VL (28 px per token side)
-PROMPT = (
-    "<image>This picture of an arrow was turned counter-clockwise by 0, 90, 180 or 270 degrees. You may call the "
+QUESTION = (
+    "This picture of an arrow was turned counter-clockwise by 0, 90, 180 or 270 degrees. You may call the "
     "rotate tool to turn it and look again. Answer with the angle it was turned by, as <answer>90</answer>."
 )
+PROMPT = "<image>" + QUESTION  # verl's dataset replaces <image> with the row's image
 
 
 @dataclass(frozen=True)
