@@ -5,6 +5,7 @@ sized (``qwen_vl_utils.smart_resize``, exactly as verl sizes dataset images) so 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from PIL import Image
@@ -43,14 +44,36 @@ class ImageGeometry:
         return self.patch_size * self.merge_size
 
     def resized(self, width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-        """(width, height) after smart_resize with these bounds. Raises ValueError for aspect ratios over 200."""
+        """(width, height) after smart_resize with these bounds; where its rounding misses them (a narrow
+        [min_pixels, max_pixels] band, or a side floored to 0 px), the whole-token size within them closest in aspect
+        ratio. Raises ValueError for aspect ratios over 200, and when no such size keeps the aspect within 2x."""
         new_height, new_width = smart_resize(height, width, self.factor, min_pixels=min_pixels, max_pixels=max_pixels)
-        return new_width, new_height
+        if min_pixels <= new_width * new_height <= max_pixels and min(new_width, new_height) >= self.factor:
+            return new_width, new_height
+        return self._fitted(width / height, min_pixels, max_pixels)
+
+    def _fitted(self, aspect: float, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+        token_area, best = self.factor**2, None
+        for rows in range(1, max_pixels // token_area + 1):
+            fewest, most = max(1, -(-min_pixels // (token_area * rows))), max_pixels // (token_area * rows)
+            if fewest > most:
+                continue
+            columns = min(max(round(aspect * rows), fewest), most)
+            distortion = abs(math.log(columns / rows / aspect))
+            if best is None or distortion < best[0]:
+                best = (distortion, columns * self.factor, rows * self.factor)
+        if best is None or best[0] > math.log(2):
+            raise ValueError(f"no size of whole {self.factor} px tokens between {min_pixels} and {max_pixels} px keeps "
+                             "its aspect ratio within 2x")
+        return best[1], best[2]
 
     def tokens(self, width: int, height: int) -> int:
-        """Placeholder tokens the processor produces for an image of this size."""
-        new_width, new_height = self.resized(width, height, self.min_pixels, self.max_pixels)
-        return (new_width // self.factor) * (new_height // self.factor)
+        """Placeholder tokens the processor produces for an image of this size (transformers' smart_resize keeps
+        at least one token per side where qwen_vl_utils' floors it to zero)."""
+        new_height, new_width = smart_resize(
+            height, width, self.factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
+        )
+        return max(1, new_width // self.factor) * max(1, new_height // self.factor)
 
 
 @dataclass(frozen=True)
@@ -130,7 +153,10 @@ class ImageBudget:
         max_pixels = tokens_left * self.geometry.factor**2
         if max_pixels < self.min_pixels:
             return None
-        width, height = self.geometry.resized(*image.size, self.min_pixels, max_pixels)
+        try:
+            width, height = self.geometry.resized(*image.size, self.min_pixels, max_pixels)
+        except ValueError:  # too elongated for the tokens left
+            return None
         return (width, height) if self._tokens_of(width, height) <= tokens_left else None
 
 
