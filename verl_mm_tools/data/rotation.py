@@ -10,7 +10,6 @@ holds one ``<image>`` placeholder), ``images`` (``[{"bytes": PNG}]``), ``data_so
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import random
 from collections.abc import Iterator
@@ -19,12 +18,14 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from verl_mm_tools.data.common import png_bytes, write_parquet
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 DATA_SOURCE = "verl_mm_tools/rotation"
 ANGLES = (0, 90, 180, 270)
+VAL_SEED_OFFSET = 1_000_003  # the validation split draws from its own seed stream (and excludes train pictures)
 IMAGE_SIDE = 56  # 2 x 2 merged image tokens for Qwen2/2.5-VL (28 px per token side)
 QUESTION = (
     "This picture of an arrow was turned counter-clockwise by 0, 90, 180 or 270 degrees. You may call the "
@@ -75,18 +76,12 @@ def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozens
     raise ConfigError(f"could not draw {count} distinct rotation pictures (seed {seed}); ask for fewer samples")
 
 
-def _png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def _rows(samples: list[RotationSample], split: str, agent_name: str) -> Iterator[dict]:
     for index, sample in enumerate(samples):
         yield {
             "data_source": DATA_SOURCE,
             "prompt": [{"role": "user", "content": PROMPT}],
-            "images": [{"bytes": _png(sample.image)}],
+            "images": [{"bytes": png_bytes(sample.image)}],
             "ability": "vision",
             "reward_model": {"style": "rule", "ground_truth": str(sample.angle)},
             "extra_info": {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest},
@@ -97,18 +92,10 @@ def _rows(samples: list[RotationSample], split: str, agent_name: str) -> Iterato
 def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
                            agent_name: str = "mm_tool") -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    import pandas as pd
-
     if train_size < 1 or val_size < 1:
         raise ConfigError(f"rotation dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train = rotation_samples(train_size, seed)
-    val = rotation_samples(val_size, seed + 1_000_003, exclude=frozenset(sample.digest for sample in train))
-    paths = []
-    for name, samples in (("train", train), ("val", val)):
-        path = out / f"{name}.parquet"
-        pd.DataFrame(list(_rows(samples, name, agent_name))).to_parquet(path)
-        paths.append(path)
-    logger.info("wrote %d train / %d val rotation samples under %s", train_size, val_size, out)
-    return paths[0], paths[1]
+    val = rotation_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train))
+    return (write_parquet(_rows(train, "train", agent_name), out / "train.parquet"),
+            write_parquet(_rows(val, "val", agent_name), out / "val.parquet"))

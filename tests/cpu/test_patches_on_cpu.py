@@ -1,0 +1,165 @@
+"""The two verl patches of the CPU backend: their guards, the failure each fixes, and that each changes nothing else."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from verl_mm_tools.cpu import patches
+
+
+def test_verl_still_builds_the_duplicate_gloo_backend_string_the_patch_replaces():
+    """Fails, naming the function, when verl changes ``initialize_global_process_group_ray``: re-check the patch."""
+    from verl.utils import distributed
+
+    function = distributed.initialize_global_process_group_ray
+    function = getattr(function, "__wrapped__", function)
+    source = inspect.getsource(function)
+    assert patches.GLOO_EXPECTED_SOURCE in source, (
+        "verl.utils.distributed.initialize_global_process_group_ray changed: verl_mm_tools/cpu/patches.py "
+        "patch_gloo_backend assumes it builds the backend string " + patches.GLOO_EXPECTED_SOURCE
+    )
+    assert tuple(inspect.signature(function).parameters) == ("timeout_second", "backend")
+
+
+def test_verl_still_packs_position_ids_the_way_the_equal_length_fix_assumes():
+    from verl.workers.utils import padding
+
+    function = getattr(padding.left_right_2_no_padding, "__wrapped__", padding.left_right_2_no_padding)
+    assert patches.PADDING_EXPECTED_SOURCE in inspect.getsource(function), (
+        "verl.workers.utils.padding.left_right_2_no_padding changed: re-check verl_mm_tools/cpu/patches.py "
+        "patch_equal_length_position_ids"
+    )
+
+
+def test_a_changed_verl_function_is_refused_with_its_name(monkeypatch):
+    from verl.utils import distributed
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return backend
+
+    monkeypatch.setattr(distributed, "initialize_global_process_group_ray", initialize_global_process_group_ray)
+    with pytest.raises(patches.VerlChangedError, match=r"verl\.utils\.distributed\.initialize_global_process_group_ray"):
+        patches.patch_gloo_backend()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+INIT_PROCESS_GROUP = """
+    import json, torch, torch.distributed as dist
+    import verl
+    from verl.workers import engine_workers
+    try:
+        engine_workers.initialize_global_process_group_ray(timeout_second=60)
+    except Exception as error:
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+    else:
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor)
+        print(json.dumps({"backend": dist.get_backend(), "sum": tensor.tolist()}))
+"""
+
+
+def _init_process_group(platform: str, apply_patch: bool) -> str:
+    env = dict(os.environ, VERL_PLATFORM=platform, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()))
+    code = textwrap.dedent(INIT_PROCESS_GROUP)
+    if not apply_patch:  # what verl does on CPU without us: the plugin loads, then we undo the patch
+        code = code.replace("from verl.workers import engine_workers", textwrap.dedent("""
+            from verl.utils import distributed
+            from verl.workers import engine_workers
+            engine_workers.initialize_global_process_group_ray = distributed.initialize_global_process_group_ray.__wrapped__
+        """))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_gloo_patch_lets_verls_worker_initialize_its_process_group_on_cpu():
+    assert _init_process_group("cpu", apply_patch=True) == '{"backend": "cpu:gloo", "sum": [1.0, 1.0]}'
+
+
+def test_without_the_gloo_patch_torch_rejects_verls_backend_string_on_cpu():
+    """Why the patch exists. If this starts passing, verl fixed it upstream and the patch can go."""
+    outcome = _init_process_group("cpu", apply_patch=False)
+    assert '"error"' in outcome and "cpu:gloo,cpu:gloo" in outcome.replace(" ", ""), outcome
+
+
+# ----- equal-length position ids -------------------------------------------------------------------------------
+
+
+def left_right_batch(lengths: list[int], width: int = 8, response_width: int = 3) -> TensorDict:
+    """A left-right padded batch as verl's trainer holds it: Qwen-VL (4, L) position ids, distinct per sample."""
+    batch_size = len(lengths)
+    attention = torch.zeros(batch_size, width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        attention[row, width - length:] = 1
+    positions = torch.arange(width).expand(batch_size, 4, width) + 100 * torch.arange(batch_size).view(-1, 1, 1)
+    return TensorDict({
+        "input_ids": torch.arange(batch_size * width).reshape(batch_size, width),
+        "attention_mask": attention,
+        "response_mask": attention[:, -response_width:].clone(),
+        "position_ids": positions.clone(),
+    }, batch_size=[batch_size])
+
+
+def expected_positions(batch: TensorDict) -> list[torch.Tensor]:
+    mask = batch["attention_mask"].bool()
+    return [batch["position_ids"][row][:, mask[row]] for row in range(len(batch))]
+
+
+def as_a_worker_receives_it(position_ids: torch.Tensor) -> TensorDict:
+    """Pickled to the worker, then verl's own repair of the ragged dimension (engine_workers.update_actor)."""
+    from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
+
+    received = pickle.loads(pickle.dumps(TensorDict({"position_ids": position_ids}, batch_size=[position_ids.size(0)])))
+    maybe_fix_3d_position_ids(received)
+    return received
+
+
+def test_equal_lengths_break_verls_packing_and_the_fix_repairs_it():
+    from verl.utils.tensordict_utils import chunk_tensordict
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    original = getattr(left_right_2_no_padding, "__wrapped__", left_right_2_no_padding)
+    batch = left_right_batch([6, 6, 6, 6])
+    packed = original(batch.clone())["position_ids"]
+    # The bug (if this fails, torch/verl fixed it and the patch can go): the constant 4 became the ragged dimension.
+    assert packed._ragged_idx == 1 and packed.offsets().tolist() == [0, 4, 8, 12, 16]
+    with pytest.raises(RuntimeError):
+        chunk_tensordict(as_a_worker_receives_it(packed), 2)  # what update_actor does per mini-batch
+
+    fixed = patches.fix_ragged_position_ids(packed)
+    assert fixed._ragged_idx == 2 and fixed.offsets().tolist() == [0, 6, 12, 18, 24]
+    chunks = chunk_tensordict(as_a_worker_receives_it(fixed), 2)
+    received = [tensor for chunk in chunks for tensor in chunk["position_ids"].unbind()]
+    assert all(torch.equal(got, want) for got, want in zip(received, expected_positions(batch), strict=True))
+    padded = torch.nested.to_padded_tensor(as_a_worker_receives_it(fixed)["position_ids"], padding=0,
+                                           output_size=(4, 4, 8))  # what the FSDP engine does per micro-batch
+    assert torch.equal(padded[:, :, :6], torch.stack(expected_positions(batch)))
+
+
+def test_unequal_lengths_are_left_exactly_as_verl_packs_them():
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    original = getattr(left_right_2_no_padding, "__wrapped__", left_right_2_no_padding)
+    packed = original(left_right_batch([6, 5, 7]))["position_ids"]
+    assert patches.fix_ragged_position_ids(packed) is packed
+
+
+def test_two_dimensional_position_ids_are_left_alone():
+    nested = torch.nested.as_nested_tensor([torch.arange(3), torch.arange(3)], layout=torch.jagged)
+    assert patches.fix_ragged_position_ids(nested) is nested
