@@ -26,6 +26,14 @@ class ImageBudgetError(VerlMMToolsError):
     """An image does not fit the trajectory's image budget."""
 
 
+class FileAccessError(VerlMMToolsError, PermissionError):
+    """A path outside the configured file roots (or a URL, or not a regular file) was asked to be read."""
+
+
+class ImageInputError(VerlMMToolsError, ValueError):
+    """An image (from a dataset or a file) cannot be used: undecodable, too large, too elongated."""
+
+
 class TrajectoryValidationError(VerlMMToolsError):
     """A finished trajectory violates an invariant (token/mask lengths, image placeholders, ...)."""
 

@@ -155,8 +155,8 @@ ENV_LOG = EnvLog()
 
 def register_test_environments() -> None:
     """``reliability_faulty``: raises in ``fail_in`` (init, reset, step or close), else is done after ``answers``;
-    ``reliability_counting``: done after ``answers`` answers, shows an image of ``image_size`` after each other one.
-    Both log their lifecycle in ``ENV_LOG``."""
+    ``reliability_counting``: done after ``answers`` answers, shows an image of ``image_size`` after each other one
+    (both log their lifecycle in ``ENV_LOG``); ``reliability_reader``: opens ``path`` through ``sample.files``."""
     from verl_mm_tools.envs import ENVIRONMENTS, Environment, Observation, register_environment
 
     if "reliability_faulty" in ENVIRONMENTS:
@@ -187,8 +187,23 @@ def register_test_environments() -> None:
             ENV_LOG.closed.append(self.sample)
             self._maybe_fail("close")
 
+    class Reader(Environment):
+        """Opens ``path`` in reset, through the trajectory's file roots, as any environment reading files must."""
+
+        name = "reliability_reader"
+
+        def __init__(self, path: str):
+            self.path = path
+
+        def reset(self, sample):
+            return Observation(text="reference", images=(sample.files.open_image(self.path),))
+
+        def step(self, assistant_text):
+            return Observation(), 1.0, True, {}
+
     register_environment(type("FaultyEnv", (Logged,), {"name": "reliability_faulty"}))
     register_environment(type("CountingEnv", (Logged,), {"name": "reliability_counting"}))
+    register_environment(Reader)
 
 
 # ----- server -----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,9 @@ class ImageBudget:
         if self.images >= self.config.max_images:
             return Admission(None, refusal=f"the image budget is exhausted ({self.config.max_images} images per "
                              "conversation); no further images can be shown")
+        if image.width * image.height > MAX_DECODE_PIXELS:  # judged from the header: a bomb is never decoded
+            return Admission(None, refusal=f"the tool produced an image of {image.width}x{image.height} px, more "
+                             f"than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded")
         try:
             width, height = self.geometry.resized(*image.size, self.min_pixels, self.max_pixels)
         except ValueError as error:
@@ -133,7 +137,7 @@ class ImageBudget:
             tokens = self._tokens_of(width, height)
         try:
             admitted = _to_rgb_size(image, width, height)
-        except (OSError, ValueError) as error:  # truncated data, modes PIL cannot convert
+        except Exception as error:  # noqa: BLE001 - truncated or corrupt data: PIL raises many kinds
             return Admission(None, refusal=f"the tool produced an image that cannot be decoded ({error})")
         self.images += 1
         self.tokens += tokens
@@ -162,8 +166,7 @@ class ImageBudget:
 
 def _to_rgb_size(image: Image.Image, width: int, height: int) -> Image.Image:
     """RGB at exactly (width, height); the same object when it already is (no needless copies)."""
-    if image.mode != "RGB":
-        image = image.convert("RGB")
+    image = to_rgb(image)  # alpha over white, 16-bit and float stretched (a plain convert clips them to white)
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.BICUBIC)
     return image

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.files import FileRoots
 
 OVER_BUDGET_POLICIES = ("downscale", "refuse", "stop")
 DEFAULT_MAX_IMAGES = 16
@@ -45,6 +46,9 @@ class MMToolLoopConfig:
             whole); the others are deleted and counted as skipped.
         dump_max_mb: Most megabytes (MiB) the dump directory may hold; once reached, dumping stops for the rest of
             the run (a ``_FULL`` file is written; delete it after freeing space to resume).
+        file_roots: Absolute directories that dataset image paths (and tools or environments reading files, see
+            ``verl_mm_tools.files``) may be read from; a path resolving outside them (``..``, symlinks) and any URL
+            is refused, masking its sample. None: no file is read (images stored as bytes need none).
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -58,6 +62,7 @@ class MMToolLoopConfig:
     dump_dir: str | None = None
     dump_max_per_step: int = 16
     dump_max_mb: float = 512.0
+    file_roots: tuple[str, ...] | str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -94,6 +99,7 @@ class MMToolLoopConfig:
         _require_positive_number("dump_max_mb", self.dump_max_mb)
         if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir.strip()):
             raise ConfigError(f"mm_tool dump_dir must be a directory path or null, got {self.dump_dir!r}")
+        FileRoots.from_config(self.file_roots)  # relative or missing directories are ConfigErrors now, not later
 
     def check_against_server(self, limit_images: int | None) -> None:
         """Refuse a budget that lets the loop send more images than the inference server accepts."""

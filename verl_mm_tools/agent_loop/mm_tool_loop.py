@@ -29,12 +29,21 @@ from verl.utils.profiler import simple_timer
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import DUMP_KEY, require_dump_manager, stage_trajectory
+from verl_mm_tools.agent_loop.prompt_images import safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
 from verl_mm_tools.envs import Observation, Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
-from verl_mm_tools.errors import ConfigError, ImageBudgetError, TrajectoryValidationError, did_you_mean
+from verl_mm_tools.errors import (
+    ConfigError,
+    FileAccessError,
+    ImageBudgetError,
+    ImageInputError,
+    TrajectoryValidationError,
+    did_you_mean,
+)
+from verl_mm_tools.files import FILES_ATTR, FileRoots
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -81,6 +90,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)
         self.mm_config = MMToolLoopConfig.from_options(options, limit_images=self.rollout_config.get("limit_images"))
+        self.files = FileRoots.from_config(self.mm_config.file_roots)
         self.geometry = ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self._sees_images else None
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
@@ -126,7 +136,10 @@ class MMToolAgentLoop(ToolAgentLoop):
                 logger.warning("closing environment %r failed", type(env).__name__, exc_info=True)
 
     async def _new_agent_data(self, kwargs: dict, priority: int, stats: TrajectoryStats) -> AgentData:
-        messages = list(kwargs["raw_prompt"])
+        # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
+        messages = await asyncio.get_running_loop().run_in_executor(
+            None, safe_messages, list(kwargs["raw_prompt"]), self.files, _sample_name(kwargs)
+        )
         multi_modal_data = await self.process_multi_modal_info(messages)
         agent_data = AgentData(
             messages=messages,
@@ -140,6 +153,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         )
         self._select_tools(agent_data, (kwargs.get("extra_info") or {}).get("tool_selection"))
         setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
+        setattr(agent_data, FILES_ATTR, self.files)  # what tools may read: files_of(agent_data)
         agent_data.mm_sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
         agent_data.mm_stats = stats
         agent_data.mm_budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
@@ -157,7 +171,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         if not spec:
             return
         agent_data.mm_env = make_environment(spec)
-        observation = await call_env(agent_data.mm_env.reset, Sample.from_row(row, list(agent_data.image_data)))
+        observation = await call_env(agent_data.mm_env.reset, Sample.from_row(row, list(agent_data.image_data), files=self.files))
         if observation is not None and (observation.text or observation.images):
             content = [{"type": "image", "image": image} for image in observation.images]
             agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
@@ -494,7 +508,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         stats.error = f"{type(error).__name__}: {error}"
         logger.warning(
             "mm_tool: masked the trajectory of sample %s (%s)", _sample_name(sample), stats.error,
-            exc_info=not isinstance(error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError)),
+            exc_info=not isinstance(
+                error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError, ImageInputError, FileAccessError)
+            ),
         )
         output = self._prompt_only_output(agent_data)
         if output is None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.files import FileRoots
 from verl_mm_tools.registry import register_unique
 
 
@@ -38,15 +39,17 @@ class Sample:
     ground_truth: Any
     extra_info: dict[str, Any]
     images: list[Image.Image] = field(default_factory=list)  # the prompt's images: ids 1..len(images)
+    files: FileRoots = field(default_factory=FileRoots)  # read files only through these (the loop's file_roots)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], images: list[Image.Image]) -> Sample:
+    def from_row(cls, row: dict[str, Any], images: list[Image.Image], files: FileRoots | None = None) -> Sample:
         reward_model = row.get("reward_model") or {}
         return cls(
             data_source=row.get("data_source"),
             ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
             extra_info=dict(row.get("extra_info") or {}),
             images=list(images),
+            files=files or FileRoots(),
         )
 
 

@@ -1,0 +1,90 @@
+"""The prompt's images, made safe before verl reads them.
+
+verl hands a sample's messages to qwen_vl_utils, which opens any local path or fetches any URL it finds, decodes
+without a size limit, and fails mid-batch on a truncated file or an aspect ratio over 200 with an error naming
+neither the sample nor the image. Here each image entry (a PIL image, maybe lazily opened from the dataset's bytes; a
+path or ``file://`` URL, read through the configured file roots; a ``data:`` URI; raw ``bytes``) becomes a decoded
+RGB image (``verl_mm_tools.files.to_rgb``), or the sample is refused with an ``ImageInputError`` (or
+``FileAccessError``) that names it and the image. verl then sizes the images as always (smart_resize).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from PIL import Image
+
+from verl_mm_tools.errors import FileAccessError, ImageInputError
+from verl_mm_tools.files import FileRoots, decode_image, loaded_rgb
+
+MAX_ASPECT_RATIO = 200
+"""Qwen-VL processors (transformers and qwen_vl_utils) refuse more elongated images."""
+
+
+def safe_messages(messages: list[dict], files: FileRoots, sample: str) -> list[dict]:
+    """Copies of the messages whose image entries hold checked RGB images; the dataset's own are left untouched."""
+    safe, number = [], 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            safe.append(message)
+            continue
+        items = []
+        for item in content:
+            if _is_image(item):
+                number += 1
+                item = _safe_item(item, files, f"sample {sample}, prompt image {number}")
+            items.append(item)
+        safe.append({**message, "content": items})
+    return safe
+
+
+def _is_image(item: Any) -> bool:
+    """What qwen_vl_utils takes for an image entry (videos are left to verl)."""
+    if not isinstance(item, dict) or "video" in item:
+        return False
+    return "image" in item or "image_url" in item or item.get("type") in ("image", "image_url")
+
+
+def _safe_item(item: dict, files: FileRoots, name: str) -> dict:
+    source = item.get("image", item.get("image_url"))
+    if isinstance(source, dict):  # OpenAI style {"url": ...} or verl's {"bytes": ...}
+        source = source.get("url", source.get("bytes"))
+    if source is None:
+        source = item.get("bytes")
+    image = _decoded(source, files, name)
+    width, height = image.size
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise ImageInputError(f"{name}: {width}x{height} px is more elongated than the {MAX_ASPECT_RATIO}:1 Qwen-VL "
+                              "processors accept; crop or pad it in the dataset")
+    safe = {key: value for key, value in item.items() if key not in ("image_url", "bytes")}
+    return {**safe, "type": "image", "image": image}
+
+
+def _decoded(source: Any, files: FileRoots, name: str) -> Image.Image:
+    if isinstance(source, Image.Image):
+        return loaded_rgb(source, source=name)
+    if isinstance(source, (bytes, bytearray)):
+        return decode_image(bytes(source), source=name)
+    if isinstance(source, str) and source.startswith("data:image"):
+        return decode_image(_data_uri_bytes(source, name), source=name)
+    if isinstance(source, str):
+        try:
+            return files.open_image(source)
+        except FileAccessError as error:
+            raise FileAccessError(f"{name}: {error}") from None
+        except ImageInputError as error:
+            raise ImageInputError(f"{name}: {error}") from None
+    raise ImageInputError(f"{name}: expected an image, a path or bytes, got {type(source).__name__}")
+
+
+def _data_uri_bytes(uri: str, name: str) -> bytes:
+    header, _, data = uri.partition(",")
+    if ";base64" not in header:
+        raise ImageInputError(f"{name}: only base64 data: URIs are supported, got {header[:60]!r}")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ImageInputError(f"{name}: the data: URI is not valid base64 ({error})") from None
