@@ -60,8 +60,8 @@ class FileRoots:
             roots = [roots]
         return cls(tuple(_checked_root(root) for root in roots), max_bytes)
 
-    def resolve(self, path: Any) -> Path:
-        """The real path of ``path`` if it is a regular file inside a root; FileAccessError otherwise."""
+    def confined(self, path: Any) -> Path:
+        """The real path of ``path`` if it lies inside a root (it need not exist); FileAccessError otherwise."""
         text = _path_text(path)
         if not self.roots:
             raise FileAccessError(f"refused to read {text!r}: no file roots are configured; set the mm_tool option "
@@ -71,6 +71,11 @@ class FileRoots:
         if not any(real == root or root in real.parents for root in self.roots):
             raise FileAccessError(f"refused to read {text!r}: it resolves to {str(real)!r}, outside the file roots "
                                   f"{[str(root) for root in self.roots]}; move the file under a root or add a root")
+        return real
+
+    def resolve(self, path: Any) -> Path:
+        """The real path of ``path`` if it is a regular file inside a root; FileAccessError otherwise."""
+        text, real = _path_text(path), self.confined(path)
         if not real.exists():
             raise FileAccessError(f"refused to read {text!r}: {str(real)!r} does not exist")
         if not real.is_file():

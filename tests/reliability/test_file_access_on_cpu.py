@@ -184,3 +184,39 @@ def test_without_file_roots_dataset_paths_are_refused_with_the_fix(tiny_model_di
         f"FileAccessError: sample 0, prompt image 1: refused to read '{root / 'a.png'}': no file roots are configured; "
         "set the mm_tool option file_roots to the directories that hold your data"
     ]
+
+
+# ----- the viewer: a dump from elsewhere names the files its site links --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_dump(tiny_model_dir, tmp_path_factory):
+    from verl_mm_tools.viewer.sample import write_sample_dump
+
+    workdir = tmp_path_factory.mktemp("dump")
+    write_sample_dump(workdir / "dump", workdir / "work", model_dir=tiny_model_dir, steps=(1,))
+    return workdir / "dump"
+
+
+@pytest.mark.parametrize("name", ["../../../outside/secret.png", "{outside}/secret.png", "images/../../../outside/secret.png",
+                                  "images/link.png"])
+def test_a_dump_record_cannot_make_the_viewer_publish_files_outside_its_folder(sample_dump, tmp_path, name):
+    import shutil
+
+    from verl_mm_tools.agent_loop.dump import RECORD_FILE
+    from verl_mm_tools.viewer.records import ViewerError
+    from verl_mm_tools.viewer.site import build_site
+
+    outside, dump = tmp_path / "outside", tmp_path / "dump"
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(b"secret")
+    shutil.copytree(sample_dump, dump, ignore=shutil.ignore_patterns("_site"))
+    record_path = sorted(dump.glob(f"step_000001/*/{RECORD_FILE}"))[0]
+    (record_path.parent / "images" / "link.png").symlink_to(outside / "secret.png")
+    record = json.loads(record_path.read_text())
+    record["images"][0]["file"] = name.format(outside=outside)
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ViewerError, match=r"names a file it may not: refused to read .*outside the file roots"):
+        build_site(dump, tmp_path / "site")
+    site_files = [path for path in (tmp_path / "site").rglob("*") if path.is_file()]
+    assert not [path for path in site_files if path.read_bytes() == b"secret"]

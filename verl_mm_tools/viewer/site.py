@@ -15,6 +15,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from verl_mm_tools.agent_loop.dump import SITE_DIR
+from verl_mm_tools.errors import FileAccessError
+from verl_mm_tools.files import FileRoots
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
 from verl_mm_tools.viewer.records import Trajectory, ViewerError, load_trajectories
 
@@ -80,8 +82,20 @@ def _copy_images(trajectory: Trajectory, out: Path) -> str | None:
     for image in trajectory.record.get("images") or []:
         for key in ("file", "thumb"):
             if image.get(key):
-                _link_or_copy(trajectory.folder / image[key], out / base / image[key])
+                _link_or_copy(_record_file(trajectory.folder, image[key]), out / base / image[key])
     return base
+
+
+def _record_file(folder: Path, name: str) -> Path:
+    """A file a record names: a relative path inside the trajectory's own folder. A dump from elsewhere may name any
+    path, and the site would then publish (and write) files outside the dump and the site."""
+    try:
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == "..":
+            raise FileAccessError(f"refused to read {name!r}: outside the file roots [{str(folder)!r}]")
+        FileRoots.from_config([folder.resolve()]).confined(name)
+    except FileAccessError as error:
+        raise ViewerError(f"the record in {folder} names a file it may not: {error}") from None
+    return folder / name
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
