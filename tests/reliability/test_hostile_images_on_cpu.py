@@ -16,10 +16,14 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from reliability_helpers import ScriptedTool, marked_prompt, run_batch, trajectory_violations
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as processor_resize
 from verl.tools.schemas import ToolResponse
 
+from verl_mm_tools.agent_loop.budget import ImageGeometry
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.files import MAX_DECODE_PIXELS, decode_image, to_rgb
 
@@ -227,3 +231,35 @@ def test_sixteen_bit_and_float_images_are_stretched_not_clipped():
     assert np.asarray(to_rgb(sixteen_bit()))[0, :, 0].tolist() == np.rint(np.linspace(0, 255, 64)).astype(int).tolist()
     floats = Image.fromarray(np.tile(np.linspace(-1.0, 1.0, 64, dtype=np.float32), (4, 1)))
     assert np.asarray(to_rgb(floats))[0, [0, -1], 0].tolist() == [0, 255]
+
+
+# ----- sizing: what the budget promises holds for any size ----------------------------------------------------------
+
+TINY = ImageGeometry(patch_size=14, merge_size=2, min_pixels=784, max_pixels=50176)
+sides = st.integers(1, 6000)
+
+
+@settings(max_examples=400, deadline=None)
+@given(width=sides, height=sides, low=st.integers(784, 8000), span=st.integers(0, 50000))
+def test_a_sized_tool_image_lies_within_its_bounds_and_the_processor_keeps_it(width, height, low, span):
+    high = min(low + span, TINY.max_pixels)
+    low = min(low, high)
+    try:
+        new_width, new_height = TINY.resized(width, height, low, high)
+    except ValueError as error:  # refused, with a reason the model reads
+        assert "aspect ratio" in str(error)
+        return
+    assert low <= new_width * new_height <= high
+    assert processor_resize(new_height, new_width, 28, TINY.min_pixels, TINY.max_pixels) == (new_height, new_width)
+
+
+@settings(max_examples=400, deadline=None)
+@given(columns=st.integers(1, 600), rows=st.integers(1, 600))
+def test_the_budget_charges_a_prompt_image_what_the_processor_charges(columns, rows):
+    """Prompt images reach the budget sized by qwen_vl_utils (whole 28 px tokens); elongated ones over max_pixels
+    were charged 0 tokens (its smart_resize floors the short side to 0 px, the processor's keeps one token)."""
+    width, height = 28 * columns, 28 * rows
+    if max(columns, rows) > 200 * min(columns, rows):
+        return
+    new_height, new_width = processor_resize(height, width, 28, TINY.min_pixels, TINY.max_pixels)
+    assert TINY.tokens(width, height) == (new_width // 28) * (new_height // 28)
