@@ -44,6 +44,7 @@ from verl_mm_tools.errors import (
     did_you_mean,
 )
 from verl_mm_tools.files import FILES_ATTR, FileRoots
+from verl_mm_tools.ops.checks import show
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -351,7 +352,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         if call.name not in tools:
             stats.invalid_actions += 1
             hint = did_you_mean(call.name, tools)
-            return ToolResponse(text=f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}.{hint}"), None
+            # the name is cut short: a long one would push the list of tools past the response truncation
+            return ToolResponse(text=f"Error: unknown tool {show(call.name)}; available tools: {sorted(tools)}.{hint}"), None
         arguments = _parse_arguments(call.arguments)
         if isinstance(arguments, str):
             stats.invalid_actions += 1
