@@ -49,6 +49,10 @@ STEP_FIELDS = (
     ("step", "timing_s/step", "{:.1f}s"),
 )
 STOP_TIMEOUT_S = 60
+# Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
+# 32 trajectories of ~600 tokens per step, one thread).
+MICRO_BATCH = 8
+VALIDATION_REWARD = "val-core/verl_mm_tools/rotation/reward/mean@1"
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,8 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",
         f"actor_rollout_ref.actor.optim.lr={options.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * options.rollouts_per_prompt}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * options.rollouts_per_prompt}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
         "reward.reward_manager.name=mm_turn_discount",
         "+reward.reward_kwargs.reward_fn=rotation_reward_180",
         "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true",
@@ -298,6 +302,9 @@ def summarize(result: RunResult, paths: DemoPaths, total_s: float) -> list[str]:
         lines += [f"the trainer failed (exit status {result.returncode}); the end of {paths.trainer_log}:",
                   *("  " + line for line in log_tail(paths.trainer_log))]
     startup = f"{result.first_step_after_s:.0f}s to the first step, " if result.first_step_after_s else ""
+    validation = [step[VALIDATION_REWARD] for step in result.steps if VALIDATION_REWARD in step]
+    if validation:
+        lines.append(f"validation reward {validation[-1]:.3f} (greedy, on pictures the training split does not hold)")
     lines += [
         f"done in {total_s:.0f}s ({startup}{len(result.steps)} steps); peak memory of the trainer's processes "
         f"{result.peak_memory_bytes / 2**30:.1f} GiB (PSS, summed)",
