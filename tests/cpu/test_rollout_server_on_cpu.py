@@ -122,3 +122,18 @@ def test_video_requests_are_refused_with_what_to_do_instead(server):
     ids, _ = requests(server.engine)[1]
     with pytest.raises(ValueError, match="images only.*rollout.name=vllm or sglang"):
         asyncio.run(server.generate("video", prompt_ids=ids, sampling_params={}, video_data=[object()]))
+
+
+def test_a_cancelled_request_does_not_break_its_batch(server):
+    batch = requests(server.engine)
+
+    async def run():
+        tasks = [asyncio.create_task(server.generate(f"cancel-{index}", prompt_ids=ids, image_data=images,
+                                                     sampling_params={"temperature": 0.0, "max_tokens": 6}))
+                 for index, (ids, images) in enumerate(batch)]
+        await asyncio.sleep(0)  # all four queued
+        tasks[0].cancel()
+        return await asyncio.wait_for(asyncio.gather(*tasks[1:]), timeout=60)  # a broken batch would hang
+
+    outputs = asyncio.run(run())
+    assert [len(output.token_ids) >= 1 for output in outputs] == [True, True, True]

@@ -104,10 +104,12 @@ class HFRolloutServer:
             )
         except Exception as error:  # every waiting trajectory gets the error, not a hang
             for request in batch:
-                request.future.set_exception(error)
+                if not request.future.done():
+                    request.future.set_exception(error)
             return
         for request, result in zip(batch, results, strict=True):
-            request.future.set_result(result)
+            if not request.future.done():  # a cancelled caller (verl aborted the trajectory) no longer waits
+                request.future.set_result(result)
         self.stats["requests"] += len(batch)
         self.stats["batches"] += 1
         self.stats["generate_s"] += time.perf_counter() - started
