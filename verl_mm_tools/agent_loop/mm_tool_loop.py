@@ -172,7 +172,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         if not spec:
             return
         agent_data.mm_env = make_environment(spec)
-        observation = await call_env(agent_data.mm_env.reset, Sample.from_row(row, list(agent_data.image_data), files=self.files))
+        sample = Sample.from_row(row, list(agent_data.image_data), files=self.files)
+        observation = await call_env(agent_data.mm_env.reset, sample)
         if observation is not None and (observation.text or observation.images):
             content = [{"type": "image", "image": image} for image in observation.images]
             agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
@@ -353,7 +354,8 @@ class MMToolAgentLoop(ToolAgentLoop):
             stats.invalid_actions += 1
             hint = did_you_mean(call.name, tools)
             # the name is cut short: a long one would push the list of tools past the response truncation
-            return ToolResponse(text=f"Error: unknown tool {show(call.name)}; available tools: {sorted(tools)}.{hint}"), None
+            text = f"Error: unknown tool {show(call.name)}; available tools: {sorted(tools)}.{hint}"
+            return ToolResponse(text=text), None
         arguments = _parse_arguments(call.arguments)
         if isinstance(arguments, str):
             stats.invalid_actions += 1
