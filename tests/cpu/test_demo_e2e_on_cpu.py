@@ -89,3 +89,25 @@ def test_rewards_are_logged_and_dumped_per_trajectory(demo):
         assert all("<tool_response>" in row["output"] for row in with_calls)
     validation = metrics[-1]["data"]
     assert "val-core/verl_mm_tools/rotation/reward/mean@1" in validation
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_demo_stops_the_trainer_and_its_ray_cluster(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "verl_mm_tools.cli", "demo", "--out", str(out), "--steps", "50"]
+    demo = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / "logs" / "trainer.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "LLMServerManager" in log.read_text(errors="replace")):  # Ray and the servers are up
+        assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read()
+        time.sleep(1)
+    assert stray_processes(out / "logs" / "metrics.jsonl") != []
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=120) == 128 + signal.SIGTERM
+    time.sleep(2)
+    assert stray_processes(out / "logs" / "metrics.jsonl") == []

@@ -239,7 +239,7 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, total
                 say: Callable[[str], None], poll_s: float = 1.0) -> RunResult:
     """Run the trainer subprocess to its end, printing a line per step; SIGTERM it if we are interrupted."""
     started = time.monotonic()
-    with paths.trainer_log.open("wb") as log:
+    with paths.trainer_log.open("wb") as log, terminate_raises():
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         steps, offset, peak, first_step = [], 0, 0, None
         try:
@@ -258,6 +258,19 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, total
             stop_trainer(process)
             raise
     return RunResult(process.returncode, steps, time.monotonic() - started, first_step, peak)
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """While the trainer runs, SIGTERM to us raises SystemExit, so the trainer (in its own session) is stopped too."""
+    def exit_on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_trainer(process: subprocess.Popen) -> None:
