@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -71,16 +71,20 @@ class DemoOptions:
 
 @dataclass(frozen=True)
 class DemoPaths:
+    """Where a run's inputs are (the model is in the user cache) and where it writes (under ``out``)."""
+
     out: Path
     model: Path
     train: Path
     val: Path
-    config: Path = field(init=False)
-    logs: Path = field(init=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "config", self.out / "config")
-        object.__setattr__(self, "logs", self.out / "logs")
+    @property
+    def config(self) -> Path:
+        return self.out / "config"
+
+    @property
+    def logs(self) -> Path:
+        return self.out / "logs"
 
     @property
     def checkpoints(self) -> Path:
