@@ -27,6 +27,7 @@ setup(
         # imported by verl's agent-loop / rollout code but not declared by verl 0.9.1
         "cachetools",
         "mathruler",  # verl.utils.reward_score.geo3k imports it
+        "psutil",  # the CPU demo and verl import it; verl does not declare it
         "fastapi",
         "uvicorn",
     ],
