@@ -107,3 +107,20 @@ def test_make_data_cli_writes_the_splits(tmp_path, capsys):
     assert printed == [str(tmp_path / "z" / "train.parquet"), str(tmp_path / "z" / "val.parquet"),
                        str(tmp_path / "g" / "train.parquet"), str(tmp_path / "g" / "test.parquet")]
     assert len(pd.read_parquet(tmp_path / "g" / "test.parquet")) == 2
+
+
+def test_uniform_rotation_pictures_of_text_and_shapes(tmp_path, tiny_tokenizer, tiny_processor):
+    from verl_mm_tools.cli import main
+
+    assert main(["make-data", "rotation", "--out", str(tmp_path), "--angles", "uniform", "--side", "112",
+                 "--train-size", "12", "--val-size", "3", "--seed", "5"]) == 0
+    frame = pd.read_parquet(tmp_path / "train.parquet")
+    angles = [int(row["reward_model"]["ground_truth"]) for row in frame.to_dict("records")]
+    assert len(set(angles)) > 4 and all(0 <= angle < 360 for angle in angles)
+    assert any(angle % 90 for angle in angles)  # not only quarter turns
+    assert "between 0 and 359 degrees" in frame.iloc[0]["prompt"][0]["content"]
+    val = pd.read_parquet(tmp_path / "val.parquet")
+    assert not set(val["extra_info"].map(lambda info: info["image_sha256"])) & set(
+        frame["extra_info"].map(lambda info: info["image_sha256"]))
+    [image] = images_of(rlhf_dataset(tmp_path / "train.parquet", tiny_tokenizer, tiny_processor)[0], tiny_processor)
+    assert image.mode == "RGB" and min(image.size) >= 112

@@ -10,7 +10,8 @@ from pathlib import Path
 def _rotation(args: argparse.Namespace) -> list[Path]:
     from verl_mm_tools.data.rotation import write_rotation_dataset
 
-    return list(write_rotation_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed))
+    return list(write_rotation_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed,
+                                       angles=args.angles, side=args.side))
 
 
 def _zoom(args: argparse.Namespace) -> list[Path]:
@@ -45,6 +46,11 @@ def add_make_data_command(commands) -> None:
         task.add_argument("--val-size", type=int, default=64)
         task.add_argument("--seed", type=int, default=0)
         task.set_defaults(run=_run, write=write)
+    tasks.choices["rotation"].add_argument("--angles", choices=("quarter", "uniform"), default="quarter",
+                                           help="quarter: arrows turned by multiples of 90 degrees; uniform: text "
+                                           "and shapes turned by any whole angle")
+    tasks.choices["rotation"].add_argument("--side", type=int, default=None,
+                                           help="picture side in pixels (default 56 quarter, 448 uniform)")
     tasks.choices["zoom"].add_argument("--side", type=int, default=1024, help="image side in pixels")
     tasks.choices["zoom"].add_argument("--target", type=int, default=24, help="digit box side in pixels")
     geo3k = tasks.add_parser("geo3k", help="convert a downloaded hiyouga/geometry3k to mm_tool parquet")

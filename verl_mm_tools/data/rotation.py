@@ -1,5 +1,9 @@
-"""A synthetic rotation task as verl RL parquet: each prompt shows an arrow picture turned by a multiple of 90 degrees
-and asks for the angle; the rotate tool lets the model turn the picture and look again.
+"""A synthetic rotation task as verl RL parquet: each prompt shows a picture turned by a seeded angle and asks for
+the angle; the rotate tool lets the model turn the picture and look again.
+
+Two kinds (``angles``): ``quarter`` — a small arrow turned by 0, 90, 180 or 270 degrees (the CPU demo's task);
+``uniform`` — a scene of text and shapes turned by any whole angle in [0, 360) (the GPU recipes' task; the text
+makes "upright" well defined).
 
 Rows carry what verl's ``RLHFDataset`` and our reward functions read: ``prompt`` (chat messages whose user text
 holds one ``<image>`` placeholder), ``images`` (``[{"bytes": PNG}]``), ``data_source``, ``ability``,
@@ -16,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from verl_mm_tools.data.common import png_bytes, write_parquet
 from verl_mm_tools.errors import ConfigError
@@ -32,6 +36,12 @@ QUESTION = (
     "rotate tool to turn it and look again. Answer with the angle it was turned by, as <answer>90</answer>."
 )
 PROMPT = "<image>" + QUESTION  # verl's dataset replaces <image> with the row's image
+UNIFORM_PROMPT = (
+    "<image>This picture was turned counter-clockwise by some angle between 0 and 359 degrees. You may call the "
+    "rotate tool to turn it and look again. Answer with the angle it was turned by, as <answer>123</answer>."
+)
+ANGLE_KINDS = ("quarter", "uniform")
+WORDS = ("NORTH", "HELLO", "VERL", "TOOLS", "IMAGE", "UPRIGHT", "LOOK", "TEXT", "RIVER", "PLANT")
 
 
 @dataclass(frozen=True)
@@ -54,33 +64,56 @@ def upright_picture(rng: random.Random, side: int = IMAGE_SIDE) -> Image.Image:
     return image
 
 
+def scene_picture(rng: random.Random, side: int = 448) -> Image.Image:
+    """A word written across the top over a few random shapes, on a plain background: upright is unambiguous."""
+    background = tuple(rng.randrange(150, 256) for _ in range(3))
+    image = Image.new("RGB", (side, side), background)
+    draw = ImageDraw.Draw(image)
+    for _ in range(rng.randrange(2, 5)):
+        x, y = rng.randrange(side // 8, side * 7 // 8), rng.randrange(side // 3, side * 7 // 8)
+        r = rng.randrange(side // 16, side // 6)
+        color = tuple(rng.randrange(0, 140) for _ in range(3))
+        shape = rng.choice(("rectangle", "ellipse", "triangle"))
+        if shape == "triangle":
+            draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=color)
+        else:
+            getattr(draw, shape)([x - r, y - r, x + r, y + r], fill=color)
+    font = ImageFont.load_default(size=max(10, side // 8))
+    draw.text((side // 2, side // 6), rng.choice(WORDS), fill=(0, 0, 0), font=font, anchor="mm")
+    return image
+
+
 def _digest(image: Image.Image) -> str:
     return hashlib.sha256(image.tobytes()).hexdigest()
 
 
 def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset(),
-                     angles: tuple[int, ...] = ANGLES) -> list[RotationSample]:
+                     angles: tuple[int, ...] = ANGLES, kind: str = "quarter", side: int | None = None
+                     ) -> list[RotationSample]:
     """``count`` samples with distinct pictures, none of whose digests is in ``exclude``."""
     rng = random.Random(seed)
     samples, seen = [], set(exclude)
     for _ in range(count * 100):
         if len(samples) == count:
             return samples
-        picture = upright_picture(rng)
+        if kind == "uniform":
+            picture = scene_picture(rng, side or 448)
+        else:
+            picture = upright_picture(rng, side or IMAGE_SIDE)
         digest = _digest(picture)
         if digest in seen:
             continue
         seen.add(digest)
-        angle = rng.choice(angles)
+        angle = rng.randrange(360) if kind == "uniform" else rng.choice(angles)
         samples.append(RotationSample(picture.rotate(angle, expand=True), angle, digest))
     raise ConfigError(f"could not draw {count} distinct rotation pictures (seed {seed}); ask for fewer samples")
 
 
-def _rows(samples: list[RotationSample], split: str, agent_name: str) -> Iterator[dict]:
+def _rows(samples: list[RotationSample], split: str, agent_name: str, prompt: str = PROMPT) -> Iterator[dict]:
     for index, sample in enumerate(samples):
         yield {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": PROMPT}],
+            "prompt": [{"role": "user", "content": prompt}],
             "images": [{"bytes": png_bytes(sample.image)}],
             "ability": "vision",
             "reward_model": {"style": "rule", "ground_truth": str(sample.angle)},
@@ -90,12 +123,19 @@ def _rows(samples: list[RotationSample], split: str, agent_name: str) -> Iterato
 
 
 def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
-                           agent_name: str = "mm_tool") -> tuple[Path, Path]:
+                           agent_name: str = "mm_tool", angles: str = "quarter", side: int | None = None
+                           ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
     if train_size < 1 or val_size < 1:
         raise ConfigError(f"rotation dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
+    if angles not in ANGLE_KINDS:
+        raise ConfigError(f"rotation angles must be one of {ANGLE_KINDS}, got {angles!r}")
+    if side is not None and not 28 <= side <= 4096:
+        raise ConfigError(f"rotation picture side must be between 28 and 4096 px, got {side}")
     out = Path(out_dir)
-    train = rotation_samples(train_size, seed)
-    val = rotation_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train))
-    return (write_parquet(_rows(train, "train", agent_name), out / "train.parquet"),
-            write_parquet(_rows(val, "val", agent_name), out / "val.parquet"))
+    train = rotation_samples(train_size, seed, kind=angles, side=side)
+    val = rotation_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train),
+                           kind=angles, side=side)
+    prompt = UNIFORM_PROMPT if angles == "uniform" else PROMPT
+    return (write_parquet(_rows(train, "train", agent_name, prompt), out / "train.parquet"),
+            write_parquet(_rows(val, "val", agent_name, prompt), out / "val.parquet"))
