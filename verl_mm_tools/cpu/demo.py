@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from verl_mm_tools.cpu.config import cpu_environment, cpu_trainer_overrides
+from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ def trainer_environment(paths: DemoPaths) -> dict[str, str]:
 
 def write_command_script(command: list[str], env: dict[str, str], paths: DemoPaths) -> Path:
     script = paths.config / "command.sh"
-    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in
-                       ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_FILE_LOGGER_PATH"))
+    names = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_FILE_LOGGER_PATH", "TOKENIZERS_PARALLELISM", *THREAD_ENV)
+    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in names if name in env)
     script.write_text(f"#!/usr/bin/env bash\n# The trainer command of this demo run.\n{exports} \\\n  "
                       + " \\\n  ".join(shlex.quote(part) for part in command) + ' "$@"\n')
     script.chmod(0o755)
