@@ -108,14 +108,14 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
 def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
     from types import SimpleNamespace
 
-    from verl_mm_tools.agent_loop.harness import ScriptedServer, _InProcessActor, _reward_worker, make_batch, make_worker
+    from verl_mm_tools.agent_loop.harness import ScriptedServer, InProcessActor, in_process_reward_worker, make_batch, make_worker
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
     from verl_mm_tools.rewards.turn_credit import turn_spans
 
     prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3})
     config = rollout.config(extra=[*REWARD, "algorithm.adv_estimator=mm_turn_grpo"])
     worker = make_worker(config, None)
-    worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(config))]
+    worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
     worker.llm_client = ScriptedServer(worker.tokenizer, ["<answer>80</answer><|im_end|>", "<answer>90</answer><|im_end|>"])
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)
     manager.config = config

@@ -171,7 +171,7 @@ class LocalRollout:
             if tools is not None:
                 worker.tools = list(tools)
             if score:
-                worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(worker.config))]
+                worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(worker.config))]
             server = ScriptedServer(worker.tokenizer, turns, model=model)
             worker.llm_client = server
             return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
@@ -180,7 +180,7 @@ class LocalRollout:
             _agent_loop_registry.update(saved)
 
 
-class _InProcessActor:
+class InProcessActor:
     """Stands in for a Ray actor handle: ``handle.method.remote(...)`` returns the awaitable of the local call."""
 
     def __init__(self, target: Any):
@@ -192,7 +192,7 @@ class _InProcessActor:
         return SimpleNamespace(remote=getattr(self._target, name))
 
 
-def _reward_worker(config: DictConfig):
+def in_process_reward_worker(config: DictConfig):
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
     return RewardLoopWorker(config)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, _InProcessActor, _reward_worker, image_prompt
+from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, InProcessActor, in_process_reward_worker, image_prompt
 from verl_mm_tools.agent_loop.harness import make_batch, make_worker, tool_call_text
 
 ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
@@ -96,7 +96,7 @@ def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, step
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
 
     worker = make_worker(config, None)
-    worker.reward_loop_worker_handles = [_InProcessActor(_reward_worker(config))]
+    worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
     server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
     worker.llm_client = server
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
