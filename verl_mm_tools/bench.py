@@ -24,9 +24,15 @@ from pathlib import Path
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, image_prompt, make_worker, tool_call_text
+from verl_mm_tools.agent_loop.harness import (
+    ROTATE_TOOLS_YAML,
+    LocalRollout,
+    ScriptedServer,
+    image_prompt,
+    make_worker,
+    tool_call_text,
+)
 
-ROTATE_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 LOOPS = ("tool_agent", "mm_tool")
 
 
@@ -63,7 +69,7 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
     tools_yaml = workdir / "tools.yaml"
-    tools_yaml.write_text(ROTATE_YAML)
+    tools_yaml.write_text(ROTATE_TOOLS_YAML)
     pixels = side * side
     extra = [f"+data.mm_processor_kwargs.max_pixels={pixels}", "+data.mm_processor_kwargs.min_pixels=784"]
     response_length = turns * ((side // 28) ** 2 + 80) + 64

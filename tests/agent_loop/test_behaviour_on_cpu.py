@@ -11,7 +11,7 @@ from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
@@ -19,7 +19,6 @@ from verl_mm_tools.cpu.hf_engine import HFVisionLM
 ANSWER = "<answer>90</answer><|im_end|>"
 ROTATE = tool_call_text("rotate", degrees=90)
 ROTATE_FIRST = tool_call_text("rotate", degrees=90, image_id=1)
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 
 
 class SessionProbe(BaseTool):
@@ -284,15 +283,13 @@ def test_a_cut_through_a_tool_image_breaks_the_forward_and_mm_tool_never_emits_o
 
 
 def test_manager_adds_mm_tool_step_metrics_to_the_timing_verl_logs(rollout):
-    from types import SimpleNamespace
-
-    from verl_mm_tools.agent_loop.harness import ScriptedServer, make_batch, make_worker
+    from verl_mm_tools.agent_loop.harness import InProcessActor, ScriptedServer, make_batch, make_worker
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
 
     worker = make_worker(rollout.config(), None)
     worker.llm_client = ScriptedServer(worker.tokenizer, [ROTATE, ROTATE_FIRST, ANSWER])
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: one in-process worker as the actor
-    manager.agent_loop_workers = [SimpleNamespace(generate_sequences=SimpleNamespace(remote=worker.generate_sequences))]
+    manager.agent_loop_workers = [InProcessActor(worker)]
     output = manager.generate_sequences(make_batch(PROMPT * 2))  # called synchronously, as the trainer does
     timing = output.meta_info["timing"]
     assert timing["mm_tool/images/mean"] == 3.0

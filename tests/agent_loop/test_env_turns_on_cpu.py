@@ -6,11 +6,10 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
 from verl_mm_tools.ops import rotate
 
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 REWARD = [
     "reward.reward_manager.name=mm_turn_discount",
     "+reward.reward_kwargs.gamma=0.9",
@@ -106,9 +105,7 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
 
 
 def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
-    from types import SimpleNamespace
-
-    from verl_mm_tools.agent_loop.harness import ScriptedServer, InProcessActor, in_process_reward_worker, make_batch, make_worker
+    from verl_mm_tools.agent_loop.harness import InProcessActor, ScriptedServer, in_process_reward_worker, make_batch, make_worker
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
     from verl_mm_tools.rewards.turn_credit import turn_spans
 
@@ -119,7 +116,7 @@ def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
     worker.llm_client = ScriptedServer(worker.tokenizer, ["<answer>80</answer><|im_end|>", "<answer>90</answer><|im_end|>"])
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)
     manager.config = config
-    manager.agent_loop_workers = [SimpleNamespace(generate_sequences=SimpleNamespace(remote=worker.generate_sequences))]
+    manager.agent_loop_workers = [InProcessActor(worker)]
     batch = make_batch(prompts, **columns)
 
     async def generate():  # on verl's loop, which the reward worker captured

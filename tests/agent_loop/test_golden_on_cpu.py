@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
+    ROTATE_TOOLS_YAML,
     LocalRollout,
     image_prompt,
     scripted_logprob,
@@ -20,7 +21,6 @@ from verl_mm_tools.tiny import tiny_model_path
 
 TURNS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1), "<answer>90</answer><|im_end|>"]
 QUESTION = "How far is this image rotated?"
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 
 
 def marked_image(size=(84, 56)) -> Image.Image:

@@ -22,7 +22,6 @@ from reliability_helpers import (
     make_loop,
     marked_prompt,
     recorded,
-    run_batch,
     sample_tools_kwargs,
     trajectory_violations,
 )

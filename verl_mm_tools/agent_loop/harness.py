@@ -16,6 +16,9 @@ from PIL import Image
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 
+# A tool YAML with the rotate tool alone, for verl's loader (tests, benchmarks, the demo).
+ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
+
 
 def compose_trainer_config(model_path: str, overrides: Sequence[str] = ()) -> DictConfig:
     """verl's own ``ppo_trainer`` config through hydra, with the model path and the given overrides."""

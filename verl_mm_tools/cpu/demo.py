@@ -32,11 +32,11 @@ from pathlib import Path
 
 import psutil
 
+from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides
 
 logger = logging.getLogger(__name__)
 
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 MANAGER = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (

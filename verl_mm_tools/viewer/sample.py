@@ -9,14 +9,21 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, InProcessActor, in_process_reward_worker, image_prompt
-from verl_mm_tools.agent_loop.harness import make_batch, make_worker, tool_call_text
+from verl_mm_tools.agent_loop.harness import (
+    ROTATE_TOOLS_YAML,
+    InProcessActor,
+    LocalRollout,
+    ScriptedServer,
+    image_prompt,
+    in_process_reward_worker,
+    make_batch,
+    make_worker,
+    tool_call_text,
+)
 
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 MANAGER_OVERRIDE = (
     "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
 )
@@ -101,7 +108,7 @@ def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, step
     worker.llm_client = server
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
-    manager.agent_loop_workers = [SimpleNamespace(generate_sequences=SimpleNamespace(remote=worker.generate_sequences))]
+    manager.agent_loop_workers = [InProcessActor(worker)]
     outputs = []
     for step in steps:
         batch = make_batch(prompts, **columns)
