@@ -29,15 +29,17 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from verl_mm_tools.cpu.demo import DemoOptions, run_demo
+    from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
 
-    options = DemoOptions(out=Path(args.out), steps=args.steps, seed=args.seed, warm_start=not args.no_warm_start,
-                          overrides=tuple(args.overrides))
+    options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed,
+                          warm_start=not args.no_warm_start, overrides=tuple(args.overrides))
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    if args.seeds:
+        return run_sweep(options, [int(seed) for seed in args.seeds.split(",")], say)
     return run_demo(options, say)
 
 
@@ -56,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop, rotate tool), ~5 min"
     )
     demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
-    demo.add_argument("--steps", type=int, default=30, help="training steps")
+    demo.add_argument("--task", choices=("rotation", "learn"), default="rotation",
+                      help="rotation: arrow pictures (the loop's showcase); learn: the learning proof, red or blue "
+                      "pictures, stops once the reward reaches 0.9 (exit 3 if it does not)")
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30 rotation, 80 learn)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seeds", help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "
+                      "(the learning proof's sweep: --task learn --seeds 0,1,2)")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
     demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")

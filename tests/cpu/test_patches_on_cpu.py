@@ -1,4 +1,4 @@
-"""The two verl patches of the CPU backend: their guards, the failure each fixes, and that each changes nothing else."""
+"""The three verl patches of the CPU backend: their guards, the failure each fixes, and that each changes nothing else."""
 
 from __future__ import annotations
 
@@ -163,3 +163,45 @@ def test_unequal_lengths_are_left_exactly_as_verl_packs_them():
 def test_two_dimensional_position_ids_are_left_alone():
     nested = torch.nested.as_nested_tensor([torch.arange(3), torch.arange(3)], layout=torch.jagged)
     assert patches.fix_ragged_position_ids(nested) is nested
+
+
+def test_verl_still_builds_forward_only_models_with_pinned_offload():
+    """Fails, naming the module, when verl changes how it offloads the reference model: re-check the patch."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    assert patches.OFFLOAD_EXPECTED_SOURCE in inspect.getsource(transformer_impl), (
+        "verl.workers.engine.fsdp.transformer_impl changed: re-check verl_mm_tools/cpu/patches.py "
+        "patch_unpinned_offload"
+    )
+
+
+def test_pinned_offload_fails_without_an_accelerator_and_the_patched_policy_never_pins():
+    """What verl's reference model would do on CPU, and what it does with the patch (run in a fresh interpreter:
+    the patch replaces a module attribute for the whole process)."""
+    script = textwrap.dedent("""
+        import torch
+        try:
+            torch.zeros(4).pin_memory()
+            print("pinned")
+        except RuntimeError:
+            print("pinning needs an accelerator")
+        from verl_mm_tools.cpu.patches import patch_unpinned_offload
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        from verl.workers.engine.fsdp import transformer_impl
+        patch_unpinned_offload()
+        patch_unpinned_offload()  # idempotent
+        policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
+        print(isinstance(policy, CPUOffloadPolicy), policy.pin_memory)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[:2] == ["pinning needs an accelerator", "True False"], result.stderr[-2000:]
+
+
+def test_a_changed_offload_module_is_refused_with_its_name(monkeypatch):
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.workers.engine.fsdp import transformer_impl
+
+    monkeypatch.setattr(patches, "OFFLOAD_EXPECTED_SOURCE", "offload_policy = CPUOffloadPolicy(pin_memory=False)")
+    monkeypatch.setattr(transformer_impl, "CPUOffloadPolicy", CPUOffloadPolicy)  # unpatched
+    with pytest.raises(patches.VerlChangedError, match=r"verl\.workers\.engine\.fsdp\.transformer_impl"):
+        patches.patch_unpinned_offload()

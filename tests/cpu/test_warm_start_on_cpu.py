@@ -73,3 +73,44 @@ def test_the_warm_started_model_calls_the_tool_and_is_cached(tiny_model_dir, too
     outputs = engine.generate_batch(requests, max_new_tokens=[48] * len(requests), temperature=1.0)
     valid = sum(bool(TOOL_CALL.fullmatch(engine.tokenizer.decode(ids))) for ids, _ in outputs)
     assert valid >= 24, f"{valid}/32 sampled first turns are a valid rotate call"
+
+
+def test_color_demonstrations_answer_at_once_with_labels_that_tell_nothing(tiny_model_dir, tools_yaml,
+                                                                          tiny_tokenizer):
+    """The learning task's warm start answers in the first turn; each color's pictures get each label equally
+    often, so a model fitted to them cannot learn which color is which."""
+    from verl_mm_tools.cpu.warm_start import DEMO_SEED_OFFSET
+    from verl_mm_tools.data.color import color_samples
+
+    examples = demonstrations(tiny_model_dir, tools_yaml, WarmStartSpec(task="color", demonstrations=16, seed=3))
+    truth = [sample.color for sample in color_samples(16, 3 + DEMO_SEED_OFFSET)]
+    pairs = collections.Counter()
+    for example, color in zip(examples, truth, strict=True):
+        labels = example["labels"]
+        trained = tiny_tokenizer.decode(labels[labels != -100])
+        answer = re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>", trained)
+        assert answer, trained
+        assert example["image_grid_thw"].tolist() == [[1, 16, 16]]  # the prompt picture only, 64 tokens
+        pairs[color, answer.group(1)] += 1
+    assert pairs == {("red", "red"): 4, ("red", "blue"): 4, ("blue", "red"): 4, ("blue", "blue"): 4}
+
+
+def test_uninformative_labels_give_every_true_class_every_label_equally_often():
+    import random
+
+    from verl_mm_tools.cpu.warm_start import uninformative_labels
+
+    answers = ("0", "90", "180", "270")
+    truths = list(answers) * 6 + ["0"] * 3  # 9 pictures of "0", 6 of each other angle
+    labels = uninformative_labels(truths, answers, random.Random(0))
+    for truth, expected in (("0", [2, 2, 2, 3]), ("90", [1, 1, 2, 2]), ("180", [1, 1, 2, 2]), ("270", [1, 1, 2, 2])):
+        counts = collections.Counter(label for value, label in zip(truths, labels, strict=True) if value == truth)
+        assert set(counts) == set(answers) and sorted(counts.values()) == expected
+    assert labels != uninformative_labels(truths, answers, random.Random(1))  # shuffled, not a fixed cycle
+
+
+def test_unknown_warm_start_tasks_are_refused():
+    from verl_mm_tools.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown warm-start task 'arrows'; choose one of"):
+        WarmStartSpec(task="arrows")

@@ -37,8 +37,9 @@ CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (
      "bf16 on CPU is slow and makes actor log-probs differ from the fp32 rollout"),
     ("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false", "compiling costs more than it saves on CPU"),
     ("data.dataloader_num_workers=0", "each dataloader worker is another process (default 8)"),
-    ("actor_rollout_ref.actor.use_kl_loss=false", "no reference model: its CPUOffloadPolicy path is untested on CPU"),
-    ("algorithm.use_kl_in_reward=false", "no reference model"),
+    ("+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+     "the reference policy of a KL loss (when enabled) computes in fp32 like the actor"),
+    ("actor_rollout_ref.ref.fsdp_config.use_torch_compile=false", "compiling costs more than it saves on CPU"),
 )
 
 

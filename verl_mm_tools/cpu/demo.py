@@ -1,9 +1,13 @@
 """``verl-mm-tools demo``: verl's own GRPO trainer (``python -m verl.trainer.main_ppo``, real Ray) training the
 embedded tiny VLM on CPU, with the ``mm_tool`` loop, the rotate tool and the ``mm_turn_discount`` reward manager.
 
-Steps: build (or reuse) the tiny model; write the synthetic rotation task; warm-start the model on the output format
+Steps: build (or reuse) the tiny model; write the synthetic task; warm-start the model on the output format
 (``warm_start``, cached); launch the trainer as a subprocess with the CPU overrides (``config``); print one line per
 training step from verl's file logger; end with where the checkpoint, logs and dumps are.
+
+Two tasks (``TASKS``): ``rotation`` (the default: the arrow pictures, a showcase of the loop; the tiny model cannot
+see arrows well, so its reward stays near chance) and ``learn`` (the learning proof: red or blue pictures, reward from
+chance 0.5 to >= 0.9; the run stops once the model has learned, see ``learned``).
 
 Everything a run writes goes under ``--out``::
 
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -52,21 +56,92 @@ STOP_TIMEOUT_S = 60
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
 # 32 trajectories of ~600 tokens per step, one thread).
 MICRO_BATCH = 8
-VALIDATION_REWARD = "val-core/verl_mm_tools/rotation/reward/mean@1"
+TRAINING_REWARD = "critic/score/mean"
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What differs between the demo's tasks."""
+
+    name: str
+    warm_start_task: str  # a key of warm_start.TASKS
+    warm_start_steps: int
+    write_dataset: Callable[..., tuple[Path, Path]]  # (out_dir, train_size=, val_size=, seed=) -> train, val
+    validation_metric: str  # verl's name of the greedy validation reward
+    reward: tuple[str, ...]  # reward overrides
+    lr: float
+    steps: int
+    prompts_per_step: int = 8
+    rollouts_per_prompt: int = 4
+    overrides: tuple[str, ...] = ()
+    # Stop once ``learned``: the mean training reward of the last LEARNED_WINDOW steps and the latest validation
+    # reward both reach this.
+    stop_at_reward: float | None = None
+
+
+def _write_rotation(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.rotation import write_rotation_dataset
+
+    return write_rotation_dataset(out_dir, **sizes)
+
+
+def _write_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.color import write_color_dataset
+
+    return write_color_dataset(out_dir, **sizes)
+
+
+LEARNED_WINDOW = 5
+TASKS = {
+    "rotation": DemoTask(
+        name="rotation", warm_start_task="rotation", warm_start_steps=200, write_dataset=_write_rotation,
+        validation_metric="val-core/verl_mm_tools/rotation/reward/mean@1",
+        reward=("+reward.reward_kwargs.reward_fn=rotation_reward_180",
+                "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true"),
+        lr=1e-4, steps=30, overrides=("data.max_prompt_length=512",)),
+    # Each setting below was needed (measured with verl's trainer and an in-process stand-in of its GRPO update;
+    # see README_VLMRL.md, "The learning proof").
+    "learn": DemoTask(
+        name="learn", warm_start_task="color", warm_start_steps=300, write_dataset=_write_color,
+        # verl names the core validation metric "acc" when the reward function returns one (exact_answer_reward does)
+        validation_metric="val-core/verl_mm_tools/color/acc/mean@1",
+        reward=("+reward.reward_kwargs.reward_fn=exact_answer_reward",),
+        # 8 rollouts per prompt: a GRPO group whose rollouts all give the same answer has no advantage, and with 4
+        # the policy drifted into "always red" before it learned to look
+        lr=3e-3, steps=80, prompts_per_step=4, rollouts_per_prompt=8,
+        overrides=("data.max_prompt_length=768",
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
+                   # a KL loss to the warm-started model holds the answer format while the answer itself moves
+                   "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+                   "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                   f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
+                   "data.shuffle=false",  # the rows alternate colors: every batch holds both equally
+                   "trainer.val_before_train=true", "trainer.test_freq=5", "trainer.save_freq=5"),
+        stop_at_reward=0.9),
+}
 
 
 @dataclass(frozen=True)
 class DemoOptions:
     out: Path
-    steps: int = 30
-    prompts_per_step: int = 8
-    rollouts_per_prompt: int = 4
+    task: str = "rotation"
+    steps: int | None = None  # None: the task's (and so for the other None fields)
+    prompts_per_step: int | None = None
+    rollouts_per_prompt: int | None = None
     train_size: int = 64
     val_size: int = 16
-    lr: float = 1e-4
+    lr: float | None = None  # None: the task's
     seed: int = 0
     warm_start: bool = True
     overrides: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> DemoTask:
+        return TASKS[self.task]
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec.steps if self.steps is None else self.steps
 
 
 @dataclass(frozen=True)
@@ -110,7 +185,6 @@ class DemoPaths:
 def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     """The model, data and config files of a run (the model and warm start are cached across runs)."""
     from verl_mm_tools.cpu.warm_start import WarmStartSpec, warm_started_model
-    from verl_mm_tools.data.rotation import write_rotation_dataset
     from verl_mm_tools.tiny import tiny_model_path
 
     out = options.out.resolve()
@@ -120,13 +194,14 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     tools.write_text(ROTATE_TOOLS_YAML)
     say("tiny model")
     model = tiny_model_path()
+    task = options.spec
     if options.warm_start:
         say(f"warm start on the output format (random labels; cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):
-            model = warm_started_model(model, tools, WarmStartSpec(seed=options.seed))
-    say("rotation task")
-    train, val = write_rotation_dataset(out / "data", train_size=options.train_size, val_size=options.val_size,
-                                        seed=options.seed)
+            model = warm_started_model(model, tools, WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=options.seed))
+    say(f"{task.name} task")
+    train, val = task.write_dataset(out / "data", train_size=options.train_size, val_size=options.val_size,
+                                    seed=options.seed)
     paths = DemoPaths(out=out, model=model, train=train, val=val)
     loops = [{"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop",
               "dump_dir": str(paths.trajectories), "dump_max_per_step": 8}]
@@ -142,32 +217,34 @@ def quiet(log_path: Path) -> Iterator[None]:
 
 
 def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
-    """The rotation task on the tiny model: GRPO, the mm_tool loop with the rotate tool, the turn-discount reward."""
-    batch = options.prompts_per_step
+    """The task on the tiny model: GRPO, the mm_tool loop with the rotate tool, the turn-discount reward."""
+    task, steps = options.spec, options.total_steps
+    batch = task.prompts_per_step if options.prompts_per_step is None else options.prompts_per_step
+    rollouts = task.rollouts_per_prompt if options.rollouts_per_prompt is None else options.rollouts_per_prompt
     return [
         f"data.train_files={paths.train}", f"data.val_files={paths.val}",
-        f"data.train_batch_size={batch}", "data.max_prompt_length=512", "data.max_response_length=256",
+        f"data.train_batch_size={batch}", "data.max_response_length=256",
         f"data.seed={options.seed}",
         f"actor_rollout_ref.model.path={paths.model}",
         "algorithm.adv_estimator=grpo",
-        f"actor_rollout_ref.rollout.n={options.rollouts_per_prompt}",
+        f"actor_rollout_ref.rollout.n={rollouts}",
         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths.config / 'tools.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={paths.config / 'agent_loops.yaml'}",
         f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",
-        f"actor_rollout_ref.actor.optim.lr={options.lr}",
+        f"actor_rollout_ref.actor.optim.lr={task.lr if options.lr is None else options.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
-        "reward.reward_manager.name=mm_turn_discount",
-        "+reward.reward_kwargs.reward_fn=rotation_reward_180",
-        "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true",
-        "trainer.logger=[console,file]", "trainer.project_name=verl_mm_tools", "trainer.experiment_name=cpu_demo",
-        f"trainer.total_training_steps={options.steps}", "trainer.total_epochs=1000",
-        f"trainer.save_freq={options.steps}", f"trainer.test_freq={options.steps}", "trainer.val_before_train=false",
+        "reward.reward_manager.name=mm_turn_discount", *task.reward,
+        "trainer.logger=[console,file]", "trainer.project_name=verl_mm_tools",
+        f"trainer.experiment_name=cpu_demo_{task.name}",
+        f"trainer.total_training_steps={steps}", "trainer.total_epochs=1000",
+        f"trainer.save_freq={steps}", f"trainer.test_freq={steps}", "trainer.val_before_train=false",
         f"trainer.default_local_dir={paths.checkpoints}", f"trainer.rollout_data_dir={paths.rollouts}",
+        *task.overrides,
     ]
 
 
@@ -193,12 +270,24 @@ def write_command_script(command: list[str], env: dict[str, str], paths: DemoPat
     return script
 
 
-def format_step(step: int, total: int, metrics: dict) -> str:
+def format_step(step: int, total: int, metrics: dict, validation_metric: str) -> str:
     parts = [f"step {step}/{total}"]
-    for label, key, fmt in STEP_FIELDS:
+    for label, key, fmt in (*STEP_FIELDS, ("validation", validation_metric, "{:.3f}")):
         if key in metrics:
             parts.append(f"{label} {fmt.format(metrics[key])}")
     return "  ".join(parts)
+
+
+def learned(steps: list[dict], task: DemoTask) -> bool:
+    """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
+    pictures the training split does not hold) both reach the task's ``stop_at_reward``."""
+    if task.stop_at_reward is None:
+        return False
+    rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
+    validations = [step[task.validation_metric] for step in steps if task.validation_metric in step]
+    return (len(rewards) >= LEARNED_WINDOW and bool(validations)
+            and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= task.stop_at_reward
+            and validations[-1] >= task.stop_at_reward)
 
 
 def read_new_steps(path: Path, offset: int) -> tuple[list[dict], int]:
@@ -233,35 +322,44 @@ def tree_memory_bytes(pid: int) -> int:
 @dataclass
 class RunResult:
     returncode: int
-    steps: list[dict]
+    steps: list[dict]  # verl's metrics of each logged step, with "step" added
     seconds: float
     first_step_after_s: float | None
     peak_memory_bytes: int
+    stopped_when_learned: bool = False
 
 
-def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, total_steps: int,
+def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task: DemoTask, total_steps: int,
                 say: Callable[[str], None], poll_s: float = 1.0) -> RunResult:
-    """Run the trainer subprocess to its end, printing a line per step; SIGTERM it if we are interrupted."""
+    """Run the trainer subprocess to its end (or until the model has ``learned``), printing a line per step;
+    SIGTERM it if we are interrupted."""
     started = time.monotonic()
     with paths.trainer_log.open("wb") as log, terminate_raises():
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        steps, offset, peak, first_step = [], 0, 0, None
+        steps, offset, peak, first_step, stopped = [], 0, 0, None, False
         try:
             while True:
                 finished = process.poll() is not None
                 records, offset = read_new_steps(paths.metrics, offset)
                 for record in records:
-                    first_step = first_step or time.monotonic() - started
-                    steps.append(record["data"])
-                    say(format_step(record["step"], total_steps, record["data"]))
+                    if record["step"] > 0:
+                        first_step = first_step or time.monotonic() - started
+                    steps.append({**record["data"], "step": record["step"]})
+                    say(format_step(record["step"], total_steps, record["data"], task.validation_metric))
                 peak = max(peak, tree_memory_bytes(process.pid))
-                if finished:
+                if not finished and learned(steps, task):
+                    say(f"learned: reward >= {task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps and "
+                        "validation); stopping the trainer")
+                    stop_trainer(process)
+                    stopped = True
+                if finished or stopped:
                     break
                 time.sleep(poll_s)
         except BaseException:
             stop_trainer(process)
             raise
-    return RunResult(process.returncode, steps, time.monotonic() - started, first_step, peak)
+    returncode = 0 if stopped else process.returncode
+    return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, stopped)
 
 
 @contextlib.contextmanager
@@ -296,9 +394,18 @@ def log_tail(path: Path, lines: int = 25) -> Iterator[str]:
 
 
 def run_demo(options: DemoOptions, say: Callable[[str], None]) -> int:
-    """The whole demo; returns the trainer's exit status."""
-    if options.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {options.steps}")
+    """The whole demo; returns its exit status: the trainer's, or LEARNING_FAILED when a task with a reward target
+    did not reach it."""
+    result, _ = run_demo_result(options, say)
+    return result.returncode
+
+
+LEARNING_FAILED = 3
+
+
+def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[RunResult, DemoPaths]:
+    if options.total_steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {options.total_steps}")
     clock = time.monotonic()
     paths = prepare(options, lambda what: say(f"[{time.monotonic() - clock:5.1f}s] {what}"))
     command, env = trainer_command(options, paths), trainer_environment(paths)
@@ -306,25 +413,71 @@ def run_demo(options: DemoOptions, say: Callable[[str], None]) -> int:
     script = write_command_script(command, env, paths)
     say(f"[{time.monotonic() - clock:5.1f}s] verl trainer: python -m verl.trainer.main_ppo ({script}); "
         f"log {paths.trainer_log}")
-    result = run_trainer(command, env, paths, options.steps, say)
-    summary = summarize(result, paths, time.monotonic() - clock)
-    for line in summary:
+    result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
+    if options.spec.stop_at_reward is not None:
+        (paths.out / "learning_curve.json").write_text(json.dumps(learning_curve(result, options.spec), indent=1))
+        if result.returncode == 0 and not result.stopped_when_learned:
+            result.returncode = LEARNING_FAILED
+    for line in summarize(result, paths, options.spec, time.monotonic() - clock):
         say(line)
-    return result.returncode
+    return result, paths
 
 
-def summarize(result: RunResult, paths: DemoPaths, total_s: float) -> list[str]:
+def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]) -> int:
+    """The demo once per seed (into ``out/seed_<n>``), then one line per seed and the count that learned; exit 0
+    when all did."""
+    rows = []
+    for seed in seeds:
+        say(f"== seed {seed}")
+        run_options = replace(options, seed=seed, out=options.out / f"seed_{seed}")
+        result, _ = run_demo_result(run_options, say)
+        rows.append((seed, result))
+    say("seed  learned  steps  trainer s  first validation  last validation")
+    for seed, result in rows:
+        curve = learning_curve(result, options.spec)
+        validations = list(curve["validation"].values()) or [float("nan")]
+        say(f"{seed:>4}  {'yes' if curve['learned'] else 'no':>7}  {len(curve['reward']):>5}  "
+            f"{curve['trainer_seconds']:>9.0f}  {validations[0]:>16.3f}  {validations[-1]:>15.3f}")
+    learned_count = sum(result.stopped_when_learned for _, result in rows)
+    say(f"learned: {learned_count}/{len(rows)} seeds")
+    return 0 if learned_count == len(rows) else LEARNING_FAILED
+
+
+def learning_curve(result: RunResult, task: DemoTask) -> dict:
+    """The training and validation rewards by step, and whether and when the run learned."""
+    return {
+        "task": task.name,
+        "target": task.stop_at_reward,
+        "learned": result.stopped_when_learned,
+        "trainer_seconds": round(result.seconds, 1),
+        "steps": [step["step"] for step in result.steps if TRAINING_REWARD in step],
+        "reward": [round(step[TRAINING_REWARD], 4) for step in result.steps if TRAINING_REWARD in step],
+        "validation": {step["step"]: round(step[task.validation_metric], 4)
+                       for step in result.steps if task.validation_metric in step},
+    }
+
+
+def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: float) -> list[str]:
     lines = []
-    if result.returncode != 0:
+    if result.returncode == LEARNING_FAILED:
+        lines.append(f"did not learn: the reward did not reach {task.stop_at_reward} within {len(result.steps)} "
+                     f"logged steps (see {paths.out / 'learning_curve.json'})")
+    elif result.returncode != 0:
         lines += [f"the trainer failed (exit status {result.returncode}); the end of {paths.trainer_log}:",
                   *("  " + line for line in log_tail(paths.trainer_log))]
+    if task.stop_at_reward is not None:
+        curve = learning_curve(result, task)
+        lines.append("reward by step: " + " ".join(f"{reward:.2f}" for reward in curve["reward"]))
+        lines.append("validation by step: " + " ".join(f"{step}:{value:.2f}" for step, value in
+                                                       curve["validation"].items()))
     startup = f"{result.first_step_after_s:.0f}s to the first step, " if result.first_step_after_s else ""
-    validation = [step[VALIDATION_REWARD] for step in result.steps if VALIDATION_REWARD in step]
+    validation = [step[task.validation_metric] for step in result.steps if task.validation_metric in step]
     if validation:
         lines.append(f"validation reward {validation[-1]:.3f} (greedy, on pictures the training split does not hold)")
+    trained = sum(TRAINING_REWARD in step for step in result.steps)
     lines += [
-        f"done in {total_s:.0f}s ({startup}{len(result.steps)} steps); peak memory of the trainer's processes "
-        f"{result.peak_memory_bytes / 2**30:.1f} GiB (PSS, summed)",
+        f"done in {total_s:.0f}s ({startup}{trained} steps, trainer {result.seconds:.0f}s); peak memory of the "
+        f"trainer's processes {result.peak_memory_bytes / 2**30:.1f} GiB (PSS, summed)",
         f"checkpoint:   {paths.checkpoints}",
         f"logs:         {paths.trainer_log}",
         f"metrics:      {paths.metrics}",

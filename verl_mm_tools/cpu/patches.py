@@ -1,4 +1,4 @@
-"""The two changes to verl functions a CPU run needs. Applied only when the CPU platform is selected
+"""The three changes to verl a CPU run needs. Applied only when the CPU platform is selected
 (``VERL_PLATFORM=cpu``); each checks that verl still looks the way the change assumes and fails loudly otherwise.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
@@ -9,6 +9,9 @@
    constant dimension (4) the ragged one, and ``update_actor`` later dies in ``split_with_sizes ... sum exactly to``.
    The patched function rebuilds that nested tensor with the sequence dimension ragged. It changes nothing when
    the lengths differ (torch then picks the right dimension).
+3. ``verl.workers.engine.fsdp.transformer_impl`` builds forward-only models (the reference policy of a KL loss)
+   with ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator. The module's
+   ``CPUOffloadPolicy`` becomes a subclass that never pins (the parameters already live in host memory).
 
 verl's modules bind these functions by name at import (``from verl.utils.distributed import ...``), so the patch
 replaces the function in its home module and in every already-imported verl module that bound it. Plugins load
@@ -34,6 +37,8 @@ GLOO_TARGET = ("verl.utils.distributed", "initialize_global_process_group_ray")
 GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
 PADDING_TARGET = ("verl.workers.utils.padding", "left_right_2_no_padding")
 PADDING_EXPECTED_SOURCE = "torch.nested.as_nested_tensor(position_ids_list, layout=torch.jagged)"
+OFFLOAD_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+OFFLOAD_EXPECTED_SOURCE = "offload_policy = CPUOffloadPolicy(pin_memory=True)"
 CPU_BACKEND = "cpu:gloo"
 _PATCHED = "__verl_mm_tools_patched__"
 
@@ -110,6 +115,27 @@ def fix_ragged_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     )
 
 
+def patch_unpinned_offload() -> None:
+    module = importlib.import_module(OFFLOAD_MODULE)
+    original = module.CPUOffloadPolicy
+    if getattr(original, _PATCHED, False):
+        return
+    if OFFLOAD_EXPECTED_SOURCE not in inspect.getsource(module):
+        raise VerlChangedError(
+            f"verl-mm-tools' CPU backend replaces {OFFLOAD_MODULE}.CPUOffloadPolicy, expecting the line "
+            f"{OFFLOAD_EXPECTED_SOURCE!r}, which this verl version no longer has. The CPU backend supports verl 0.9.1; "
+            "install verl==0.9.1 or update verl_mm_tools/cpu/patches.py."
+        )
+
+    class UnpinnedCPUOffloadPolicy(original):
+        def __init__(self, pin_memory: bool = True):
+            super().__init__(pin_memory=False)
+
+    setattr(UnpinnedCPUOffloadPolicy, _PATCHED, True)
+    module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
 def apply_cpu_patches() -> None:
     patch_gloo_backend()
     patch_equal_length_position_ids()
+    patch_unpinned_offload()

@@ -1,11 +1,12 @@
-"""A supervised warm start that teaches a random tiny model the OUTPUT FORMAT of the rotation task, not its answers.
+"""A supervised warm start that teaches a random tiny model the OUTPUT FORMAT of a demo task, not its answers.
 
 A random-weight model never writes a parseable tool call, so RL has nothing to reinforce. Before training, we run
 demonstrations through the real mm_tool loop (verl's ``AgentLoopWorker`` with a scripted server, so the tokens are
 exactly those a rollout produces): turn 1 calls ``rotate`` with a random angle, the tool answers with an image,
-turn 2 answers ``<answer>A</answer>`` with a RANDOM angle A. Fitting these teaches the format while leaving the
-answer at chance. The loss is summed over tokens (every labelled token weighs the same, whatever its sample's
-length): averaging per sample first made the short tool-call turn count too little.
+turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's choices (``TASKS``; the color task
+answers in turn 1). The labels are uninformative by construction (``uninformative_labels``): fitting them teaches
+the format and leaves the answer at chance. The loss is summed over tokens (every labelled token weighs the same,
+whatever its sample's length): averaging per sample first made the short tool-call turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
 """
@@ -15,21 +16,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
-from verl_mm_tools.data.rotation import ANGLES, QUESTION, rotation_samples
+from verl_mm_tools.data import color, rotation
+from verl_mm_tools.data.rotation import ANGLES
+from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-WARM_START_VERSION = 1
+WARM_START_VERSION = 3
 TOOL_DEGREES = (90, 180, 270)
 # Demonstration pictures come from their own seed stream: their labels are random anyway.
 DEMO_SEED_OFFSET = 7_000_001
@@ -37,20 +42,51 @@ MARKER = "warm_start.json"
 
 
 @dataclass(frozen=True)
+class FormatTask:
+    """What the demonstrations of a task look like: its question, its answer choices and its pictures."""
+
+    question: str
+    answers: tuple[str, ...]
+    pictures: Callable[[int, int], list[tuple[Image.Image, str]]]  # (count, seed) -> (picture, true answer)
+    tool_degrees: tuple[int, ...] = TOOL_DEGREES  # the rotate call's angle is drawn from these; () = no call
+
+
+TASKS = {
+    "rotation": FormatTask(rotation.QUESTION, tuple(str(angle) for angle in ANGLES),
+                           lambda count, seed: [(sample.image, str(sample.angle))
+                                                for sample in rotation.rotation_samples(count, seed)]),
+    # Answers at once (the rotate tool is still offered). With a tool call first, the call itself flipped on and
+    # off between steps at the learning rates that teach the answer (measured with verl's trainer: calls per
+    # trajectory 1.0 -> 0.0 within 17 steps at 3e-3, no learning in 35 steps at 1e-3).
+    "color": FormatTask(color.QUESTION, tuple(color.COLORS),
+                        lambda count, seed: [(sample.image, sample.color)
+                                             for sample in color.color_samples(count, seed)],
+                        tool_degrees=()),
+}
+
+
+@dataclass(frozen=True)
 class WarmStartSpec:
+    task: str = "rotation"
     demonstrations: int = 64
-    steps: int = 100
+    steps: int = 200
     # Batches of 4 ~500-token sequences run ~20x faster per sequence on CPU than batches of 8 (measured).
     batch_size: int = 4
     lr: float = 1e-2
     seed: int = 0
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown warm-start task {self.task!r}; choose one of {sorted(TASKS)}")
 
 
 def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmStartSpec = WarmStartSpec(),
                        cache_root: str | Path | None = None) -> Path:
     """The warm-started copy of ``base_dir`` for the tools in ``tools_yaml`` (built once, then reused)."""
     base_dir, tools_yaml = Path(base_dir), Path(tools_yaml)
-    key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_yaml.read_text(), **asdict(spec)}
+    task = TASKS[spec.task]
+    key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_yaml.read_text(), **asdict(spec),
+           "question": task.question, "answers": task.answers, "tool_degrees": task.tool_degrees}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
     if (target / MARKER).is_file():
@@ -78,10 +114,12 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
     torch.set_num_threads(1)  # 10x faster than 2 threads on a busy 2-core machine (see cpu.config.THREAD_ENV)
     try:
         losses = fit(model, examples, spec)
+        shares = answer_shares(model, examples, model_dir, TASKS[spec.task].answers)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(model_dir)
-    report = {"seconds": round(time.perf_counter() - started, 2), "first_loss": losses[0], "last_loss": losses[-1]}
+    report = {"seconds": round(time.perf_counter() - started, 2), "first_loss": losses[0], "last_loss": losses[-1],
+              "answer_shares": shares}
     logger.info("warm start: %s", report)
     return report
 
@@ -91,21 +129,27 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
     from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 
     rng = random.Random(spec.seed)
-    samples = rotation_samples(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
-    prompts = [image_prompt(QUESTION, [sample.image]) for sample in samples]
+    task = TASKS[spec.task]
+    pictures = task.pictures(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
+    prompts = [image_prompt(task.question, [picture]) for picture, _ in pictures]
+    labels = uninformative_labels([truth for _, truth in pictures], task.answers, rng)
+    # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
+    label_of = {picture.tobytes(): label for (picture, _), label in zip(pictures, labels, strict=True)}
 
     def script(turn: int, prompt_ids, images) -> str:
-        if turn == 0:
-            return tool_call_text("rotate", degrees=rng.choice(TOOL_DEGREES))
-        return f"<answer>{rng.choice(ANGLES)}</answer><|im_end|>"
+        if turn == 0 and task.tool_degrees:
+            return tool_call_text("rotate", degrees=rng.choice(task.tool_degrees))
+        return f"<answer>{label_of[images[0].tobytes()]}</answer><|im_end|>"
 
     with tempfile.TemporaryDirectory() as workdir:
         output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(script, prompts, max_turns=2)
     image_token = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    answer_tag = worker.tokenizer.encode("<answer>")
     examples = []
     for index in range(len(prompts)):
         row = unpadded_row(output, index)
         ids = row["prompt_ids"] + row["response_ids"]
+        answer_at = max(at for at in range(len(ids)) if ids[at - len(answer_tag):at] == answer_tag)
         labels = [-100] * len(row["prompt_ids"]) + [
             token if trained else -100 for token, trained in zip(row["response_ids"], row["response_mask"], strict=True)
         ]
@@ -116,8 +160,24 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
             "mm_token_type_ids": (torch.tensor(ids) == image_token).long(),
             "pixel_values": inputs["pixel_values"],
             "image_grid_thw": inputs["image_grid_thw"],
+            "answer_at": answer_at,  # where the answer's first token is
         })
     return examples
+
+
+def uninformative_labels(truths: Sequence[str], answers: Sequence[str], rng: random.Random) -> list[str]:
+    """A random label per demonstration such that the pictures of each true answer get every answer equally often
+    (up to one): the labels then tell nothing about the pictures. Labels drawn independently per picture correlate
+    with the truth by chance (~1/sqrt(n)), and the model learned that correlation: 75 % of its first color answers
+    were the wrong color (measured)."""
+    labels = [""] * len(truths)
+    for truth in dict.fromkeys(truths):
+        indices = [index for index, value in enumerate(truths) if value == truth]
+        drawn = [answers[position % len(answers)] for position in range(len(indices))]
+        rng.shuffle(drawn)
+        for index, label in zip(indices, drawn, strict=True):
+            labels[index] = label
+    return labels
 
 
 def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -141,9 +201,16 @@ def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
 
 
 def fit(model, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> list[float]:
-    """AdamW on the summed token loss (normalised by the batch's labelled tokens); returns the loss per step."""
+    """AdamW on the summed token loss (normalised by the batch's labelled tokens); returns the loss per step.
+
+    The learning rate decays to 0 (cosine): the answer's prior then settles near the labels' overall mix. At a
+    constant rate the last few batches' random labels set it (measured: 90 % "red" for the color task, and RL could
+    not pull it back: groups whose four rollouts all say "red" have no advantage).
+    """
     generator = torch.Generator().manual_seed(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, spec.steps) / spec.steps)))
     pad_token_id = model.config.get_text_config().pad_token_id or 0
     model.train()
     losses = []
@@ -153,9 +220,27 @@ def fit(model, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> 
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         losses.append(round(loss.item(), 4))
     model.eval()
     return losses
+
+
+@torch.no_grad()
+def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequence[str]) -> dict[str, float]:
+    """Mean probability of each answer choice (its first token) where the demonstrations answer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    first_tokens = [tokenizer.encode(answer)[0] for answer in answers]
+    pad_token_id = model.config.get_text_config().pad_token_id or 0
+    totals = torch.zeros(len(answers))
+    for example in examples:
+        batch = collate([example], pad_token_id)
+        batch.pop("labels")
+        hidden = model.model(**batch).last_hidden_state[0, example["answer_at"] - 1]
+        totals += model.lm_head(hidden).float().softmax(-1)[first_tokens]
+    return {answer: round(float(total) / len(examples), 4) for answer, total in zip(answers, totals, strict=True)}
 
 
 def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""The demo's pieces that need no trainer: its tasks' trainer overrides (composed by verl's own hydra config), the
+``learned`` stop rule, the per-step line and the learning curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_mm_tools.cpu.demo import (LEARNED_WINDOW, TASKS, TRAINING_REWARD, DemoOptions, DemoPaths, RunResult,
+                                    format_step, learned, learning_curve, trainer_command)
+
+LEARN = TASKS["learn"]
+VALIDATION = LEARN.validation_metric
+
+
+def step(number: int, reward: float | None = None, validation: float | None = None) -> dict:
+    record = {"step": number}
+    if reward is not None:
+        record[TRAINING_REWARD] = reward
+    if validation is not None:
+        record[VALIDATION] = validation
+    return record
+
+
+def test_learned_needs_the_window_mean_and_the_latest_validation_at_the_target():
+    assert LEARNED_WINDOW == 5 and LEARN.stop_at_reward == 0.9
+    before = [step(0, validation=0.5)]
+    window = [step(n, 0.9) for n in range(1, 6)]
+    assert not learned(before + window, LEARN)  # validation still at chance
+    assert learned(before + window[:-1] + [step(5, 0.9, validation=0.9375)], LEARN)
+    assert not learned(before + window[:-1] + [step(5, 0.875, validation=1.0)], LEARN)  # mean 0.895
+    assert not learned([step(n, 1.0, validation=1.0) for n in range(1, 5)], LEARN)  # 4 steps < window
+    # an earlier validation counts until the next one
+    assert learned([step(1, 0.5, validation=1.0)] + [step(n, 1.0) for n in range(2, 7)], LEARN)
+    assert not learned([step(n, 1.0, validation=1.0) for n in range(1, 7)], TASKS["rotation"])  # no target
+
+
+def test_the_step_line_shows_validation_when_verl_logged_it():
+    metrics = {TRAINING_REWARD: 0.5625, "timing_s/step": 6.04, VALIDATION: 0.9375}
+    assert format_step(7, 80, metrics, VALIDATION) == "step 7/80  reward 0.562  step 6.0s  validation 0.938"
+    assert format_step(0, 80, {VALIDATION: 0.5}, VALIDATION) == "step 0/80  validation 0.500"
+
+
+def test_the_learning_curve_lists_rewards_and_validations_by_step():
+    steps = [step(0, validation=0.5), step(1, 0.46875), step(2, 0.53125, validation=0.5625)]
+    curve = learning_curve(RunResult(0, steps, 321.04, 40.0, 0, stopped_when_learned=True), LEARN)
+    assert curve == {"task": "learn", "target": 0.9, "learned": True, "trainer_seconds": 321.0, "steps": [1, 2],
+                     "reward": [0.4688, 0.5312], "validation": {0: 0.5, 2: 0.5625}}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
+    from verl_mm_tools.agent_loop.harness import compose_trainer_config
+
+    options = DemoOptions(out=tmp_path, task=task)
+    paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "train.parquet",
+                      val=tmp_path / "val.parquet")
+    command = trainer_command(options, paths)
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    config = compose_trainer_config("/model", command[3:])
+    spec = TASKS[task]
+    assert config.actor_rollout_ref.actor.optim.lr == spec.lr
+    assert config.trainer.total_training_steps == spec.steps
+    assert config.reward.reward_kwargs.reward_fn == {"rotation": "rotation_reward_180",
+                                                     "learn": "exact_answer_reward"}[task]
+    if task == "learn":
+        assert config.data.shuffle is False  # the rows alternate colors
+        assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
+        assert config.trainer.val_before_train is True and config.trainer.test_freq == 5
+
+
+def test_user_overrides_win_and_unknown_tasks_are_refused(tmp_path):
+    from verl_mm_tools.agent_loop.harness import compose_trainer_config
+
+    options = DemoOptions(out=tmp_path, task="learn", lr=5e-4, steps=12, overrides=("trainer.test_freq=3",))
+    paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
+    config = compose_trainer_config("/model", trainer_command(options, paths)[3:])
+    assert config.actor_rollout_ref.actor.optim.lr == 5e-4
+    assert config.trainer.total_training_steps == 12 and config.trainer.test_freq == 3
+    with pytest.raises(KeyError):
+        DemoOptions(out=tmp_path, task="nope").spec
