@@ -44,7 +44,7 @@ def test_the_step_line_shows_validation_when_verl_logged_it():
 
 def test_the_learning_curve_lists_rewards_and_validations_by_step():
     steps = [step(0, validation=0.5), step(1, 0.46875), step(2, 0.53125, validation=0.5625)]
-    curve = learning_curve(RunResult(0, steps, 321.04, 40.0, 0, stopped_when_learned=True), LEARN)
+    curve = learning_curve(RunResult(0, steps, 321.04, 40.0, 0, learned=True), LEARN)
     assert curve == {"task": "learn", "target": 0.9, "learned": True, "trainer_seconds": 321.0, "steps": [1, 2],
                      "reward": [0.4688, 0.5312], "validation": {0: 0.5, 2: 0.5625}}
 

@@ -99,8 +99,8 @@ TASKS = {
         reward=("+reward.reward_kwargs.reward_fn=rotation_reward_180",
                 "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true"),
         lr=1e-4, steps=30, overrides=("data.max_prompt_length=512",)),
-    # Each setting below was needed (measured with verl's trainer and an in-process stand-in of its GRPO update;
-    # see README_VLMRL.md, "The learning proof").
+    # Why each setting: README_VLMRL.md, "The learning proof" (measured with verl's trainer and an in-process
+    # stand-in of its GRPO update).
     "learn": DemoTask(
         name="learn", warm_start_task="color", warm_start_steps=300, write_dataset=_write_color,
         # verl names the core validation metric "acc" when the reward function returns one (exact_answer_reward does)
@@ -111,7 +111,7 @@ TASKS = {
         lr=3e-3, steps=80, prompts_per_step=4, rollouts_per_prompt=8,
         overrides=("data.max_prompt_length=768",
                    "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
-                   # a KL loss to the warm-started model holds the answer format while the answer itself moves
+                   # a KL loss to the warm-started model: pulls the answer format back when an update dents it
                    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
                    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
                    f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
@@ -198,7 +198,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     if options.warm_start:
         say(f"warm start on the output format (random labels; cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):
-            model = warm_started_model(model, tools, WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=options.seed))
+            spec = WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=options.seed)
+            model = warm_started_model(model, tools, spec)
     say(f"{task.name} task")
     train, val = task.write_dataset(out / "data", train_size=options.train_size, val_size=options.val_size,
                                     seed=options.seed)
@@ -326,7 +327,7 @@ class RunResult:
     seconds: float
     first_step_after_s: float | None
     peak_memory_bytes: int
-    stopped_when_learned: bool = False
+    learned: bool = False  # ``learned`` held when the run ended (the demo stops the trainer as soon as it does)
 
 
 def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task: DemoTask, total_steps: int,
@@ -359,7 +360,7 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task:
             stop_trainer(process)
             raise
     returncode = 0 if stopped else process.returncode
-    return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, stopped)
+    return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, learned(steps, task))
 
 
 @contextlib.contextmanager
@@ -416,7 +417,7 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
     if options.spec.stop_at_reward is not None:
         (paths.out / "learning_curve.json").write_text(json.dumps(learning_curve(result, options.spec), indent=1))
-        if result.returncode == 0 and not result.stopped_when_learned:
+        if result.returncode == 0 and not result.learned:
             result.returncode = LEARNING_FAILED
     for line in summarize(result, paths, options.spec, time.monotonic() - clock):
         say(line)
@@ -438,7 +439,7 @@ def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]
         validations = list(curve["validation"].values()) or [float("nan")]
         say(f"{seed:>4}  {'yes' if curve['learned'] else 'no':>7}  {len(curve['reward']):>5}  "
             f"{curve['trainer_seconds']:>9.0f}  {validations[0]:>16.3f}  {validations[-1]:>15.3f}")
-    learned_count = sum(result.stopped_when_learned for _, result in rows)
+    learned_count = sum(result.learned for _, result in rows)
     say(f"learned: {learned_count}/{len(rows)} seeds")
     return 0 if learned_count == len(rows) else LEARNING_FAILED
 
@@ -448,7 +449,7 @@ def learning_curve(result: RunResult, task: DemoTask) -> dict:
     return {
         "task": task.name,
         "target": task.stop_at_reward,
-        "learned": result.stopped_when_learned,
+        "learned": result.learned,
         "trainer_seconds": round(result.seconds, 1),
         "steps": [step["step"] for step in result.steps if TRAINING_REWARD in step],
         "reward": [round(step[TRAINING_REWARD], 4) for step in result.steps if TRAINING_REWARD in step],
@@ -460,8 +461,9 @@ def learning_curve(result: RunResult, task: DemoTask) -> dict:
 def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: float) -> list[str]:
     lines = []
     if result.returncode == LEARNING_FAILED:
-        lines.append(f"did not learn: the reward did not reach {task.stop_at_reward} within {len(result.steps)} "
-                     f"logged steps (see {paths.out / 'learning_curve.json'})")
+        trained = sum(TRAINING_REWARD in step for step in result.steps)
+        lines.append(f"did not learn: the reward did not reach {task.stop_at_reward} within {trained} steps "
+                     f"(see {paths.out / 'learning_curve.json'})")
     elif result.returncode != 0:
         lines += [f"the trainer failed (exit status {result.returncode}); the end of {paths.trainer_log}:",
                   *("  " + line for line in log_tail(paths.trainer_log))]

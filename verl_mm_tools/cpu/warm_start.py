@@ -55,9 +55,9 @@ TASKS = {
     "rotation": FormatTask(rotation.QUESTION, tuple(str(angle) for angle in ANGLES),
                            lambda count, seed: [(sample.image, str(sample.angle))
                                                 for sample in rotation.rotation_samples(count, seed)]),
-    # Answers at once (the rotate tool is still offered). With a tool call first, the call itself flipped on and
-    # off between steps at the learning rates that teach the answer (measured with verl's trainer: calls per
-    # trajectory 1.0 -> 0.0 within 17 steps at 3e-3, no learning in 35 steps at 1e-3).
+    # Answers at once (the rotate tool is still offered). With a rotate call first, the call itself flipped on and
+    # off between steps at the learning rates that teach the answer (measured with verl's trainer, labels drawn
+    # independently then: calls per trajectory 1.0 -> 0.0 within 17 steps at 3e-3, no learning in 35 at 1e-3).
     "color": FormatTask(color.QUESTION, tuple(color.COLORS),
                         lambda count, seed: [(sample.image, sample.color)
                                              for sample in color.color_samples(count, seed)],
@@ -149,7 +149,7 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
     for index in range(len(prompts)):
         row = unpadded_row(output, index)
         ids = row["prompt_ids"] + row["response_ids"]
-        answer_at = max(at for at in range(len(ids)) if ids[at - len(answer_tag):at] == answer_tag)
+        answer_at = max(at for at in range(len(answer_tag), len(ids)) if ids[at - len(answer_tag):at] == answer_tag)
         labels = [-100] * len(row["prompt_ids"]) + [
             token if trained else -100 for token, trained in zip(row["response_ids"], row["response_mask"], strict=True)
         ]
