@@ -155,7 +155,10 @@ def test_a_missing_chromium_is_an_error_that_says_how_to_install_it(monkeypatch,
 def test_serve_answers_on_127_0_0_1_until_interrupted(sample_dump, tmp_path):
     command = [sys.executable, "-m", "verl_mm_tools.cli", "view", str(sample_dump), "--out", str(tmp_path / "site"),
                "--serve", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell that starts jobs in the background (CI under nohup ... &) ignores SIGINT, and its children inherit that:
+    # give the server the disposition an interactive Ctrl-C meets.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     try:

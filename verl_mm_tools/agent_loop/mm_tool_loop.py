@@ -29,7 +29,7 @@ from verl.utils.profiler import simple_timer
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import DUMP_KEY, require_dump_manager, stage_trajectory
-from verl_mm_tools.agent_loop.prompt_images import safe_messages
+from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
@@ -138,9 +138,12 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     async def _new_agent_data(self, kwargs: dict, priority: int, stats: TrajectoryStats) -> AgentData:
         # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
-        messages = await asyncio.get_running_loop().run_in_executor(
-            None, safe_messages, list(kwargs["raw_prompt"]), self.files, _sample_name(kwargs)
-        )
+        # unless they are few small PIL images
+        arguments = (list(kwargs["raw_prompt"]), self.files, _sample_name(kwargs))
+        if cheap_to_check(arguments[0]):
+            messages = safe_messages(*arguments)
+        else:
+            messages = await asyncio.get_running_loop().run_in_executor(None, safe_messages, *arguments)
         multi_modal_data = await self.process_multi_modal_info(messages)
         agent_data = AgentData(
             messages=messages,
