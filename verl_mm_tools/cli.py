@@ -26,6 +26,13 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if all(figure.passed for figure in figures) or args.no_fail else 1
 
 
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as 0,1,2, got {text!r}") from None
+
+
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -39,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     if args.seeds:
-        return run_sweep(options, [int(seed) for seed in args.seeds.split(",")], say)
+        return run_sweep(options, args.seeds, say)
     return run_demo(options, say)
 
 
@@ -63,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "pictures, stops once the reward reaches 0.9 (exit 3 if it does not)")
     demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30 rotation, 80 learn)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--seeds", help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "
+    demo.add_argument("--seeds", type=_seed_list, help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "
                       "(the learning proof's sweep: --task learn --seeds 0,1,2)")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")

@@ -80,3 +80,13 @@ def test_user_overrides_win_and_unknown_tasks_are_refused(tmp_path):
     assert config.trainer.total_training_steps == 12 and config.trainer.test_freq == 3
     with pytest.raises(KeyError):
         DemoOptions(out=tmp_path, task="nope").spec
+
+
+def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
+    from verl_mm_tools.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--task", "learn", "--seeds", "0,1,2"])
+    assert (args.task, args.seeds, args.steps) == ("learn", [0, 1, 2], None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--seeds", "0,x"])
+    assert "expected comma-separated whole numbers such as 0,1,2, got '0,x'" in capsys.readouterr().err
