@@ -23,7 +23,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from verl_mm_tools.data.common import png_bytes, write_parquet
+from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/color"
@@ -76,15 +76,8 @@ def color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset(
 
 def _rows(samples: list[ColorSample], split: str, agent_name: str) -> Iterator[dict]:
     for index, sample in enumerate(samples):
-        yield {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": PROMPT}],
-            "images": [{"bytes": png_bytes(sample.image)}],
-            "ability": "vision",
-            "reward_model": {"style": "rule", "ground_truth": sample.color},
-            "extra_info": {"split": split, "index": index, "color": sample.color, "image_sha256": sample.digest},
-            "agent_name": agent_name,
-        }
+        extra_info = {"split": split, "index": index, "color": sample.color, "image_sha256": sample.digest}
+        yield image_row(DATA_SOURCE, PROMPT, sample.image, sample.color, extra_info, agent_name)
 
 
 def write_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,

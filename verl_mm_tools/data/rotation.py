@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from verl_mm_tools.data.common import png_bytes, write_parquet
+from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -111,15 +111,8 @@ def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozens
 
 def _rows(samples: list[RotationSample], split: str, agent_name: str, prompt: str = PROMPT) -> Iterator[dict]:
     for index, sample in enumerate(samples):
-        yield {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": prompt}],
-            "images": [{"bytes": png_bytes(sample.image)}],
-            "ability": "vision",
-            "reward_model": {"style": "rule", "ground_truth": str(sample.angle)},
-            "extra_info": {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest},
-            "agent_name": agent_name,
-        }
+        extra_info = {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest}
+        yield image_row(DATA_SOURCE, prompt, sample.image, str(sample.angle), extra_info, agent_name)
 
 
 def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,

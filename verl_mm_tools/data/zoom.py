@@ -14,7 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from verl_mm_tools.data.common import png_bytes, write_parquet
+from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/zoom"
@@ -53,16 +53,10 @@ def zoom_sample(rng: random.Random, side: int, target: int) -> ZoomSample:
 def _rows(samples: list[ZoomSample], split: str, agent_name: str) -> Iterator[dict]:
     for index, sample in enumerate(samples):
         width, height = sample.image.size
-        yield {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": PROMPT.format(color=sample.color, width=width, height=height)}],
-            "images": [{"bytes": png_bytes(sample.image)}],
-            "ability": "vision",
-            "reward_model": {"style": "rule", "ground_truth": str(sample.digit)},
-            "extra_info": {"split": split, "index": index, "target_box": list(sample.box), "color": sample.color,
-                           "reward_fn": "exact_answer_reward"},
-            "agent_name": agent_name,
-        }
+        prompt = PROMPT.format(color=sample.color, width=width, height=height)
+        extra_info = {"split": split, "index": index, "target_box": list(sample.box), "color": sample.color,
+                      "reward_fn": "exact_answer_reward"}
+        yield image_row(DATA_SOURCE, prompt, sample.image, str(sample.digit), extra_info, agent_name)
 
 
 def write_zoom_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
