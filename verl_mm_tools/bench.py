@@ -2,13 +2,14 @@
 
 1. mm_tool against verl's ``tool_agent`` on the same scripted zero-latency server and the same tool, 1/4/8/16 turns
    with one new image per turn, small (56 px) and 448x448 images (processor limits raised so they really yield 256
-   image tokens): median CPU time (all threads of the process: verl tokenizes in an executor) of the agent loop's
-   ``run()`` per trajectory, and the ratio. CPU time, not wall time: the machines this runs on are shared.
+   image tokens): median CPU time (all threads of the process: verl tokenizes in an executor) per trajectory of
+   building the agent loop (verl builds one per trajectory) and its ``run()``, and the ratio. CPU time, not wall time: the machines this runs on are shared.
 2. Per-turn cost at turn 16 divided by turn 2, for both loops (a loop that re-renders the conversation grows).
 3. Each image op on a 1024x1024 RGB image, median, divided by PIL ``transpose`` of the same image.
 4. Peak resident memory added by a 16-image mm_tool trajectory divided by the raw bytes of its images.
-
-The CPU training step comparison lives with the CPU demo (``verl_mm_tools.cpu``).
+5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off), one
+   trainer run with verl's ``tool_agent`` then one with ``mm_tool``: median step time after warm-up, the ratio, and the
+   share of the step the rollout phase spends outside the slowest trajectory's generation.
 """
 
 from __future__ import annotations
@@ -96,9 +97,9 @@ def _script(turns: int) -> list[str]:
 
 def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop) -> tuple[float, list[float]]:
     server = TimedServer(tokenizer, _script(turns))
-    agent = make(name, server)
     prompt = image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
     started = time.process_time()
+    agent = make(name, server)  # timed too: verl builds a loop for every trajectory
     output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
     elapsed = time.process_time() - started
     if len(output.multi_modal_data.get("images", [])) != turns:
@@ -153,7 +154,8 @@ def image_ops(repeats: int = 15) -> list[Figure]:
     box = (100, 100, 612, 612)
     cases = {
         "rotate90": lambda cap: ops.rotate(image, 90, max_pixels=cap),
-        "rotate37": lambda cap: ops.rotate(image, 37, max_pixels=cap),
+        "rotate37": lambda cap: ops.rotate(image, 37, max_pixels=cap),  # bicubic, RotateTool's default
+        "rotate37_nearest": lambda cap: ops.rotate(image, 37, max_pixels=cap, resample="nearest"),
         "flip": lambda cap: ops.flip(image, "horizontal", max_pixels=cap),
         "crop": lambda cap: ops.crop(image, box, max_pixels=cap),
         "zoom_in": lambda cap: ops.zoom_in(image, box, max_pixels=cap),
@@ -212,8 +214,51 @@ def _proc_status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def run(model_dir: str, quick: bool = False) -> list[Figure]:
+STEP_WARMUP = 2  # the first steps pay one-time costs (compilation of kernels, caches, Ray actor start-up)
+
+
+def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figure]:
+    """Figure 5: one short trainer run per loop (a subprocess each; they cannot share one process)."""
+    from verl_mm_tools.cpu.demo import DemoOptions, run_demo_result
+
+    metrics = {}
+    for name in LOOPS:
+        options = DemoOptions(out=out_dir / name, task="rotation", steps=steps, prompts_per_step=8,
+                              rollouts_per_prompt=4, dumps=False,
+                              overrides=(f"actor_rollout_ref.rollout.agent.default_agent_loop={name}",
+                                         "trainer.rollout_data_dir=null", "trainer.save_freq=-1"))
+        result, _ = run_demo_result(options, say)
+        if result.returncode != 0:
+            raise RuntimeError(f"the {name} trainer run failed (exit {result.returncode}); see {out_dir / name}")
+        metrics[name] = result.steps
+    return step_figures(metrics)
+
+
+def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
+    """Median step time after STEP_WARMUP steps per loop, their ratio, and the mean share of each step spent in the
+    rollout phase (verl's ``timing_s/gen``) outside its slowest trajectory's generation: verl's postprocess, the
+    streamed reward, Ray hops and the agent loop's own work."""
+    figures, medians = [], {}
+    for name in LOOPS:
+        steps = [step for step in metrics[name] if step["step"] > STEP_WARMUP and "timing_s/step" in step]
+        if not steps:
+            raise RuntimeError(f"the {name} run logged no step after the first {STEP_WARMUP}")
+        medians[name] = statistics.median(step["timing_s/step"] for step in steps)
+        share = statistics.mean(
+            (step["timing_s/gen"] - step["timing_s/agent_loop/generate_sequences/max"]) / step["timing_s/step"]
+            for step in steps)
+        figures += [Figure(f"step/{name}_s", medians[name], "<= inf"),
+                    Figure(f"step/{name}/rollout_outside_generation_share", share,
+                           "<= 0.1" if name == "mm_tool" else "<= inf")]
+    figures.append(Figure("step/ratio", medians["mm_tool"] / medians["tool_agent"], "<= 1.05"))
+    return figures
+
+
+def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, say=lambda line: None) -> list[Figure]:
+    """Figures 1-4; figure 5 too when ``step_dir`` is given (the trainer runs write there)."""
     figures = image_ops(repeats=5 if quick else 15)
     figures += loop_overhead(model_dir, repeats=2 if quick else 5)
     figures += trajectory_memory(model_dir)
+    if step_dir is not None:
+        figures += cpu_step(step_dir, steps=6 if quick else 12, say=say)
     return figures

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
+from pathlib import Path
 
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, tiny_model_path
 from verl_mm_tools.data.command import add_make_data_command
@@ -20,7 +23,13 @@ def _tiny_model(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from verl_mm_tools import bench
 
-    figures = bench.run(str(tiny_model_path()), quick=args.quick)
+    with contextlib.ExitStack() as stack:
+        step_dir = None
+        if args.step:
+            step_dir = Path(args.step_out) if args.step_out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        # the trainer runs' progress goes to stderr: stdout holds only the figure lines
+        figures = bench.run(str(tiny_model_path()), quick=args.quick, step_dir=step_dir,
+                            say=lambda line: sys.stderr.write(line + "\n"))
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
     return 0 if all(figure.passed for figure in figures) or args.no_fail else 1
@@ -83,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks: name value target PASS|FAIL, one line per figure")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     bench.add_argument("--no-fail", action="store_true", help="exit 0 even when a target is missed")
+    bench.add_argument("--step", action="store_true",
+                       help="also verl's CPU training step, tool_agent against mm_tool (two trainer runs, ~4 min)")
+    bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
     return parser
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,14 @@ def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--seeds", "0,x"])
     assert "expected comma-separated whole numbers such as 0,1,2, got '0,x'" in capsys.readouterr().err
+
+
+def test_prepare_writes_the_mm_tool_entry_with_dumps_or_without(tmp_path):
+    from verl_mm_tools.cpu.demo import prepare
+
+    for dumps in (True, False):
+        paths = prepare(DemoOptions(out=tmp_path / str(dumps), warm_start=False, dumps=dumps), lambda line: None)
+        entry = {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop"}
+        if dumps:
+            entry.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
+        assert json.loads((paths.config / "agent_loops.yaml").read_text()) == [entry]

@@ -57,6 +57,10 @@ def test_format_reward_config_errors(tunables: dict, message: str) -> None:
         ("<answer>Seven</answer>", "seven", {}, (1.0, "ok")),
         ("<answer>Seven</answer>", "seven", {"case_sensitive": True}, (0.0, "wrong answer")),
         ("7", "7", {}, (0.0, "no <answer>...</answer> block")),
+        (" Blue<|im_end|>", "blue", {"require_tag": False}, (1.0, "ok")),
+        ("blue blue", "blue", {"require_tag": False}, (0.0, "wrong answer")),
+        ("red <answer>blue</answer>", "blue", {"require_tag": False}, (1.0, "ok")),  # a block still wins
+        ("answer>blue</answer>", "blue", {"require_tag": False}, (0.0, "wrong answer")),
     ],
 )
 def test_exact_answer_reward(response, ground_truth, kwargs, expected):

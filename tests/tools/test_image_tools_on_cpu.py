@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 from verl.tools.schemas import ToolResponse
 
+from verl_mm_tools import ops
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tools import (
     CropTool,
@@ -15,6 +16,7 @@ from verl_mm_tools.tools import (
     DrawLineTool,
     FlipTool,
     ImageTool,
+    RotateConfig,
     RotateTool,
     ZoomInConfig,
     ZoomInTool,
@@ -203,10 +205,11 @@ def test_non_rgb_inputs_give_rgb_outputs(make_agent_data, execute):
 @pytest.mark.parametrize(
     ("tool_cls", "config", "message"),
     [
-        (RotateTool, {"max_pixel": 10}, "ImageToolConfig: unknown config key 'max_pixel'. Did you mean 'max_pixels'?"),
+        (RotateTool, {"max_pixel": 10}, "RotateConfig: unknown config key 'max_pixel'. Did you mean 'max_pixels'?"),
         (RotateTool, {"max_pixels": 10}, "max_pixels must be between 39200 and 67108864, got 10"),
-        (RotateTool, {"max_pixels": True}, "ImageToolConfig: max_pixels must be a int, got True"),
-        (RotateTool, {"max_pixels": "1e6"}, "ImageToolConfig: max_pixels must be a int, got '1e6'"),
+        (RotateTool, {"max_pixels": True}, "RotateConfig: max_pixels must be a int, got True"),
+        (FlipTool, {"max_pixels": "1e6"}, "ImageToolConfig: max_pixels must be a int, got '1e6'"),
+        (RotateTool, {"resample": "cubic"}, "resample must be one of ['bicubic', 'bilinear', 'nearest'], got 'cubic'"),
         (ZoomInTool, {"target_side": 10}, "target_side must be between 28 and 8192, got 10"),
         (ZoomInTool, {"target": 10}, "ZoomInConfig: unknown config key 'target'. Did you mean 'target_side'?"),
     ],
@@ -215,6 +218,16 @@ def test_config_errors_name_the_problem(tool_cls, config, message):
     with pytest.raises(ConfigError) as error:
         tool_cls(config=config, tool_schema=None)
     assert str(error.value).startswith(message)
+
+
+def test_rotate_config_picks_the_interpolation(make_agent_data, execute):
+    image = Image.new("RGB", (60, 40), "white")
+    image.paste((255, 0, 0), (10, 10, 30, 30))
+    tool = RotateTool(config={"resample": "nearest"}, tool_schema=None)
+    assert tool.settings == RotateConfig(type="native", max_pixels=1280 * 28 * 28, resample="nearest")
+    response, _, _ = execute(tool, {"degrees": 30}, make_agent_data([image]))
+    assert response.image[0].tobytes() == ops.rotate(image, 30, resample="nearest").tobytes()
+    assert response.image[0].tobytes() != ops.rotate(image, 30).tobytes()  # bicubic by default
 
 
 def test_config_is_parsed_once_into_a_frozen_dataclass():

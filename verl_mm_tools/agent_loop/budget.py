@@ -29,7 +29,7 @@ class ImageGeometry:
     @classmethod
     def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry:
         image_processor = processor.image_processor
-        kwargs = mm_processor_kwargs or {}
+        kwargs = dict(mm_processor_kwargs or {})  # verl passes a DictConfig: its .get of a missing key costs ~0.1 ms
         size = image_processor.size
         size = size if isinstance(size, dict) else size.__dict__
         return cls(

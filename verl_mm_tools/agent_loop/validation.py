@@ -7,6 +7,8 @@ so a mismatch would surface only in the model forward ("Image features and image
 
 from __future__ import annotations
 
+import weakref
+
 from PIL import Image
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -21,10 +23,20 @@ def token_id(tokenizer, token: str) -> int | None:
     return found if tokenizer.convert_ids_to_tokens(found) == token else None
 
 
+# id(tokenizer) -> (weak reference to it, its vision token ids): verl builds a loop per trajectory, so look them up
+# once per tokenizer
+_VISION_IDS: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
+
+
 def vision_token_ids(tokenizer) -> frozenset[int]:
     """Ids of the vision placeholder tokens the model must never generate itself."""
+    cached = _VISION_IDS.get(id(tokenizer))
+    if cached is not None and cached[0]() is tokenizer:
+        return cached[1]
     ids = (token_id(tokenizer, token) for token in VISION_TOKENS)
-    return frozenset(found for found in ids if found is not None)
+    found = frozenset(found for found in ids if found is not None)
+    _VISION_IDS[id(tokenizer)] = (weakref.ref(tokenizer), found)
+    return found
 
 
 def processor_image_tokens(processor, image: Image.Image, mm_processor_kwargs: dict | None = None) -> int:

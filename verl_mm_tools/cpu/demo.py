@@ -113,7 +113,7 @@ TASKS = {
                    "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
                    # a KL loss to the warm-started model: pulls the answer format back when an update dents it
                    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
-                   "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                   "actor_rollout_ref.actor.kl_loss_type=k3+",
                    f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
                    "data.shuffle=false",  # the rows alternate colors: every batch holds both equally
                    "trainer.val_before_train=true", "trainer.test_freq=5", "trainer.save_freq=5"),
@@ -133,6 +133,7 @@ class DemoOptions:
     lr: float | None = None  # None: the task's
     seed: int = 0
     warm_start: bool = True
+    dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
 
     @property
@@ -204,9 +205,10 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     train, val = task.write_dataset(out / "data", train_size=options.train_size, val_size=options.val_size,
                                     seed=options.seed)
     paths = DemoPaths(out=out, model=model, train=train, val=val)
-    loops = [{"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop",
-              "dump_dir": str(paths.trajectories), "dump_max_per_step": 8}]
-    (paths.config / "agent_loops.yaml").write_text(json.dumps(loops))
+    loop = {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop"}
+    if options.dumps:
+        loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
+    (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
     return paths
 
 

@@ -37,7 +37,7 @@ from verl_mm_tools.ops.geometry import (
     fit_pixels,
     scaled_size,
 )
-from verl_mm_tools.ops.transform import DEFAULT_ZOOM_SIDE, FLIP_DIRECTIONS, crop, flip, rotate, zoom_in
+from verl_mm_tools.ops.transform import DEFAULT_ZOOM_SIDE, FLIP_DIRECTIONS, ROTATE_RESAMPLING, crop, flip, rotate, zoom_in
 
 __all__ = [
     "COLOR_NAMES",
@@ -51,6 +51,7 @@ __all__ = [
     "MIN_MAX_PIXELS",
     "MIN_SIDE",
     "PALETTE",
+    "ROTATE_RESAMPLING",
     "Color",
     "clip_box",
     "clip_segment",

@@ -41,12 +41,27 @@ def rotate(degrees: float, image_id: int | None = None):
     """
 
 
+@dataclasses.dataclass(frozen=True)
+class RotateConfig(ImageToolConfig):
+    """RotateTool's config: ``resample`` interpolates angles that are not multiples of 90 degrees (nearest,
+    bilinear or bicubic: quality against speed, see ``ops.rotate``)."""
+
+    resample: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.resample not in ops.ROTATE_RESAMPLING:
+            raise ConfigError(f"resample must be one of {sorted(ops.ROTATE_RESAMPLING)}, got {self.resample!r}")
+
+
 class RotateTool(ImageTool):
     schema_fn = rotate
+    config_cls = RotateConfig
     example_arguments = {"degrees": 90}
 
     def apply(self, image: Image.Image, degrees: float) -> tuple[Image.Image, str]:
-        rotated = ops.rotate(image, degrees, max_pixels=self.settings.max_pixels)
+        settings: RotateConfig = self.settings  # type: ignore[assignment]
+        rotated = ops.rotate(image, degrees, max_pixels=settings.max_pixels, resample=settings.resample)
         return rotated, f"rotated by {degrees:g} degrees counter-clockwise"
 
 
