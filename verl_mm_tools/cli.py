@@ -74,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop, rotate tool), ~5 min"
     )
     demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
-    demo.add_argument("--task", choices=("rotation", "learn"), default="rotation",
+    demo.add_argument("--task", choices=("rotation", "learn", "learn_tool"), default="rotation",
                       help="rotation: arrow pictures (the loop's showcase); learn: the learning proof, red or blue "
-                      "pictures, stops once the reward reaches 0.9 (exit 3 if it does not)")
+                      "pictures, stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same "
+                      "with a rotate call before every answer")
     demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30 rotation, 80 learn)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--seeds", type=_seed_list, help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "

@@ -64,8 +64,9 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
     assert config.actor_rollout_ref.actor.optim.lr == spec.lr
     assert config.trainer.total_training_steps == spec.steps
     assert config.reward.reward_kwargs.reward_fn == {"rotation": "rotation_reward_180",
-                                                     "learn": "exact_answer_reward"}[task]
-    if task == "learn":
+                                                     "learn": "exact_answer_reward",
+                                                     "learn_tool": "exact_answer_reward"}[task]
+    if task.startswith("learn"):
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
         assert config.trainer.val_before_train is True and config.trainer.test_freq == 5

@@ -95,6 +95,21 @@ def test_color_demonstrations_answer_at_once_with_labels_that_tell_nothing(tiny_
     assert pairs == {("red", "red"): 4, ("red", "blue"): 4, ("blue", "red"): 4, ("blue", "blue"): 4}
 
 
+def test_color_tool_demonstrations_rotate_by_90_then_answer(tiny_model_dir, tools_yaml, tiny_tokenizer):
+    examples = demonstrations(tiny_model_dir, tools_yaml, WarmStartSpec(task="color_tool", demonstrations=8, seed=3))
+    answers = collections.Counter()
+    for example in examples:
+        labels = example["labels"]
+        trained = tiny_tokenizer.decode(labels[labels != -100])
+        call = TOOL_CALL.match(trained)
+        assert call and int(call.group(1)) == 90, trained
+        answer = re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>", trained[call.end():])
+        assert answer, trained
+        answers[answer.group(1)] += 1
+        assert example["image_grid_thw"].tolist() == [[1, 16, 16], [1, 16, 16]]  # the picture, then it rotated
+    assert answers == {"red": 4, "blue": 4}
+
+
 def test_uninformative_labels_give_every_true_class_every_label_equally_often():
     import random
 

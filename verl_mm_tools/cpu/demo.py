@@ -111,7 +111,9 @@ TASKS = {
         lr=3e-3, steps=80, prompts_per_step=4, rollouts_per_prompt=8,
         overrides=("data.max_prompt_length=768",
                    "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
-                   # a KL loss to the warm-started model: pulls the answer format back when an update dents it
+                   # a KL loss to the warm-started model pulls the answer format back when an update dents it.
+                   # k3+: verl logs k3 but follows k2's gradient, which grows with the log-ratio; k3's is at most 1
+                   # for a token the policy now samples far more often than the reference (a dented format)
                    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
                    "actor_rollout_ref.actor.kl_loss_type=k3+",
                    f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
@@ -119,6 +121,8 @@ TASKS = {
                    "trainer.val_before_train=true", "trainer.test_freq=5", "trainer.save_freq=5"),
         stop_at_reward=0.9),
 }
+# The learning proof with a rotate call before every answer: the answer follows the tool's image.
+TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,6 +63,8 @@ TASKS = {
                                              for sample in color.color_samples(count, seed)],
                         tool_degrees=()),
 }
+# The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
+TASKS["color_tool"] = replace(TASKS["color"], tool_degrees=(90,))
 
 
 @dataclass(frozen=True)
