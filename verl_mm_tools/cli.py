@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="rotation: arrow pictures (the loop's showcase); learn: the learning proof, red or blue "
                       "pictures, stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same "
                       "with a rotate call before every answer")
-    demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30 rotation, 80 learn)")
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30 rotation, 80 learn and learn_tool)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--seeds", type=_seed_list, help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "
                       "(the learning proof's sweep: --task learn --seeds 0,1,2)")
