@@ -60,6 +60,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from verl_mm_tools.cpu.demo import TASKS as DEMO_TASKS
+
     parser = argparse.ArgumentParser(prog="verl-mm-tools", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop, rotate tool), ~5 min"
     )
     demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
-    demo.add_argument("--task", choices=("rotation", "learn", "learn_tool"), default="rotation",
+    demo.add_argument("--task", choices=sorted(DEMO_TASKS), default="rotation",
                       help="rotation: arrow pictures (the loop's showcase); learn: the learning proof, red or blue "
                       "pictures, stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same "
                       "with a rotate call before every answer")

@@ -89,6 +89,10 @@ def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
 
     args = build_parser().parse_args(["demo", "--task", "learn", "--seeds", "0,1,2"])
     assert (args.task, args.seeds, args.steps) == ("learn", [0, 1, 2], None)
+    for task in TASKS:
+        assert build_parser().parse_args(["demo", "--task", task]).task == task
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--task", "nope"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--seeds", "0,x"])
     assert "expected comma-separated whole numbers such as 0,1,2, got '0,x'" in capsys.readouterr().err

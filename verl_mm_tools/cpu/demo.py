@@ -466,8 +466,8 @@ def learning_curve(result: RunResult, task: DemoTask) -> dict:
 
 def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: float) -> list[str]:
     lines = []
+    trained = sum(TRAINING_REWARD in step for step in result.steps)
     if result.returncode == LEARNING_FAILED:
-        trained = sum(TRAINING_REWARD in step for step in result.steps)
         lines.append(f"did not learn: the reward did not reach {task.stop_at_reward} within {trained} steps "
                      f"(see {paths.out / 'learning_curve.json'})")
     elif result.returncode != 0:
@@ -482,7 +482,6 @@ def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: floa
     validation = [step[task.validation_metric] for step in result.steps if task.validation_metric in step]
     if validation:
         lines.append(f"validation reward {validation[-1]:.3f} (greedy, on pictures the training split does not hold)")
-    trained = sum(TRAINING_REWARD in step for step in result.steps)
     lines += [
         f"done in {total_s:.0f}s ({startup}{trained} steps, trainer {result.seconds:.0f}s); peak memory of the "
         f"trainer's processes {result.peak_memory_bytes / 2**30:.1f} GiB (PSS, summed)",
