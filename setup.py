@@ -30,6 +30,9 @@ setup(
         "psutil",  # the CPU demo and verl import it; verl does not declare it
         "fastapi",
         "uvicorn",
+        # verl's default (v1) trainer moves batches through TransferQueue, which verl lists only in its verl-core
+        # extra; 0.1.11 is the version tested here
+        "TransferQueue>=0.1.10,<0.2",
     ],
     extras_require={
         "vllm": ["vllm"],

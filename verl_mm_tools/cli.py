@@ -47,7 +47,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
 
-    options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed,
+    options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
                           warm_start=not args.no_warm_start, overrides=tuple(args.overrides))
 
     def say(line: str) -> None:
@@ -61,6 +61,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from verl_mm_tools.cpu.demo import TASKS as DEMO_TASKS
+    from verl_mm_tools.cpu.demo import TRAINERS as DEMO_TRAINERS
 
     parser = argparse.ArgumentParser(prog="verl-mm-tools", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--seeds", type=_seed_list, help="comma-separated seeds: one run each under OUT/seed_<n>, then a table "
                       "(the learning proof's sweep: --task learn --seeds 0,1,2)")
+    demo.add_argument("--trainer", choices=DEMO_TRAINERS, default="sync",
+                      help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
+                      "(deprecated) trainer")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
     demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")

@@ -176,12 +176,19 @@ def test_a_failing_dump_never_costs_the_trajectory(rollout, tmp_path, monkeypatc
     assert summary(tmp_path / "dump" / "step_000001")["error"] == 1
 
 
-def test_dump_dir_without_the_dump_manager_is_refused_with_what_to_set(rollout, tmp_path):
+@pytest.mark.parametrize("trainer, what_to_set", [
+    ([], "v1 \\(trainer.use_v1=true, verl's default\\) trainer does not have: set "
+         "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer "
+         "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer"),
+    (["trainer.use_v1=false"], "classic trainer does not have: set \\+actor_rollout_ref.rollout.agent."
+                               "agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"),
+])
+def test_dump_dir_without_the_step_hook_is_refused_with_what_to_set(rollout, tmp_path, trainer, what_to_set):
     # hydra wraps the ConfigError raised by the loop's constructor; the message is ours
-    with pytest.raises(Exception, match=r"ConfigError.*agent_loop_manager_class is None\. Set it to "
-                                        r"verl_mm_tools\.agent_loop\.manager\.MMToolAgentLoopManager"):
+    with pytest.raises(Exception, match=r"ConfigError\(\"mm_tool dump_dir needs verl-mm-tools' step hook, which this "
+                                        r"run's " + what_to_set):
         rollout.run(["<answer>90</answer><|im_end|>"], sample_rows(["guess"])[0],
-                    loop_options={"dump_dir": str(tmp_path / "dump")})
+                    loop_options={"dump_dir": str(tmp_path / "dump")}, extra=trainer)
 
 
 @pytest.mark.parametrize("options, message", [

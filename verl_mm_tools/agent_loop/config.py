@@ -37,9 +37,9 @@ class MMToolLoopConfig:
             the tool's own text does not already name them.
         env: The environment of every trajectory whose sample names none in ``extra_info.env``: a registered name
             or ``{"name": ..., <kwargs>}`` (see ``verl_mm_tools.envs``). None: no environment turns.
-        dump_dir: Directory to dump trajectories to, for ``verl-mm-tools view`` (None: no dumps). Needs
-            ``agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager``, which adds the step
-            and rewards and enforces the caps. Relative paths resolve against the rollout worker's working
+        dump_dir: Directory to dump trajectories to, for ``verl-mm-tools view`` (None: no dumps). Needs the
+            trainer-side step hook (``step``: the replay buffer on verl's v1 trainer, the agent-loop manager on the
+            classic one), which adds the step and rewards and enforces the caps. Relative paths resolve against the rollout worker's working
             directory; on several nodes, use a file system shared with the driver. Layout and record keys:
             ``verl_mm_tools.agent_loop.dump``.
         dump_max_per_step: Most trajectories dumped per step (the first ones of the batch, so GRPO groups stay
@@ -49,6 +49,10 @@ class MMToolLoopConfig:
         file_roots: Absolute directories that dataset image paths (and tools or environments reading files, see
             ``verl_mm_tools.files``) may be read from; a path resolving outside them (``..``, symlinks) and any URL
             is refused, masking its sample. None: no file is read (images stored as bytes need none).
+        max_masked_fraction: Most of a batch's mm_tool trajectories that may be masked (trained on nothing) before
+            the run stops with the most common error (the step hook checks it). 0.5: a few bad rows (an unreadable
+            image, an oversized prompt) cost only their own samples, while a broken config or dataset, which masks
+            (nearly) every trajectory, stops at its first step instead of training on nothing; 1 disables the check.
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -63,6 +67,7 @@ class MMToolLoopConfig:
     dump_max_per_step: int = 16
     dump_max_mb: float = 512.0
     file_roots: tuple[str, ...] | str | None = None
+    max_masked_fraction: float = 0.5
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -99,6 +104,9 @@ class MMToolLoopConfig:
         _require_positive_number("dump_max_mb", self.dump_max_mb)
         if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir.strip()):
             raise ConfigError(f"mm_tool dump_dir must be a directory path or null, got {self.dump_dir!r}")
+        fraction = self.max_masked_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise ConfigError(f"mm_tool max_masked_fraction must be a number in [0, 1], got {fraction!r}")
         FileRoots.from_config(self.file_roots)  # relative or missing directories are ConfigErrors now, not later
 
     def check_against_server(self, limit_images: int | None) -> None:

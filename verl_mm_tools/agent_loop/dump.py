@@ -5,7 +5,8 @@ Each half of a trajectory is known to a different process, so a dump is written 
 1. the loop (``stage_trajectory``, in the agent-loop worker) knows the messages, images, tokens and mask. It writes
    every image (PNG, exactly the pixels the model saw, plus a JPEG thumbnail) and a record without step or rewards
    to ``<dump_dir>/_staging/<id>/`` and puts a small reference in ``extra_fields["mm_tool/dump"]``;
-2. ``MMToolAgentLoopManager`` (``finalize_step_dumps``) knows the step and the rewards. It moves the first
+2. the trainer side (``finalize_step_dumps``, called by ``step.process_step`` from verl-mm-tools' v1 replay buffer
+   or classic manager) knows the step and the rewards. It moves the first
    ``dump_max_per_step`` staged trajectories of the batch (batch order, so whole GRPO groups stay together) to
    ``<dump_dir>/step_<NNNNNN>/<id>/`` (``val_step_<NNNNNN>`` for validation), completes their records, deletes the
    others, and stops dumping for good once the dump holds ``dump_max_mb`` (it then writes ``<dump_dir>/_FULL``, which
@@ -34,7 +35,7 @@ A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<imag
 - ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``;
 - ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
   ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
-- added by the manager: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
+- added on the trainer side: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
   reward manager's score; None when rewards were not computed during rollout), ``turn_rewards``, ``extra`` (the
   reward manager's ``reward_extra_info`` for this trajectory).
 """
@@ -49,7 +50,7 @@ import shutil
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -57,6 +58,9 @@ from PIL import Image
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import turn_spans
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.step import StepBatch
 
 logger = logging.getLogger(__name__)
 
@@ -70,40 +74,9 @@ STEP_SUMMARY = "_step.json"
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 THUMBNAIL_SIZE = (160, 160)
-MANAGER_FQN = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
 STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
 STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
 _warned: set[tuple[str, str]] = set()
-
-
-# ----- configuration ------------------------------------------------------------------------------------------------
-
-
-def require_dump_manager(trainer_config) -> None:
-    """Dumps are finished (step, rewards) and capped by MMToolAgentLoopManager: refuse ``dump_dir`` without it."""
-    agent = trainer_config.actor_rollout_ref.rollout.get("agent") or {}
-    configured = agent.get("agent_loop_manager_class")
-    if configured and _is_dump_manager(configured):
-        return
-    raise ConfigError(
-        f"mm_tool dump_dir needs verl-mm-tools' manager, which adds the step and rewards and enforces "
-        f"dump_max_per_step / dump_max_mb; actor_rollout_ref.rollout.agent.agent_loop_manager_class is "
-        f"{configured!r}. Set it to {MANAGER_FQN} (or a subclass; on the command line: "
-        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}), or remove dump_dir."
-    )
-
-
-def _is_dump_manager(fqn: str) -> bool:
-    import importlib
-
-    module_name, _, class_name = fqn.rpartition(".")
-    try:
-        configured = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError):
-        return False
-    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
-
-    return isinstance(configured, type) and issubclass(configured, MMToolAgentLoopManager)
 
 
 # ----- phase 1: the loop stages one trajectory ----------------------------------------------------------------------
@@ -370,27 +343,26 @@ def folder_bytes(folder: str | os.PathLike, skip: frozenset[str] = frozenset()) 
     return total
 
 
-# ----- phase 2: the manager finishes a step -------------------------------------------------------------------------
+# ----- phase 2: the trainer side finishes a step ---------------------------------------------------------------------
 
 
-def finalize_step_dumps(output, meta_info: dict) -> dict[str, float]:
-    """Publish the staged trajectories of one generated batch (a verl DataProto) within the caps; returns step
-    metrics ``mm_tool/dump/{written,skipped,mb}``. Batches without dumps return ``{}``.
+def finalize_step_dumps(batch: StepBatch) -> dict[str, float]:
+    """Publish the staged trajectories of one batch within the caps; returns step metrics
+    ``mm_tool/dump/{written,skipped,mb}``. Batches without dumps return ``{}``.
 
     A dump must never stop training: a file-system failure is logged and reported as ``mm_tool/dump/failed``."""
-    references = output.non_tensor_batch.get(DUMP_KEY)
-    if references is None or not any(isinstance(reference, dict) for reference in references):
+    references = batch.column(DUMP_KEY)
+    if not any(isinstance(reference, dict) for reference in references):
         return {}
     try:
-        return _finalize(output, meta_info, references)
+        return _finalize(batch, references)
     except OSError:
         logger.warning("mm_tool dump: publishing the step's trajectories failed; training goes on", exc_info=True)
         return {"mm_tool/dump/failed": 1.0}
 
 
-def _finalize(output, meta_info: dict, references) -> dict[str, float]:
-    step, validate = int(meta_info.get("global_steps", -1)), bool(meta_info.get("validate", False))
-    finals = _final_fields(output, step, validate)
+def _finalize(batch: StepBatch, references: list) -> dict[str, float]:
+    finals = _final_fields(batch)
     by_dir: dict[str, list[int]] = {}
     for row, reference in enumerate(references):
         if isinstance(reference, dict):
@@ -398,7 +370,7 @@ def _finalize(output, meta_info: dict, references) -> dict[str, float]:
     totals, used = Counter(), 0
     for dump_dir, rows in by_dir.items():
         pairs = [(references[row], finals[row]) for row in rows]
-        counts, dir_bytes = _publish_rows(Path(dump_dir), pairs, step, validate)
+        counts, dir_bytes = _publish_rows(Path(dump_dir), pairs, batch.step, batch.validate)
         totals.update(counts)
         used += dir_bytes
     skipped = sum(count for reason, count in totals.items() if reason != "written")
@@ -406,28 +378,21 @@ def _finalize(output, meta_info: dict, references) -> dict[str, float]:
             "mm_tool/dump/mb": used / 2**20}
 
 
-def _final_fields(output, step: int, validate: bool) -> list[dict]:
-    """What only the manager knows, per row: step, rollout number, reward score and reward extra info."""
-    batch, non_tensor = output.batch, output.non_tensor_batch
-    scores = batch["rm_scores"].sum(dim=-1).tolist() if batch is not None and "rm_scores" in batch.keys() else None
-    extra_keys = [key for key in output.meta_info.get("reward_extra_keys", []) if key in non_tensor]
-    turn_rewards = non_tensor.get("mm_tool/turn_rewards")
-    # verl's own rule (get_trajectory_info): consecutive rows of one sample index are its rollouts 0, 1, ...
-    sample_index = [(reference or {}).get("sample_index") for reference in non_tensor[DUMP_KEY]]
-    finals, rollout_n = [], 0
-    for row in range(len(sample_index)):
-        rollout_n = rollout_n + 1 if row and sample_index[row] == sample_index[row - 1] else 0
-        finals.append({
-            "step": step,
-            "validate": validate,
-            "rollout_n": rollout_n,
-            "reward": {
-                "score": scores[row] if scores is not None else None,
-                "turn_rewards": _jsonable(list(turn_rewards[row] or [])) if turn_rewards is not None else [],
-                "extra": {key: _jsonable(non_tensor[key][row]) for key in extra_keys},
-            },
-        })
-    return finals
+def _final_fields(batch: StepBatch) -> list[dict]:
+    """What only the trainer side knows, per row: step, rollout number, reward score and reward extra info."""
+    scores = batch.rm_scores.sum(dim=-1).tolist() if batch.rm_scores is not None else None
+    turn_rewards = batch.column("mm_tool/turn_rewards")
+    extras = batch.reward_extra or [{}] * len(turn_rewards)
+    return [{
+        "step": batch.step,
+        "validate": batch.validate,
+        "rollout_n": batch.rollout_n[row],
+        "reward": {
+            "score": scores[row] if scores is not None else None,
+            "turn_rewards": _jsonable(list(turn_rewards[row] or [])),
+            "extra": _jsonable(extras[row]),
+        },
+    } for row in range(len(turn_rewards))]
 
 
 def _publish_rows(dump_dir: Path, rows: list[tuple[dict, dict]], step: int, validate: bool) -> tuple[Counter, int]:

@@ -29,10 +29,17 @@ from verl.utils.profiler import simple_timer
 
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.dump import DUMP_KEY, require_dump_manager, stage_trajectory
+from verl_mm_tools.agent_loop.dump import DUMP_KEY, stage_trajectory
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
+from verl_mm_tools.agent_loop.step import (
+    MASKED_LIMIT_KEY,
+    TURN_CREDIT_KEY,
+    hook_overrides,
+    require_step_hook,
+    step_hook_configured,
+)
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
 from verl_mm_tools.envs import Observation, Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
@@ -46,6 +53,7 @@ from verl_mm_tools.errors import (
 )
 from verl_mm_tools.files import FILES_ATTR, FileRoots
 from verl_mm_tools.ops.checks import show
+from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -98,8 +106,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.geometry = ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self._sees_images else None
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
-        if self.mm_config.dump_dir:
-            require_dump_manager(self.config)
+        self.turn_credit = _checked_step_hook(self.config, self.mm_config)
 
     @property
     def _sees_images(self) -> bool:
@@ -122,6 +129,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         finally:
             await self._release(agent_data)
         output.extra_fields.update(stats.to_extra_fields())
+        output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
+        output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
         if self.mm_config.dump_dir:
             output.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, output, kwargs)
         return output
@@ -555,6 +564,25 @@ class MMToolAgentLoop(ToolAgentLoop):
 
 
 CANCEL_GRACE_S = 1.0
+# (id of the trainer config, dump_dir) -> (the config, kept alive so its id is never reused; turn credit)
+_checked_configs: dict[tuple[int, str | None], tuple[Any, bool]] = {}
+
+
+def _checked_step_hook(trainer_config, options: MMToolLoopConfig) -> bool:
+    """Whether the run uses turn credit. Dumps and turn credit need the trainer-side step hook; without it, say
+    once what the run lacks. Once per config: verl builds a loop per trajectory."""
+    key = (id(trainer_config), options.dump_dir)
+    if key not in _checked_configs:
+        turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
+        if options.dump_dir:
+            require_step_hook(trainer_config, "mm_tool dump_dir")
+        if turn_credit:
+            require_step_hook(trainer_config, f"algorithm.adv_estimator={TURN_CREDIT_ESTIMATOR}")
+        if not step_hook_configured(trainer_config):
+            logger.warning("mm_tool runs without verl-mm-tools' step hook: no mm_tool/* step metrics and no "
+                           "masked-batch guard. Set %s", " ".join(hook_overrides(trainer_config)))
+        _checked_configs[key] = (trainer_config, turn_credit)
+    return _checked_configs[key][1]
 
 
 def _being_cancelled() -> bool:

@@ -1,4 +1,5 @@
-"""The hydra overrides that make ``python -m verl.trainer.main_ppo`` run on CPU with the ``hf`` rollout.
+"""The hydra overrides that make ``python -m verl.trainer.main_ppo`` run on CPU with the ``hf`` rollout, on verl's
+v1 trainer (its default) or the classic one.
 
 Each entry says why it is needed; the environment ``cpu_environment()`` adds selects the platform.
 """
@@ -12,13 +13,13 @@ from verl_mm_tools.cpu.replica import ROLLOUT_NAME
 
 # (override, why)
 CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (
-    ("trainer.use_v1=false", "the v1 trainer needs transfer_queue, which CPU installs lack"),
     ("trainer.device=cpu", "worker groups place tensors on this device"),
     ("trainer.nnodes=1", "one machine"),
     ("trainer.n_gpus_per_node=1", "one trainer process (one logical Ray GPU)"),
     ("+ray_kwargs.ray_init.num_gpus=1", "verl's resource pools are hard-coded use_gpu=True: one logical GPU"),
-    ("ray_kwargs.ray_init.num_cpus=8", "logical CPUs: a pool bundle takes 3, plus the task runner, agent-loop and "
-                                       "reward workers; too few and the placement group waits forever"),
+    ("ray_kwargs.ray_init.num_cpus=16", "logical CPUs (scheduling tokens, not cores): a pool bundle takes 3, plus "
+                                        "the task runner, agent-loop and reward workers and TransferQueue's actors; "
+                                        "too few and an actor waits forever to be placed"),
     (f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}", "the transformers rollout server"),
     ("actor_rollout_ref.rollout.mode=async", "verl's server mode, the only one left"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=1", "one server process per replica"),
@@ -43,8 +44,17 @@ CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (
 )
 
 
-def cpu_trainer_overrides() -> list[str]:
-    return [override for override, _ in CPU_TRAINER_OVERRIDES]
+# Only on the v1 trainer (trainer.use_v1=true, verl's default).
+V1_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+     "TransferQueue starts one actor per storage unit (default 8, for several nodes); one machine needs one"),
+)
+CLASSIC_OVERRIDES: tuple[tuple[str, str], ...] = (("trainer.use_v1=false", "verl's classic (deprecated) trainer"),)
+
+
+def cpu_trainer_overrides(classic: bool = False) -> list[str]:
+    extra = CLASSIC_OVERRIDES if classic else V1_OVERRIDES
+    return [override for override, _ in (*CPU_TRAINER_OVERRIDES, *extra)]
 
 
 # One torch/OpenMP thread per process unless the user says otherwise. A CPU run is five busy processes (driver,

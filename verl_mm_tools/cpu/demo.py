@@ -37,18 +37,20 @@ from pathlib import Path
 import psutil
 
 from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
+from verl_mm_tools.agent_loop.step import MANAGER_FQN, SAMPLER_NAME, SAMPLER_PATH
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides
 
 logger = logging.getLogger(__name__)
 
-MANAGER = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
+# verl's trainers: the v1 trainer's modes (verl's default is sync) and the classic (deprecated) trainer.
+TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"),
     ("turns", "num_turns/mean", "{:.2f}"),
     ("tool calls", "tool_call_counts/mean", "{:.2f}"),
-    ("images", "timing_s/mm_tool/images/mean", "{:.2f}"),
-    ("masked", "timing_s/mm_tool/masked/count", "{:.0f}"),
+    ("images", "mm_tool/images/mean", "{:.2f}"),
+    ("masked", "mm_tool/masked/count", "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),
     ("step", "timing_s/step", "{:.1f}s"),
 )
@@ -136,6 +138,7 @@ class DemoOptions:
     val_size: int = 16
     lr: float | None = None  # None: the task's
     seed: int = 0
+    trainer: str = "sync"  # one of TRAINERS
     warm_start: bool = True
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
@@ -240,7 +243,7 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths.config / 'tools.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={paths.config / 'agent_loops.yaml'}",
-        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",
+        *trainer_overrides(options.trainer),
         f"actor_rollout_ref.actor.optim.lr={task.lr if options.lr is None else options.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
@@ -255,9 +258,18 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
     ]
 
 
+def trainer_overrides(trainer: str) -> list[str]:
+    """Select one of verl's trainers (``TRAINERS``) and verl-mm-tools' step hook for it."""
+    if trainer == "classic":
+        return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]
+    return [f"trainer.v1.trainer_mode={trainer}", f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
+            f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}"]
+
+
 def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
     # User overrides come last: hydra lets the last value of a key win.
-    overrides = [*cpu_trainer_overrides(), *task_overrides(options, paths), *options.overrides]
+    overrides = [*cpu_trainer_overrides(classic=options.trainer == "classic"), *task_overrides(options, paths),
+                 *options.overrides]
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 
@@ -277,11 +289,16 @@ def write_command_script(command: list[str], env: dict[str, str], paths: DemoPat
     return script
 
 
+def metric(metrics: dict, key: str):
+    """A step metric by its v1 name; the classic trainer logs the mm_tool ones as ``timing_s/mm_tool/...``."""
+    return metrics.get(key, metrics.get(f"timing_s/{key}"))
+
+
 def format_step(step: int, total: int, metrics: dict, validation_metric: str) -> str:
     parts = [f"step {step}/{total}"]
     for label, key, fmt in (*STEP_FIELDS, ("validation", validation_metric, "{:.3f}")):
-        if key in metrics:
-            parts.append(f"{label} {fmt.format(metrics[key])}")
+        if metric(metrics, key) is not None:
+            parts.append(f"{label} {fmt.format(metric(metrics, key))}")
     return "  ".join(parts)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.step import MANAGER_FQN
 from verl_mm_tools.agent_loop.harness import (
     ROTATE_TOOLS_YAML,
     InProcessActor,
@@ -24,9 +25,8 @@ from verl_mm_tools.agent_loop.harness import (
     tool_call_text,
 )
 
-MANAGER_OVERRIDE = (
-    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
-)
+# The in-process harness runs verl's classic agent-loop worker, so the classic trainer's step hook (the manager).
+CLASSIC_HOOK = ("trainer.use_v1=false", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}")
 REWARD_OVERRIDES = (
     "reward.reward_manager.name=mm_turn_discount",
     "+reward.reward_kwargs.gamma=0.9",
@@ -78,7 +78,7 @@ def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict
     """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
     server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
     turns (a list of texts or a script function)."""
-    config = rollout.config(loop_options=loop_options, extra=[MANAGER_OVERRIDE, *REWARD_OVERRIDES, *extra])
+    config = rollout.config(loop_options=loop_options, extra=[*CLASSIC_HOOK, *REWARD_OVERRIDES, *extra])
     with _restored_loop_registry():
         return _run_manager_steps(config, turns_for, prompts, columns, steps, validate)
 
