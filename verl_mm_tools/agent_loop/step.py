@@ -15,6 +15,7 @@ The v1 trainer's ``MMToolReplayBuffer`` (``replay_buffer``) and the classic trai
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,20 +86,27 @@ def check_masked_fraction(batch: StepBatch) -> None:
     rows = [(masked, error, limit) for masked, error, limit in
             zip(batch.column(PREFIX + "masked"), batch.column(PREFIX + "error"), batch.column(MASKED_LIMIT_KEY))
             if masked is not None]
-    if not rows:
-        return
-    limit = min(float(limit) for _, _, limit in rows if limit is not None) if any(r[2] is not None for r in rows) else 1.0
+    limits = [float(limit) for _, _, limit in rows if limit is not None]
     errors = [str(error) for masked, error, _ in rows if masked]
-    if len(errors) / len(rows) <= limit:
+    if not rows or len(errors) / len(rows) <= min(limits, default=1.0):
         return
-    (common, count), = Counter(errors).most_common(1)
+    example, count = _most_common(errors)
     kind = "validation" if batch.validate else "training"
     raise MaskedBatchError(
         f"{len(errors)} of {len(rows)} mm_tool trajectories of {kind} step {batch.step} were masked (trained on "
-        f"nothing), more than max_masked_fraction={limit:g}; the most common error ({count} of them): {common}. "
-        "Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, images over the "
-        "mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool agent-loop config."
+        f"nothing), more than max_masked_fraction={min(limits):g}; the most common error ({count} of them): "
+        f"{example}. Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, "
+        "images over the mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool "
+        "agent-loop config."
     )
+
+
+def _most_common(errors: list[str]) -> tuple[str, int]:
+    """The most common error, counting errors that differ only in their numbers (a token count, say) as one;
+    returns its first occurrence and the count."""
+    kinds = Counter(re.sub(r"\d+", "N", error) for error in errors)
+    kind, count = kinds.most_common(1)[0]
+    return next(error for error in errors if re.sub(r"\d+", "N", error) == kind), count
 
 
 def _place_turn_rewards(batch: StepBatch) -> int | None:

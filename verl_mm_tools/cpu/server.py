@@ -73,8 +73,8 @@ class HFRolloutServer:
         self._pending.append(request)
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._drain())
-        token_ids, log_probs = await request.future
-        extra = {"global_steps": self.global_steps} if self.global_steps is not None else {}
+        token_ids, log_probs, version = await request.future
+        extra = {"global_steps": version} if version is not None else {}
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0,
                            extra_fields=extra)
 
@@ -94,7 +94,7 @@ class HFRolloutServer:
 
     async def _run(self, batch: list[_Request]) -> None:
         temperature, top_p, top_k = batch[0].sampling
-        started = time.perf_counter()
+        started, version = time.perf_counter(), self.global_steps  # the weights of the whole batch (under the lock)
         try:
             results = await asyncio.to_thread(
                 self.engine.generate_batch,
@@ -109,7 +109,7 @@ class HFRolloutServer:
             return
         for request, result in zip(batch, results, strict=True):
             if not request.future.done():  # a cancelled caller (verl aborted the trajectory) no longer waits
-                request.future.set_result(result)
+                request.future.set_result((*result, version))
         self.stats["requests"] += len(batch)
         self.stats["batches"] += 1
         self.stats["generate_s"] += time.perf_counter() - started
@@ -146,6 +146,8 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        # Nothing to abort for a weight update: batches and weight updates take turns under the lock, so every
+        # response comes from one weight version, which it reports (verl's staleness tags stay exact).
         return {"aborted_count": 0, "request_ids": []}
 
     async def resume_generation(self) -> None:

@@ -1,0 +1,106 @@
+"""The v1 trainer's step hook, ``MMToolReplayBuffer``, sampling from a real TransferQueue (local Ray) with verl's
+own replay-buffer logic: rows stored as verl's ``AgentLoopWorkerTQ`` stores them, exact metrics and rewards back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from verl_mm_tools.agent_loop.stats import TrajectoryStats
+from verl_mm_tools.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    import ray
+    import transfer_queue as tq
+    import verl
+    from omegaconf import OmegaConf
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    config = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml"))
+    config.backend.SimpleStorage.num_data_storage_units = 1
+    tq.init(config)
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def buffer(trainer_mode="sync", **sampler_kwargs):
+    from verl_mm_tools.agent_loop.replay_buffer import MMToolReplayBuffer
+
+    # the keyword arguments verl's PPOTrainer._build_replay_buffer passes a custom sampler
+    return MMToolReplayBuffer(trainer_mode=trainer_mode, trainer_config={}, max_off_policy_threshold=8,
+                              max_off_policy_strategy="drop", sampler_kwargs=sampler_kwargs, refill_fn=None)
+
+
+def trajectory(calls: int, *, masked=False, turn_credit=False, turn_rewards=()) -> dict:
+    stats = TrajectoryStats(masked=masked, stop_reason="error" if masked else "answered", images=1 + calls)
+    for _ in range(calls):
+        stats.record_call("rotate", 0.01, failed=False)
+    stats.turn_rewards = list(turn_rewards)
+    return {**stats.to_extra_fields(), "mm_tool/max_masked_fraction": 0.5, "mm_tool/turn_credit": turn_credit,
+            "reward_extra_info": {"score": 1.0}, "min_global_steps": 3, "max_global_steps": 3}
+
+
+def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3) -> None:
+    """A finished prompt group as verl's AgentLoopWorkerTQ leaves it: one key per session, then the prompt tag."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    keys = [f"{uid}_{session}_0" for session in range(len(rows))]
+    fields = [{"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra}
+              for mask, scores, extra in rows]
+    tags = [{"status": "success", "global_steps": step, "min_global_steps": step, "max_global_steps": step}] * len(rows)
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+    tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
+
+
+def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
+    tq = transfer_queue
+    put_group(tq, "group1", [
+        ([1, 1, 0, 0, 1], [0, 0, 0, 0, 1.0], trajectory(2, turn_credit=True, turn_rewards=[0.5, 0.25])),
+        ([1, 1, 1], [0, 0, 0.0], trajectory(0, turn_credit=True, turn_rewards=[0.0])),
+    ])
+    batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
+    assert sorted(batch.keys) == ["group1_0_0", "group1_1_0"]
+    assert metrics["tool_call_counts/mean"] == 1.0 and metrics["tool_call_counts/max"] == 2.0
+    assert metrics["mm_tool/tool/rotate/calls_per_trajectory"] == 1.0
+    assert metrics["mm_tool/images/mean"] == 2.0
+    assert metrics["mm_tool/masked/count"] == 0
+    assert metrics["mm_tool/turn_rewards/unplaced"] == 0
+    scores = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["rm_scores"])["rm_scores"]
+    by_key = dict(zip(batch.keys, (row.tolist() for row in scores.unbind()), strict=True))
+    assert by_key == {"group1_0_0": [0, 0.5, 0, 0, 1.25], "group1_1_0": [0, 0, 0]}
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+def test_a_batch_of_masked_trajectories_stops_the_run(transfer_queue):
+    from verl_mm_tools.agent_loop.step import MaskedBatchError
+
+    put_group(transfer_queue, "group2", [([0], [0.0], trajectory(0, masked=True))] * 2)
+    with pytest.raises(MaskedBatchError, match="^2 of 2 mm_tool trajectories of training step 3 were masked"):
+        buffer().sample(global_steps=3, partition_id="train", batch_size=1)
+
+
+def test_async_modes_get_verls_async_buffer_and_the_poll_interval_is_an_option():
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    from verl_mm_tools.agent_loop.replay_buffer import DEFAULT_POLL_INTERVAL_S, MMToolReplayBufferAsync
+
+    assert not isinstance(buffer("sync"), ReplayBufferAsync)
+    assert isinstance(buffer("colocate_async"), MMToolReplayBufferAsync)
+    assert isinstance(buffer("separate_async"), ReplayBufferAsync)
+    assert buffer().poll_interval == DEFAULT_POLL_INTERVAL_S
+    assert buffer(poll_interval_s=0.5).poll_interval == 0.5
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"poll_interval_s": 0}, "poll_interval_s must be in (0, 60] seconds, got 0"),
+    ({"poll_interval_s": "1"}, "poll_interval_s must be in (0, 60] seconds, got '1'"),
+    ({"poll_intervals": 1}, "unknown trainer.v1.sampler.sampler_kwargs ['poll_intervals'] for MMToolReplayBuffer"),
+])
+def test_bad_sampler_options_are_refused(options, message):
+    with pytest.raises(ConfigError, match=__import__("re").escape(message)):
+        buffer(**options)

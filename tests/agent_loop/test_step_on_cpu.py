@@ -1,0 +1,110 @@
+"""The step hook both trainers run (``step.process_step``), on real mm_tool outputs of the tiny VLM through verl's
+AgentLoopWorker: the masked-batch guard, metrics, turn rewards; and which hook a config selects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, compose_trainer_config, image_prompt
+from verl_mm_tools.agent_loop.manager import step_batch
+from verl_mm_tools.agent_loop.step import (
+    MaskedBatchError,
+    StepBatch,
+    hook_overrides,
+    process_step,
+    step_hook_configured,
+)
+from verl_mm_tools.errors import ConfigError
+
+ANSWER = "<answer>90</answer><|im_end|>"
+CLASSIC = ["trainer.use_v1=false"]
+# With the default system prompt, the short question renders to 358 tokens and the long ones to 414: a prompt length
+# of 400 masks exactly the three long ones (verl refuses to truncate a multimodal prompt).
+PROMPT_LENGTH = 400
+
+
+@pytest.fixture
+def rollout(tiny_model_dir, tmp_path):
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(ROTATE_TOOLS_YAML)
+    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
+
+
+def prompts(long: int, short: int = 1) -> list:
+    picture = Image.new("RGB", (56, 56), (200, 0, 0))
+    return [image_prompt("What color?", [picture])] * short + [image_prompt("What color? " * 20, [picture])] * long
+
+
+def run_step(rollout, rows, *, validate=False, **loop_options):
+    output, _, _ = rollout.run([ANSWER], rows, prompt_length=PROMPT_LENGTH, loop_options=loop_options or None,
+                               extra=CLASSIC)
+    return process_step(step_batch(output, {"global_steps": 7, "validate": validate}))
+
+
+def test_a_batch_with_most_trajectories_masked_stops_the_run_with_the_most_common_error(rollout):
+    with pytest.raises(MaskedBatchError) as raised:
+        run_step(rollout, prompts(long=3))
+    message = str(raised.value)
+    assert message.startswith("3 of 4 mm_tool trajectories of training step 7 were masked (trained on nothing), more "
+                              "than max_masked_fraction=0.5; the most common error (3 of them): ValueError: "
+                              "Multimodal prompt produced 414 tokens, exceeding rollout.prompt_length=400.")
+    assert message.endswith("or raise max_masked_fraction in the mm_tool agent-loop config.")
+
+
+def test_the_guard_checks_validation_batches_too(rollout):
+    with pytest.raises(MaskedBatchError, match="^4 of 4 mm_tool trajectories of validation step 7 were masked"):
+        run_step(rollout, prompts(long=4, short=0), validate=True)
+
+
+def test_masked_trajectories_within_the_limit_are_counted_and_training_goes_on(rollout):
+    metrics = run_step(rollout, prompts(long=3), max_masked_fraction=0.75)
+    assert metrics["mm_tool/masked/count"] == 3
+    assert metrics["mm_tool/masked/mean"] == 0.75
+    assert metrics["mm_tool/stop/error"] == 0.75
+    assert metrics["mm_tool/stop/answered"] == 0.25
+    assert metrics["tool_call_counts/mean"] == 0
+    assert "mm_tool/turn_rewards/unplaced" not in metrics  # GRPO: no turn credit
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.5, "half", True])
+def test_max_masked_fraction_must_be_a_fraction(fraction):
+    with pytest.raises(ConfigError, match=f"max_masked_fraction must be a number in \\[0, 1\\], got {fraction!r}"):
+        MMToolLoopConfig.from_options({"max_masked_fraction": fraction}, limit_images=None)
+
+
+def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_credit():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]])
+    scores = torch.zeros(3, 6)
+    scores[:, 4] = 1.0
+    batch = StepBatch(
+        columns={"mm_tool/turn_credit": [True, False, True], "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]]},
+        response_mask=mask, rm_scores=scores, rollout_n=[0, 1, 2],
+    )
+    metrics = process_step(batch)
+    assert batch.rm_scores.tolist() == [[0, 0.25, 0, 0, 1.5, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 0]]
+    assert metrics == {"mm_tool/turn_rewards/unplaced": 1.0}  # the third row has 1 turn but 2 rewards
+
+
+@pytest.mark.parametrize("overrides, configured", [
+    ([], False),
+    (["trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+      "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer"], True),
+    (["trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+      "trainer.v1.sampler.custom_sampler.name=MMToolReplayBufferAsync"], True),  # a subclass
+    (["trainer.v1.sampler.custom_sampler.path=pkg://verl.trainer.ppo.v1.replay_buffer",
+      "trainer.v1.sampler.custom_sampler.name=ReplayBuffer"], False),
+    (["+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+      "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"], False),  # the classic hook on the v1 trainer
+    (["trainer.use_v1=false", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+      "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"], True),
+    (["trainer.use_v1=false"], False),
+])
+def test_the_hook_of_the_trainer_in_use_is_recognised(tiny_model_dir, overrides, configured):
+    config = compose_trainer_config(str(tiny_model_dir), overrides)
+    assert step_hook_configured(config) is configured
+    if not configured:  # what the loop's warning and errors tell the user to set
+        fixed = compose_trainer_config(str(tiny_model_dir), [*overrides, *hook_overrides(config)])
+        assert step_hook_configured(fixed)
