@@ -26,21 +26,23 @@ def test_figure_verdicts():
     assert bench.Figure("x", 1.2, "<= 1.05").line() == "x 1.2 <=1.05 FAIL"
 
 
-def test_step_figures_skip_warmup_and_measure_the_rollout_phase_outside_generation():
-    def step(number, seconds, gen, slowest):
-        return {"step": number, "timing_s/step": seconds, "timing_s/gen": gen,
-                "timing_s/agent_loop/generate_sequences/max": slowest}
+def test_step_figures_skip_warmup_compare_loops_and_trainers():
+    def step(number, seconds, gen=2.0, slowest=None):
+        timing = {"timing_s/agent_loop/generate_sequences/max": slowest} if slowest is not None else {}
+        return {"step": number, "timing_s/step": seconds, "timing_s/gen": gen, **timing}
 
     warmup = [step(1, 60.0, 50.0, 1.0), step(2, 30.0, 20.0, 1.0)]  # one-time costs: left out
     metrics = {
-        "tool_agent": [*warmup, step(3, 4.0, 2.0, 1.6), step(4, 5.0, 2.0, 1.5), step(5, 4.5, 2.0, 1.1)],
-        "mm_tool": [*warmup, step(3, 4.4, 2.0, 1.2), step(4, 4.6, 2.2, 1.8), {"step": 5, "val-core/x": 1.0}],
+        "tool_agent": [*warmup, step(3, 4.0), step(4, 5.0), step(5, 4.5)],
+        "mm_tool": [*warmup, step(3, 4.4), step(4, 4.6), {"step": 5, "val-core/x": 1.0}],
+        "mm_tool_classic": [*warmup, step(3, 4.0, 2.0, 1.2), step(4, 4.2, 2.2, 1.8), step(5, 4.4, 2.0, 1.1)],
     }
     lines = [figure.line() for figure in bench.step_figures(metrics)]
     assert lines == [
         "step/tool_agent_s 4.5 <=inf PASS",
-        "step/tool_agent/rollout_outside_generation_share 0.1333 <=inf PASS",  # mean of 0.1, 0.1, 0.2
         "step/mm_tool_s 4.5 <=inf PASS",
-        "step/mm_tool/rollout_outside_generation_share 0.1344 <=0.1 FAIL",  # mean of 0.8/4.4, 0.4/4.6
+        "step/mm_tool_classic_s 4.2 <=inf PASS",
+        "step/mm_tool_classic/rollout_outside_generation_share 0.1666 <=0.1 FAIL",  # mean of 0.8/4, 0.4/4.2, 0.9/4.4
         "step/ratio 1 <=1.05 PASS",
+        "step/v1_vs_classic 1.071 <=1.10 PASS",  # 4.5 / 4.2
     ]

@@ -1,5 +1,6 @@
 """End to end: ``verl-mm-tools demo`` runs verl's real trainer (``python -m verl.trainer.main_ppo``, Ray, FSDP2 on
-gloo, the hf rollout) for two GRPO steps with the mm_tool loop and the rotate tool, and we check what verl logged."""
+gloo, the hf rollout) for two GRPO steps with the mm_tool loop and the rotate tool, on each of verl's trainers (the
+v1 trainer's three modes, sync by default, and the classic one), and we check what verl logged."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import psutil
 import pytest
 
-from verl_mm_tools.cpu.demo import DemoOptions, run_demo
+from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo
 
 # Rollout (HF server, fp32) vs actor (FSDP2, fp32) log-probs of the same tokens: measured 1e-6..3e-6.
 LOGPROB_DIFF_BOUND = 1e-4
@@ -16,12 +17,15 @@ PROMPT_IMAGE_TOKENS = 4  # a 56x56 picture is 2x2 merged tokens
 STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
+MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
+
+
+@pytest.fixture(scope="module", params=TRAINERS)
+def demo(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"demo_{request.param}")
     lines: list[str] = []
     options = DemoOptions(out=out, steps=STEPS, prompts_per_step=PROMPTS, rollouts_per_prompt=ROLLOUTS,
-                          train_size=16, val_size=8)
+                          train_size=16, val_size=8, trainer=request.param)
     returncode = run_demo(options, lines.append)
     metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return returncode, out, lines, metrics
@@ -55,9 +59,9 @@ def test_trajectories_called_the_tool_and_nothing_was_masked(demo):
     for record in metrics:
         data = record["data"]
         assert data["tool_call_counts/mean"] >= 0.5
-        assert data["timing_s/mm_tool/tool/rotate/calls_per_trajectory"] >= 0.5
-        assert data["timing_s/mm_tool/tool_errors/mean"] == 0
-        assert data["timing_s/mm_tool/masked/count"] == 0
+        assert metric(data, "mm_tool/tool/rotate/calls_per_trajectory") >= 0.5
+        assert metric(data, "mm_tool/tool_errors/mean") == 0
+        assert metric(data, "mm_tool/masked/count") == 0
 
 
 @pytest.mark.slow
@@ -68,11 +72,12 @@ def test_tool_images_reached_the_trainer(demo):
     _, _, _, metrics = demo
     for record in metrics:
         data = record["data"]
-        assert data["timing_s/mm_tool/images/mean"] > 1
-        assert data["timing_s/mm_tool/image_tokens/mean"] > PROMPT_IMAGE_TOKENS
+        assert metric(data, "mm_tool/images/mean") > 1
+        assert metric(data, "mm_tool/image_tokens/mean") > PROMPT_IMAGE_TOKENS
         assert data["actor/grad_norm"] > 0
         assert data["training/rollout_probs_diff_valid"] == 1
-        assert data["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND
+    # Async modes train on rollouts of the previous weights from step 2 on: the difference is then the update's.
+    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND
 
 
 @pytest.mark.slow
@@ -80,15 +85,36 @@ def test_rewards_are_logged_and_dumped_per_trajectory(demo):
     _, out, _, metrics = demo
     for record in metrics:
         assert 0.0 <= record["data"]["critic/score/mean"] <= 1.0
+        assert metric(record["data"], "mm_tool/dump/written") == 8  # the demo's dump_max_per_step
     for step in range(1, STEPS + 1):
         rows = [json.loads(line) for line in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
         assert len(rows) == PROMPTS * ROLLOUTS
         assert all(0.0 <= row["score"] <= 1.0 and row["step"] == step for row in rows)
-        with_calls = [row for row in rows if row["tool_calls"] >= 1]
-        assert len(with_calls) >= len(rows) // 2
-        assert all("<tool_response>" in row["output"] for row in with_calls)
+        records = [json.loads(path.read_text()) for path in (out / "trajectories" / f"step_{step:06d}").glob("*/*.json")]
+        assert len(records) == 8 and all(record["step"] == step and not record["validate"] for record in records)
+        assert {record["reward"]["score"] for record in records} <= {row["score"] for row in rows}
+        with_calls = [record for record in records if record["stats"]["tool_call_counts"] >= 1]
+        assert len(with_calls) >= len(records) // 2
+        assert all(record["reward"]["extra"]["tool_calls"] == record["stats"]["tool_call_counts"] for record in records)
+    assert list((out / "trajectories" / f"val_step_{STEPS:06d}").glob("*/trajectory.json"))
     validation = metrics[-1]["data"]
     assert "val-core/verl_mm_tools/rotation/reward/mean@1" in validation
+
+
+@pytest.mark.slow
+def test_staleness_tags_are_consistent(demo):
+    """v1 tags each trajectory with the weight versions it was generated on (min/max_global_steps): sync trains on
+    the current weights only; the async modes may train on older ones, within verl's off-policy threshold."""
+    _, out, _, metrics = demo
+    if "classic" in out.name:
+        pytest.skip("the classic trainer has no staleness tags")
+    for record in metrics:
+        data, step = record["data"], record["step"]
+        assert data["training/off_policy/trajectory_spans/min"] >= 1
+        assert data["training/off_policy/trajectory_staleness/min"] >= 0
+        assert data["training/off_policy/trajectory_staleness_worst/max"] <= min(step - 1, MAX_OFF_POLICY)
+        if "demo_sync" in out.name:
+            assert data["training/off_policy/trajectory_staleness_worst/max"] == 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,125 @@
+"""The ``cpu_object_store`` checkpoint engine, driven the way verl's CheckpointEngineManager drives it (prepare ->
+build_topology -> init_process_group -> send/receive -> finalize), each engine in its own Ray actor: the received
+tensors equal the sent ones exactly, in order, with their dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from verl_mm_tools.cpu.checkpoint_engine import (
+    BACKEND_NAME,
+    CPUObjectStoreCheckpointEngine,
+    WeightMailbox,
+)
+
+# Small buckets, so a sync takes several buckets and one tensor (4 KB) is larger than a bucket.
+BUCKET_BYTES = 1024
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote
+class EngineHost:
+    """Holds one engine in its own process, like an actor rank or a rollout worker."""
+
+    def __init__(self, is_master: bool, timeout_s: float = 60.0):
+        self.engine = CPUObjectStoreCheckpointEngine(bucket_size=BUCKET_BYTES, is_master=is_master,
+                                                     timeout_s=timeout_s)
+
+    def call(self, method: str, **kwargs):
+        return getattr(self.engine, method)(**kwargs)
+
+    async def send(self, weights: list[tuple[str, torch.Tensor]], global_steps: int) -> dict:
+        return await self.engine.send_weights(iter(weights), global_steps=global_steps)
+
+    async def receive(self, global_steps: int) -> list[tuple[str, torch.Tensor]]:
+        return [(name, tensor.clone()) async for name, tensor in self.engine.receive_weights(global_steps=global_steps)]
+
+
+def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        ("embed.weight", torch.randn(8, 16, generator=generator)),
+        ("layer.0.weight", torch.randn(32, 32, generator=generator)),  # 4 KB: larger than a bucket
+        ("layer.0.bias", torch.randn(32, generator=generator).to(torch.bfloat16)),
+        ("layer.1.weight", torch.randn(4, 4, generator=generator).to(torch.float16)),
+        ("position_ids", torch.arange(10, dtype=torch.int64) * (seed + 1)),
+        ("scalar", torch.tensor(float(seed))),
+    ]
+
+
+def sync(actors, rollouts, sent, global_steps: int) -> tuple[list, list[dict]]:
+    """One weight sync as CheckpointEngineManager.update_weights runs it; returns what each rollout received and
+    what each actor's send returned."""
+    metadata = ray.get([host.call.remote("prepare") for host in actors + rollouts])
+    actor_kwargs, rollout_kwargs = CPUObjectStoreCheckpointEngine.build_topology(len(actors), len(rollouts), metadata)
+    ray.get([host.call.remote("init_process_group", **{key: values[rank] for key, values in actor_kwargs.items()})
+             for rank, host in enumerate(actors)]
+            + [host.call.remote("init_process_group", **{key: values[rank] for key, values in rollout_kwargs.items()})
+               for rank, host in enumerate(rollouts)])
+    sends = [host.send.remote(sent, global_steps) for host in actors]
+    received = ray.get([host.receive.remote(global_steps) for host in rollouts])
+    results = ray.get(sends)
+    ray.get([host.call.remote("finalize") for host in actors + rollouts])
+    return received, results
+
+
+def assert_exactly_equal(received, sent):
+    assert [name for name, _ in received] == [name for name, _ in sent]
+    for (name, got), (_, expected) in zip(received, sent, strict=True):
+        assert got.dtype == expected.dtype, name
+        assert got.shape == expected.shape, name
+        assert torch.equal(got, expected), name
+
+
+def test_two_receivers_get_exactly_the_sent_tensors_on_every_sync():
+    actors = [EngineHost.remote(is_master=True), EngineHost.remote(is_master=False)]  # rank 1 only iterates
+    rollouts = [EngineHost.remote(is_master=False), EngineHost.remote(is_master=False)]
+    for step, seed in ((1, 0), (2, 1)):  # a second sync with other values: nothing of the first one is reused
+        sent = weights(seed)
+        received, results = sync(actors, rollouts, sent, global_steps=step)
+        for tensors in received:
+            assert_exactly_equal(tensors, sent)
+        master, relay = results
+        assert relay == {}
+        assert master["cpu_object_store/sent_tensors"] == len(sent)
+        assert master["cpu_object_store/weights_version"] == step
+        assert master["cpu_object_store/sent_mb"] == sum(tensor.nbytes for _, tensor in sent) / 2**20
+
+
+def test_finalize_releases_the_sync():
+    mailbox = ray.remote(WeightMailbox).remote()
+    ref = ray.put([("w", torch.ones(2))])
+    ray.get(mailbox.post.remote("sync", 0, [ref], True))
+    refs, is_last = ray.get(mailbox.take.remote("sync", 0, 5.0))
+    assert is_last and torch.equal(ray.get(refs[0])[0][1], torch.ones(2))
+    assert ray.get(mailbox.drop.remote("sync")) == 1
+    assert ray.get(mailbox.drop.remote("sync")) == 0
+
+
+def test_a_receiver_without_a_sender_fails_with_a_clear_error():
+    receiver = EngineHost.remote(is_master=False, timeout_s=0.5)
+    mailbox = ray.remote(WeightMailbox).remote()
+    ray.get(receiver.call.remote("init_process_group", role="receiver", mailbox=mailbox, sync_id="lost"))
+    with pytest.raises(ray.exceptions.RayTaskError, match="bucket 0 of weight sync lost was not posted within"):
+        ray.get(receiver.receive.remote(1))
+
+
+def test_the_topology_rejects_a_master_that_is_not_actor_rank_0():
+    metadata = [{"is_master": False}, {"is_master": True}, {"is_master": False}]
+    with pytest.raises(ValueError, match=r"masters at actor ranks \[1\] of 2"):
+        CPUObjectStoreCheckpointEngine.build_topology(2, 1, metadata)
+
+
+def test_the_backend_is_registered_with_verl():
+    import verl  # noqa: F401  (loads the plugins)
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    assert CheckpointEngineRegistry.get(BACKEND_NAME) is CPUObjectStoreCheckpointEngine
