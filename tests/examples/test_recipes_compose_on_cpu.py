@@ -1,6 +1,6 @@
 """Every recipe under examples/recipes composes through verl's hydra config (for vLLM and for SGLang), and every
 name it references resolves: agent loop, its options, tools (through verl's own YAML loader), reward function or
-manager, advantage estimator, agent-loop manager class. Recipes cannot rot silently."""
+manager, advantage estimator, the trainer's step hook. Recipes cannot rot silently."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 import verl_mm_tools.plugin  # noqa: F401  (registers our names, as `import verl` does through the entry point)
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.mm_tool_loop import VERL_LOOP_KWARGS
+from verl_mm_tools.agent_loop.step import step_hook_configured
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"
@@ -43,7 +44,7 @@ def test_recipe_composes_and_every_name_resolves(name, backend, monkeypatch):
     _check_tools(rollout.multi_turn.tool_config_path)
     _check_reward(config.reward)
     _check_estimator(config.algorithm.adv_estimator)
-    _check_class(rollout.agent.agent_loop_manager_class)
+    assert step_hook_configured(config)  # the v1 trainer's: verl-mm-tools' replay buffer
 
 
 def _check_rollout_dataclass(rollout):
