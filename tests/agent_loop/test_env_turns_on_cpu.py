@@ -105,9 +105,8 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
 
 
 def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
-    from verl_mm_tools.agent_loop.harness import InProcessActor, ScriptedServer, in_process_reward_worker, make_batch, make_worker
+    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, InProcessActor, ScriptedServer, in_process_reward_worker, make_batch, make_worker
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
-    from verl_mm_tools.viewer.sample import CLASSIC_HOOK
     from verl_mm_tools.rewards.turn_credit import turn_spans
 
     prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3})

@@ -128,7 +128,7 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
 
 def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, torch.Tensor]]:
     """Token-exact trajectories of the mm_tool loop with random tool angles and random answers."""
-    from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, LocalRollout, image_prompt, tool_call_text, unpadded_row
 
     rng = random.Random(spec.seed)
     task = TASKS[spec.task]
@@ -144,7 +144,8 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
         return f"<answer>{label_of[images[0].tobytes()]}</answer><|im_end|>"
 
     with tempfile.TemporaryDirectory() as workdir:
-        output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(script, prompts, max_turns=2)
+        output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(script, prompts, max_turns=2,
+                                                                            extra=CLASSIC_HOOK)
     image_token = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     answer_tag = worker.tokenizer.encode("<answer>")
     examples = []

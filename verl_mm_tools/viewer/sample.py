@@ -12,8 +12,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.step import MANAGER_FQN
 from verl_mm_tools.agent_loop.harness import (
+    CLASSIC_HOOK,
     ROTATE_TOOLS_YAML,
     InProcessActor,
     LocalRollout,
@@ -25,8 +25,6 @@ from verl_mm_tools.agent_loop.harness import (
     tool_call_text,
 )
 
-# The in-process harness runs verl's classic agent-loop worker, so the classic trainer's step hook (the manager).
-CLASSIC_HOOK = ("trainer.use_v1=false", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}")
 REWARD_OVERRIDES = (
     "reward.reward_manager.name=mm_turn_discount",
     "+reward.reward_kwargs.gamma=0.9",
