@@ -1,4 +1,4 @@
-"""The three verl patches of the CPU backend: their guards, the failure each fixes, and that each changes nothing else."""
+"""The verl patches of the CPU backend: their guards, the failure each fixes, and that each changes nothing else."""
 
 from __future__ import annotations
 
@@ -150,6 +150,34 @@ def test_equal_lengths_break_verls_packing_and_the_fix_repairs_it():
     padded = torch.nested.to_padded_tensor(as_a_worker_receives_it(fixed)["position_ids"], padding=0,
                                            output_size=(4, 4, 8))  # what the FSDP engine does per micro-batch
     assert torch.equal(padded[:, :, :6], torch.stack(expected_positions(batch)))
+
+
+def transfer_queue_batch(lengths: list[int]) -> TensorDict:
+    """Position ids of a v1 batch as TransferQueue hands it to a worker: per-sample (4, L) tensors packed with
+    ``as_nested_tensor``, then consolidated and pickled."""
+    components = [torch.arange(length).expand(4, length) + 100 * row for row, length in enumerate(lengths)]
+    packed = torch.nested.as_nested_tensor(components, layout=torch.jagged)
+    return pickle.loads(pickle.dumps(TensorDict({"position_ids": packed}, batch_size=[len(lengths)]).consolidate()))
+
+
+@pytest.mark.parametrize("lengths", [[6, 6, 6, 6], [6, 5, 7, 6]])
+def test_v1_batches_are_repaired_where_verl_only_resets_the_ragged_index(lengths):
+    """Equal lengths: verl's maybe_fix_3d_position_ids sets index 2 over offsets that run along the 4, and selecting
+    a mini-batch dies (the learning task's crash on the v1 trainer). Unequal lengths: only the index was lost."""
+    from verl.utils.tensordict_utils import index_select_tensor_dict, maybe_fix_3d_position_ids
+
+    original = getattr(maybe_fix_3d_position_ids, "__wrapped__", maybe_fix_3d_position_ids)
+    assert patches.FIX_3D_EXPECTED_SOURCE in inspect.getsource(original)
+    broken = transfer_queue_batch(lengths)
+    original(broken)
+    if len(set(lengths)) == 1:
+        with pytest.raises(RuntimeError):  # torch words it differently by path: split_with_sizes, cond
+            index_select_tensor_dict(broken, torch.tensor([0, 2]))
+    fixed = transfer_queue_batch(lengths)
+    fixed["position_ids"] = patches.fix_ragged_position_ids(fixed["position_ids"])
+    selected = index_select_tensor_dict(fixed, torch.tensor([0, 2]))["position_ids"].unbind()
+    assert [tensor.tolist() for tensor in selected] == [
+        (torch.arange(lengths[row]).expand(4, lengths[row]) + 100 * row).tolist() for row in (0, 2)]
 
 
 def test_unequal_lengths_are_left_exactly_as_verl_packs_them():

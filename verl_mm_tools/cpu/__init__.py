@@ -3,7 +3,9 @@
 The only package module that touches verl internals. Everything is inert unless selected:
 
 - ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies ``patches``;
-- ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``).
+- ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``);
+- ``actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_object_store`` selects the weight transfer of verl's
+  ``separate_async`` trainer on CPU (``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 
 ``config.cpu_trainer_overrides()`` lists the hydra overrides a CPU run of ``verl.trainer.main_ppo`` needs.
 """
@@ -30,11 +32,14 @@ def _load_hf_replica():
 
 
 def register_cpu_backend() -> None:
-    """Register the CPU platform and the ``hf`` rollout with verl; patch verl only when the CPU platform is selected."""
+    """Register the CPU platform, the ``hf`` rollout and the ``cpu_object_store`` checkpoint engine with verl; patch
+    verl only when the CPU platform is selected."""
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
     from verl.plugin.platform import PlatformRegistry
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME, CPUObjectStoreCheckpointEngine
     from verl_mm_tools.cpu.platform import PLATFORM_NAME, PlatformCPU
     from verl_mm_tools.cpu.replica import ROLLOUT_NAME
 
@@ -43,6 +48,9 @@ def register_cpu_backend() -> None:
     # verl has no public API for the worker-side rollout class: its registry maps (name, mode) to a class path.
     register_unique(rollout_base._ROLLOUT_REGISTRY, (ROLLOUT_NAME, "async"),
                     "verl_mm_tools.cpu.replica.HFServerAdapter", "rollout adapter")
+    # verl's registry takes classes (no lazy loaders); the module imports only what verl.checkpoint_engine does.
+    register_unique(CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine,
+                    "checkpoint engine")
     if cpu_platform_selected():
         from verl_mm_tools.cpu.patches import apply_cpu_patches
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME as CHECKPOINT_BACKEND
 from verl_mm_tools.cpu.platform import PLATFORM_NAME
 from verl_mm_tools.cpu.replica import ROLLOUT_NAME
 
@@ -49,12 +50,33 @@ V1_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
      "TransferQueue starts one actor per storage unit (default 8, for several nodes); one machine needs one"),
 )
+# Only on the v1 trainer's separate_async mode (trainer.v1.trainer_mode=separate_async): rollout on its own resource
+# pool, fed new weights through a checkpoint engine after every step. Later values of a key win in hydra, so these
+# come after CPU_TRAINER_OVERRIDES.
+SEPARATE_ASYNC_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.rollout.nnodes=1", "the standalone rollout's resource pool: one node ..."),
+    ("actor_rollout_ref.rollout.n_gpus_per_node=1", "... with one logical GPU: one hf server replica"),
+    ("++ray_kwargs.ray_init.num_gpus=2", "one logical Ray GPU for the trainer's pool, one for the rollout's (verl's "
+                                         "pools ask for GPUs; the CPU platform's Ray resource is GPU); ++ replaces "
+                                         "the 1 of CPU_TRAINER_OVERRIDES, where + would fail on a duplicate key"),
+    (f"actor_rollout_ref.rollout.checkpoint_engine.backend={CHECKPOINT_BACKEND}",
+     "separate_async refuses the in-process naive engine (trainer and rollout live in different processes) and "
+     "nccl/nixl/mooncake/hccl need GPUs or RDMA: weights go through Ray's object store"),
+    ("trainer.v1.separate_async.parameter_sync_step=1",
+     "the trainer asserts train_batch_size == parameter_sync_step * ppo_mini_batch_size, and the demo trains on the "
+     "whole batch as one mini-batch; 1 also syncs weights to the rollout after every step"),
+)
 CLASSIC_OVERRIDES: tuple[tuple[str, str], ...] = (("trainer.use_v1=false", "verl's classic (deprecated) trainer"),)
 
 
 def cpu_trainer_overrides(classic: bool = False) -> list[str]:
     extra = CLASSIC_OVERRIDES if classic else V1_OVERRIDES
     return [override for override, _ in (*CPU_TRAINER_OVERRIDES, *extra)]
+
+
+def separate_async_overrides() -> list[str]:
+    """Add to ``cpu_trainer_overrides()`` (after it) for ``trainer.v1.trainer_mode=separate_async``."""
+    return [override for override, _ in SEPARATE_ASYNC_OVERRIDES]
 
 
 # One torch/OpenMP thread per process unless the user says otherwise. A CPU run is five busy processes (driver,

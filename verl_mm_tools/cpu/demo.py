@@ -262,8 +262,11 @@ def trainer_overrides(trainer: str) -> list[str]:
     """Select one of verl's trainers (``TRAINERS``) and verl-mm-tools' step hook for it."""
     if trainer == "classic":
         return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]
+    from verl_mm_tools.cpu.config import separate_async_overrides
+
+    extra = separate_async_overrides() if trainer == "separate_async" else []
     return [f"trainer.v1.trainer_mode={trainer}", f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
-            f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}"]
+            f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}", *extra]
 
 
 def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:

@@ -2,8 +2,10 @@
 
 - ``HFReplica`` (``RolloutReplicaRegistry``): launches one ``HFRolloutServer`` Ray actor per replica, on the node of
   the replica's trainer worker, named so the worker side can find it.
-- ``HFServerAdapter`` (``_ROLLOUT_REGISTRY``, lives in the trainer worker): hands the trainer's weights to that server
-  after each step (verl's ``naive`` checkpoint engine path) and answers verl's resume/release calls.
+- ``HFServerAdapter`` (``_ROLLOUT_REGISTRY``): hands the trainer's weights to that server after each step and answers
+  verl's resume/release calls. It lives in the trainer worker when rollout is colocated (verl's ``naive`` checkpoint
+  engine), or in the standalone replica's ``CheckpointEngineWorker`` (``separate_async``: the weights arrive through
+  ``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ class HFServerAdapter(BaseRollout):
         if wire_format != "named_tensors":
             raise NotImplementedError(
                 f"the hf rollout takes full named tensors, got wire_format={wire_format!r}; set "
-                "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=naive (trainer and rollout colocated) or "
+                "cpu_object_store (separate_async)"
             )
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("the hf rollout does not take LoRA adapters; set actor_rollout_ref.model.lora.merge=true")
