@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.cpu.demo import (LEARNED_WINDOW, TASKS, TRAINING_REWARD, DemoOptions, DemoPaths, RunResult,
-                                    format_step, learned, learning_curve, trainer_command)
+from verl_mm_tools.cpu.demo import (LEARNED_WINDOW, TASKS, TRAINERS, TRAINING_REWARD, DemoOptions, DemoPaths,
+                                    RunResult, format_step, learned, learning_curve, run_demo, trainer_command)
+from verl_mm_tools.errors import ConfigError
 
 LEARN = TASKS["learn"]
 VALIDATION = LEARN.validation_metric
@@ -70,6 +71,29 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
         assert config.trainer.val_before_train is True and config.trainer.test_freq == 5
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_each_trainer_composes_with_its_step_hook(trainer, tmp_path):
+    from verl_mm_tools.agent_loop.harness import compose_trainer_config
+    from verl_mm_tools.agent_loop.step import step_hook_configured, uses_v1_trainer
+
+    paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
+    config = compose_trainer_config("/model", trainer_command(DemoOptions(out=tmp_path, trainer=trainer), paths)[3:])
+    assert uses_v1_trainer(config) is (trainer != "classic")
+    assert step_hook_configured(config)
+    if trainer != "classic":
+        assert config.trainer.v1.trainer_mode == trainer
+        assert config.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    if trainer == "separate_async":
+        assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "cpu_object_store"
+        assert config.ray_kwargs.ray_init.num_gpus == 2
+
+
+def test_an_unknown_trainer_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown trainer 'snyc'; choose one of \('sync', 'colocate_async', "
+                                          r"'separate_async', 'classic'\)\. Did you mean 'sync'\?"):
+        run_demo(DemoOptions(out=tmp_path, trainer="snyc"), print)
 
 
 def test_user_overrides_win_and_unknown_tasks_are_refused(tmp_path):

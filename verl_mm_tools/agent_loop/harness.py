@@ -16,7 +16,7 @@ from PIL import Image
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.step import MANAGER_FQN
+from verl_mm_tools.agent_loop.step import hook_overrides
 
 # A tool YAML with the rotate tool alone, for verl's loader (tests, benchmarks, the demo).
 ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
@@ -24,7 +24,7 @@ ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n   
 
 # The harness runs verl's classic agent-loop worker in-process: configs that stand for a trainer run select the
 # classic trainer and its step hook, the manager.
-CLASSIC_HOOK = ("trainer.use_v1=false", f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}")
+CLASSIC_HOOK = ("trainer.use_v1=false", *hook_overrides(v1=False))
 
 
 def compose_trainer_config(model_path: str, overrides: Sequence[str] = ()) -> DictConfig:

@@ -140,9 +140,10 @@ def uses_v1_trainer(trainer_config) -> bool:
     return bool(trainer_config.trainer.get("use_v1", True))  # verl 0.9.1's default
 
 
-def hook_overrides(trainer_config) -> list[str]:
-    """The hydra overrides that select the step hook of the trainer this config runs."""
-    if uses_v1_trainer(trainer_config):
+def hook_overrides(trainer_config=None, *, v1: bool | None = None) -> list[str]:
+    """The hydra overrides that select the step hook of the trainer this config runs (or of the v1 or classic
+    trainer, by ``v1``)."""
+    if v1 if v1 is not None else uses_v1_trainer(trainer_config):
         return [f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
                 f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}"]
     return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]

@@ -37,8 +37,9 @@ from pathlib import Path
 import psutil
 
 from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
-from verl_mm_tools.agent_loop.step import MANAGER_FQN, SAMPLER_NAME, SAMPLER_PATH
-from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides
+from verl_mm_tools.agent_loop.step import hook_overrides
+from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
+from verl_mm_tools.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -261,12 +262,9 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
 def trainer_overrides(trainer: str) -> list[str]:
     """Select one of verl's trainers (``TRAINERS``) and verl-mm-tools' step hook for it."""
     if trainer == "classic":
-        return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]
-    from verl_mm_tools.cpu.config import separate_async_overrides
-
+        return hook_overrides(v1=False)
     extra = separate_async_overrides() if trainer == "separate_async" else []
-    return [f"trainer.v1.trainer_mode={trainer}", f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
-            f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}", *extra]
+    return [f"trainer.v1.trainer_mode={trainer}", *hook_overrides(v1=True), *extra]
 
 
 def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
@@ -433,6 +431,9 @@ LEARNING_FAILED = 3
 def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[RunResult, DemoPaths]:
     if options.total_steps < 1:
         raise ValueError(f"--steps must be >= 1, got {options.total_steps}")
+    if options.trainer not in TRAINERS:
+        raise ConfigError(f"unknown trainer {options.trainer!r}; choose one of {TRAINERS}."
+                          + did_you_mean(options.trainer, TRAINERS))
     clock = time.monotonic()
     paths = prepare(options, lambda what: say(f"[{time.monotonic() - clock:5.1f}s] {what}"))
     command, env = trainer_command(options, paths), trainer_environment(paths)
