@@ -108,3 +108,10 @@ def test_the_hook_of_the_trainer_in_use_is_recognised(tiny_model_dir, overrides,
     if not configured:  # what the loop's warning and errors tell the user to set
         fixed = compose_trainer_config(str(tiny_model_dir), [*overrides, *hook_overrides(config)])
         assert step_hook_configured(fixed)
+
+
+def test_dapo_group_filtering_with_the_v1_hook_is_refused_not_silently_dropped(rollout):
+    hook = hook_overrides(v1=True)
+    with pytest.raises(Exception, match=r"algorithm.filter_groups.enable=true \(DAPO dynamic sampling\) does not "
+                                        r"work with verl-mm-tools' replay buffer"):
+        rollout.run([ANSWER], prompts(long=0), extra=[*hook, "algorithm.filter_groups.enable=true"])

@@ -137,3 +137,17 @@ def test_sigterm_to_the_demo_stops_the_trainer_and_its_ray_cluster(tmp_path):
     assert demo.wait(timeout=120) == 128 + signal.SIGTERM
     time.sleep(2)
     assert stray_processes(out / "logs" / "metrics.jsonl") == []
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path):
+    """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
+    every trajectory, and instead of training on nothing the step hook stops the run with the most common error."""
+    lines: list[str] = []
+    options = DemoOptions(out=tmp_path, steps=3, prompts_per_step=2, rollouts_per_prompt=2, train_size=8, val_size=4,
+                          dumps=False, overrides=("data.max_prompt_length=128",))
+    assert run_demo(options, lines.append) != 0
+    log = (tmp_path / "logs" / "trainer.log").read_text(errors="replace")
+    assert "MaskedBatchError: 4 of 4 mm_tool trajectories of training step 1 were masked" in log
+    assert "exceeding rollout.prompt_length=128" in log
+    assert not (tmp_path / "logs" / "metrics.jsonl").exists() or not (tmp_path / "logs" / "metrics.jsonl").read_text()

@@ -37,6 +37,7 @@ from verl_mm_tools.agent_loop.step import (
     MASKED_LIMIT_KEY,
     TURN_CREDIT_KEY,
     hook_overrides,
+    refuse_unsupported_with_hook,
     require_step_hook,
     step_hook_configured,
 )
@@ -574,6 +575,7 @@ def _checked_step_hook(trainer_config, options: MMToolLoopConfig) -> bool:
     key = (id(trainer_config), options.dump_dir)
     if key not in _checked_configs:
         turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
+        refuse_unsupported_with_hook(trainer_config)
         if options.dump_dir:
             require_step_hook(trainer_config, "mm_tool dump_dir")
         if turn_credit:

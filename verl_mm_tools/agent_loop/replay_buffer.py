@@ -15,7 +15,8 @@ batch's extra fields, rewards and masks from TransferQueue and returns the step 
 Options (``trainer.v1.sampler.sampler_kwargs``): ``poll_interval_s`` (default 0.1): how often the buffer looks for
 finished trajectories. verl's buffer polls every 2 s, which added up to 2 s to every step (and validation) on CPU.
 
-verl hands a custom sampler no DAPO group-filtering settings: ``algorithm.filter_groups`` does not work with it.
+verl hands a custom sampler no DAPO group-filtering settings: ``algorithm.filter_groups`` cannot work with it, and
+the mm_tool loop refuses the combination (``step.refuse_unsupported_with_hook``).
 """
 
 from __future__ import annotations

@@ -182,3 +182,16 @@ def require_step_hook(trainer_config, needed_for: str) -> None:
         f"{needed_for} needs verl-mm-tools' step hook, which this run's {trainer} trainer does not have: set "
         + " ".join(hook_overrides(trainer_config))
     )
+
+
+def refuse_unsupported_with_hook(trainer_config) -> None:
+    """verl hands a custom replay buffer no DAPO settings: with ours, ``algorithm.filter_groups`` would silently do
+    nothing, so it is refused."""
+    filter_groups = trainer_config.algorithm.get("filter_groups") or {}
+    if uses_v1_trainer(trainer_config) and filter_groups.get("enable") and step_hook_configured(trainer_config):
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true (DAPO dynamic sampling) does not work with verl-mm-tools' replay "
+            f"buffer: verl gives a custom sampler ({SAMPLER_NAME}) no group-filtering settings, so no group would be "
+            "filtered. Drop trainer.v1.sampler.custom_sampler (losing mm_tool step metrics, dumps and mm_turn_grpo) "
+            "or disable filter_groups."
+        )
