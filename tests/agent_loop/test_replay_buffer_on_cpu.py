@@ -104,3 +104,18 @@ def test_async_modes_get_verls_async_buffer_and_the_poll_interval_is_an_option()
 def test_bad_sampler_options_are_refused(options, message):
     with pytest.raises(ConfigError, match=__import__("re").escape(message)):
         buffer(**options)
+
+
+def test_a_batch_without_rewards_yet_reads_as_no_scores(transfer_queue):
+    """With a colocated reward model verl scores the batch after sampling: no rm_scores in TransferQueue yet."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from verl_mm_tools.agent_loop.replay_buffer import read_step_batch
+
+    fields = [{"response_mask": torch.tensor([1, 1, 0]), "extra_fields": trajectory(1)}]
+    transfer_queue.kv_batch_put(keys=["group3_0_0"], partition_id="train", fields=list_of_dict_to_tensordict(fields))
+    step, lengths = read_step_batch(["group3_0_0"], "train", global_steps=4)
+    assert step.rm_scores is None and lengths == [3] and step.rollout_n == [0] and step.step == 4
+    assert step.response_mask.tolist() == [[1, 1, 0]]
+    assert step.column("tool_call_counts") == [1]
+    transfer_queue.kv_clear(keys=["group3_0_0"], partition_id="train")

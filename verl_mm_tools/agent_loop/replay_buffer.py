@@ -81,22 +81,26 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
     and each row's response length."""
     data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields", "response_mask"])
     rows = [fields if isinstance(fields, dict) else {} for fields in data.pop("extra_fields").tolist()]
-    try:
-        scores = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])["rm_scores"]
-        rm_scores = scores.to_padded_tensor(0.0)
-    except ValueError:  # rewards computed after sampling (a colocated reward model)
-        rm_scores = None
+    scores = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])
+    # no rm_scores yet when a colocated reward model scores the batch after sampling
+    rm_scores = _padded(scores["rm_scores"], 0.0) if "rm_scores" in scores.keys() else None
     names = sorted({key for row in rows for key in row})
     step = StepBatch(
         columns={name: [row.get(name) for row in rows] for name in names},
-        response_mask=data["response_mask"].to_padded_tensor(0),
+        response_mask=_padded(data["response_mask"], 0),
         rm_scores=rm_scores,
         rollout_n=[int(key.rsplit("_", 2)[1]) for key in keys],
         reward_extra=[dict(row.get("reward_extra_info") or {}) for row in rows],
         step=global_steps,
         validate=partition_id == "val",
     )
-    return step, data["response_mask"].offsets().diff().tolist()
+    mask = data["response_mask"]
+    return step, mask.offsets().diff().tolist() if mask.is_nested else [mask.shape[1]] * len(keys)
+
+
+def _padded(tensor: torch.Tensor, padding: float) -> torch.Tensor:
+    """TransferQueue packs a field's rows as a jagged nested tensor (or dense when it could not)."""
+    return tensor.to_padded_tensor(padding) if tensor.is_nested else tensor
 
 
 def write_rm_scores(keys: list[str], partition_id: str, rm_scores: torch.Tensor, lengths: list[int]) -> None:
