@@ -76,7 +76,7 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_each_trainer_composes_with_its_step_hook(trainer, tmp_path):
     from verl_mm_tools.agent_loop.harness import compose_trainer_config
-    from verl_mm_tools.agent_loop.step import step_hook_configured, uses_v1_trainer
+    from verl_mm_tools.agent_loop.step_hook import step_hook_configured, uses_v1_trainer
 
     paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
     config = compose_trainer_config("/model", trainer_command(DemoOptions(out=tmp_path, trainer=trainer), paths)[3:])

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 import verl_mm_tools.plugin  # noqa: F401  (registers our names, as `import verl` does through the entry point)
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.mm_tool_loop import VERL_LOOP_KWARGS
-from verl_mm_tools.agent_loop.step import step_hook_configured
+from verl_mm_tools.agent_loop.step_hook import step_hook_configured
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"

@@ -16,7 +16,7 @@ from PIL import Image
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.step import hook_overrides
+from verl_mm_tools.agent_loop.step_hook import hook_overrides
 
 # A tool YAML with the rotate tool alone, for verl's loader (tests, benchmarks, the demo).
 ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"

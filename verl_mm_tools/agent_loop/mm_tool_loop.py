@@ -33,9 +33,8 @@ from verl_mm_tools.agent_loop.dump import DUMP_KEY, stage_trajectory
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.stats import TrajectoryStats
-from verl_mm_tools.agent_loop.step import (
-    MASKED_LIMIT_KEY,
-    TURN_CREDIT_KEY,
+from verl_mm_tools.agent_loop.step import MASKED_LIMIT_KEY, TURN_CREDIT_KEY
+from verl_mm_tools.agent_loop.step_hook import (
     hook_overrides,
     refuse_unsupported_with_hook,
     require_step_hook,

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
-from verl_mm_tools.agent_loop.step import hook_overrides
+from verl_mm_tools.agent_loop.step_hook import hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.errors import ConfigError, did_you_mean
 
