@@ -56,7 +56,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import turn_spans
 
 if TYPE_CHECKING:
