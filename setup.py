@@ -3,6 +3,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
+VERL_VERSIONS = ">=0.9.1,<0.10"
 
 setup(
     name="verl-mm-tools",
@@ -15,7 +16,7 @@ setup(
     packages=find_packages(include=["verl_mm_tools", "verl_mm_tools.*"]),
     package_data={"verl_mm_tools": ["py.typed", "**/*.yaml", "**/*.jinja"]},
     install_requires=[
-        "verl>=0.9.1,<0.10",
+        f"verl{VERL_VERSIONS}",
         # torch/torchvision are not pinned: GPU users bring their own build. The CPU path pins them in
         # constraints-cpu.txt (torch 2.14.1 + torchvision 0.29.1).
         "torch",
@@ -35,8 +36,10 @@ setup(
         "TransferQueue>=0.1.10,<0.2",
     ],
     extras_require={
-        "vllm": ["vllm"],
-        "sglang": ["sglang"],
+        # verl's own engine extras: the stacks verl 0.9.1 is tested with (vllm 0.24.0 or sglang 0.5.12, torch 2.11.0,
+        # torchvision 0.26.0, transformers 5.9.0); tests/test_packaging_on_cpu.py checks they fit our requirements
+        "vllm": [f"verl[vllm]{VERL_VERSIONS}"],
+        "sglang": [f"verl[sglang]{VERL_VERSIONS}"],
         "test": ["pytest>=8", "hypothesis>=6"],
     },
     entry_points={
