@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (noisier)")
     bench.add_argument("--no-fail", action="store_true", help="exit 0 even when a target is missed")
     bench.add_argument("--step", action="store_true",
-                       help="also verl's CPU training step, tool_agent against mm_tool (two trainer runs, ~4 min)")
+                       help="also verl's CPU training step: tool_agent and mm_tool on verl's v1 trainer, mm_tool on the "
+                       "classic trainer (three trainer runs, ~5 min)")
     bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
     return parser
