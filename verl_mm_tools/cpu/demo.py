@@ -439,7 +439,8 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     command, env = trainer_command(options, paths), trainer_environment(paths)
     paths.metrics.unlink(missing_ok=True)
     script = write_command_script(command, env, paths)
-    say(f"[{time.monotonic() - clock:5.1f}s] verl trainer: python -m verl.trainer.main_ppo ({script}); "
+    trainer = "classic trainer" if options.trainer == "classic" else f"v1 trainer, {options.trainer}"
+    say(f"[{time.monotonic() - clock:5.1f}s] verl {trainer}: python -m verl.trainer.main_ppo ({script}); "
         f"log {paths.trainer_log}")
     result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
     if options.spec.stop_at_reward is not None:
