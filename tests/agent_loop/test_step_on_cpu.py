@@ -60,7 +60,7 @@ def test_masked_trajectories_within_the_limit_are_counted_and_training_goes_on(r
     assert metrics["mm_tool/masked/mean"] == 0.75
     assert metrics["mm_tool/stop/error"] == 0.75
     assert metrics["mm_tool/stop/answered"] == 0.25
-    assert metrics["tool_call_counts/mean"] == 0
+    assert "tool_call_counts/mean" not in metrics  # verl's classic trainer logs it itself; the v1 buffer adds it
     assert "mm_tool/turn_rewards/unplaced" not in metrics  # GRPO: no turn credit
 
 

@@ -9,8 +9,9 @@ separate_async) with::
     trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer
 
 It samples exactly as verl's own (``ReplayBuffer`` for ``sync``, ``ReplayBufferAsync`` otherwise), then reads the
-batch's extra fields, rewards and masks from TransferQueue and returns the step metrics (``mm_tool/*``,
-``tool_call_counts/*``) with verl's; per-turn rewards for ``mm_turn_grpo`` are written back to ``rm_scores``.
+batch's extra fields, rewards and masks from TransferQueue and returns the step metrics (``mm_tool/*``, and
+``tool_call_counts/*``, which verl's v1 trainer does not compute) with verl's; per-turn rewards for ``mm_turn_grpo``
+are written back to ``rm_scores``.
 
 Options (``trainer.v1.sampler.sampler_kwargs``): ``poll_interval_s`` (default 0.1): how often the buffer looks for
 finished trajectories. verl's buffer polls every 2 s, which added up to 2 s to every step (and validation) on CPU.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
@@ -55,6 +57,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step))
+        metrics.update(tool_call_counts(step))
         if step.rm_scores is not None and any(step.column(TURN_CREDIT_KEY)):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
         return batch, metrics
@@ -62,6 +65,17 @@ class MMToolReplayBuffer(ReplayBuffer):
 
 class MMToolReplayBufferAsync(MMToolReplayBuffer, ReplayBufferAsync):
     """For ``colocate_async`` and ``separate_async``."""
+
+
+def tool_call_counts(batch: StepBatch) -> dict[str, float]:
+    """verl's ``tool_call_counts/{min,max,mean}``: its classic trainer computes them from the batch, its v1 trainer
+    does not."""
+    counts = [value for value in batch.column("tool_call_counts") if value is not None]
+    if not counts:
+        return {}
+    values = np.asarray(counts, dtype=np.float64)
+    return {"tool_call_counts/min": float(values.min()), "tool_call_counts/max": float(values.max()),
+            "tool_call_counts/mean": float(values.mean())}
 
 
 def _poll_interval(options: Mapping) -> float:

@@ -1,7 +1,7 @@
 """What happens to a batch of finished mm_tool trajectories before verl trains on it (or scores it in validation),
 the same on both of verl's trainers:
 
-1. step metrics (``stats.aggregate_metrics``, plus ``tool_call_counts/{min,max,mean}``);
+1. step metrics (``stats.aggregate_metrics``);
 2. the masked-batch guard: a batch in which more than ``max_masked_fraction`` of the mm_tool trajectories were
    masked (trained on nothing) stops the run with the most common error (``MaskedBatchError``);
 3. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from verl_mm_tools.agent_loop.dump import finalize_step_dumps
@@ -61,24 +60,14 @@ class StepBatch:
 
 
 def process_step(batch: StepBatch) -> dict[str, float]:
-    """Metrics of the batch (``mm_tool/*``, ``tool_call_counts/*``); raises MaskedBatchError (see module)."""
+    """Metrics of the batch (``mm_tool/*``); raises MaskedBatchError (see module)."""
     metrics = aggregate_metrics(batch.columns)
-    metrics.update(_tool_call_counts(batch))
     check_masked_fraction(batch)
     metrics.update(finalize_step_dumps(batch))  # before turn rewards join rm_scores: a dump shows the manager's score
     unplaced = _place_turn_rewards(batch)
     if unplaced is not None:
         metrics[PREFIX + "turn_rewards/unplaced"] = float(unplaced)
     return metrics
-
-
-def _tool_call_counts(batch: StepBatch) -> dict[str, float]:
-    counts = [value for value in batch.column("tool_call_counts") if value is not None]
-    if not counts:
-        return {}
-    values = np.asarray(counts, dtype=np.float64)
-    return {"tool_call_counts/min": float(values.min()), "tool_call_counts/max": float(values.max()),
-            "tool_call_counts/mean": float(values.mean())}
 
 
 def check_masked_fraction(batch: StepBatch) -> None:
@@ -104,9 +93,9 @@ def check_masked_fraction(batch: StepBatch) -> None:
 def _most_common(errors: list[str]) -> tuple[str, int]:
     """The most common error, counting errors that differ only in their numbers (a token count, say) as one;
     returns its first occurrence and the count."""
-    kinds = Counter(re.sub(r"\d+", "N", error) for error in errors)
-    kind, count = kinds.most_common(1)[0]
-    return next(error for error in errors if re.sub(r"\d+", "N", error) == kind), count
+    kinds = [re.sub(r"\d+", "N", error) for error in errors]
+    kind, count = Counter(kinds).most_common(1)[0]
+    return errors[kinds.index(kind)], count
 
 
 def _place_turn_rewards(batch: StepBatch) -> int | None:
