@@ -9,13 +9,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, tiny_model_path
+from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, TEMPLATES, tiny_model_path
 from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.viewer.command import add_view_command
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    path = tiny_model_path(family=args.family, seed=args.seed, out=args.out)
+    path = tiny_model_path(family=args.family, seed=args.seed, out=args.out, template=args.template)
     sys.stdout.write(f"{path}\n")
     return 0
 
@@ -70,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = commands.add_parser("tiny-model", help="build (or reuse) the embedded tiny VLM and print its directory")
     tiny.add_argument("--out", help="directory to build into (default: the user cache, reused across runs)")
     tiny.add_argument("--family", default=DEFAULT_FAMILY, choices=sorted(FAMILIES))
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed (default 0)")
+    tiny.add_argument("--template", default="family", choices=TEMPLATES,
+                      help="chat template: 'family' renders like the real family (Qwen2-VL / Qwen2.5-VL ignore tools; "
+                           "Qwen3-VL renders them), 'tool_aware' a Qwen2.5-text-style tool template (default: family)")
     tiny.set_defaults(run=_tiny_model)
 
     demo = commands.add_parser(

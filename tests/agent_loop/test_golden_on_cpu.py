@@ -17,7 +17,7 @@ from verl_mm_tools.agent_loop.harness import (
     unpadded_row,
 )
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
-from verl_mm_tools.tiny import tiny_model_path
+from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 
 TURNS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1), "<answer>90</answer><|im_end|>"]
 QUESTION = "How far is this image rotated?"
@@ -37,9 +37,17 @@ def find(sequence: list[int], part: list[int], start: int) -> int:
     raise AssertionError(f"{part} not found after position {start}")
 
 
-def expected_stream(worker, prompt_image, tool_texts):
+def reference_template(family: str) -> str:
+    """Qwen's tool-aware token format, which mm_tool's auto tool settings must produce: Qwen3-VL's own template renders
+    it; on the Qwen2-VL / Qwen2.5-VL templates, which ignore tools, mm_tool adds the tool block to the system message
+    and sends tool results as <tool_response> user turns, so the tokens equal the tool-aware template's."""
+    template = "family" if family == "qwen3_vl" else "tool_aware"
+    return TinyModelSpec(family=family, template=template).chat_template
+
+
+def expected_stream(worker, family, prompt_image, tool_texts):
     """Prompt ids and the full token stream, rendered independently: one processor call on the final conversation."""
-    processor = worker.processor
+    processor, template = worker.processor, reference_template(family)
     rotated = prompt_image.rotate(90, expand=True)
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]
     user = image_prompt(QUESTION, [prompt_image])
@@ -52,7 +60,8 @@ def expected_stream(worker, prompt_image, tool_texts):
         {"role": "assistant", "content": "<answer>90</answer>"},
     ]
     render = lambda messages, images, gen: processor(  # noqa: E731
-        text=[processor.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=gen)],
+        text=[processor.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=gen,
+                                            chat_template=template)],
         images=images,
         return_tensors="pt",
     )["input_ids"][0].tolist()
@@ -84,7 +93,7 @@ def test_golden_three_turn_trajectory_with_two_tool_images(tiny_family_dir, tmp_
                   "Image 3: Image 1 rotated by 90 degrees counter-clockwise, 56x84 px."]
     if prompt_image.size != (84, 56):  # Qwen3-VL's 32 px factor resizes the prompt image to 96x64
         tool_texts = [text.replace("56x84", "64x96") for text in tool_texts]
-    prompt, stream, rotated = expected_stream(worker, prompt_image, tool_texts)
+    prompt, stream, rotated = expected_stream(worker, family, prompt_image, tool_texts)
 
     assert row["prompt_ids"] == prompt
     assert prompt + row["response_ids"] == stream

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from verl_mm_tools.agent_loop.tool_format import TOOL_PROMPTS, TOOL_RESPONSE_ROLES
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
 
@@ -53,6 +54,14 @@ class MMToolLoopConfig:
             the run stops with the most common error (the step hook checks it). 0.5: a few bad rows (an unreadable
             image, an oversized prompt) cost only their own samples, while a broken config or dataset, which masks
             (nearly) every trajectory, stops at its first step instead of training on nothing; 1 disables the check.
+        tool_prompt: Where the tool schemas reach the model: ``template`` (passed to the chat template), ``system``
+            (the hermes tool block appended to the system message), ``off`` (the dataset's prompt describes the
+            tools), ``auto`` (``template`` when the chat template renders tools, else ``system``; the official
+            Qwen2-VL / Qwen2.5-VL templates ignore them). A configured tool whose name the first prompt lacks is a
+            ConfigError. See ``verl_mm_tools.agent_loop.tool_format``.
+        tool_response_role: How tool results are rendered: ``tool`` messages, or ``user`` turns of
+            ``<tool_response>`` blocks (text and images); ``auto``: ``tool`` when the template has its own tool-role
+            convention (Qwen3-VL), else ``user`` (Qwen2-VL / Qwen2.5-VL would render a bare ``tool`` role).
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -68,6 +77,8 @@ class MMToolLoopConfig:
     dump_max_mb: float = 512.0
     file_roots: tuple[str, ...] | str | None = None
     max_masked_fraction: float = 0.5
+    tool_prompt: str = "auto"
+    tool_response_role: str = "auto"
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -92,11 +103,9 @@ class MMToolLoopConfig:
                 _require_positive_int(name, getattr(self, name))
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ConfigError(f"mm_tool min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
-        if self.over_budget not in OVER_BUDGET_POLICIES:
-            raise ConfigError(
-                f"mm_tool over_budget must be one of {OVER_BUDGET_POLICIES}, got {self.over_budget!r}."
-                + did_you_mean(str(self.over_budget), OVER_BUDGET_POLICIES)
-            )
+        _require_choice("over_budget", self.over_budget, OVER_BUDGET_POLICIES)
+        _require_choice("tool_prompt", self.tool_prompt, TOOL_PROMPTS)
+        _require_choice("tool_response_role", self.tool_response_role, TOOL_RESPONSE_ROLES)
         timeout = self.tool_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
             raise ConfigError(f"mm_tool tool_timeout_s must be a positive number of seconds, got {timeout!r}")
@@ -117,6 +126,11 @@ class MMToolLoopConfig:
                 f"(the inference server's limit_mm_per_prompt): a trajectory could be rejected by the server. Set "
                 f"max_images <= {limit_images} in the mm_tool agent-loop config, or raise rollout.limit_images."
             )
+
+
+def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"mm_tool {name} must be one of {choices}, got {value!r}." + did_you_mean(str(value), choices))
 
 
 def _require_positive_int(name: str, value: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from verl_mm_tools.agent_loop.step_hook import (
     require_step_hook,
     step_hook_configured,
 )
+from verl_mm_tools.agent_loop.tool_format import ToolFormat, resolve_tool_format, template_traits
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
 from verl_mm_tools.envs import Observation, Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
@@ -107,6 +109,15 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
         self.turn_credit = _checked_step_hook(self.config, self.mm_config)
+        self.tool_format = self._resolved_tool_format()
+
+    def _resolved_tool_format(self) -> ToolFormat:
+        if not self.tools:
+            return ToolFormat(tool_prompt="off", response_role="tool")
+        traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
+        return resolve_tool_format(
+            self.mm_config.tool_prompt, self.mm_config.tool_response_role, traits, self.tool_parser_name
+        )
 
     @property
     def _sees_images(self) -> bool:
@@ -226,9 +237,34 @@ class MMToolAgentLoop(ToolAgentLoop):
             problem = agent_data.mm_budget.prompt_problem
             if problem:
                 raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
-        state = await super()._handle_pending_state(agent_data, sampling_params)
+        # verl's pending state, rendering the conversation in the resolved tool format
+        schemas = agent_data._active_tool_schemas
+        self._assert_mm_supported(bool(agent_data.image_data or agent_data.video_data or agent_data.audio_data))
+        mm_inputs = {}
+        agent_data.prompt_ids = await self.ct_build_initial_tokens(
+            self.tool_format.view(agent_data.messages, schemas),
+            tools=self.tool_format.template_tools(schemas),
+            images=agent_data.image_data,
+            videos=agent_data.video_data,
+            audios=agent_data.audio_data,
+            mm_inputs_out=mm_inputs,
+        )
+        agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
         agent_data.mm_prompt_length = len(agent_data.prompt_ids)
-        return state
+        self._require_visible_tools(agent_data)
+        return AgentState.GENERATING
+
+    def _require_visible_tools(self, agent_data: AgentData) -> None:
+        """A tool the first prompt never names cannot be called: a configuration error, not a dead tool loop."""
+        text = self.tokenizer.decode(agent_data.prompt_ids)
+        missing = sorted(name for name in agent_data._active_tools if not re.search(rf"\b{re.escape(name)}\b", text))
+        if missing:
+            raise ConfigError(
+                f"the tools {missing} are configured but appear nowhere in the first prompt the model sees "
+                f"(mm_tool tool_prompt={self.mm_config.tool_prompt!r}, resolved to {self.tool_format.tool_prompt!r}): "
+                "the model cannot know they exist. Set tool_prompt: auto (mm_tool adds the tool schemas to the "
+                "system message when the chat template ignores them) or describe the tools in the dataset's prompt."
+            )
 
     async def _handle_generating_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
@@ -309,15 +345,16 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     async def _merge_context_turn(self, agent_data, checkpoint: _Checkpoint, new_messages: list, rewards: list):
         """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
-        previous = agent_data.messages[: checkpoint.messages]
+        schemas = agent_data._active_tool_schemas
+        previous = self.tool_format.view(agent_data.messages[: checkpoint.messages], schemas)
         agent_data.messages.extend(new_messages)
         merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
             previous,
-            agent_data.messages,
+            self.tool_format.view(agent_data.messages, schemas),
             agent_data.prompt_ids,
             agent_data.response_mask,
             agent_data.response_logprobs or None,
-            tools=agent_data._active_tool_schemas,
+            tools=self.tool_format.template_tools(schemas),
         )
         if len(response_mask) >= self.response_length:
             # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.

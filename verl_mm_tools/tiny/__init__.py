@@ -3,9 +3,10 @@
 from verl_mm_tools.tiny.builder import (
     DEFAULT_FAMILY,
     FAMILIES,
+    TEMPLATES,
     TinyModelSpec,
     build_tiny_model,
     tiny_model_path,
 )
 
-__all__ = ["DEFAULT_FAMILY", "FAMILIES", "TinyModelSpec", "build_tiny_model", "tiny_model_path"]
+__all__ = ["DEFAULT_FAMILY", "FAMILIES", "TEMPLATES", "TinyModelSpec", "build_tiny_model", "tiny_model_path"]

@@ -1,9 +1,11 @@
 """Build the embedded tiny Qwen-VL models offline, deterministically from a seed, and cache them.
 
 A tiny model is a real Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint (config, random weights, a byte-level BPE
-tokenizer trained here on generated text, a Qwen2.5-format chat template with tool support, and an image/video
-processor) small enough that the whole verl trainer runs on a laptop CPU. It loads with ``AutoProcessor`` /
-``AutoModelForImageTextToText`` and with verl's ``hf_tokenizer`` / ``hf_processor``.
+tokenizer trained here on generated text, a chat template in its real family's token format, and an image/video
+processor) small enough that the whole verl trainer runs on a laptop CPU. Like the real families, the Qwen2-VL and
+Qwen2.5-VL templates ignore tools and render a plain ``tool`` role, while Qwen3-VL's renders the tool schemas and
+``<tool_response>`` user turns; ``template="tool_aware"`` selects the Qwen2.5-text-style tool template instead.
+It loads with ``AutoProcessor`` / ``AutoModelForImageTextToText`` and with verl's ``hf_tokenizer`` / ``hf_processor``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from verl_mm_tools.tiny.corpus import generate_corpus
 logger = logging.getLogger(__name__)
 
 # Bump whenever the output of the builder changes: cached models built by an older version are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 CACHE_ENV = "VERL_MM_TOOLS_CACHE"
 COMPLETE_MARKER = "tiny_model_complete.json"
 
@@ -59,14 +61,18 @@ class FamilySpec:
     patch_size: int
     processor_class: str
     video_processor_class: str
+    template: str  # file under templates/: the real family's chat-template token format
 
 
 FAMILIES = {
-    "qwen2_vl": FamilySpec("qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
-    "qwen2_5_vl": FamilySpec("qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
-    "qwen3_vl": FamilySpec("qwen3_vl", 16, "Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+    "qwen2_vl": FamilySpec("qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"),
+    # Qwen2.5-VL ships Qwen2-VL's chat template unchanged
+    "qwen2_5_vl": FamilySpec("qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"),
+    "qwen3_vl": FamilySpec("qwen3_vl", 16, "Qwen3VLProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"
+# "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every family.
+TEMPLATES = ("family", "tool_aware")
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,12 @@ class TinyModelSpec:
     family: str = DEFAULT_FAMILY
     seed: int = 0
     vocab_size: int = 1024
+    template: str = "family"
     hidden_size: int = 64
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    # head size 32: vLLM's CPU attention supports head sizes 32-512 only
+    num_heads: int = 2
+    num_kv_heads: int = 1
     vision_hidden_size: int = 32
     vision_depth: int = 2
     merge_size: int = 2
@@ -92,6 +100,11 @@ class TinyModelSpec:
             raise ConfigError(
                 f"unknown tiny model family {self.family!r}; choose one of {sorted(FAMILIES)}."
                 + did_you_mean(self.family, FAMILIES)
+            )
+        if self.template not in TEMPLATES:
+            raise ConfigError(
+                f"unknown tiny model template {self.template!r}; choose one of {TEMPLATES}."
+                + did_you_mean(self.template, TEMPLATES)
             )
 
     @property
@@ -107,8 +120,14 @@ class TinyModelSpec:
     def max_pixels(self) -> int:
         return self.max_tokens * self.image_factor**2
 
+    @property
+    def chat_template(self) -> str:
+        name = FAMILIES[self.family].template if self.template == "family" else f"{self.template}.jinja"
+        return (Path(__file__).parent / "templates" / name).read_text()
+
     def cache_name(self) -> str:
-        return f"tiny-{self.family}-seed{self.seed}-v{BUILDER_VERSION}"
+        template = "" if self.template == "family" else f"-{self.template}"
+        return f"tiny-{self.family}{template}-seed{self.seed}-v{BUILDER_VERSION}"
 
 
 def default_cache_root() -> Path:
@@ -118,9 +137,10 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl_mm_tools"
 
 
-def tiny_model_path(family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None) -> Path:
+def tiny_model_path(family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None,
+                    template: str = "family") -> Path:
     """The directory of the tiny model, built on first use (seconds) and reused afterwards."""
-    spec = TinyModelSpec(family=family, seed=seed)
+    spec = TinyModelSpec(family=family, seed=seed, template=template)
     target = Path(out) if out is not None else default_cache_root() / spec.cache_name()
     if _is_complete(target, spec):
         return target
@@ -186,10 +206,6 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     model.generation_config.save_pretrained(out)
 
 
-def chat_template() -> str:
-    return (Path(__file__).parent / "chat_template.jinja").read_text()
-
-
 def build_tokenizer(spec: TinyModelSpec):
     """A byte-level BPE trained on generated text, with Qwen's special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -221,7 +237,7 @@ def build_tokenizer(spec: TinyModelSpec):
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    tokenizer.chat_template = chat_template()
+    tokenizer.chat_template = spec.chat_template
     return tokenizer
 
 
@@ -241,7 +257,7 @@ def build_processor(spec: TinyModelSpec, tokenizer):
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
-        chat_template=chat_template(),
+        chat_template=spec.chat_template,
     )
 
 
