@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
+from verl_mm_tools.agent_loop.tool_format import resolve_tool_format, template_traits
 from verl_mm_tools.cpu.warm_start import ANGLES, TOOL_DEGREES, WarmStartSpec, demonstrations, warm_started_model
 from verl_mm_tools.data.rotation import QUESTION, rotation_samples
 
@@ -63,10 +64,13 @@ def test_the_warm_started_model_calls_the_tool_and_is_cached(tiny_model_dir, too
     engine = HFVisionLM(str(model_dir))
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
                for tool in initialize_tools_from_config(str(tools_yaml))]
+    # the prompt as mm_tool renders it on this template (Qwen2.5-VL's ignores tools: the tool block joins the system)
+    tool_format = resolve_tool_format("auto", "auto", template_traits(engine.processor), "hermes")
     requests = []
     for sample in rotation_samples(32, seed=99):  # pictures the warm start never saw
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-        text = engine.processor.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
+        text = engine.processor.apply_chat_template(tool_format.view(messages, schemas), add_generation_prompt=True,
+                                                    tools=tool_format.template_tools(schemas), tokenize=False)
         ids = engine.processor(text=[text], images=[sample.image], return_tensors="pt")["input_ids"][0].tolist()
         requests.append((ids, [sample.image]))
     torch.manual_seed(0)

@@ -97,3 +97,32 @@ def _check_estimator(name):
 def _check_class(qualified: str):
     module, _, attribute = qualified.rpartition(".")
     assert isinstance(getattr(importlib.import_module(module), attribute), type), qualified
+
+
+def test_rotation_recipe_first_prompt_shows_the_real_qwen2_5_vl_every_tool_schema(tmp_path, monkeypatch):
+    """The recipe's model, Qwen2.5-VL-3B, has a chat template that ignores ``tools``: the recipe's own loop options and
+    tools, on the tiny model with that template (standing in for the real one), must still put each tool's schema in
+    the first prompt."""
+    import json
+
+    from PIL import Image
+
+    from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, unpadded_row
+    from verl_mm_tools.data.rotation import UNIFORM_PROMPT
+    from verl_mm_tools.tiny import tiny_model_path
+
+    monkeypatch.chdir(ROOT)
+    config = compose_recipe("rotation_45", "vllm")
+    entry = OmegaConf.to_container(OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)[0])
+    options = {key: value for key, value in entry.items() if key not in ("name", "_target_")}
+    rollout = LocalRollout(tiny_model_path(family="qwen2_5_vl"), config.actor_rollout_ref.rollout.multi_turn.tool_config_path,
+                           tmp_path)
+    question = UNIFORM_PROMPT.removeprefix("<image>")
+    output, _, worker = rollout.run(["<answer>0</answer><|im_end|>"], [image_prompt(question, [Image.new("RGB", (56, 56))])],
+                                    loop_options=options, max_turns=4)
+    prompt = worker.tokenizer.decode(unpadded_row(output)["prompt_ids"])
+    schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]
+    assert [schema["function"]["name"] for schema in schemas] == ["rotate", "flip"]
+    for schema in schemas:
+        assert f"\n{json.dumps(schema)}\n" in prompt
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n")

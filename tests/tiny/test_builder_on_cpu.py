@@ -86,20 +86,79 @@ def test_tokenizer_has_qwen_special_tokens_in_order_and_one_newline_token(tiny_t
     assert tiny_tokenizer.decode(call_ids) == TOOL_CALL_TEXT
 
 
-def test_chat_template_renders_tools_tool_calls_and_tool_images(tiny_processor):
+def family_processor(family: str, template: str = "family"):
+    from verl.utils import hf_processor
+
+    return hf_processor(str(tiny_model_path(family=family, template=template)))
+
+
+VISION = "<|vision_start|><|image_pad|><|vision_end|>"
+TOOL_BLOCK = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    f"signatures within <tools></tools> XML tags:\n<tools>\n{json.dumps(ROTATE_SCHEMA)}\n</tools>\n\nFor each "
+    "function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_qwen2_family_templates_ignore_tools_and_render_a_plain_tool_role(family):
+    """The official Qwen2-VL / Qwen2.5-VL format: default system prompt, no tool schemas, assistant tool calls
+    dropped, a tool result as a bare ``tool`` turn (its image rendered), the same text with or without ``tools``."""
+    processor = family_processor(family)
     messages = tool_conversation(solid("red"), solid("blue"))
-    text = tiny_processor.apply_chat_template(messages, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
-    expected_tools = "<tools>\n" + json.dumps(ROTATE_SCHEMA) + "\n</tools>"
-    assert expected_tools in text
-    assert text.endswith(
-        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Rotate it.<|im_end|>\n"
+    text = processor.apply_chat_template(messages, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    assert text == processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        f"<|im_start|>user\n{VISION}Rotate it.<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+        f"<|im_start|>tool\n{VISION}Image 2: done<|im_end|>\n<|im_start|>assistant\n"
+    )
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert processor.apply_chat_template(system, tokenize=False, add_vision_id=True) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    )
+    labelled = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}]
+    assert processor.apply_chat_template(labelled, tokenize=False, add_vision_id=True).endswith(
+        f"<|im_start|>user\nPicture 1: {VISION}Picture 2: {VISION}<|im_end|>\n"
+    )
+
+
+def test_qwen3_family_template_renders_tools_in_the_system_prompt_and_tool_responses_in_user_turns():
+    processor = family_processor("qwen3_vl")
+    messages = [*tool_conversation(solid("red"), solid("blue")), {"role": "tool", "content": "two"}]
+    text = processor.apply_chat_template(messages, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    assert text == (
+        f"<|im_start|>system\n{TOOL_BLOCK}<|im_end|>\n"
+        f"<|im_start|>user\n{VISION}Rotate it.<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call><|im_end|>\n'
-        "<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>Image 2: done\n</tool_response>"
+        f"<|im_start|>user\n<tool_response>\n{VISION}Image 2: done\n</tool_response>\n<tool_response>\ntwo\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    # no default system prompt; a system message goes before the tool block
+    user = [{"role": "user", "content": "hi"}]
+    assert processor.apply_chat_template(user, tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+    system = [{"role": "system", "content": "Be brief."}, *user]
+    assert processor.apply_chat_template(system, tools=[ROTATE_SCHEMA], tokenize=False).startswith(
+        f"<|im_start|>system\nBe brief.\n\n{TOOL_BLOCK}<|im_end|>\n<|im_start|>user\nhi"
+    )
+
+
+def test_tool_aware_template_renders_tools_tool_calls_and_tool_images():
+    processor = family_processor("qwen2_5_vl", template="tool_aware")
+    messages = tool_conversation(solid("red"), solid("blue"))
+    text = processor.apply_chat_template(messages, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    assert text == (
+        f"<|im_start|>system\nYou are a helpful assistant.\n\n{TOOL_BLOCK}<|im_end|>\n"
+        f"<|im_start|>user\n{VISION}Rotate it.<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call><|im_end|>\n'
+        f"<|im_start|>user\n<tool_response>\n{VISION}Image 2: done\n</tool_response>"
         "<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
-def test_chat_template_string_arguments_and_grouped_tool_messages(tiny_processor):
+def test_tool_aware_template_string_arguments_and_grouped_tool_messages():
+    processor = family_processor("qwen2_5_vl", template="tool_aware")
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
@@ -107,12 +166,26 @@ def test_chat_template_string_arguments_and_grouped_tool_messages(tiny_processor
         {"role": "tool", "content": "one"},
         {"role": "tool", "content": "two"},
     ]
-    text = tiny_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
         '<|im_start|>assistant\nok\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response><|im_end|>\n"
     )
+
+
+def test_language_model_head_size_is_32_for_vllm(tiny_family_dir):
+    """vLLM's CPU attention supports head sizes 32-512: the tiny models must load in a vLLM engine."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_family_dir[1]).text_config
+    assert getattr(config, "head_dim", None) in (None, 32)
+    assert config.hidden_size // config.num_attention_heads == 32
+
+
+def test_unknown_template_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown tiny model template 'tool-aware'.*Did you mean 'tool_aware'"):
+        TinyModelSpec(template="tool-aware")
 
 
 @pytest.mark.parametrize(("size", "expected_tokens"), [((56, 56), 4), ((112, 56), 8), ((30, 30), 1)])
@@ -146,7 +219,9 @@ def test_families_load_generate_and_round_trip_through_continuous_tokens(tiny_fa
     after_call = builder.merge_assistant_tokens(prompt_ids, generated).token_ids
     merged = builder.merge_context_tokens(conversation[:2], conversation, after_call, tools=[ROTATE_SCHEMA])
 
-    text = processor.apply_chat_template(conversation, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
+    # the history as the model saw it: its own call text (the Qwen2/2.5-VL templates drop ``tool_calls``)
+    history = [conversation[0], {"role": "assistant", "content": TOOL_CALL_TEXT.removesuffix("<|im_end|>")}, conversation[2]]
+    text = processor.apply_chat_template(history, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
     full = processor(text=[text], images=[first, second], return_tensors="pt")
     assert merged.token_ids == full["input_ids"][0].tolist()
     assert merged.inserted_token_ids == tokenizer.encode("\n", add_special_tokens=False)
