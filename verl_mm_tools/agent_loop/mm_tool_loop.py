@@ -115,9 +115,14 @@ class MMToolAgentLoop(ToolAgentLoop):
         if not self.tools:
             return ToolFormat(tool_prompt="off", response_role="tool")
         traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
-        return resolve_tool_format(
+        resolved = resolve_tool_format(
             self.mm_config.tool_prompt, self.mm_config.tool_response_role, traits, self.tool_parser_name
         )
+        if resolved not in _logged_formats:
+            _logged_formats.add(resolved)
+            logger.info("mm_tool renders tools as %s (options tool_prompt=%s, tool_response_role=%s; %s)", resolved,
+                        self.mm_config.tool_prompt, self.mm_config.tool_response_role, traits)
+        return resolved
 
     @property
     def _sees_images(self) -> bool:
@@ -601,6 +606,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
 
 CANCEL_GRACE_S = 1.0
+_logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged once per process
 # (id of the trainer config, dump_dir) -> (the config, kept alive so its id is never reused; turn credit)
 _checked_configs: dict[tuple[int, str | None], tuple[Any, bool]] = {}
 
