@@ -117,7 +117,7 @@ def test_max_images_refuses_the_extra_image_with_a_text_response(rollout):
     assert field(output, "mm_tool/images") == 2
     assert field(output, "mm_tool/budget_refusals") == 1
     last_response = tool_texts(server, worker.tokenizer).rsplit("<tool_response>", 1)[1]
-    assert "Note: the image budget is exhausted (2 images per conversation)" in last_response
+    assert "Note: the image budget is exhausted (at most 2 images per conversation)" in last_response
     assert "<|image_pad|>" not in last_response and "Image 3" not in last_response
 
 

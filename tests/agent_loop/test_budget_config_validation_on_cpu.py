@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
+from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.errors import ConfigError
@@ -53,9 +53,10 @@ def test_budget_sizes_tool_images_like_the_processor_and_downscales_to_fit():
     budget = ImageBudget(MMToolLoopConfig(max_image_tokens=10), TINY)
     budget.count_prompt_images([Image.new("RGB", (84, 56))])
     big = budget.admit(Image.new("RGBA", (1000, 1000)))
-    assert big.refusal is None and big.downscaled_from == (224, 224) and big.image.size == (56, 56)
+    assert big.verdict is Verdict.DOWNSCALED and big.image.size == (56, 56)
+    assert big.note == "the image was downscaled to 56x56 px to fit the image token budget"
     assert big.image.mode == "RGB" and big.tokens == 4 and budget.tokens == 10
-    assert budget.admit(Image.new("RGB", (56, 56))).refusal.startswith("the image token budget is exhausted (0 image")
+    assert budget.admit(Image.new("RGB", (56, 56))).note.startswith("the image token budget is exhausted (0 image")
 
 
 def test_budget_never_copies_an_image_that_already_fits():
@@ -67,7 +68,7 @@ def test_budget_never_copies_an_image_that_already_fits():
     ("image", "refusal"),
     [
         (Image.new("RGB", (20000, 20)), "the tool produced an image of 20000x20 px that cannot be shown"),
-        (Image.new("RGB", (56, 56)), "the image budget is exhausted (1 images per conversation)"),
+        (Image.new("RGB", (56, 56)), "the image budget is exhausted (at most 1 image per conversation)"),
     ],
 )
 def test_budget_refuses_what_cannot_be_shown(image, refusal):
@@ -75,7 +76,17 @@ def test_budget_refuses_what_cannot_be_shown(image, refusal):
     if image.size == (56, 56):
         budget.count_prompt_images([Image.new("RGB", (28, 28))])
     admission = budget.admit(image)
-    assert admission.image is None and admission.refusal.startswith(refusal)
+    assert admission.verdict is Verdict.REFUSED
+    assert admission.image is None and admission.note.startswith(refusal)
+
+
+def test_over_budget_stop_is_the_budgets_verdict():
+    budget = ImageBudget(MMToolLoopConfig(max_images=1, over_budget="stop"), TINY)
+    budget.count_prompt_images([Image.new("RGB", (28, 28))])
+    stop = budget.admit(Image.new("RGB", (56, 56)))
+    assert (stop.verdict, stop.image, budget.images) == (Verdict.STOP, None, 1)
+    assert stop.note == ("the image budget is exhausted (at most 1 image per conversation); no further images can be "
+                         "shown")
 
 
 def test_placeholder_runs_and_problems():

@@ -12,7 +12,8 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop import dump
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.dump import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY, folder_bytes
+from verl_mm_tools.agent_loop.dump import folder_bytes
+from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
 from verl_mm_tools.agent_loop.harness import LocalRollout, unpadded_row
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import turn_spans
@@ -91,6 +92,12 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     assert [turn["trained_tokens"] for turn in record["turns"]] == [end - start for start, end in spans] == scripted
     assert [turn["context_tokens_after"] for turn in record["turns"]] == [
         spans[1][0] - spans[0][1], spans[2][0] - spans[1][1], len(row["response_mask"]) - spans[2][1]]
+    # the turns as the loop recorded them: each one's prompt is everything before its generated tokens
+    prompt = len(row["prompt_ids"])
+    assert [turn["prompt_tokens"] for turn in record["turns"]] == [prompt + start for start, _ in spans]
+    assert [turn["tool_calls"] for turn in record["turns"]] == [["rotate"], ["rotate"], []]
+    assert [turn["images_added"] for turn in record["turns"]] == [[2], [3], []]
+    assert output.non_tensor_batch["mm_tool/turn_spans"][0] == [list(span) for span in spans]
     assert record["mask"] == {"prompt_tokens": len(row["prompt_ids"]), "response_tokens": len(row["response_mask"]),
                               "trained_tokens": sum(row["response_mask"]),
                               "context_tokens": row["response_mask"].count(0)}

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.stats import TrajectoryStats
+from verl_mm_tools.agent_loop.state import TrajectoryState, TrajectoryStats
 from verl_mm_tools.errors import ConfigError
 
 
@@ -36,12 +36,16 @@ def buffer(trainer_mode="sync", **sampler_kwargs):
                               max_off_policy_strategy="drop", sampler_kwargs=sampler_kwargs, refill_fn=None)
 
 
-def trajectory(calls: int, *, masked=False, turn_credit=False, turn_rewards=()) -> dict:
-    stats = TrajectoryStats(masked=masked, stop_reason="error" if masked else "answered", images=1 + calls)
+def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict:
+    """The extra fields of a trajectory with these (response span, reward) turns."""
+    state = TrajectoryState(stats=TrajectoryStats(images=1 + calls))
     for _ in range(calls):
-        stats.record_call("rotate", 0.01, failed=False)
-    stats.turn_rewards = list(turn_rewards)
-    return {**stats.to_extra_fields(), "mm_tool/max_masked_fraction": 0.5, "mm_tool/turn_credit": turn_credit,
+        state.stats.record_call("rotate", 0.01, failed=False)
+    for span, reward in turns:
+        state.start_turn(prompt_end=0, images_before=1).response_span, state.turns[-1].reward = span, reward
+    if masked:
+        state.mask("ValueError: broken")
+    return {**state.extra_fields(), "mm_tool/max_masked_fraction": 0.5, "mm_tool/turn_credit": turn_credit,
             "reward_extra_info": {"score": 1.0}, "min_global_steps": 3, "max_global_steps": 3}
 
 
@@ -60,8 +64,8 @@ def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], ste
 def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
     tq = transfer_queue
     put_group(tq, "group1", [
-        ([1, 1, 0, 0, 1], [0, 0, 0, 0, 1.0], trajectory(2, turn_credit=True, turn_rewards=[0.5, 0.25])),
-        ([1, 1, 1], [0, 0, 0.0], trajectory(0, turn_credit=True, turn_rewards=[0.0])),
+        ([1, 1, 0, 0, 1], [0, 0, 0, 0, 1.0], trajectory(2, turn_credit=True, turns=[((0, 2), 0.5), ((4, 5), 0.25)])),
+        ([1, 1, 1], [0, 0, 0.0], trajectory(0, turn_credit=True, turns=[((0, 3), 0.0)])),
     ])
     batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     assert sorted(batch.keys) == ["group1_0_0", "group1_1_0"]

@@ -75,7 +75,8 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
     scores = torch.zeros(3, 6)
     scores[:, 4] = 1.0
     batch = StepBatch(
-        columns={"mm_tool/turn_credit": [True, False, True], "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]]},
+        columns={"mm_tool/turn_credit": [True, False, True], "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]],
+                 "mm_tool/turn_spans": [[[0, 2], [4, 5]], [[0, 2], [4, 5]], [[0, 1]]]},  # as the loop recorded them
         response_mask=mask, rm_scores=scores, rollout_n=[0, 1, 2],
     )
     metrics = process_step(batch)

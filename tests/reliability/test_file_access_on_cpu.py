@@ -203,7 +203,7 @@ def sample_dump(tiny_model_dir, tmp_path_factory):
 def test_a_dump_record_cannot_make_the_viewer_publish_files_outside_its_folder(sample_dump, tmp_path, name):
     import shutil
 
-    from verl_mm_tools.agent_loop.dump import RECORD_FILE
+    from verl_mm_tools.record import RECORD_FILE
     from verl_mm_tools.viewer.records import ViewerError
     from verl_mm_tools.viewer.site import build_site
 

@@ -28,7 +28,7 @@ from reliability_helpers import (
 
 from verl.utils.ray_utils import get_event_loop
 
-from verl_mm_tools.agent_loop.stats import TrajectoryStats
+from verl_mm_tools.agent_loop.state import TrajectoryState
 
 TOOLS = image_tools()
 PARAMETERS = {
@@ -216,7 +216,7 @@ def answer_text(message: dict) -> str:
 async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[object, str, dict | None]]:
     """Parse one assistant turn and run its calls: (call, response, message) per parsed call, and the count of
     malformed calls the loop will answer with its notice."""
-    agent_data = await loop._new_agent_data({"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, TrajectoryStats())
+    agent_data = await loop._new_agent_data({"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, TrajectoryState())
     token_ids = loop.tokenizer.encode(text, add_special_tokens=False)
     _, calls = await loop.tool_parser.extract_tool_calls(token_ids, agent_data._active_tool_schemas)
     answered = []

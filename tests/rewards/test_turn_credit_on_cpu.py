@@ -79,7 +79,7 @@ def test_place_turn_rewards_on_each_turns_last_token():
     rm_scores = torch.zeros(3, 10)
     rm_scores[0, 5] = 0.9  # the reward manager's final score
     mask = torch.cat([MASK, torch.zeros(1, 10, dtype=MASK.dtype)])
-    skipped = place_turn_rewards(rm_scores, mask, [[0.25, 1.0], [0.5, 0.5], [1.0]])
+    skipped = place_turn_rewards(rm_scores, [turn_spans(row) for row in mask], [[0.25, 1.0], [0.5, 0.5], [1.0]])
     assert skipped == 1  # B has one turn but two rewards; the masked third row is left alone, not counted
     assert rm_scores[0].tolist() == [0, 0.25, 0, 0, 0, pytest.approx(1.9), 0, 0, 0, 0]
     assert rm_scores[1:].abs().sum() == 0

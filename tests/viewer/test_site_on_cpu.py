@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from verl_mm_tools.agent_loop.dump import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR
+from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR
 from verl_mm_tools.cli import main
 from verl_mm_tools.viewer.chromium import ENV_EXECUTABLE, ChromiumError, find_chromium
 from verl_mm_tools.viewer.records import ViewerError, load_trajectories

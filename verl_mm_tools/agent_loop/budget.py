@@ -1,5 +1,7 @@
-"""The per-trajectory image budget: how many images and image tokens a trajectory may hold, and how a tool image is
-sized (``qwen_vl_utils.smart_resize``, exactly as verl sizes dataset images) so the processor never resizes it again.
+"""The per-trajectory image budget: how many images and image tokens a trajectory may hold, how a tool image is
+sized (``qwen_vl_utils.smart_resize``, exactly as verl sizes dataset images) so the processor never resizes it again,
+and what happens to an image that does not fit (the over-budget policy). The budget returns one verdict per image
+(``Admission``); a new policy is a member of ``OverBudget`` plus its branch in ``ImageBudget._over_budget``.
 """
 
 from __future__ import annotations
@@ -7,12 +9,16 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from PIL import Image
 from qwen_vl_utils import smart_resize
 
-from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +83,36 @@ class ImageGeometry:
         return max(1, new_width // self.factor) * max(1, new_height // self.factor)
 
 
+class OverBudget(str, Enum):
+    """The ``over_budget`` option: what happens to a tool image that does not fit the image token budget."""
+
+    DOWNSCALE = "downscale"  # shrink it to the tokens left; refuse it when even the smallest size does not fit
+    REFUSE = "refuse"  # refuse it: the model reads why
+    STOP = "stop"  # end the trajectory (stop reason ``budget``)
+
+
+OVER_BUDGET_POLICIES = tuple(policy.value for policy in OverBudget)
+
+
+class Verdict(str, Enum):
+    ADMITTED = "admitted"
+    DOWNSCALED = "downscaled"  # admitted at a smaller size (``note`` says which)
+    REFUSED = "refused"  # not shown; ``note`` tells the model why
+    STOP = "stop"  # not shown, and the trajectory ends
+
+
 @dataclass(frozen=True)
 class Admission:
-    """The budget's verdict on one tool image: admitted (maybe downscaled) or refused with a reason for the model."""
+    """The budget's verdict on one tool image: the image to show (maybe downscaled) and a note for the model."""
 
-    image: Image.Image | None
+    verdict: Verdict
+    image: Image.Image | None = None
     tokens: int = 0
-    downscaled_from: tuple[int, int] | None = None
-    refusal: str | None = None
+    note: str | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.image is not None
 
 
 class ImageBudget:
@@ -109,39 +137,48 @@ class ImageBudget:
         if self.images > self.config.max_images:
             return f"the prompt holds {self.images} images, more than max_images={self.config.max_images}"
         if self.config.max_image_tokens is not None and self.tokens > self.config.max_image_tokens:
-            return f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens"
+            return (f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens="
+                    f"{self.config.max_image_tokens}")
         return None
 
     def admit(self, image: Image.Image) -> Admission:
-        """Size a tool image and charge it, or refuse it. Never partial: the image is either whole or absent."""
+        """The verdict on a tool or environment image, charged when admitted. Never partial: the image is either
+        whole or absent."""
         if self.images >= self.config.max_images:
-            return Admission(None, refusal=f"the image budget is exhausted ({self.config.max_images} images per "
-                             "conversation); no further images can be shown")
+            limit = self.config.max_images
+            return self._over_budget(f"the image budget is exhausted (at most {limit} image{'s' * (limit != 1)} per "
+                                     "conversation); no further images can be shown")
         if image.width * image.height > MAX_DECODE_PIXELS:  # judged from the header: a bomb is never decoded
-            return Admission(None, refusal=f"the tool produced an image of {image.width}x{image.height} px, more "
-                             f"than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded")
+            return Admission(Verdict.REFUSED, note=f"the tool produced an image of {image.width}x{image.height} px, "
+                             f"more than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded")
         try:
             width, height = self.geometry.resized(*image.size, self.min_pixels, self.max_pixels)
         except ValueError as error:
-            return Admission(None, refusal=f"the tool produced an image of {image.size[0]}x{image.size[1]} px that "
-                             f"cannot be shown ({error})")
-        tokens = self._tokens_of(width, height)
-        left = self._tokens_left()
-        downscaled_from = None
+            return Admission(Verdict.REFUSED, note=f"the tool produced an image of {image.size[0]}x{image.size[1]} px "
+                             f"that cannot be shown ({error})")
+        tokens, left, verdict = self._tokens_of(width, height), self._tokens_left(), Verdict.ADMITTED
         if tokens > left:
             fitted = self._downscaled(image, left)
             if fitted is None:
-                return Admission(None, refusal=f"the image token budget is exhausted ({left} image tokens left, the "
-                                 f"image needs {tokens}); no further images can be shown")
-            downscaled_from, (width, height) = (width, height), fitted
+                return self._over_budget(f"the image token budget is exhausted ({left} image tokens left, the image "
+                                         f"needs {tokens}); no further images can be shown")
+            (width, height), verdict = fitted, Verdict.DOWNSCALED
             tokens = self._tokens_of(width, height)
         try:
             admitted = _to_rgb_size(image, width, height)
         except Exception as error:  # noqa: BLE001 - truncated or corrupt data: PIL raises many kinds
-            return Admission(None, refusal=f"the tool produced an image that cannot be decoded ({error})")
+            return Admission(Verdict.REFUSED, note=f"the tool produced an image that cannot be decoded ({error})")
         self.images += 1
         self.tokens += tokens
-        return Admission(admitted, tokens, downscaled_from)
+        note = f"the image was downscaled to {width}x{height} px to fit the image token budget" if verdict == \
+            Verdict.DOWNSCALED else None
+        return Admission(verdict, admitted, tokens, note)
+
+    def _over_budget(self, reason: str) -> Admission:
+        """The verdict on an image the budget has no room for, by the over-budget policy."""
+        if OverBudget(self.config.over_budget) is OverBudget.STOP:
+            return Admission(Verdict.STOP, note=reason)
+        return Admission(Verdict.REFUSED, note=reason)
 
     def _tokens_of(self, width: int, height: int) -> int:
         return (width // self.geometry.factor) * (height // self.geometry.factor)
@@ -152,7 +189,7 @@ class ImageBudget:
         return self.config.max_image_tokens - self.tokens
 
     def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
-        if self.config.over_budget != "downscale" or tokens_left < 1:
+        if OverBudget(self.config.over_budget) is not OverBudget.DOWNSCALE or tokens_left < 1:
             return None
         max_pixels = tokens_left * self.geometry.factor**2
         if max_pixels < self.min_pixels:

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from verl_mm_tools.agent_loop.budget import OVER_BUDGET_POLICIES
 from verl_mm_tools.agent_loop.tool_format import TOOL_PROMPTS, TOOL_RESPONSE_ROLES
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
 
-OVER_BUDGET_POLICIES = ("downscale", "refuse", "stop")
 DEFAULT_MAX_IMAGES = 16
 
 

@@ -18,26 +18,7 @@ Each half of a trajectory is known to a different process, so a dump is written 
 workers and the trainer's driver share. A failing dump never costs a trajectory or stops training.
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 1):
-
-- ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory);
-- ``sample``: ``index``, ``uid``, ``data_source``, ``ground_truth``, ``extra_info`` (of the dataset row);
-- ``messages``: in order, each ``role``, ``turn`` (0 for the prompt, j for assistant turn j and the tool or
-  environment messages that answer it), ``text``, ``image_ids``; assistant messages add ``tool_calls`` (``name``,
-  ``arguments``) and their text is the decoded generated tokens; tool messages add ``tool_call_id`` and ``error``
-  (the text starts with "Error", as every error of the loop and of the tool library does);
-- ``images``: ``id`` (1-based, the ids tools use), ``source`` (prompt, tool or environment), ``turn``, ``width``,
-  ``height``, ``file``, ``thumb`` (paths relative to the trajectory folder; None when the pixels were unavailable);
-- ``tool_calls``: flattened, each ``turn``, ``name``, ``arguments``, ``result`` (text), ``error``, ``image_ids``;
-- ``tools_used``: sorted tool names called at least once;
-- ``turns``: per assistant turn, ``turn``, ``trained_tokens`` (response_mask 1), ``context_tokens_after`` (tool and
-  environment tokens until the next turn, mask 0), ``reward`` (the loop's per-turn reward);
-- ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``;
-- ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
-  ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
-- added on the trainer side: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
-  reward manager's score; None when rewards were not computed during rollout), ``turn_rewards``, ``extra`` (the
-  reward manager's ``reward_extra_info`` for this trajectory).
+``images/<image id>.thumb.jpg``; the record's keys: ``verl_mm_tools.record``.
 """
 
 from __future__ import annotations
@@ -47,34 +28,34 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from PIL import Image
 
-from verl_mm_tools.rewards.turn_credit import turn_spans
+from verl_mm_tools.agent_loop.state import state_of
+from verl_mm_tools.record import (
+    DUMP_KEY,
+    FULL_MARKER,
+    RECORD_FILE,
+    SITE_DIR,
+    STAGED_RECORD_FILE,
+    STAGING_DIR,
+    STEP_COUNTS,
+    STEP_SUMMARY,
+    TurnRecord,
+    build_record,
+    jsonable,
+    sample_ids,
+)
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.step import StepBatch
 
 logger = logging.getLogger(__name__)
 
-RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 1
-DUMP_KEY = "mm_tool/dump"
-STAGING_DIR = "_staging"
-SITE_DIR = "_site"  # the viewer's default output; not counted against dump_max_mb
-FULL_MARKER = "_FULL"
-STEP_SUMMARY = "_step.json"
-RECORD_FILE = "trajectory.json"
-STAGED_RECORD_FILE = "record.json"
 THUMBNAIL_SIZE = (160, 160)
-STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
-STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
 _warned: set[tuple[str, str]] = set()
 
 
@@ -89,7 +70,7 @@ async def stage_trajectory(loop, agent_data, output, sample: dict) -> dict:
     # Absolute, so the manager (another process, maybe another working directory) finds the same folder.
     dump_dir = Path(config.dump_dir).expanduser().resolve()
     reference = {"dump_dir": str(dump_dir), "max_per_step": config.dump_max_per_step,
-                 "max_mb": config.dump_max_mb, "sample_index": _sample_ids(sample)["index"]}
+                 "max_mb": config.dump_max_mb, "sample_index": sample_ids(sample)["index"]}
     if (dump_dir / FULL_MARKER).exists():
         return {**reference, "skipped": "disk_cap"}
     try:
@@ -111,6 +92,7 @@ def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
         prompt_ids=list(output.prompt_ids),
         response_ids=list(output.response_ids),
         response_mask=list(output.response_mask),
+        turns=_turn_records(agent_data),
         decode=lambda ids: loop.tokenizer.decode(ids, skip_special_tokens=True),
         extra_fields=output.extra_fields,
         sample=sample,
@@ -119,188 +101,13 @@ def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
     )
 
 
-def build_record(*, messages, images, prompt_ids, response_ids, response_mask, decode, extra_fields, sample,
-                 request_id=None, timing=None) -> tuple[dict, list]:
-    """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
-    spans = turn_spans(torch.tensor(response_mask, dtype=torch.long))
-    assistant_texts = [decode(response_ids[start:end]) for start, end in spans]
-    record_messages, message_images = _messages(messages, assistant_texts)
-    image_entries, pixels = _images(record_messages, message_images, images)
-    stats = _stats(extra_fields)
-    record = {
-        "format": RECORD_FORMAT,
-        "version": RECORD_VERSION,
-        "id": uuid.uuid4().hex,
-        "request_id": request_id,
-        "sample": _sample_ids(sample),
-        "messages": record_messages,
-        "images": image_entries,
-        "tool_calls": _tool_calls(record_messages),
-        "turns": _turns(spans, len(response_mask), stats.get("turn_rewards") or []),
-        "mask": _mask_summary(prompt_ids, response_mask),
-        "masked": bool(stats.get("masked")),
-        "stop_reason": stats.get("stop_reason"),
-        "error": stats.get("error") or "",
-        "stats": stats,
-        "timing": _jsonable(timing or {}),
-    }
-    record["tools_used"] = sorted({call["name"] for call in record["tool_calls"]})
-    return record, pixels
-
-
-def _messages(messages: list[dict], assistant_texts: list[str]) -> tuple[list[dict], list[list]]:
-    """Record messages (assistant text from the generated tokens) and each message's image objects."""
-    records, images_per_message, turn, assistants = [], [], 0, 0
-    for message in messages:
-        role = message.get("role", "?")
-        text, images = _split_content(message.get("content"))
-        if role == "assistant":
-            turn = assistants = assistants + 1
-            text = assistant_texts[assistants - 1] if assistants <= len(assistant_texts) else text
-        entry: dict[str, Any] = {"role": role, "turn": turn, "text": text, "image_ids": []}
-        if role == "assistant":
-            entry["tool_calls"] = [_call(call) for call in message.get("tool_calls") or []]
-        if role == "tool":
-            entry["tool_call_id"] = message.get("tool_call_id")
-            entry["error"] = text.lstrip().startswith("Error")
-        records.append(entry)
-        images_per_message.append(images)
-    # A turn cut by a length or turn limit never became a message (verl parses calls only below the limits).
-    for text in assistant_texts[assistants:]:
-        turn += 1
-        records.append({"role": "assistant", "turn": turn, "text": text, "image_ids": [], "tool_calls": [],
-                        "note": "generated at a length or turn limit: not parsed for tool calls"})
-        images_per_message.append([])
-    return records, images_per_message
-
-
-def _split_content(content) -> tuple[str, list]:
-    if content is None:
-        return "", []
-    if isinstance(content, str):
-        return content, []
-    texts, images = [], []
-    for item in content:
-        kind = item.get("type") if isinstance(item, dict) else None
-        if kind in ("image", "image_url") or (isinstance(item, dict) and ("image" in item or "image_url" in item)):
-            images.append(item.get("image", item.get("image_url")))
-        elif kind == "text":
-            texts.append(str(item.get("text", "")))
-    return "".join(texts), images
-
-
-def _call(call: dict) -> dict:
-    function = call.get("function", call)
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass  # kept as the raw string the model wrote
-    return {"name": function.get("name"), "arguments": _jsonable(arguments)}
-
-
-def _images(records: list[dict], message_images: list[list], images: list) -> tuple[list[dict], list]:
-    """Number images in message order (the token order, so the ids tools use); pixels are what the model saw."""
-    entries, pixels = [], []
-    for record, found in zip(records, message_images, strict=True):
-        for item in found:
-            image_id = len(entries) + 1
-            image = images[image_id - 1] if image_id <= len(images) else item
-            image = image if isinstance(image, Image.Image) else None
-            record["image_ids"].append(image_id)
-            entries.append({
-                "id": image_id,
-                "source": _image_source(record),
-                "turn": record["turn"],
-                "width": image.width if image else None,
-                "height": image.height if image else None,
-                "file": None,
-                "thumb": None,
-            })
-            pixels.append(image)
-    return entries, pixels
-
-
-def _image_source(message: dict) -> str:
-    if message["turn"] == 0:
-        return "prompt"
-    return "tool" if message["role"] == "tool" else "environment"
-
-
-def _tool_calls(messages: list[dict]) -> list[dict]:
-    """Each call of an assistant message paired with the tool message answering it (same order, as the loop runs
-    calls sequentially); tool messages beyond the calls are the loop's answers to malformed calls."""
-    calls = []
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        answers = []
-        for later in messages[index + 1 :]:
-            if later["role"] != "tool":
-                break
-            answers.append(later)
-        for position, call in enumerate(message["tool_calls"]):
-            answer = answers[position] if position < len(answers) else None
-            calls.append({
-                "turn": message["turn"],
-                "name": call["name"],
-                "arguments": call["arguments"],
-                "result": answer["text"] if answer else None,
-                "error": bool(answer and answer["error"]),
-                "image_ids": list(answer["image_ids"]) if answer else [],
-            })
-    return calls
-
-
-def _turns(spans: list[tuple[int, int]], response_tokens: int, turn_rewards: list) -> list[dict]:
-    turns = []
-    for index, (start, end) in enumerate(spans):
-        next_start = spans[index + 1][0] if index + 1 < len(spans) else response_tokens
-        reward = turn_rewards[index] if index < len(turn_rewards) else None
-        turns.append({"turn": index + 1, "trained_tokens": end - start, "context_tokens_after": next_start - end,
-                      "reward": reward})
-    return turns
-
-
-def _mask_summary(prompt_ids: list, response_mask: list) -> dict:
-    trained = int(sum(response_mask))
-    return {"prompt_tokens": len(prompt_ids), "response_tokens": len(response_mask), "trained_tokens": trained,
-            "context_tokens": len(response_mask) - trained}
-
-
-def _stats(extra_fields: dict) -> dict:
-    stats = {key: extra_fields[key] for key in STATS_KEYS if key in extra_fields}
-    for key, value in extra_fields.items():
-        if key.startswith("mm_tool/") and key != DUMP_KEY:
-            stats[key.removeprefix("mm_tool/")] = value
-    return _jsonable(stats)
-
-
-def _sample_ids(sample: dict) -> dict:
-    extra_info = sample.get("extra_info")
-    extra_info = extra_info if isinstance(extra_info, dict) else {}
-    reward_model = sample.get("reward_model")
-    return _jsonable({
-        "index": sample.get("index", extra_info.get("index")),
-        "uid": sample.get("uid"),
-        "data_source": sample.get("data_source"),
-        "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
-        "extra_info": extra_info,
-    })
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types: numpy scalars and arrays unwrapped, anything else (an image, say) as a short repr."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)[:200]
+def _turn_records(agent_data) -> list[TurnRecord]:
+    """The turns the loop recorded; none for a masked trajectory (its output holds none of their tokens)."""
+    state = state_of(agent_data)
+    if state is None or state.stats.masked:
+        return []
+    return [TurnRecord(turn.response_span, turn.prompt_end, tuple(turn.tool_calls), tuple(turn.images_added),
+                       turn.reward) for turn in state.turns]
 
 
 def write_staged(dump_dir: str | os.PathLike, record: dict, images: list) -> dict:
@@ -388,8 +195,8 @@ def _final_fields(batch: StepBatch) -> list[dict]:
         "rollout_n": batch.rollout_n[row],
         "reward": {
             "score": scores[row] if scores is not None else None,
-            "turn_rewards": _jsonable(list(turn_rewards[row] or [])),
-            "extra": _jsonable(extras[row]),
+            "turn_rewards": jsonable(list(turn_rewards[row] or [])),
+            "extra": jsonable(extras[row]),
         },
     } for row in range(len(turn_rewards))]
 

@@ -15,7 +15,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from verl_mm_tools.agent_loop.dump import DUMP_KEY
+from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.agent_loop.step import StepBatch, process_step
 
 

@@ -28,13 +28,19 @@ from verl.tools.function_tool import FunctionTool, normalize_function_tool_retur
 from verl.tools.schemas import ToolResponse
 from verl.utils.profiler import simple_timer
 
-from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry
+from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.dump import DUMP_KEY, stage_trajectory
+from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
-from verl_mm_tools.agent_loop.stats import TrajectoryStats
-from verl_mm_tools.agent_loop.step import MASKED_LIMIT_KEY, TURN_CREDIT_KEY
+from verl_mm_tools.agent_loop.state import (
+    MASKED_LIMIT_KEY,
+    STATE_ATTR,
+    TURN_CREDIT_KEY,
+    StopReason,
+    TrajectoryState,
+    state_of,
+)
 from verl_mm_tools.agent_loop.step_hook import (
     hook_overrides,
     refuse_unsupported_with_hook,
@@ -56,6 +62,7 @@ from verl_mm_tools.errors import (
 from verl_mm_tools.files import FILES_ATTR, FileRoots
 from verl_mm_tools.ops.checks import show
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
+from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -81,14 +88,14 @@ class _Checkpoint:
 
     @classmethod
     def of(cls, agent_data) -> _Checkpoint:
-        budget = agent_data.mm_budget
+        budget = state_of(agent_data).budget
         return cls(len(agent_data.messages), len(agent_data.image_data), (budget.images, budget.tokens) if budget else None)
 
     def restore(self, agent_data) -> None:
         del agent_data.messages[self.messages :]
         getattr(agent_data, WORKSPACE_ATTR).truncate(self.images)
         if self.budget is not None:
-            agent_data.mm_budget.images, agent_data.mm_budget.tokens = self.budget
+            state_of(agent_data).budget.images, state_of(agent_data).budget.tokens = self.budget
 
 
 class ToolCrashError(RuntimeError):
@@ -131,40 +138,38 @@ class MMToolAgentLoop(ToolAgentLoop):
     # ----- one trajectory -------------------------------------------------------------------------------------
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
-        stats = TrajectoryStats()
+        state = TrajectoryState()
         agent_data = None
         try:
-            agent_data = await self._new_agent_data(kwargs, priority, stats)
+            agent_data = await self._new_agent_data(kwargs, priority, state)
             await self._start_environment(agent_data, kwargs)  # after agent_data exists: close() runs even if reset raises
             await self._run_states(agent_data, sampling_params)
-            output = self._checked_output(agent_data, stats)
+            output = self._checked_output(agent_data, state)
         except (Exception, asyncio.CancelledError) as error:  # isolation: verl gathers without return_exceptions
             if isinstance(error, asyncio.CancelledError) and _being_cancelled():
                 raise  # this trajectory is being cancelled; a stray CancelledError from a callee is masked instead
-            output = self._masked_output(agent_data, stats, error, kwargs)
+            output = self._masked_output(agent_data, state, error, kwargs)
         finally:
-            await self._release(agent_data)
-        output.extra_fields.update(stats.to_extra_fields())
+            await self._release(state)
+        output.extra_fields.update(state.extra_fields())
         output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
         output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
         if self.mm_config.dump_dir:
             output.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, output, kwargs)
         return output
 
-    async def _release(self, agent_data) -> None:
+    async def _release(self, state: TrajectoryState) -> None:
         """Release tool sessions and close the environment, once, however the trajectory ended."""
-        sessions = getattr(agent_data, "mm_sessions", None)
-        if sessions is not None:
-            await sessions.release_all()
-        env = getattr(agent_data, "mm_env", None)
+        if state.sessions is not None:
+            await state.sessions.release_all()
+        env, state.env = state.env, None
         if env is not None:
-            agent_data.mm_env = None
             try:
                 await call_env(env.close)
             except Exception:
                 logger.warning("closing environment %r failed", type(env).__name__, exc_info=True)
 
-    async def _new_agent_data(self, kwargs: dict, priority: int, stats: TrajectoryStats) -> AgentData:
+    async def _new_agent_data(self, kwargs: dict, priority: int, state: TrajectoryState) -> AgentData:
         # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
         # unless they are few small PIL images
         arguments = (list(kwargs["raw_prompt"]), self.files, _sample_name(kwargs))
@@ -186,13 +191,10 @@ class MMToolAgentLoop(ToolAgentLoop):
         self._select_tools(agent_data, (kwargs.get("extra_info") or {}).get("tool_selection"))
         setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
         setattr(agent_data, FILES_ATTR, self.files)  # what tools may read: files_of(agent_data)
-        agent_data.mm_sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
-        agent_data.mm_stats = stats
-        agent_data.mm_budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
-        agent_data.mm_malformed_calls = 0
-        agent_data.mm_env, agent_data.mm_env_pending = None, False
-        agent_data.mm_prompt_length = 0
-        agent_data.mm_prompt_images = len(agent_data.image_data)
+        setattr(agent_data, STATE_ATTR, state)
+        state.sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
+        state.budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
+        state.prompt_images = len(agent_data.image_data)
         return agent_data
 
     async def _start_environment(self, agent_data: AgentData, row: dict) -> None:
@@ -202,14 +204,15 @@ class MMToolAgentLoop(ToolAgentLoop):
         spec = spec or self.mm_config.env
         if not spec:
             return
-        agent_data.mm_env = make_environment(spec)
+        state = state_of(agent_data)
+        state.env = make_environment(spec)
         sample = Sample.from_row(row, list(agent_data.image_data), files=self.files)
-        observation = await call_env(agent_data.mm_env.reset, sample)
+        observation = await call_env(state.env.reset, sample)
         if observation is not None and (observation.text or observation.images):
             content = [{"type": "image", "image": image} for image in observation.images]
             agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
             agent_data.image_data.extend(observation.images)
-            agent_data.mm_prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
+            state.prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
 
     def _select_tools(self, agent_data: AgentData, selection) -> None:
         """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
@@ -226,7 +229,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             AgentState.PENDING: lambda: self._handle_pending_state(agent_data, sampling_params),
             AgentState.GENERATING: lambda: self._handle_generating_state(agent_data, sampling_params),
             AgentState.PROCESSING_TOOLS: lambda: (
-                self._handle_env_turn(agent_data) if agent_data.mm_env_pending
+                self._handle_env_turn(agent_data) if state_of(agent_data).env_pending
                 else self._handle_processing_tools_state(agent_data)
             ),
         }
@@ -237,9 +240,10 @@ class MMToolAgentLoop(ToolAgentLoop):
     # ----- states ---------------------------------------------------------------------------------------------
 
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
-        if agent_data.mm_budget is not None:
-            agent_data.mm_budget.count_prompt_images(agent_data.image_data)
-            problem = agent_data.mm_budget.prompt_problem
+        state = state_of(agent_data)
+        if state.budget is not None:
+            state.budget.count_prompt_images(agent_data.image_data)
+            problem = state.budget.prompt_problem
             if problem:
                 raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
         # verl's pending state, rendering the conversation in the resolved tool format
@@ -255,7 +259,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             mm_inputs_out=mm_inputs,
         )
         agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
-        agent_data.mm_prompt_length = len(agent_data.prompt_ids)
+        state.prompt_length = len(agent_data.prompt_ids)
         self._require_visible_tools(agent_data)
         return AgentState.GENERATING
 
@@ -274,35 +278,37 @@ class MMToolAgentLoop(ToolAgentLoop):
     async def _handle_generating_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
     ) -> AgentState:
-        stats: TrajectoryStats = agent_data.mm_stats
+        state = state_of(agent_data)
         tokens_left = self.response_length - len(agent_data.response_mask)
         if tokens_left <= 0:
-            stats.stop_reason = "length_limit"
+            state.stop_reason = StopReason.LENGTH_LIMIT
             return AgentState.TERMINATED
         # Never generate past the response budget: the output is then never cut, so no image is ever cut off.
         limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
-        state = await super()._handle_generating_state(agent_data, {**sampling_params, "max_tokens": limit})
+        turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
+        next_state = await super()._handle_generating_state(agent_data, {**sampling_params, "max_tokens": limit})
+        end = len(agent_data.response_mask)
+        turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
         generated = set(agent_data.response_ids) & self.forbidden_generated
         if generated:
             raise TrajectoryValidationError(f"the model generated vision placeholder tokens {sorted(generated)}")
-        return self._after_generation(agent_data, state)
+        return self._after_generation(agent_data, next_state)
 
-    def _after_generation(self, agent_data: AgentData, state: AgentState) -> AgentState:
-        stats: TrajectoryStats = agent_data.mm_stats
+    def _after_generation(self, agent_data: AgentData, next_state: AgentState) -> AgentState:
+        state = state_of(agent_data)
         text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
-        stats.last_assistant_text = text
-        stats.turn_rewards.append(0.0)
+        state.stats.last_assistant_text = text
         attempted = text.count("<tool_call>")
-        if state == AgentState.PROCESSING_TOOLS or not self._at_limit(agent_data):
-            agent_data.mm_malformed_calls = max(0, attempted - len(agent_data.tool_calls))
-            if agent_data.mm_malformed_calls:
+        if next_state == AgentState.PROCESSING_TOOLS or not self._at_limit(agent_data):
+            state.malformed_calls = max(0, attempted - len(agent_data.tool_calls))
+            if state.malformed_calls:
                 return AgentState.PROCESSING_TOOLS
-        if state == AgentState.TERMINATED:
-            stats.stop_reason = self._stop_reason(agent_data, attempted)
-            if stats.stop_reason == "answered" and agent_data.mm_env is not None:
-                agent_data.mm_env_pending = True  # the environment reacts to the answer
+        if next_state == AgentState.TERMINATED:
+            state.stop_reason = self._stop_reason(agent_data, attempted)
+            if state.stop_reason is StopReason.ANSWERED and state.env is not None:
+                state.env_pending = True  # the environment reacts to the answer
                 return AgentState.PROCESSING_TOOLS
-        return state
+        return next_state
 
     def _at_limit(self, agent_data: AgentData) -> bool:
         return (
@@ -311,19 +317,20 @@ class MMToolAgentLoop(ToolAgentLoop):
             or bool(self.max_user_turns and agent_data.user_turns >= self.max_user_turns)
         )
 
-    def _stop_reason(self, agent_data: AgentData, attempted_calls: int) -> str:
+    def _stop_reason(self, agent_data: AgentData, attempted_calls: int) -> StopReason:
         if len(agent_data.response_mask) >= self.response_length:
-            return "length_limit"
+            return StopReason.LENGTH_LIMIT
         if attempted_calls and self._at_limit(agent_data):
-            return "turn_limit"
-        return "answered"
+            return StopReason.TURN_LIMIT
+        return StopReason.ANSWERED
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
-        stats: TrajectoryStats = agent_data.mm_stats
+        state = state_of(agent_data)
         checkpoint = _Checkpoint.of(agent_data)
         calls = agent_data.tool_calls[: self.max_parallel_calls]
         ignored = len(agent_data.tool_calls) - len(calls)
-        stats.ignored_calls += ignored
+        state.stats.ignored_calls += ignored
+        state.turns[-1].tool_calls = [call.name for call in calls]
 
         new_messages, rewards = [], []
         with simple_timer("tool_calls", agent_data.metrics):
@@ -333,15 +340,15 @@ class MMToolAgentLoop(ToolAgentLoop):
                 message = self._tool_message(call, response, agent_data)
                 if message is None:  # over budget with over_budget=stop
                     checkpoint.restore(agent_data)
-                    stats.stop_reason = "budget"
+                    state.stop_reason = StopReason.BUDGET
                     return AgentState.TERMINATED
                 new_messages.append(message)
                 rewards.append(reward)
-        stats.invalid_actions += agent_data.mm_malformed_calls
-        new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * agent_data.mm_malformed_calls
+        state.stats.invalid_actions += state.malformed_calls
+        new_messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * state.malformed_calls
         # every call is answered: a call past max_parallel_calls the model is never told about looks executed
         new_messages += [{"role": "tool", "content": self._ignored_call_text()}] * ignored
-        agent_data.mm_malformed_calls = 0
+        state.malformed_calls = 0
         return await self._merge_context_turn(agent_data, checkpoint, new_messages, rewards)
 
     def _ignored_call_text(self) -> str:
@@ -361,11 +368,12 @@ class MMToolAgentLoop(ToolAgentLoop):
             agent_data.response_logprobs or None,
             tools=self.tool_format.template_tools(schemas),
         )
+        state = state_of(agent_data)
         if len(response_mask) >= self.response_length:
             # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.
             checkpoint.restore(agent_data)
-            agent_data.mm_stats.dropped_turns += 1
-            agent_data.mm_stats.stop_reason = "length_limit"
+            state.stats.dropped_turns += 1
+            state.stop_reason = StopReason.LENGTH_LIMIT
             return AgentState.TERMINATED
         agent_data.prompt_ids = merge_result.token_ids
         agent_data.response_mask = response_mask
@@ -373,39 +381,41 @@ class MMToolAgentLoop(ToolAgentLoop):
             agent_data.response_logprobs = response_logprobs or []
         rewards = [float(reward) for reward in rewards if reward is not None]
         agent_data.tool_rewards.extend(rewards)
-        agent_data.mm_stats.turn_rewards[-1] += sum(rewards)
+        turn = state.turns[-1]
+        turn.reward += sum(rewards)
+        turn.images_added = list(range(checkpoint.images + 1, len(agent_data.image_data) + 1))  # ids are 1-based
         agent_data.user_turns += 1
         return AgentState.GENERATING
 
     async def _handle_env_turn(self, agent_data: AgentData) -> AgentState:
         """The environment scores the answer; unless done (or out of turns), its observation is the next user turn."""
-        stats: TrajectoryStats = agent_data.mm_stats
-        agent_data.mm_env_pending = False
-        observation, reward, done, info = await call_env(agent_data.mm_env.step, stats.last_assistant_text)
-        stats.attempts += 1
+        state = state_of(agent_data)
+        state.env_pending = False
+        observation, reward, done, info = await call_env(state.env.step, state.stats.last_assistant_text)
+        state.stats.attempts += 1
         agent_data.turn_scores.append(float(reward))
-        stats.turn_rewards[-1] += float(reward)
-        stats.env_infos.append(dict(info or {}))
+        state.turns[-1].reward += float(reward)
+        state.stats.env_infos.append(dict(info or {}))
         if done:
             return AgentState.TERMINATED
         if self._at_limit(agent_data):
-            stats.stop_reason = "turn_limit"
+            state.stop_reason = StopReason.TURN_LIMIT
             return AgentState.TERMINATED
         checkpoint = _Checkpoint.of(agent_data)
         observation = observation or Observation()
         content = self._content(list(observation.images), observation.text, [], agent_data)
         if content is None:  # over budget with over_budget=stop
             checkpoint.restore(agent_data)
-            stats.stop_reason = "budget"
+            state.stop_reason = StopReason.BUDGET
             return AgentState.TERMINATED
-        stats.stop_reason = "answered"
+        state.stop_reason = StopReason.ANSWERED
         return await self._merge_context_turn(agent_data, checkpoint, [{"role": "user", "content": content}], [])
 
     # ----- tools ----------------------------------------------------------------------------------------------
 
     async def _execute(self, call: FunctionCall, agent_data: AgentData) -> tuple[ToolResponse, float | None]:
         """Run one call on the trajectory's tool session. Model mistakes become text; a raising tool raises."""
-        stats: TrajectoryStats = agent_data.mm_stats
+        stats = state_of(agent_data).stats
         tools = agent_data._active_tools
         if call.name not in tools:
             stats.invalid_actions += 1
@@ -436,7 +446,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         tool = agent_data._active_tools[tool_name]
         if isinstance(tool, FunctionTool):
             return normalize_function_tool_return(await tool.call(arguments))
-        instance_id = await agent_data.mm_sessions.instance_id(tool_name)
+        instance_id = await state_of(agent_data).sessions.instance_id(tool_name)
         return await tool.execute(instance_id, arguments, agent_data=agent_data)
 
     def _tool_message(self, call: FunctionCall, response: ToolResponse, agent_data: AgentData) -> dict | None:
@@ -454,38 +464,27 @@ class MMToolAgentLoop(ToolAgentLoop):
     def _content(self, images: list, text: str, notes: list[str], agent_data: AgentData) -> list | str | None:
         """Message content: the admitted images (each added to the workspace) then the text, with image ids and
         notes on what the budget did. None when the budget says stop."""
+        state = state_of(agent_data)
         content, new_ids = [], []
         for image in images:
-            admitted = self._admit(image, agent_data, notes)
-            if admitted is False:
+            if not isinstance(image, Image.Image):
+                notes.append(f"the tool returned a {type(image).__name__} instead of an image; it was dropped")
+                continue
+            if state.budget is None:
+                notes.append("this model cannot see images; the tool's image was dropped")
+                continue
+            admission = state.budget.admit(image)
+            state.stats.budget_refusals += admission.verdict in (Verdict.REFUSED, Verdict.STOP)
+            state.stats.budget_downscales += admission.verdict is Verdict.DOWNSCALED
+            if admission.verdict is Verdict.STOP:
                 return None
-            if admitted is not None:
-                new_ids.append(getattr(agent_data, WORKSPACE_ATTR).add(admitted))
-                content.append({"type": "image", "image": admitted})
+            if admission.note:
+                notes.append(admission.note)
+            if admission.admitted:
+                new_ids.append(getattr(agent_data, WORKSPACE_ATTR).add(admission.image))
+                content.append({"type": "image", "image": admission.image})
         text = self._response_text(text, images, new_ids, notes)
         return content + [{"type": "text", "text": text}] if content else text
-
-    def _admit(self, image, agent_data: AgentData, notes: list[str]):
-        """The admitted image, None when refused (reason appended to ``notes``), False when the trajectory stops."""
-        stats: TrajectoryStats = agent_data.mm_stats
-        if not isinstance(image, Image.Image):
-            notes.append(f"the tool returned a {type(image).__name__} instead of an image; it was dropped")
-            return None
-        if agent_data.mm_budget is None:
-            notes.append("this model cannot see images; the tool's image was dropped")
-            return None
-        admission = agent_data.mm_budget.admit(image)
-        if admission.refusal:
-            stats.budget_refusals += 1
-            if self.mm_config.over_budget == "stop":
-                return False
-            notes.append(admission.refusal)
-            return None
-        if admission.downscaled_from:
-            stats.budget_downscales += 1
-            width, height = admission.image.size
-            notes.append(f"the image was downscaled to {width}x{height} px to fit the image token budget")
-        return admission.image
 
     def _response_text(self, text: str, images: list, new_ids: list[int], notes: list[str]) -> str:
         if images and not new_ids:
@@ -511,7 +510,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     # ----- output ---------------------------------------------------------------------------------------------
 
-    def _checked_output(self, agent_data: AgentData, stats: TrajectoryStats) -> AgentLoopOutput:
+    def _checked_output(self, agent_data: AgentData, state: TrajectoryState) -> AgentLoopOutput:
         excess = agent_data.response_mask[self.response_length :]
         if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
             raise TrajectoryValidationError(
@@ -523,7 +522,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         problems = self._problems(output, image_tokens)
         if problems:
             raise TrajectoryValidationError("; ".join(problems))
-        stats.images, stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
+        state.stats.images, state.stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
         return output
 
     def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
@@ -561,31 +560,30 @@ class MMToolAgentLoop(ToolAgentLoop):
             },
         )
 
-    def _masked_output(self, agent_data, stats: TrajectoryStats, error: Exception, sample: dict) -> AgentLoopOutput:
+    def _masked_output(self, agent_data, state: TrajectoryState, error: Exception, sample: dict) -> AgentLoopOutput:
         """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
         if isinstance(error, ConfigError):
             raise error  # a broken configuration must stop the run, not mask every sample
-        stats.masked, stats.stop_reason = True, "error"
-        stats.error = f"{type(error).__name__}: {error}"
+        state.mask(f"{type(error).__name__}: {error}")
         logger.warning(
-            "mm_tool: masked the trajectory of sample %s (%s)", _sample_name(sample), stats.error,
+            "mm_tool: masked the trajectory of sample %s (%s)", _sample_name(sample), state.stats.error,
             exc_info=not isinstance(
                 error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError, ImageInputError, FileAccessError)
             ),
         )
-        output = self._prompt_only_output(agent_data)
+        output = self._prompt_only_output(agent_data, state)
         if output is None:
             notice = "This sample was dropped by verl-mm-tools; see mm_tool/error."
             output = self._masked(self.tokenizer.encode(notice, add_special_tokens=False)[-self.prompt_length :], [], agent_data)
-        stats.images = len(output.multi_modal_data.get("images", []))
+        state.stats.images = len(output.multi_modal_data.get("images", []))
         return output
 
-    def _prompt_only_output(self, agent_data: AgentData | None) -> AgentLoopOutput | None:
+    def _prompt_only_output(self, agent_data: AgentData | None, state: TrajectoryState) -> AgentLoopOutput | None:
         """The rendered prompt with its own images, if it was rendered and is sound."""
-        if agent_data is None or not agent_data.mm_prompt_length:
+        if agent_data is None or not state.prompt_length:
             return None
-        images = agent_data.image_data[: agent_data.mm_prompt_images]
-        output = self._masked(agent_data.prompt_ids[: agent_data.mm_prompt_length], images, agent_data)
+        images = agent_data.image_data[: state.prompt_images]
+        output = self._masked(agent_data.prompt_ids[: state.prompt_length], images, agent_data)
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
         return None if self._problems(output, image_tokens) else output
 

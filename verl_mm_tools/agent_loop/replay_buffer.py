@@ -31,7 +31,8 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from verl_mm_tools.agent_loop.step import TURN_CREDIT_KEY, StepBatch, process_step
+from verl_mm_tools.agent_loop.state import TURN_CREDIT_KEY
+from verl_mm_tools.agent_loop.step import StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -23,15 +23,20 @@ from dataclasses import dataclass, field
 import torch
 
 from verl_mm_tools.agent_loop.dump import finalize_step_dumps
-from verl_mm_tools.agent_loop.stats import PREFIX, aggregate_metrics
+from verl_mm_tools.agent_loop.state import (
+    ERROR_KEY,
+    MASKED_KEY,
+    MASKED_LIMIT_KEY,
+    PREFIX,
+    TURN_CREDIT_KEY,
+    TURN_REWARDS_KEY,
+    TURN_SPANS_KEY,
+)
+from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import place_turn_rewards
 
 logger = logging.getLogger(__name__)
-
-MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"
-TURN_CREDIT_KEY = PREFIX + "turn_credit"
-TURN_REWARDS_KEY = PREFIX + "turn_rewards"
 
 
 class MaskedBatchError(VerlMMToolsError, RuntimeError):
@@ -73,7 +78,7 @@ def process_step(batch: StepBatch) -> dict[str, float]:
 def check_masked_fraction(batch: StepBatch) -> None:
     """Raise MaskedBatchError when the mm_tool trajectories masked in this batch exceed their loop's limit."""
     rows = [(masked, error, limit) for masked, error, limit in
-            zip(batch.column(PREFIX + "masked"), batch.column(PREFIX + "error"), batch.column(MASKED_LIMIT_KEY))
+            zip(batch.column(MASKED_KEY), batch.column(ERROR_KEY), batch.column(MASKED_LIMIT_KEY))
             if masked is not None]
     limits = [float(limit) for _, _, limit in rows if limit is not None]
     errors = [str(error) for masked, error, _ in rows if masked]
@@ -108,10 +113,10 @@ def _place_turn_rewards(batch: StepBatch) -> int | None:
         logger.warning("mm_turn_grpo: no rewards at this point (reward not computed during rollout); per-turn rewards "
                        "of %d trajectories were not placed", len(rows))
         return len(rows)
-    turn_rewards = batch.column(TURN_REWARDS_KEY)
+    turn_rewards, turn_spans = batch.column(TURN_REWARDS_KEY), batch.column(TURN_SPANS_KEY)
     index = torch.tensor(rows)
     scores = batch.rm_scores[index]
-    skipped = place_turn_rewards(scores, batch.response_mask[index], [turn_rewards[row] for row in rows])
+    skipped = place_turn_rewards(scores, [turn_spans[row] for row in rows], [turn_rewards[row] for row in rows])
     batch.rm_scores[index] = scores
     if skipped:
         logger.warning("mm_turn_grpo: %d trajectories' turn counts did not match their turn rewards", skipped)

@@ -6,7 +6,7 @@ generated tokens (``response_mask == 1``):
 - turn reward ``R_ij``: the sum of ``token_level_rewards`` from the first token of turn j up to (not including) the
   first token of turn j+1, so a reward placed on turn j's last token, or on the context tokens after it, belongs to
   turn j. The reward manager's final score sits on the last token and belongs to the last turn;
-  ``MMToolAgentLoopManager`` places the loop's per-turn rewards (tool step rewards + environment rewards,
+  the step hook (``agent_loop.step``) places the loop's per-turn rewards (tool step rewards + environment rewards,
   ``mm_tool/turn_rewards``) on the last token of each turn.
 - discounted return from turn j on: ``G_ij = sum_{k >= j} gamma^(k - j) R_ik``;
 - baseline and scale: the mean ``b`` and standard deviation ``s`` over the group of the whole-trajectory returns
@@ -103,19 +103,19 @@ def _group_statistics(index: np.ndarray, whole_returns: list[float]) -> tuple[di
     return baseline, scale
 
 
-def place_turn_rewards(rm_scores: torch.Tensor, response_mask: torch.Tensor, turn_rewards) -> int:
-    """Add each trajectory's per-turn rewards on the last generated token of each of its turns (in place).
+def place_turn_rewards(rm_scores: torch.Tensor, turn_spans_per_row, turn_rewards_per_row) -> int:
+    """Add each trajectory's per-turn rewards on the last generated token of each of its turns (in place); a row's
+    turns are its ``[start, end)`` response spans, as the loop recorded them.
 
     Returns how many trajectories were skipped because their turn count did not match their reward list (they keep
     only the final score; the caller reports them).
     """
     skipped = 0
-    for i, rewards in enumerate(turn_rewards):
-        rewards = list(rewards or [])
-        spans = turn_spans(response_mask[i])
+    for i, (spans, rewards) in enumerate(zip(turn_spans_per_row, turn_rewards_per_row, strict=True)):
+        spans, rewards = list(spans or []), list(rewards or [])
         if not spans:  # masked trajectory: nothing is trained, nothing to credit
             continue
-        if len(spans) != len(rewards):
+        if len(spans) != len(rewards) or any(end <= start for start, end in spans):
             skipped += 1
             continue
         for (_, end), reward in zip(spans, rewards):

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.dump import RECORD_FILE, RECORD_FORMAT, RECORD_VERSION, STAGED_RECORD_FILE, STAGING_DIR
+from verl_mm_tools.record import RECORD_FILE, RECORD_FORMAT, RECORD_VERSION, STAGED_RECORD_FILE, STAGING_DIR
 from verl_mm_tools.errors import VerlMMToolsError
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.dump import SITE_DIR
+from verl_mm_tools.record import SITE_DIR
 from verl_mm_tools.errors import FileAccessError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page

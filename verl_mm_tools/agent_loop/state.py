@@ -1,0 +1,162 @@
+"""One trajectory's state in the mm_tool loop: how it stopped, its turns as they ran, its counters, and the
+per-trajectory objects (tool sessions, image budget, environment) the loop keeps beside verl's ``AgentData``.
+
+Where to add things: a new way to stop is a ``StopReason`` member (the step metrics ``mm_tool/stop/<reason>`` list
+every member); a per-turn fact is a ``Turn`` field, filled where the loop runs that turn.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, TOOL_CALLS_KEY
+
+STATE_ATTR = "mm_state"  # the attribute of verl's AgentData that holds the TrajectoryState
+# The trajectory's extra_fields: the same keys for every trajectory (verl concatenates per-key arrays across
+# workers). ``tool_call_counts`` is the key verl's own ``compute_data_metrics`` reads; ``attempts`` and
+# ``last_assistant_text`` are read by the reward managers; the ``mm_tool/*`` keys are aggregated per step by
+# ``stats.aggregate_metrics``.
+PREFIX = "mm_tool/"
+STOP_REASON_KEY = PREFIX + "stop_reason"
+TURN_REWARDS_KEY = PREFIX + "turn_rewards"
+TURN_SPANS_KEY = PREFIX + "turn_spans"
+MASKED_KEY = PREFIX + "masked"
+ERROR_KEY = PREFIX + "error"
+PER_TOOL_KEY = PREFIX + "per_tool"
+MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"  # the loop's max_masked_fraction, for the step hook's guard
+TURN_CREDIT_KEY = PREFIX + "turn_credit"  # whether the step hook places turn rewards (mm_turn_grpo)
+
+
+class StopReason(str, Enum):
+    """Why a trajectory ended."""
+
+    ANSWERED = "answered"  # the model answered without a tool call (and any environment was done with it)
+    TURN_LIMIT = "turn_limit"  # it still wanted to act at max_assistant_turns / max_user_turns
+    LENGTH_LIMIT = "length_limit"  # the response budget is used up (a turn that did not fit was dropped)
+    BUDGET = "budget"  # an image did not fit the image budget with over_budget=stop
+    ERROR = "error"  # masked: trained on nothing (mm_tool/error says why)
+
+
+@dataclass
+class ToolStats:
+    calls: int = 0
+    errors: int = 0
+    time_s: float = 0.0
+
+
+@dataclass
+class TrajectoryStats:
+    """The trajectory's counters."""
+
+    per_tool: dict[str, ToolStats] = field(default_factory=lambda: defaultdict(ToolStats))
+    invalid_actions: int = 0
+    ignored_calls: int = 0
+    images: int = 0
+    image_tokens: int = 0
+    budget_refusals: int = 0
+    budget_downscales: int = 0
+    dropped_turns: int = 0
+    attempts: int = 0
+    last_assistant_text: str = ""
+    env_infos: list[dict] = field(default_factory=list)
+    masked: bool = False
+    error: str = ""
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(stats.calls for stats in self.per_tool.values())
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(stats.errors for stats in self.per_tool.values())
+
+    def record_call(self, tool_name: str, seconds: float, failed: bool) -> None:
+        stats = self.per_tool[tool_name]
+        stats.calls += 1
+        stats.errors += int(failed)
+        stats.time_s += seconds
+
+    def to_extra_fields(self) -> dict:
+        return {
+            TOOL_CALLS_KEY: self.tool_calls,
+            ATTEMPTS_KEY: max(1, self.attempts),  # answers given; read by the mm_turn_discount reward manager
+            LAST_ASSISTANT_TEXT_KEY: self.last_assistant_text,
+            PREFIX + "env_infos": list(self.env_infos),
+            PREFIX + "tool_calls": self.tool_calls,
+            PREFIX + "tool_errors": self.tool_errors,
+            PREFIX + "tool_time_s": sum(stats.time_s for stats in self.per_tool.values()),
+            PREFIX + "valid_actions": self.tool_calls - self.tool_errors,
+            PREFIX + "invalid_actions": self.invalid_actions,
+            PREFIX + "ignored_calls": self.ignored_calls,
+            PREFIX + "images": self.images,
+            PREFIX + "image_tokens": self.image_tokens,
+            PREFIX + "budget_refusals": self.budget_refusals,
+            PREFIX + "budget_downscales": self.budget_downscales,
+            PREFIX + "dropped_turns": self.dropped_turns,
+            MASKED_KEY: int(self.masked),
+            ERROR_KEY: self.error,
+            PER_TOOL_KEY: {name: vars(stats).copy() for name, stats in self.per_tool.items()},
+        }
+
+
+@dataclass
+class Turn:
+    """One assistant turn, recorded while the loop runs it.
+
+    ``prompt_end``: tokens of the whole conversation before the turn's generation (its prompt is
+    ``prompt_ids[:prompt_end]``); ``images_before``: images those tokens hold; ``response_span``: [start, end) of
+    the turn's generated tokens in the response; ``tool_calls``: names of the calls it made that were run;
+    ``images_added``: ids of the images the tool or environment turn answering it added; ``reward``: tool step
+    rewards plus the environment's reward for this turn.
+    """
+
+    index: int
+    prompt_end: int
+    images_before: int
+    response_span: tuple[int, int] = (0, 0)
+    tool_calls: list[str] = field(default_factory=list)
+    images_added: list[int] = field(default_factory=list)
+    reward: float = 0.0
+
+
+@dataclass
+class TrajectoryState:
+    """Everything mm_tool tracks for one trajectory, attached once to verl's ``AgentData`` (``state_of``)."""
+
+    stats: TrajectoryStats = field(default_factory=TrajectoryStats)
+    stop_reason: StopReason = StopReason.ANSWERED
+    turns: list[Turn] = field(default_factory=list)
+    sessions: Any = None  # ToolSessions, once the trajectory's tools are known
+    budget: Any = None  # ImageBudget; None for a model that cannot see images
+    env: Any = None  # the trajectory's Environment, until closed
+    env_pending: bool = False  # the environment has yet to react to the last answer
+    malformed_calls: int = 0  # tool calls of the last turn that could not be parsed
+    prompt_length: int = 0  # tokens of the rendered first prompt (0 until rendered)
+    prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
+
+    def start_turn(self, prompt_end: int, images_before: int) -> Turn:
+        turn = Turn(index=len(self.turns) + 1, prompt_end=prompt_end, images_before=images_before)
+        self.turns.append(turn)
+        return turn
+
+    def mask(self, error: str) -> None:
+        """The trajectory trains on nothing: its turns are gone from the output."""
+        self.stats.masked, self.stats.error, self.stop_reason = True, error, StopReason.ERROR
+
+    def extra_fields(self) -> dict:
+        """The trajectory's fixed-key ``extra_fields``, turn records included (none for a masked trajectory, whose
+        output holds none of its turns' tokens)."""
+        turns = [] if self.stats.masked else self.turns
+        return {
+            **self.stats.to_extra_fields(),
+            STOP_REASON_KEY: self.stop_reason.value,
+            TURN_REWARDS_KEY: [turn.reward for turn in self.turns],
+            TURN_SPANS_KEY: [list(turn.response_span) for turn in turns],
+        }
+
+
+def state_of(agent_data) -> TrajectoryState | None:
+    return getattr(agent_data, STATE_ATTR, None)

@@ -1,0 +1,248 @@
+"""The trajectory record: one JSON document per trajectory, written by the mm_tool dumps (``agent_loop.dump``) and
+read by the viewer. Pure: it imports neither verl nor torch, so the viewer runs without them.
+
+A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 2; version 1 records lack the turns'
+``prompt_tokens``, ``tool_calls`` and ``images_added``):
+
+- ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory);
+- ``sample``: ``index``, ``uid``, ``data_source``, ``ground_truth``, ``extra_info`` (of the dataset row);
+- ``messages``: in order, each ``role``, ``turn`` (0 for the prompt, j for assistant turn j and the tool or
+  environment messages that answer it), ``text``, ``image_ids``; assistant messages add ``tool_calls`` (``name``,
+  ``arguments``) and their text is the decoded generated tokens; tool messages add ``tool_call_id`` and ``error``
+  (the text starts with "Error", as every error of the loop and of the tool library does);
+- ``images``: ``id`` (1-based, the ids tools use), ``source`` (prompt, tool or environment), ``turn``, ``width``,
+  ``height``, ``file``, ``thumb`` (paths relative to the trajectory folder; None when the pixels were unavailable);
+- ``tool_calls``: flattened, each ``turn``, ``name``, ``arguments``, ``result`` (text), ``error``, ``image_ids``;
+- ``tools_used``: sorted tool names called at least once;
+- ``turns``: per assistant turn as the loop recorded it, ``turn``, ``prompt_tokens`` (tokens before its generation:
+  its prompt), ``trained_tokens`` (its generated tokens, response_mask 1), ``context_tokens_after`` (tool and
+  environment tokens until the next turn, mask 0), ``tool_calls`` (names of the calls it made that were run),
+  ``images_added`` (ids of the images the answering tool or environment turn added), ``reward`` (tool step rewards
+  plus the environment's reward for the turn); empty for a masked trajectory;
+- ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``;
+- ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
+  ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
+- added on the trainer side: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
+  reward manager's score; None when rewards were not computed during rollout), ``turn_rewards``, ``extra`` (the
+  reward manager's ``reward_extra_info`` for this trajectory).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+RECORD_FORMAT = "verl-mm-tools/trajectory"
+RECORD_VERSION = 2
+RECORD_FILE = "trajectory.json"
+STAGED_RECORD_FILE = "record.json"
+STAGING_DIR = "_staging"
+SITE_DIR = "_site"  # the viewer's default output; not counted against dump_max_mb
+FULL_MARKER = "_FULL"
+STEP_SUMMARY = "_step.json"
+STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
+STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
+DUMP_KEY = "mm_tool/dump"  # the extra field holding a trajectory's dump reference (not a statistic)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What a record says about one assistant turn, as the loop recorded it (``agent_loop.state.Turn``)."""
+
+    span: tuple[int, int]  # [start, end) of the generated tokens in the response
+    prompt_tokens: int  # tokens before the turn's generation: its prompt
+    tool_calls: tuple[str, ...] = ()
+    images_added: tuple[int, ...] = ()
+    reward: float = 0.0
+
+
+def build_record(*, messages, images, prompt_ids, response_ids, response_mask, turns: list[TurnRecord], decode,
+                 extra_fields, sample, request_id=None, timing=None) -> tuple[dict, list]:
+    """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
+    assistant_texts = [decode(response_ids[start:end]) for start, end in (turn.span for turn in turns)]
+    record_messages, message_images = _messages(messages, assistant_texts)
+    image_entries, pixels = _images(record_messages, message_images, images)
+    stats = _stats(extra_fields)
+    record = {
+        "format": RECORD_FORMAT,
+        "version": RECORD_VERSION,
+        "id": uuid.uuid4().hex,
+        "request_id": request_id,
+        "sample": sample_ids(sample),
+        "messages": record_messages,
+        "images": image_entries,
+        "tool_calls": _tool_calls(record_messages),
+        "turns": _turns(turns, len(response_mask)),
+        "mask": _mask_summary(prompt_ids, response_mask),
+        "masked": bool(stats.get("masked")),
+        "stop_reason": stats.get("stop_reason"),
+        "error": stats.get("error") or "",
+        "stats": stats,
+        "timing": jsonable(timing or {}),
+    }
+    record["tools_used"] = sorted({call["name"] for call in record["tool_calls"]})
+    return record, pixels
+
+
+def _messages(messages: list[dict], assistant_texts: list[str]) -> tuple[list[dict], list[list]]:
+    """Record messages (assistant text from the generated tokens) and each message's image objects."""
+    records, images_per_message, turn, assistants = [], [], 0, 0
+    for message in messages:
+        role = message.get("role", "?")
+        text, images = _split_content(message.get("content"))
+        if role == "assistant":
+            turn = assistants = assistants + 1
+            text = assistant_texts[assistants - 1] if assistants <= len(assistant_texts) else text
+        entry: dict[str, Any] = {"role": role, "turn": turn, "text": text, "image_ids": []}
+        if role == "assistant":
+            entry["tool_calls"] = [_call(call) for call in message.get("tool_calls") or []]
+        if role == "tool":
+            entry["tool_call_id"] = message.get("tool_call_id")
+            entry["error"] = text.lstrip().startswith("Error")
+        records.append(entry)
+        images_per_message.append(images)
+    # A turn cut by a length or turn limit never became a message (verl parses calls only below the limits).
+    for text in assistant_texts[assistants:]:
+        turn += 1
+        records.append({"role": "assistant", "turn": turn, "text": text, "image_ids": [], "tool_calls": [],
+                        "note": "generated at a length or turn limit: not parsed for tool calls"})
+        images_per_message.append([])
+    return records, images_per_message
+
+
+def _split_content(content) -> tuple[str, list]:
+    if content is None:
+        return "", []
+    if isinstance(content, str):
+        return content, []
+    texts, images = [], []
+    for item in content:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind in ("image", "image_url") or (isinstance(item, dict) and ("image" in item or "image_url" in item)):
+            images.append(item.get("image", item.get("image_url")))
+        elif kind == "text":
+            texts.append(str(item.get("text", "")))
+    return "".join(texts), images
+
+
+def _call(call: dict) -> dict:
+    function = call.get("function", call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass  # kept as the raw string the model wrote
+    return {"name": function.get("name"), "arguments": jsonable(arguments)}
+
+
+def _images(records: list[dict], message_images: list[list], images: list) -> tuple[list[dict], list]:
+    """Number images in message order (the token order, so the ids tools use); pixels are what the model saw."""
+    entries, pixels = [], []
+    for record, found in zip(records, message_images, strict=True):
+        for item in found:
+            image_id = len(entries) + 1
+            image = images[image_id - 1] if image_id <= len(images) else item
+            image = image if isinstance(image, Image.Image) else None
+            record["image_ids"].append(image_id)
+            entries.append({
+                "id": image_id,
+                "source": _image_source(record),
+                "turn": record["turn"],
+                "width": image.width if image else None,
+                "height": image.height if image else None,
+                "file": None,
+                "thumb": None,
+            })
+            pixels.append(image)
+    return entries, pixels
+
+
+def _image_source(message: dict) -> str:
+    if message["turn"] == 0:
+        return "prompt"
+    return "tool" if message["role"] == "tool" else "environment"
+
+
+def _tool_calls(messages: list[dict]) -> list[dict]:
+    """Each call of an assistant message paired with the tool message answering it (same order, as the loop runs
+    calls sequentially); tool messages beyond the calls are the loop's answers to malformed calls."""
+    calls = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        answers = []
+        for later in messages[index + 1 :]:
+            if later["role"] != "tool":
+                break
+            answers.append(later)
+        for position, call in enumerate(message["tool_calls"]):
+            answer = answers[position] if position < len(answers) else None
+            calls.append({
+                "turn": message["turn"],
+                "name": call["name"],
+                "arguments": call["arguments"],
+                "result": answer["text"] if answer else None,
+                "error": bool(answer and answer["error"]),
+                "image_ids": list(answer["image_ids"]) if answer else [],
+            })
+    return calls
+
+
+def _turns(turns: list[TurnRecord], response_tokens: int) -> list[dict]:
+    records = []
+    for index, turn in enumerate(turns):
+        next_start = turns[index + 1].span[0] if index + 1 < len(turns) else response_tokens
+        start, end = turn.span
+        records.append({"turn": index + 1, "prompt_tokens": turn.prompt_tokens, "trained_tokens": end - start,
+                        "context_tokens_after": next_start - end, "tool_calls": list(turn.tool_calls),
+                        "images_added": list(turn.images_added), "reward": turn.reward})
+    return records
+
+
+def _mask_summary(prompt_ids: list, response_mask: list) -> dict:
+    trained = int(sum(response_mask))
+    return {"prompt_tokens": len(prompt_ids), "response_tokens": len(response_mask), "trained_tokens": trained,
+            "context_tokens": len(response_mask) - trained}
+
+
+def _stats(extra_fields: dict) -> dict:
+    stats = {key: extra_fields[key] for key in STATS_KEYS if key in extra_fields}
+    for key, value in extra_fields.items():
+        if key.startswith("mm_tool/") and key != DUMP_KEY:
+            stats[key.removeprefix("mm_tool/")] = value
+    return jsonable(stats)
+
+
+def sample_ids(sample: dict) -> dict:
+    extra_info = sample.get("extra_info")
+    extra_info = extra_info if isinstance(extra_info, dict) else {}
+    reward_model = sample.get("reward_model")
+    return jsonable({
+        "index": sample.get("index", extra_info.get("index")),
+        "uid": sample.get("uid"),
+        "data_source": sample.get("data_source"),
+        "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+        "extra_info": extra_info,
+    })
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types: numpy scalars and arrays unwrapped, anything else (an image, say) as a short repr."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)[:200]
+
+
