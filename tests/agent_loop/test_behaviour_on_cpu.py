@@ -11,10 +11,11 @@ from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 ROTATE = tool_call_text("rotate", degrees=90)

@@ -17,7 +17,8 @@ from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUM
 from verl_mm_tools.agent_loop.harness import LocalRollout, unpadded_row
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import turn_spans
-from verl_mm_tools.viewer.sample import ROTATE_TOOLS_YAML, SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
+from verl_mm_tools.agent_loop.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 WORDS = list(SAMPLE_SCRIPTS)  # rotated, guess, typo, broken: batch rows 0..3
 

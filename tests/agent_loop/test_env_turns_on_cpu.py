@@ -6,9 +6,10 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
 from verl_mm_tools.ops import rotate
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 REWARD = [
     "reward.reward_manager.name=mm_turn_discount",

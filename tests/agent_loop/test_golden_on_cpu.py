@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
-    ROTATE_TOOLS_YAML,
     LocalRollout,
     image_prompt,
     scripted_logprob,
@@ -18,6 +17,7 @@ from verl_mm_tools.agent_loop.harness import (
 )
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 TURNS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1), "<answer>90</answer><|im_end|>"]
 QUESTION = "How far is this image rotated?"

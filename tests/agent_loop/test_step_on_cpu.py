@@ -8,11 +8,12 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, compose_trainer_config, image_prompt
+from verl_mm_tools.agent_loop.harness import LocalRollout, compose_trainer_config, image_prompt
 from verl_mm_tools.agent_loop.manager import step_batch
 from verl_mm_tools.agent_loop.step import MaskedBatchError, StepBatch, process_step
 from verl_mm_tools.agent_loop.step_hook import hook_overrides, step_hook_configured
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 CLASSIC = ["trainer.use_v1=false"]

@@ -9,7 +9,7 @@ import json
 import pytest
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML, LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.tool_format import (
     TemplateTraits,
     ToolFormat,
@@ -21,6 +21,7 @@ from verl_mm_tools.agent_loop.tool_format import (
 )
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tiny import tiny_model_path
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 SCHEMA = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 BLOCK = (

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.cpu.demo import (LEARNED_WINDOW, TASKS, TRAINERS, TRAINING_REWARD, DemoOptions, DemoPaths,
-                                    RunResult, format_step, learned, learning_curve, run_demo, trainer_command)
+from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
+from verl_mm_tools.cpu.demo import (TRAINERS, DemoOptions, DemoPaths, RunResult, format_step, learning_curve, run_demo,
+                                    trainer_command)
+from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.errors import ConfigError
 
 LEARN = TASKS["learn"]
@@ -25,17 +27,23 @@ def step(number: int, reward: float | None = None, validation: float | None = No
     return record
 
 
+def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown demo task 'lern'; choose one of \['learn', 'learn_tool', "
+                                          r"'rotation'\]\. Did you mean 'learn'"):
+        DemoOptions(out=tmp_path, task="lern")
+
+
 def test_learned_needs_the_window_mean_and_the_latest_validation_at_the_target():
     assert LEARNED_WINDOW == 5 and LEARN.stop_at_reward == 0.9
     before = [step(0, validation=0.5)]
     window = [step(n, 0.9) for n in range(1, 6)]
-    assert not learned(before + window, LEARN)  # validation still at chance
-    assert learned(before + window[:-1] + [step(5, 0.9, validation=0.9375)], LEARN)
-    assert not learned(before + window[:-1] + [step(5, 0.875, validation=1.0)], LEARN)  # mean 0.895
-    assert not learned([step(n, 1.0, validation=1.0) for n in range(1, 5)], LEARN)  # 4 steps < window
+    assert not LEARN.learned(before + window)  # validation still at chance
+    assert LEARN.learned(before + window[:-1] + [step(5, 0.9, validation=0.9375)])
+    assert not LEARN.learned(before + window[:-1] + [step(5, 0.875, validation=1.0)])  # mean 0.895
+    assert not LEARN.learned([step(n, 1.0, validation=1.0) for n in range(1, 5)])  # 4 steps < window
     # an earlier validation counts until the next one
-    assert learned([step(1, 0.5, validation=1.0)] + [step(n, 1.0) for n in range(2, 7)], LEARN)
-    assert not learned([step(n, 1.0, validation=1.0) for n in range(1, 7)], TASKS["rotation"])  # no target
+    assert LEARN.learned([step(1, 0.5, validation=1.0)] + [step(n, 1.0) for n in range(2, 7)])
+    assert not TASKS["rotation"].learned([step(n, 1.0, validation=1.0) for n in range(1, 7)])  # no target
 
 
 def test_the_step_line_shows_validation_when_verl_logged_it():
@@ -96,7 +104,7 @@ def test_an_unknown_trainer_is_refused_with_the_choices(tmp_path):
         run_demo(DemoOptions(out=tmp_path, trainer="snyc"), print)
 
 
-def test_user_overrides_win_and_unknown_tasks_are_refused(tmp_path):
+def test_user_overrides_win(tmp_path):
     from verl_mm_tools.agent_loop.harness import compose_trainer_config
 
     options = DemoOptions(out=tmp_path, task="learn", lr=5e-4, steps=12, overrides=("trainer.test_freq=3",))
@@ -104,8 +112,6 @@ def test_user_overrides_win_and_unknown_tasks_are_refused(tmp_path):
     config = compose_trainer_config("/model", trainer_command(options, paths)[3:])
     assert config.actor_rollout_ref.actor.optim.lr == 5e-4
     assert config.trainer.total_training_steps == 12 and config.trainer.test_freq == 3
-    with pytest.raises(KeyError):
-        DemoOptions(out=tmp_path, task="nope").spec
 
 
 def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
@@ -127,7 +133,7 @@ def test_prepare_writes_the_mm_tool_entry_with_dumps_or_without(tmp_path):
 
     for dumps in (True, False):
         paths = prepare(DemoOptions(out=tmp_path / str(dumps), warm_start=False, dumps=dumps), lambda line: None)
-        entry = {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop"}
+        entry = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
         if dumps:
             entry.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
         assert json.loads((paths.config / "agent_loops.yaml").read_text()) == [entry]

@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
 from verl_mm_tools.agent_loop.tool_format import resolve_tool_format, template_traits
 from verl_mm_tools.cpu.warm_start import ANGLES, TOOL_DEGREES, WarmStartSpec, demonstrations, warm_started_model
 from verl_mm_tools.data.rotation import QUESTION, rotation_samples
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 TOOL_CALL = re.compile(r'<tool_call>\n\{"name": "rotate", "arguments": \{"degrees": (-?\d+)\}\}\n</tool_call><\|im_end\|>')
 ANSWER = re.compile(r"<answer>(\d+)</answer><\|im_end\|>")

@@ -79,5 +79,20 @@ def test_registering_a_taken_name_is_refused():
     class Impostor(Environment):
         name = "rotation"
 
+        def step(self, assistant_text):
+            return None, 0.0, True, {}
+
     with pytest.raises(PluginRegistrationError, match="environment 'rotation'"):
         register_environment(Impostor)
+
+
+def test_an_environment_without_step_is_refused_at_registration():
+    from verl_mm_tools.envs import register_environment
+
+    class Mute(Environment):
+        name = "mute"
+
+    with pytest.raises(ConfigError, match=r"environment class .*Mute does not implement step\(assistant_text\)"):
+        register_environment(Mute)
+    with pytest.raises(NotImplementedError, match=r"environment .*Mute does not implement step"):
+        Mute().step("<answer>1</answer>")

@@ -16,10 +16,10 @@ from PIL import Image
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.agent_loop.step_hook import hook_overrides
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML  # noqa: F401  (the harness's default tools)
 
-# A tool YAML with the rotate tool alone, for verl's loader (tests, benchmarks, the demo).
-ROTATE_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.RotateTool\n    config:\n      type: native\n"
 
 
 # The harness runs verl's classic agent-loop worker in-process: configs that stand for a trainer run select the
@@ -160,7 +160,7 @@ class LocalRollout:
         if self.tools_yaml is not None:
             overrides.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={self.tools_yaml}")
         if loop_options is not None:
-            entry = {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop", **loop_options}
+            entry = {"name": LOOP_NAME, "_target_": LOOP_TARGET, **loop_options}
             loops_yaml = self.workdir / "agent_loops.yaml"
             loops_yaml.write_text(json.dumps([entry]))
             overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}")

@@ -20,7 +20,6 @@ class ToolSessions:
         self.tools_kwargs = tools_kwargs or {}
         self.instances: dict[str, str] = {}
         self.released = False
-        self.release_errors = 0
 
     def _kwargs(self, tool_name: str, key: str) -> dict:
         return dict((self.tools_kwargs.get(tool_name) or {}).get(key) or {})
@@ -36,7 +35,7 @@ class ToolSessions:
         return self.instances[tool_name]
 
     async def release_all(self) -> None:
-        """Release every created instance once; a failing release is logged and counted, never raised."""
+        """Release every created instance once; a failing release is logged, never raised."""
         if self.released:
             return
         self.released = True
@@ -44,5 +43,4 @@ class ToolSessions:
             try:
                 await self.tools[tool_name].release(instance_id, **self._kwargs(tool_name, "release_kwargs"))
             except Exception:
-                self.release_errors += 1
                 logger.warning("releasing tool %r instance %s failed", tool_name, instance_id, exc_info=True)

@@ -31,7 +31,7 @@ def step_hook_configured(trainer_config) -> bool:
         return _loads_subclass(sampler.get("path"), sampler.get("name"), SAMPLER_NAME)
     agent = trainer_config.actor_rollout_ref.rollout.get("agent") or {}
     module, _, name = str(agent.get("agent_loop_manager_class") or "").rpartition(".")
-    return _loads_subclass(f"pkg://{module}" if module else None, name, "MMToolAgentLoopManager")
+    return _loads_subclass(f"pkg://{module}" if module else None, name, MANAGER_FQN.rpartition(".")[2])
 
 
 def _loads_subclass(path: str | None, name: str | None, ours: str) -> bool:

@@ -5,9 +5,7 @@ Steps: build (or reuse) the tiny model; write the synthetic task; warm-start the
 (``warm_start``, cached); launch the trainer as a subprocess with the CPU overrides (``config``); print one line per
 training step from verl's file logger; end with where the checkpoint, logs and dumps are.
 
-Two tasks (``TASKS``): ``rotation`` (the default: the arrow pictures, a showcase of the loop; the tiny model cannot
-see arrows well, so its reward stays near chance) and ``learn`` (the learning proof: red or blue pictures, reward from
-chance 0.5 to >= 0.9; the run stops once the model has learned, see ``learned``).
+The tasks and when each has learned: ``tasks``. This module runs and watches the trainer process.
 
 Everything a run writes goes under ``--out``::
 
@@ -36,9 +34,10 @@ from pathlib import Path
 
 import psutil
 
-from verl_mm_tools.agent_loop.harness import ROTATE_TOOLS_YAML
+from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.agent_loop.step_hook import hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
+from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, MICRO_BATCH, TASKS, TRAINING_REWARD, DemoTask, get_task
 from verl_mm_tools.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -56,76 +55,6 @@ STEP_FIELDS = (
     ("step", "timing_s/step", "{:.1f}s"),
 )
 STOP_TIMEOUT_S = 60
-# Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
-# 32 trajectories of ~600 tokens per step, one thread).
-MICRO_BATCH = 8
-TRAINING_REWARD = "critic/score/mean"
-
-
-@dataclass(frozen=True)
-class DemoTask:
-    """What differs between the demo's tasks."""
-
-    name: str
-    warm_start_task: str  # a key of warm_start.TASKS
-    warm_start_steps: int
-    write_dataset: Callable[..., tuple[Path, Path]]  # (out_dir, train_size=, val_size=, seed=) -> train, val
-    validation_metric: str  # verl's name of the greedy validation reward
-    reward: tuple[str, ...]  # reward overrides
-    lr: float
-    steps: int
-    prompts_per_step: int = 8
-    rollouts_per_prompt: int = 4
-    overrides: tuple[str, ...] = ()
-    # Stop once ``learned``: the mean training reward of the last LEARNED_WINDOW steps and the latest validation
-    # reward both reach this.
-    stop_at_reward: float | None = None
-
-
-def _write_rotation(out_dir: Path, **sizes) -> tuple[Path, Path]:
-    from verl_mm_tools.data.rotation import write_rotation_dataset
-
-    return write_rotation_dataset(out_dir, **sizes)
-
-
-def _write_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
-    from verl_mm_tools.data.color import write_color_dataset
-
-    return write_color_dataset(out_dir, **sizes)
-
-
-LEARNED_WINDOW = 5
-TASKS = {
-    "rotation": DemoTask(
-        name="rotation", warm_start_task="rotation", warm_start_steps=200, write_dataset=_write_rotation,
-        validation_metric="val-core/verl_mm_tools/rotation/reward/mean@1",
-        reward=("+reward.reward_kwargs.reward_fn=rotation_reward_180",
-                "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true"),
-        lr=1e-4, steps=30, overrides=("data.max_prompt_length=512",)),
-    # Why each setting: README_VLMRL.md, "The learning proof" (measured with verl's trainer and an in-process
-    # stand-in of its GRPO update).
-    "learn": DemoTask(
-        name="learn", warm_start_task="color", warm_start_steps=300, write_dataset=_write_color,
-        # verl names the core validation metric "acc" when the reward function returns one (exact_answer_reward does)
-        validation_metric="val-core/verl_mm_tools/color/acc/mean@1",
-        reward=("+reward.reward_kwargs.reward_fn=exact_answer_reward",),
-        # 8 rollouts per prompt: a GRPO group whose rollouts all give the same answer has no advantage, and with 4
-        # the policy drifted into "always red" before it learned to look
-        lr=3e-3, steps=80, prompts_per_step=4, rollouts_per_prompt=8,
-        overrides=("data.max_prompt_length=768",
-                   "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
-                   # a KL loss to the warm-started model pulls the answer format back when an update dents it.
-                   # k3+: verl logs k3 but follows k2's gradient, which grows with the log-ratio; k3's is at most 1
-                   # for a token the policy now samples far more often than the reference (a dented format)
-                   "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
-                   "actor_rollout_ref.actor.kl_loss_type=k3+",
-                   f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
-                   "data.shuffle=false",  # the rows alternate colors: every batch holds both equally
-                   "trainer.val_before_train=true", "trainer.test_freq=5", "trainer.save_freq=5"),
-        stop_at_reward=0.9),
-}
-# The learning proof with a rotate call before every answer: the answer follows the tool's image.
-TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
 
 
 @dataclass(frozen=True)
@@ -144,9 +73,12 @@ class DemoOptions:
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
+
     @property
     def spec(self) -> DemoTask:
-        return TASKS[self.task]
+        return get_task(self.task)
 
     @property
     def total_steps(self) -> int:
@@ -200,7 +132,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     tools = out / "config" / "tools.yaml"
-    tools.write_text(ROTATE_TOOLS_YAML)
+    tools.write_text(options.spec.tools_yaml)
     say("tiny model")
     model = tiny_model_path()
     task = options.spec
@@ -213,7 +145,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     train, val = task.write_dataset(out / "data", train_size=options.train_size, val_size=options.val_size,
                                     seed=options.seed)
     paths = DemoPaths(out=out, model=model, train=train, val=val)
-    loop = {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop"}
+    loop = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
     if options.dumps:
         loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
     (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
@@ -303,18 +235,6 @@ def format_step(step: int, total: int, metrics: dict, validation_metric: str) ->
     return "  ".join(parts)
 
 
-def learned(steps: list[dict], task: DemoTask) -> bool:
-    """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
-    pictures the training split does not hold) both reach the task's ``stop_at_reward``."""
-    if task.stop_at_reward is None:
-        return False
-    rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
-    validations = [step[task.validation_metric] for step in steps if task.validation_metric in step]
-    return (len(rewards) >= LEARNED_WINDOW and bool(validations)
-            and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= task.stop_at_reward
-            and validations[-1] >= task.stop_at_reward)
-
-
 def read_new_steps(path: Path, offset: int) -> tuple[list[dict], int]:
     """Complete JSON lines of verl's file logger after byte ``offset``; returns them and the new offset."""
     if not path.exists():
@@ -372,7 +292,7 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task:
                     steps.append({**record["data"], "step": record["step"]})
                     say(format_step(record["step"], total_steps, record["data"], task.validation_metric))
                 peak = max(peak, tree_memory_bytes(process.pid))
-                if not finished and learned(steps, task):
+                if not finished and task.learned(steps):
                     say(f"learned: reward >= {task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps and "
                         "validation); stopping the trainer")
                     stop_trainer(process)
@@ -384,7 +304,7 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task:
             stop_trainer(process)
             raise
     returncode = 0 if stopped else process.returncode
-    return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, learned(steps, task))
+    return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, task.learned(steps))
 
 
 @contextlib.contextmanager

@@ -64,7 +64,10 @@ class Environment:
 
     def step(self, assistant_text: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """React to the assistant's answer: (observation, reward, done, info)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"environment {type(self).__qualname__} does not implement step(assistant_text) -> (Observation, reward, "
+            "done, info): every Environment subclass must"
+        )
 
     def close(self) -> None:
         """Free what the trajectory held (called exactly once)."""
@@ -77,6 +80,9 @@ def register_environment(cls: type[Environment]) -> type[Environment]:
     """Class decorator: make an environment selectable by its ``name``."""
     if not cls.name:
         raise ConfigError(f"environment class {cls.__qualname__} needs a non-empty `name` class attribute")
+    if cls.step is Environment.step:
+        raise ConfigError(f"environment class {cls.__qualname__} does not implement step(assistant_text) -> "
+                          "(Observation, reward, done, info); an environment without it cannot react to an answer")
     register_unique(ENVIRONMENTS, cls.name, cls, "environment")
     return cls
 

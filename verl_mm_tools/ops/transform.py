@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 from PIL import Image
 
@@ -20,7 +19,6 @@ from verl_mm_tools.ops.geometry import (
     scaled_size,
 )
 
-FlipDirection = Literal["horizontal", "vertical"]
 FLIP_DIRECTIONS: tuple[str, ...] = ("horizontal", "vertical")
 DEFAULT_ZOOM_SIDE = 448
 """Default longer side of a zoom result (16 patches of 28 px)."""

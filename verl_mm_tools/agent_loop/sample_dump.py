@@ -14,7 +14,6 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
     CLASSIC_HOOK,
-    ROTATE_TOOLS_YAML,
     InProcessActor,
     LocalRollout,
     ScriptedServer,
@@ -24,6 +23,7 @@ from verl_mm_tools.agent_loop.harness import (
     make_worker,
     tool_call_text,
 )
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 REWARD_OVERRIDES = (
     "reward.reward_manager.name=mm_turn_discount",
