@@ -1,11 +1,16 @@
 """The trajectory record: one JSON document per trajectory, written by the mm_tool dumps (``agent_loop.dump``) and
 read by the viewer. Pure: it imports neither verl nor torch, so the viewer runs without them.
 
+A trajectory's name everywhere (viewer index and page): ``trajectory_name``. Its turn count: ``len(record["turns"])``,
+the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` counts them (verl's own ``num_turns``
+counts messages, prompt included).
+
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
 ``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 2; version 1 records lack the turns'
 ``prompt_tokens``, ``tool_calls`` and ``images_added``):
 
-- ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory);
+- ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
+  (the path of the model that generated it: ``actor_rollout_ref.model.path``);
 - ``sample``: ``index``, ``uid``, ``data_source``, ``ground_truth``, ``extra_info`` (of the dataset row);
 - ``messages``: in order, each ``role``, ``turn`` (0 for the prompt, j for assistant turn j and the tool or
   environment messages that answer it), ``text``, ``image_ids``; assistant messages add ``tool_calls`` (``name``,
@@ -63,7 +68,7 @@ class TurnRecord:
 
 
 def build_record(*, messages, images, prompt_ids, response_ids, response_mask, turns: list[TurnRecord], decode,
-                 extra_fields, sample, request_id=None, timing=None) -> tuple[dict, list]:
+                 extra_fields, sample, model: str | None = None, request_id=None, timing=None) -> tuple[dict, list]:
     """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
     assistant_texts = [decode(response_ids[start:end]) for start, end in (turn.span for turn in turns)]
     record_messages, message_images = _messages(messages, assistant_texts)
@@ -74,6 +79,7 @@ def build_record(*, messages, images, prompt_ids, response_ids, response_mask, t
         "version": RECORD_VERSION,
         "id": uuid.uuid4().hex,
         "request_id": request_id,
+        "model": model,
         "sample": sample_ids(sample),
         "messages": record_messages,
         "images": image_entries,
@@ -246,3 +252,17 @@ def jsonable(value: Any) -> Any:
     return repr(value)[:200]
 
 
+
+
+def trajectory_name(record: dict) -> str:
+    """The name a person sees for a trajectory: "step 3 · sample #5 · rollout 2" ("validation step 3 ..."), falling
+    back to the dump id's first 8 characters for what it does not know."""
+    parts = []
+    if record.get("step") is not None:
+        parts.append(f"{'validation step' if record.get('validate') else 'step'} {record['step']}")
+    index = (record.get("sample") or {}).get("index")
+    if index is not None:
+        parts.append(f"sample #{index}")
+    if record.get("rollout_n") is not None:
+        parts.append(f"rollout {record['rollout_n']}")
+    return " · ".join(parts) or f"trajectory {str(record.get('id', ''))[:8]}"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
-from verl_mm_tools.cpu.demo import (TRAINERS, DemoOptions, DemoPaths, RunResult, format_step, learning_curve, run_demo,
-                                    trainer_command)
+from verl_mm_tools.cpu.demo import (TOOL_CALLS_METRIC, TRAINERS, DemoOptions, DemoPaths, RunResult, format_step,
+                                    learning_curve, run_demo, trainer_command, what_was_learned)
 from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.errors import ConfigError
 
@@ -137,3 +137,17 @@ def test_prepare_writes_the_mm_tool_entry_with_dumps_or_without(tmp_path):
         if dumps:
             entry.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
         assert json.loads((paths.config / "agent_loops.yaml").read_text()) == [entry]
+
+
+def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
+    steps = [{**step(n, reward), TOOL_CALLS_METRIC: calls} for n, reward, calls in
+             [(1, 0.5, 0.5), (2, 0.5, 0.5), (3, 0.75, 0.25), (4, 1.0, 0.0), (5, 1.0, 0.0), (6, 1.0, 0.0)]]
+    paths = DemoPaths(out=tmp_path, model=Path("/m"), train=tmp_path / "t", val=tmp_path / "v")
+    lines = what_was_learned(RunResult(0, steps, 60.0, 10.0, 0, learned=True), LEARN, paths)
+    assert lines == [
+        "summary: mean reward 0.75 -> 0.85 and tool calls per trajectory 0.25 -> 0.15 (first 5 steps -> last 5; "
+        "answering without looking scores 0.50)",
+        f"next: verl-mm-tools view {tmp_path / 'trajectories'}  (what the model saw and did, turn by turn); another "
+        "task: --task learn_tool | rotation",
+    ]
+    assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []

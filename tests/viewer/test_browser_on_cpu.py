@@ -120,9 +120,13 @@ def test_filters_combine_live_in_the_url_and_reset_by_a_click(browser, index, si
 def test_clicking_a_row_opens_its_page_and_the_page_links_back(browser, site_url, trajectories):
     page = browser.open(site_url)
     first = page.evaluate(f"{ROWS}[0].dataset.id")
+    name = page.evaluate(f"{ROWS}[0].querySelector('a').textContent")
+    assert name == "step 1 · sample #0 · rollout 0"
     page.click("#trajectories tbody tr a", wait_for_load=True)
     assert page.evaluate("location.pathname") == f"/t/{first}.html"
-    assert page.evaluate("document.querySelector('h1').textContent") == f"Trajectory {first}"
+    assert page.evaluate("document.querySelector('h1').textContent") == name  # one name in the index and the page
+    model = "model tiny-qwen2_5_vl-seed0-v2 (the embedded tiny VLM (~290k parameters"
+    assert page.evaluate("document.querySelector('header .note').textContent").startswith(model)
     page.click("header nav a", wait_for_load=True)
     assert page.evaluate("location.pathname") in ("/", "/index.html")
 

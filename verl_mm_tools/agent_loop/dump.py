@@ -96,6 +96,7 @@ def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
         decode=lambda ids: loop.tokenizer.decode(ids, skip_special_tokens=True),
         extra_fields=output.extra_fields,
         sample=sample,
+        model=str(loop.config.actor_rollout_ref.model.path),
         request_id=getattr(agent_data, "request_id", None),
         timing=output.metrics.model_dump() if hasattr(output.metrics, "model_dump") else dict(output.metrics or {}),
     )

@@ -23,6 +23,7 @@ PREFIX = "mm_tool/"
 STOP_REASON_KEY = PREFIX + "stop_reason"
 TURN_REWARDS_KEY = PREFIX + "turn_rewards"
 TURN_SPANS_KEY = PREFIX + "turn_spans"
+TURNS_KEY = PREFIX + "turns"  # assistant turns (generations) in the output: the one turn count of logs and viewer
 MASKED_KEY = PREFIX + "masked"
 ERROR_KEY = PREFIX + "error"
 PER_TOOL_KEY = PREFIX + "per_tool"
@@ -152,6 +153,7 @@ class TrajectoryState:
         turns = [] if self.stats.masked else self.turns
         return {
             **self.stats.to_extra_fields(),
+            TURNS_KEY: len(turns),
             STOP_REASON_KEY: self.stop_reason.value,
             TURN_REWARDS_KEY: [turn.reward for turn in self.turns],
             TURN_SPANS_KEY: [list(turn.response_span) for turn in turns],

@@ -21,7 +21,7 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     metrics = {}
     attempts = np.asarray([non_tensor_batch[ATTEMPTS_KEY][index] for index in rows], dtype=np.float64)
     metrics[PREFIX + "attempts/mean"] = float(attempts.mean())
-    for key in ("tool_calls", "tool_errors", "tool_time_s", "images", "image_tokens", "budget_refusals",
+    for key in ("turns", "tool_calls", "tool_errors", "tool_time_s", "images", "image_tokens", "budget_refusals",
                 "budget_downscales", "dropped_turns", "masked", "invalid_actions", "ignored_calls"):
         values = np.asarray([non_tensor_batch[PREFIX + key][index] for index in rows], dtype=np.float64)
         metrics[f"{PREFIX}{key}/mean"] = float(values.mean())

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,16 +40,18 @@ from verl_mm_tools.agent_loop.step_hook import hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, MICRO_BATCH, TASKS, TRAINING_REWARD, DemoTask, get_task
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.record import STAGING_DIR
 
 logger = logging.getLogger(__name__)
 
 # verl's trainers: the v1 trainer's modes (verl's default is sync) and the classic (deprecated) trainer.
 TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+TOOL_CALLS_METRIC = "mm_tool/tool_calls/mean"  # the step hook's, on both trainers (``metric`` reads either name)
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"),
-    ("turns", "num_turns/mean", "{:.2f}"),
-    ("tool calls", "tool_call_counts/mean", "{:.2f}"),
+    ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns counts messages)
+    ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
     ("masked", "mm_tool/masked/count", "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),
@@ -362,7 +365,10 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     trainer = "classic trainer" if options.trainer == "classic" else f"v1 trainer, {options.trainer}"
     say(f"[{time.monotonic() - clock:5.1f}s] verl {trainer}: python -m verl.trainer.main_ppo ({script}); "
         f"log {paths.trainer_log}")
+    say(f"[{time.monotonic() - clock:5.1f}s] starting Ray, the rollout server and the actor: the first step usually "
+        f"comes 45-120 s from now on 2 cores (verl's output: {paths.trainer_log})")
     result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
+    _discard_unpublished(paths.trajectories, say)
     if options.spec.stop_at_reward is not None:
         (paths.out / "learning_curve.json").write_text(json.dumps(learning_curve(result, options.spec), indent=1))
         if result.returncode == 0 and not result.learned:
@@ -370,6 +376,17 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     for line in summarize(result, paths, options.spec, time.monotonic() - clock):
         say(line)
     return result, paths
+
+
+def _discard_unpublished(trajectories: Path, say: Callable[[str], None]) -> None:
+    """Trajectories staged for a step the trainer never finished (it was stopped once the model learned, or
+    failed) have no step or reward: remove them rather than leave them for the viewer."""
+    staging = trajectories / STAGING_DIR
+    if staging.is_dir():
+        count = sum(1 for entry in staging.iterdir() if entry.is_dir())
+        shutil.rmtree(staging, ignore_errors=True)
+        if count:
+            say(f"removed {count} trajectory dumps of a step the trainer did not finish")
 
 
 def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]) -> int:
@@ -406,6 +423,27 @@ def learning_curve(result: RunResult, task: DemoTask) -> dict:
     }
 
 
+def what_was_learned(result: RunResult, task: DemoTask, paths: DemoPaths) -> list[str]:
+    """One line on what changed (reward and tool calls, first steps against last steps) and one on what to run next."""
+    trained = [step for step in result.steps if TRAINING_REWARD in step]
+    if not trained:
+        return []
+    window = min(LEARNED_WINDOW, len(trained))
+    first, last = trained[:window], trained[-window:]
+
+    def mean(steps: list[dict], key: str) -> float:
+        return sum(metric(step, key) or 0.0 for step in steps) / len(steps)
+
+    others = " | ".join(sorted(set(TASKS) - {task.name}))
+    return [
+        f"summary: mean reward {mean(first, TRAINING_REWARD):.2f} -> {mean(last, TRAINING_REWARD):.2f} and tool calls "
+        f"per trajectory {mean(first, TOOL_CALLS_METRIC):.2f} -> {mean(last, TOOL_CALLS_METRIC):.2f} (first {window} "
+        f"steps -> last {window}; answering without looking scores {task.chance_reward:.2f})",
+        f"next: verl-mm-tools view {paths.trajectories}  (what the model saw and did, turn by turn); another task: "
+        f"--task {others}",
+    ]
+
+
 def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: float) -> list[str]:
     lines = []
     trained = sum(TRAINING_REWARD in step for step in result.steps)
@@ -424,6 +462,7 @@ def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: floa
     validation = [step[task.validation_metric] for step in result.steps if task.validation_metric in step]
     if validation:
         lines.append(f"validation reward {validation[-1]:.3f} (greedy, on pictures the training split does not hold)")
+    lines += what_was_learned(result, task, paths)
     lines += [
         f"done in {total_s:.0f}s ({startup}{trained} steps, trainer {result.seconds:.0f}s); peak memory of the "
         f"trainer's processes {result.peak_memory_bytes / 2**30:.1f} GiB (PSS, summed)",

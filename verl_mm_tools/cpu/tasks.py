@@ -41,6 +41,7 @@ class DemoTask:
     # reward both reach this.
     stop_at_reward: float | None = None
     tools_yaml: str = ROTATE_TOOLS_YAML
+    chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on

@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from html import escape
+from pathlib import PurePath
+
+from verl_mm_tools.record import trajectory_name
+
+TINY_MODEL_NOTE = "the embedded tiny VLM (~290k parameters, random weights plus a short warm start): not a real model"
 
 STYLE = """
 :root { --fg:#1d232b; --muted:#5b6673; --line:#d9dee4; --bg:#f6f7f9; --card:#fff; --accent:#2463eb;
@@ -109,6 +114,8 @@ class IndexRow:
 
     page: str  # relative link to the trajectory page
     id: str
+    name: str  # record.trajectory_name
+    model: str | None
     step: int | None
     validate: bool
     sample_index: object
@@ -142,9 +149,18 @@ def page(title: str, body: str, script: str = "") -> str:
 # ----- index ----------------------------------------------------------------------------------------------------
 
 
+def model_note(model: str | None) -> str:
+    """How a page names the model: its directory name, and what it is when it is the embedded tiny VLM."""
+    if not model:
+        return "model unknown (a record written before verl-mm-tools recorded it)"
+    name = PurePath(model).name
+    return f"model {name} ({TINY_MODEL_NOTE})" if name.startswith("tiny-") else f"model {name}"
+
+
 def index_page(rows: list[IndexRow], source: str) -> str:
+    models = sorted({model_note(row.model) for row in rows})
     header = (f"<header><h1>Trajectories</h1><div class=\"note\">{len(rows)} trajectories from "
-              f"{escape(source)}</div></header>")
+              f"{escape(source)}; {escape('; '.join(models))}. Turns: the model's generations.</div></header>")
     table = (
         "<table id=\"trajectories\"><thead><tr><th>Step</th><th>Sample</th><th>Question</th><th>Images</th>"
         "<th>Reward</th><th>Turns</th><th>Tools</th><th>Stop</th><th>Masked</th></tr></thead><tbody>"
@@ -189,12 +205,10 @@ def _index_row(row: IndexRow) -> str:
     }
     attributes = " ".join(f"data-{key}=\"{escape(value)}\"" for key, value in data.items())
     thumbs = "".join(f"<img src=\"{escape(src)}\" alt=\"{escape(alt)}\">" for src, alt in row.thumbnails)
-    sample = "" if row.sample_index is None else f"#{row.sample_index}"
-    sample += "" if row.rollout_n is None else f" · rollout {row.rollout_n}"
     masked = "" if row.masked is None else _badge("masked", "bad") if row.masked else _badge("no", "ok")
     return (
         f"<tr {attributes}><td>{escape(row.step_key or '—')}</td>"
-        f"<td><a href=\"{escape(row.page)}\">{escape(sample or row.id[:8])}</a></td>"
+        f"<td><a href=\"{escape(row.page)}\">{escape(row.name)}</a></td>"
         f"<td class=\"question\" title=\"{escape(row.question)}\">{escape(row.question)}</td>"
         f"<td class=\"thumbs\">{thumbs}</td><td class=\"num\">{escape(_number_text(row.reward))}</td>"
         f"<td class=\"num\">{escape(str(row.turns) if row.turns is not None else '—')}</td>"
@@ -222,14 +236,16 @@ def trajectory_page(record: dict, image_base: str | None, index_link: str,
     nav = f"<a href=\"{escape(index_link)}\">← all trajectories</a>"
     nav += f"<a href=\"{escape(previous)}\">‹ previous</a>" if previous else ""
     nav += f"<a href=\"{escape(following)}\">next ›</a>" if following else ""
-    header = f"<header><nav>{nav}</nav><h1>Trajectory {escape(record['id'])}</h1></header>"
+    name = trajectory_name(record)
+    header = (f"<header><nav>{nav}</nav><h1>{escape(name)}</h1>"
+              f"<div class=\"note\">{escape(model_note(record.get('model')))}</div></header>")
     cards = _summary_card(record) + _reward_card(record)
     chat = "".join(_message(message, record, image_base) for message in record.get("messages", []))
     details = _details("Statistics (mm_tool extra fields)", record.get("stats"))
     details += _details("Timing (s)", record.get("timing"))
     body = (f"{header}<main><div class=\"grid\">{cards}</div><div class=\"chat\" id=\"chat\">{chat}</div>"
             f"{details}</main>")
-    return page(f"Trajectory {record['id']}", body)
+    return page(f"Trajectory: {name}", body)
 
 
 def _summary_card(record: dict) -> str:
@@ -237,6 +253,7 @@ def _summary_card(record: dict) -> str:
     step = record.get("step")
     fields = [
         ("Step", "—" if step is None else f"{step} (validation)" if record.get("validate") else str(step)),
+        ("Dump id", record.get("id")),
         ("Sample index", sample.get("index")), ("Rollout", record.get("rollout_n")), ("uid", sample.get("uid")),
         ("Data source", sample.get("data_source")), ("Ground truth", sample.get("ground_truth")),
         ("Request id", record.get("request_id")), ("Stop reason", record.get("stop_reason")),
@@ -251,7 +268,7 @@ def _reward_card(record: dict) -> str:
     reward = record.get("reward") or {}
     score = (f"<dt title=\"sum of rm_scores\">Score (rm_scores)</dt>"
              f"<dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>")
-    extra = _items(list((reward.get("extra") or {}).items()))
+    extra = _items([(key, value) for key, value in (reward.get("extra") or {}).items() if value is not None])
     totals = _items([(key.replace("_", " "), value) for key, value in (record.get("mask") or {}).items()])
     return (
         f"<section class=\"card\" id=\"reward\"><h2>Reward</h2><dl>{score}{extra}</dl>"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from verl_mm_tools.record import SITE_DIR
+from verl_mm_tools.record import SITE_DIR, trajectory_name
 from verl_mm_tools.errors import FileAccessError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
@@ -119,6 +119,8 @@ def _index_row(trajectory: Trajectory, page_link: str) -> IndexRow:
     return IndexRow(
         page=page_link,
         id=trajectory.id,
+        name=trajectory_name(record),
+        model=record.get("model"),
         step=record.get("step"),
         validate=bool(record.get("validate")),
         sample_index=sample.get("index"),
