@@ -151,3 +151,28 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
         "task: --task learn_tool | rotation",
     ]
     assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []
+
+
+def test_your_tools_and_environment_join_the_run(tmp_path, monkeypatch):
+    """The README's custom tool and environment (examples/custom) reach the run's tool YAML and loop options, and
+    the trainer's workers can import them (the working directory is on their PYTHONPATH)."""
+    from verl_mm_tools.cpu.demo import prepare, trainer_environment
+
+    custom = Path(__file__).resolve().parents[2] / "examples" / "custom"
+    monkeypatch.chdir(custom)
+    options = DemoOptions(out=tmp_path, task="learn", tools=Path("tools.yaml"), env="my_env.RetryEnv", warm_start=False,
+                          train_size=4, val_size=2)
+    paths = prepare(options, lambda line: None)
+    assert (paths.config / "tools.yaml").read_text() == (custom / "tools.yaml").read_text()
+    assert json.loads((paths.config / "agent_loops.yaml").read_text())[0]["env"] == "my_env.RetryEnv"
+    assert trainer_environment(paths)["PYTHONPATH"].split(":")[0] == str(custom)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"tools": Path("/no/such.yaml")}, r"--tools /no/such.yaml: no such file"),
+    ({"env": "no_such_module.Env"}, r"environment 'no_such_module.Env' cannot be imported \(ModuleNotFoundError"),
+    ({"env": "retyr"}, r"unknown environment 'retyr'"),
+])
+def test_bad_tools_or_environment_are_refused_before_the_run(tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
+        DemoOptions(out=tmp_path, **options)

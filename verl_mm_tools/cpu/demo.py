@@ -75,9 +75,19 @@ class DemoOptions:
     warm_start: bool = True
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
+    tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
+    env: str | None = None  # the environment of every trajectory: a registered name or a class path
 
     def __post_init__(self):
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
+        if self.tools is not None and not Path(self.tools).is_file():
+            raise ConfigError(f"--tools {self.tools}: no such file; give a verl tool YAML (tools: - class_name: ...)")
+        if self.tools is not None or self.env is not None:
+            importable_from_here()
+        if self.env is not None:
+            from verl_mm_tools.envs import make_environment
+
+            make_environment(self.env)  # a typo fails here, not in every rollout worker
 
     @property
     def spec(self) -> DemoTask:
@@ -135,7 +145,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     tools = out / "config" / "tools.yaml"
-    tools.write_text(options.spec.tools_yaml)
+    tools.write_text(Path(options.tools).read_text() if options.tools else options.spec.tools_yaml)
     say("tiny model")
     model = tiny_model_path()
     task = options.spec
@@ -149,6 +159,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
                                     seed=options.seed)
     paths = DemoPaths(out=out, model=model, train=train, val=val)
     loop = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
+    if options.env:
+        loop["env"] = options.env
     if options.dumps:
         loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
     (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
@@ -209,15 +221,25 @@ def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 
+def importable_from_here() -> None:
+    """Modules in the working directory import in this process, as in the trainer's (``trainer_environment``): a
+    console script's import path does not hold the working directory."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def trainer_environment(paths: DemoPaths) -> dict[str, str]:
     env = cpu_environment()
     env["VERL_FILE_LOGGER_PATH"] = str(paths.metrics)
+    # your tool or environment module next to where you run the demo imports in verl's Ray workers too
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     return env
 
 
 def write_command_script(command: list[str], env: dict[str, str], paths: DemoPaths) -> Path:
     script = paths.config / "command.sh"
-    names = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_FILE_LOGGER_PATH", "TOKENIZERS_PARALLELISM", *THREAD_ENV)
+    names = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_FILE_LOGGER_PATH", "TOKENIZERS_PARALLELISM", "PYTHONPATH",
+             *THREAD_ENV)
     exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in names if name in env)
     script.write_text(f"#!/usr/bin/env bash\n# The trainer command of this demo run.\n{exports} \\\n  "
                       + " \\\n  ".join(shlex.quote(part) for part in command) + ' "$@"\n')

@@ -1,15 +1,19 @@
 """Environments for the mm_tool loop's feedback turns (see ``base`` for the API)."""
 
 from verl_mm_tools.envs.base import ENVIRONMENTS, Environment, Observation, Sample, make_environment, register_environment
+from verl_mm_tools.envs.check import EnvironmentCheckError, acheck_environment, check_environment
 from verl_mm_tools.envs.feedback import AnswerFeedbackEnv, RotationFeedbackEnv
 
 __all__ = [
     "ENVIRONMENTS",
     "AnswerFeedbackEnv",
+    "EnvironmentCheckError",
     "Environment",
     "Observation",
     "RotationFeedbackEnv",
     "Sample",
+    "acheck_environment",
+    "check_environment",
     "make_environment",
     "register_environment",
 ]

@@ -4,14 +4,17 @@ After an assistant turn without a tool call, the loop hands the assistant's text
 (``step``); unless the environment is done, its observation becomes the next user message (its images enter the
 image workspace with ids, through the image budget) and the model answers again, up to the turn limit.
 
-An environment is chosen per dataset sample (``extra_info.env``: a registered name, or ``{"name": ..., <kwargs>}``)
-or for every sample by the loop's ``env`` option. One instance serves one trajectory: ``reset`` once, ``step`` per
+An environment is chosen per dataset sample (``extra_info.env``: a registered name or an importable class path
+``package.module.Class``, or ``{"name": ..., <kwargs>}``) or for every sample by the loop's ``env`` option. A class
+path is imported where the loop runs (verl's rollout workers), so an environment defined in your own module works
+without registering it in each worker. One instance serves one trajectory: ``reset`` once, ``step`` per
 answer, ``close`` exactly once at the end, however the trajectory ends. ``reset``/``step``/``close`` may be plain or
 ``async`` methods.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -95,14 +98,29 @@ def make_environment(spec: str | dict[str, Any]) -> Environment:
         name, kwargs = spec["name"], {key: value for key, value in spec.items() if key != "name"}
     else:
         raise ConfigError(f"an environment is selected by a name or a mapping with a 'name' key, got {spec!r}")
-    if name not in ENVIRONMENTS:
-        raise ConfigError(
-            f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}." + did_you_mean(name, ENVIRONMENTS)
-        )
+    environment_class = ENVIRONMENTS.get(name) or _imported_environment(name)
     try:
-        return ENVIRONMENTS[name](**kwargs)
+        return environment_class(**kwargs)
     except TypeError as error:
         raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
+
+
+def _imported_environment(path: str) -> type[Environment]:
+    """An Environment subclass by its class path (``package.module.Class``)."""
+    module_name, _, class_name = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"unknown environment {path!r}; registered: {sorted(ENVIRONMENTS)} (or give a class path, "
+                          "package.module.Class)." + did_you_mean(path, ENVIRONMENTS))
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"environment {path!r} cannot be imported ({type(error).__name__}: {error}); check the class "
+                          "path and that its module is importable where verl's rollout workers run") from error
+    if not (isinstance(found, type) and issubclass(found, Environment)):
+        raise ConfigError(f"environment {path!r} is a {type(found).__name__}, not an Environment subclass")
+    if found.step is Environment.step:
+        raise ConfigError(f"environment {path!r} does not implement step(assistant_text)")
+    return found
 
 
 async def call(method, *args):

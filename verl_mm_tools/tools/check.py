@@ -1,7 +1,8 @@
 """``check_tool``: does a tool keep the image-tool contract?
 
 ``check_tool(tool)`` is synchronous (it runs its own event loop); from async code use ``await acheck_tool(tool)``.
-Both raise ``ToolCheckError`` listing every problem found, and return None when the tool conforms:
+Both raise ``ToolCheckError`` listing every problem found, and return what they checked (a ``CheckReport``; print
+it) when the tool conforms:
 
 * schema: a valid OpenAI function schema whose name is the tool's ``name`` (``[A-Za-z0-9_-]{1,64}``), with a
   description, object parameters, known JSON types, ``required`` a subset of the properties, and (for an
@@ -26,6 +27,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.report import CheckReport
 
 PROBE_SIZE = (64, 48)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -140,20 +142,28 @@ async def bad_input_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[
     return problems
 
 
-async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> None:
+async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> CheckReport:
     """Async ``check_tool``."""
     arguments = dict(getattr(tool, "example_arguments", {}) if arguments is None else arguments)
+    name = getattr(tool, "name", type(tool).__name__)
     problems = schema_problems(tool)
     if not problems:
         problems += await valid_call_problems(tool, arguments)
         problems += await bad_input_problems(tool, arguments)
     if problems:
-        name = getattr(tool, "name", type(tool).__name__)
         raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
+    report = CheckReport(f"tool {name!r}")
+    report.passed("schema: an OpenAI function schema named like the tool, with a description and typed parameters")
+    report.passed(f"a valid call {arguments} on a {PROBE_SIZE[0]}x{PROBE_SIZE[1]} image returns images within "
+                  "max_pixels and a text starting 'Image 2:', leaving the workspace to the loop")
+    for what, *_ in _bad_calls(tool, arguments):
+        report.passed(f"bad input answered as text: {what}")
+    return report
 
 
-def check_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> None:
-    """Raise ToolCheckError unless ``tool`` keeps the image-tool contract (see the module docstring).
+def check_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> CheckReport:
+    """Raise ToolCheckError unless ``tool`` keeps the image-tool contract (see the module docstring); returns what
+    was checked.
 
     ``arguments``: a valid call for the 64x48 probe image (default: ``tool.example_arguments``). Synchronous: it
     runs its own event loop, so call ``await acheck_tool(tool)`` inside a running loop.
