@@ -24,8 +24,8 @@ MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
 def demo(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"demo_{request.param}")
     lines: list[str] = []
-    options = DemoOptions(out=out, steps=STEPS, prompts_per_step=PROMPTS, rollouts_per_prompt=ROLLOUTS,
-                          train_size=16, val_size=8, trainer=request.param)
+    options = DemoOptions(out=out, task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
+                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, trainer=request.param)
     returncode = run_demo(options, lines.append)
     metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return returncode, out, lines, metrics
@@ -144,8 +144,8 @@ def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path
     """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
     every trajectory, and instead of training on nothing the step hook stops the run with the most common error."""
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path, steps=3, prompts_per_step=2, rollouts_per_prompt=2, train_size=8, val_size=4,
-                          dumps=False, overrides=("data.max_prompt_length=128",))
+    options = DemoOptions(out=tmp_path, task="rotation", steps=3, prompts_per_step=2, rollouts_per_prompt=2,
+                          train_size=8, val_size=4, dumps=False, overrides=("data.max_prompt_length=128",))
     assert run_demo(options, lines.append) != 0
     log = (tmp_path / "logs" / "trainer.log").read_text(errors="replace")
     assert "MaskedBatchError: 4 of 4 mm_tool trajectories of training step 1 were masked" in log
@@ -158,8 +158,9 @@ def test_turn_level_credit_runs_on_the_v1_trainer(tmp_path):
     """algorithm.adv_estimator=mm_turn_grpo on verl's default trainer: the replay buffer places every trajectory's
     turn rewards (none left unplaced) and verl's advantage step calls the registered estimator."""
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path, steps=STEPS, prompts_per_step=PROMPTS, rollouts_per_prompt=ROLLOUTS,
-                          train_size=16, val_size=8, dumps=False, overrides=("algorithm.adv_estimator=mm_turn_grpo",))
+    options = DemoOptions(out=tmp_path, task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
+                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, dumps=False,
+                          overrides=("algorithm.adv_estimator=mm_turn_grpo",))
     assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
     metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == STEPS

@@ -87,7 +87,8 @@ def test_each_trainer_composes_with_its_step_hook(trainer, tmp_path):
     from verl_mm_tools.agent_loop.step_hook import step_hook_configured, uses_v1_trainer
 
     paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
-    config = compose_trainer_config("/model", trainer_command(DemoOptions(out=tmp_path, trainer=trainer), paths)[3:])
+    options = DemoOptions(out=tmp_path, task="rotation", trainer=trainer)
+    config = compose_trainer_config("/model", trainer_command(options, paths)[3:])
     assert uses_v1_trainer(config) is (trainer != "classic")
     assert step_hook_configured(config)
     if trainer != "classic":
@@ -132,7 +133,8 @@ def test_prepare_writes_the_mm_tool_entry_with_dumps_or_without(tmp_path):
     from verl_mm_tools.cpu.demo import prepare
 
     for dumps in (True, False):
-        paths = prepare(DemoOptions(out=tmp_path / str(dumps), warm_start=False, dumps=dumps), lambda line: None)
+        options = DemoOptions(out=tmp_path / str(dumps), task="rotation", warm_start=False, dumps=dumps)
+        paths = prepare(options, lambda line: None)
         entry = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
         if dumps:
             entry.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)

@@ -50,7 +50,7 @@ TOOL_CALLS_METRIC = "mm_tool/tool_calls/mean"  # the step hook's, on both traine
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"),
-    ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns counts messages)
+    ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
     ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
     ("masked", "mm_tool/masked/count", "{:.0f}"),
@@ -63,7 +63,7 @@ STOP_TIMEOUT_S = 60
 @dataclass(frozen=True)
 class DemoOptions:
     out: Path
-    task: str = "rotation"
+    task: str = "learn"  # the main job: a task whose reward visibly rises
     steps: int | None = None  # None: the task's (and so for the other None fields)
     prompts_per_step: int | None = None
     rollouts_per_prompt: int | None = None
