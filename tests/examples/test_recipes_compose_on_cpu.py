@@ -126,3 +126,26 @@ def test_rotation_recipe_first_prompt_shows_the_real_qwen2_5_vl_every_tool_schem
     for schema in schemas:
         assert f"\n{json.dumps(schema)}\n" in prompt
     assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n")
+
+
+def test_the_readme_command_composes_and_every_name_resolves(monkeypatch):
+    """README_VLMRL.md's "Using it with verl" command is a real verl command line: its overrides compose through
+    verl's hydra config, select the step hook, and every file, loop option, tool and reward it names resolves."""
+    import re
+    import shlex
+
+    import verl
+
+    monkeypatch.chdir(ROOT)
+    readme = (ROOT / "README_VLMRL.md").read_text()
+    block = readme.split("## Using it with verl", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    command = block[block.index("python -m verl.trainer.main_ppo"):].replace("\\\n", " ")
+    overrides = [part for part in shlex.split(command)[3:] if not re.match(r"data\.(train|val)_files=", part)]
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.agent.default_agent_loop == "mm_tool" and step_hook_configured(config)
+    _check_agent_loops(rollout)
+    _check_tools(rollout.multi_turn.tool_config_path)
+    _check_reward(config.reward)
