@@ -1,29 +1,112 @@
-"""The benchmark command runs end to end and prints one well-formed line per figure (values are not asserted:
-they depend on the machine; targets are checked by reading the output, see README_VLMRL.md)."""
+"""The benchmark command: its line format, the summary, the exit status, counted memory and the step figures.
+Timed values are not asserted (they depend on the machine); the counted ones are."""
 
 from __future__ import annotations
 
 import re
+import sys
+from types import SimpleNamespace
 
-from verl_mm_tools import bench
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verl_mm_tools import bench, cli
 from verl_mm_tools.cli import main
 
-LINE = re.compile(r"^(\S+) (-?[0-9.e+-]+|inf|nan) <=(\S+) (PASS|FAIL)$")
+NUMBER = r"-?[0-9.e+-]+|inf|nan"
+SPREAD = rf"median ({NUMBER}) \(min ({NUMBER}), max ({NUMBER}), n=(\d+)\)"
+LINE = re.compile(rf"^(\S+): (?:{SPREAD}|({NUMBER}))(, target [<>]= \S+: (met|MISSED))?$")
+SUMMARY = re.compile(r"^(\d+) checks met, (\d+) missed(: .+)?$")
 
 
-def test_bench_quick_prints_every_figure(capsys):
-    assert main(["bench", "--quick", "--no-fail"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines and all(LINE.match(line) for line in lines), lines
-    names = {line.split()[0] for line in lines}
-    for expected in ("ops/rotate90_over_transpose", "loop/448px/16turns/ratio", "loop/56px/mm_tool_turn16_over_turn2",
-                     "memory/peak_added_over_raw_image_bytes"):
+def test_bench_quick_prints_every_figure_then_the_summary(capsys):
+    assert main(["bench", "--quick"]) == 0  # exit 0 even when a check is missed: only --strict fails
+    *lines, summary = capsys.readouterr().out.splitlines()
+    matches = [LINE.match(line) for line in lines]
+    assert all(matches), [line for line, match in zip(lines, matches) if not match]
+    names = [match.group(1) for match in matches]
+    for expected in ("ops/rotate90_over_transpose", "loop/448px/16turns/ratio",
+                     "loop/56px/mm_tool_turns14-16_over_turns3-5", "memory/held_over_raw_image_bytes"):
         assert expected in names
+    for match in matches:  # a spread is min <= median <= max
+        if match.group(2) is not None:
+            assert float(match.group(3)) <= float(match.group(2)) <= float(match.group(4)), match.group(0)
+    checks = [match for match in matches if match.group(7)]
+    met, missed = (int(number) for number in SUMMARY.match(summary).groups()[:2])
+    assert (met, missed) == (sum(m.group(8) == "met" for m in checks), sum(m.group(8) == "MISSED" for m in checks))
+    memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
+    # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
+    assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5
 
 
-def test_figure_verdicts():
-    assert bench.Figure("x", 1.04, "<= 1.05").line() == "x 1.04 <=1.05 PASS"
-    assert bench.Figure("x", 1.2, "<= 1.05").line() == "x 1.2 <=1.05 FAIL"
+def test_figure_lines_checks_and_informational_figures():
+    assert bench.figure("x", [1.0, 1.04, 1.2], "<= 1.05").line() == \
+        "x: median 1.04 (min 1, max 1.2, n=3), target <= 1.05: met"
+    assert bench.figure("x", [1.1, 1.2], "<= 1.05").line() == \
+        "x: median 1.15 (min 1.1, max 1.2, n=2), target <= 1.05: MISSED"
+    assert bench.figure("speedup", [1.5], ">= 2").line() == "speedup: 1.5, target >= 2: MISSED"
+    assert bench.figure("ops/transpose_ms", [4.2, 3.9, 4.03]).line() == \
+        "ops/transpose_ms: median 4.03 (min 3.9, max 4.2, n=3)"
+    assert bench.figure("memory/held_MB", [12.41]).line() == "memory/held_MB: 12.41"
+    assert not bench.figure("informational", [1e9]).missed
+
+
+def test_a_figure_without_samples_or_with_a_bad_target_is_refused():
+    with pytest.raises(ValueError, match=r"figure 'x' has no samples; measure at least once"):
+        bench.figure("x", [])
+    with pytest.raises(ValueError, match=r"figure 'x': target must look like '<= 1.05' or '>= 2', got '< 1'"):
+        bench.figure("x", [1.0], "< 1")
+
+
+def test_summary_counts_checks_only_and_names_each_miss_with_its_reason():
+    figures = [bench.figure("a", [1.0, 1.02, 1.04], "<= 1.05"), bench.figure("b", [1.1, 1.3, 1.2], "<= 1.05"),
+               bench.figure("c_ms", [9.0]), bench.figure("d", [1.5], ">= 2")]
+    assert bench.summary(figures) == "1 checks met, 2 missed: b (median 1.2 > 1.05), d (1.5 < 2)"
+    assert bench.summary(figures[:1] + figures[2:3]) == "1 checks met, 0 missed"
+
+
+@pytest.fixture
+def two_figures_one_missed(monkeypatch):
+    figures = [bench.figure("fast", [1.0, 1.0], "<= 1.05"), bench.figure("slow", [2.0, 2.0], "<= 1.05")]
+    monkeypatch.setattr(cli, "tiny_model_path", lambda: "/tiny")
+    monkeypatch.setattr(bench, "run", lambda model_dir, **kwargs: figures)
+    return figures
+
+
+def test_exit_status_is_0_with_the_summary_and_1_with_strict_when_a_check_is_missed(two_figures_one_missed, capsys):
+    assert main(["bench", "--quick"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "fast: median 1 (min 1, max 1, n=2), target <= 1.05: met",
+        "slow: median 2 (min 2, max 2, n=2), target <= 1.05: MISSED",
+        "1 checks met, 1 missed: slow (median 2 > 1.05)",
+    ]
+    assert main(["bench", "--quick", "--strict"]) == 1
+    two_figures_one_missed.pop()
+    assert main(["bench", "--quick", "--strict"]) == 0
+    with pytest.raises(SystemExit) as exit_info:  # --no-fail is gone: failing is opt-in (--strict)
+        main(["bench", "--no-fail"])
+    assert exit_info.value.code == 2
+
+
+def test_held_bytes_counts_pixels_and_storages_once_and_follows_plain_objects():
+    image = Image.new("RGB", (10, 20))
+    grey = Image.new("L", (10, 20))
+    tensor = torch.zeros(100, dtype=torch.float32)
+    array = np.zeros(1000, dtype=np.uint8)
+    root = SimpleNamespace(images=[image, image, grey], tensors=(tensor, tensor[10:]), array=array)
+    expected = (
+        sys.getsizeof(root) + sys.getsizeof(vars(root)["images"]) + sys.getsizeof(vars(root)["tensors"])
+        + sys.getsizeof(image) + 10 * 20 * 4  # RGB: Pillow stores 4 bytes a pixel; the same image once
+        + sys.getsizeof(grey) + 10 * 20
+        + sys.getsizeof(tensor) + sys.getsizeof(vars(root)["tensors"][1]) + 400  # the view shares the storage
+        + sys.getsizeof(array)  # numpy's getsizeof holds its data (1000 bytes)
+    )
+    assert sys.getsizeof(array) >= 1000
+    assert bench.held_bytes(root) == expected
+    not_held = {"function": bench.figure, "module": np, "class": int}  # shared code, not the trajectory's
+    assert bench.held_bytes(not_held) == sys.getsizeof(not_held) + sum(sys.getsizeof(key) for key in not_held)
 
 
 def test_step_figures_skip_warmup_compare_loops_and_trainers():
@@ -39,10 +122,12 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
     }
     lines = [figure.line() for figure in bench.step_figures(metrics)]
     assert lines == [
-        "step/tool_agent_s 4.5 <=inf PASS",
-        "step/mm_tool_s 4.5 <=inf PASS",
-        "step/mm_tool_classic_s 4.2 <=inf PASS",
-        "step/mm_tool_classic/rollout_outside_generation_share 0.1666 <=0.1 FAIL",  # mean of 0.8/4, 0.4/4.2, 0.9/4.4
-        "step/ratio 1 <=1.05 PASS",
-        "step/v1_vs_classic 1.071 <=1.10 PASS",  # 4.5 / 4.2
+        "step/tool_agent_s: median 4.5 (min 4, max 5, n=3)",
+        "step/mm_tool_s: median 4.5 (min 4.4, max 4.6, n=2)",
+        "step/mm_tool_classic_s: median 4.2 (min 4, max 4.4, n=3)",
+        # shares 0.8/4, 0.4/4.2, 0.9/4.4
+        "step/mm_tool_classic/rollout_outside_generation_share: median 0.2 (min 0.09524, max 0.2045, n=3), "
+        "target <= 0.1: MISSED",
+        "step/ratio: 1, target <= 1.05: met",
+        "step/v1_vs_classic: 1.071, target <= 1.10: met",  # 4.5 / 4.2
     ]

@@ -1,4 +1,5 @@
-"""The verl.plugins entry point: a plain ``import verl`` registers our components; failures are loud."""
+"""The verl.plugins entry point: a plain ``import verl`` registers our components whichever module is imported
+first; failures are loud."""
 
 from __future__ import annotations
 
@@ -41,17 +42,17 @@ def test_import_verl_registers_mm_tool_through_the_installed_entry_point(tmp_pat
 
 
 def test_a_failing_plugin_is_reported_at_error_level_not_swallowed(tmp_path):
-    # Break one of our modules before verl loads the plugin: verl's loader would log this at DEBUG only.
+    # Break one of the modules the plugin imports before verl loads it: verl's loader would log this at DEBUG only.
     result = run_python(
         "import verl; print('verl imported')",
         tmp_path,
-        sitecustomize="import sys\nsys.modules['verl_mm_tools.agent_loop'] = None\n",
+        sitecustomize="import sys\nsys.modules['verl_mm_tools.rewards'] = None\n",
     )
     assert result.returncode == 0, result.stderr
     assert "verl imported" in result.stdout
     assert "ERROR" in result.stderr
     assert "verl-mm-tools failed to register its components with verl" in result.stderr
-    assert "Traceback" in result.stderr and "verl_mm_tools.agent_loop" in result.stderr
+    assert "Traceback" in result.stderr and "verl_mm_tools.rewards" in result.stderr
 
 
 def test_a_name_clash_with_another_package_raises_naming_both(tmp_path):
@@ -93,3 +94,111 @@ def test_import_verl_registers_the_reward_managers(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "MMTurnDiscountRewardManager"
+
+
+def test_each_registered_agent_loop_target_is_the_loop_class():
+    import hydra
+
+    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
+    from verl_mm_tools.plugin import AGENT_LOOPS
+
+    assert AGENT_LOOPS == {"mm_tool": MM_TOOL_TARGET}
+    assert hydra.utils.get_class(MM_TOOL_TARGET) is MMToolAgentLoop
+
+
+# Each module imported first in a fresh interpreter, then verl: before import_order.import_first, importing one of
+# ours that imports verl made the plugin find it half-initialised (ImportError, nothing registered).
+FIRST_IMPORTS = ["verl", "verl_mm_tools.plugin", "verl_mm_tools.agent_loop", "verl_mm_tools.tools",
+                 "verl_mm_tools.rewards", "verl_mm_tools.cpu", "verl_mm_tools.cpu.replica",
+                 "verl_mm_tools.rewards.managers", "verl_mm_tools.envs", "verl_mm_tools.cli"]
+REGISTRATIONS = """
+import json, sys
+import verl
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+from verl.plugin.platform import PlatformRegistry
+from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+from verl_mm_tools.cpu.platform import PlatformCPU
+from verl_mm_tools.rewards.managers import MMTurnDiscountRewardManager
+from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, compute_turn_grpo_advantage
+ours = [module for name, module in sys.modules.items() if name.startswith("verl_mm_tools")]
+print(json.dumps({
+    "mm_tool": _agent_loop_registry.get("mm_tool"),
+    # the very classes registered, not copies from a second run of a module
+    "reward manager": REWARD_MANAGER.get("mm_turn_discount") is MMTurnDiscountRewardManager,
+    "platform": PlatformRegistry._platforms.get("cpu") is PlatformCPU,
+    "advantage estimator": ADV_ESTIMATOR_REGISTRY.get(ESTIMATOR_NAME) is compute_turn_grpo_advantage,
+    "hook loaders left": sorted(module.__name__ for module in ours if "Hooked" in type(module.__loader__).__name__
+                                or "Hooked" in type(module.__spec__.loader).__name__),
+}))
+"""
+
+
+@pytest.mark.parametrize("first", FIRST_IMPORTS)
+def test_any_module_imported_first_registers_everything_once(first, tmp_path):
+    result = run_python(f"import {first}\n" + textwrap.dedent(REGISTRATIONS), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ERROR" not in result.stderr, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "mm_tool": {"_target_": MM_TOOL_TARGET}, "reward manager": True, "platform": True,
+        "advantage estimator": True, "hook loaders left": [],
+    }
+
+
+def write_cycle_packages(root):
+    """``dep`` stands in for verl (its __init__ ends by importing our plugin, as verl's entry-point loader does);
+    ``pkg.plugin`` needs ``pkg.b``, which imports ``dep``: importing ``pkg.b`` first is the cycle."""
+    (root / "dep").mkdir()
+    (root / "dep" / "__init__.py").write_text("LOADS = []\nimport pkg.plugin\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "plugin.py").write_text("from pkg.b import VALUE\nREGISTERED = VALUE\n")
+    (root / "pkg" / "b.py").write_text("import dep\ndep.LOADS.append(__name__)\nVALUE = object()\n")
+    (root / "pkg" / "light.py").write_text("LIGHT = True\n")
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_import_first_breaks_the_plugin_import_cycle(hooked, tmp_path):
+    write_cycle_packages(tmp_path)
+    if hooked:
+        (tmp_path / "pkg" / "__init__.py").write_text(
+            "from verl_mm_tools.import_order import import_first\nimport_first('dep', 'pkg', {'pkg.light'})\n")
+    else:
+        (tmp_path / "pkg" / "__init__.py").write_text("")
+    result = run_python(
+        """
+        import json, sys
+        import pkg.light
+        light_alone = "dep" in sys.modules
+        import pkg.b
+        import dep, pkg.plugin
+        print(json.dumps([light_alone, dep.LOADS, pkg.plugin.REGISTERED is pkg.b.VALUE,
+                          type(pkg.b.__spec__.loader).__name__, type(pkg.b.__loader__).__name__]))
+        """,
+        tmp_path,
+    )
+    if hooked:
+        assert result.returncode == 0, result.stderr
+        # pkg.b ran once (imported by the plugin while dep loaded), its real loader back in place
+        assert json.loads(result.stdout) == [False, ["pkg.b"], True, "SourceFileLoader", "SourceFileLoader"]
+    else:
+        assert "ImportError: cannot import name 'VALUE' from partially initialized module 'pkg.b'" in result.stderr
+
+
+def test_call_after_import_runs_once_right_after_the_module_code(tmp_path):
+    (tmp_path / "late.py").write_text("VALUE = 41\n")
+    result = run_python(
+        """
+        import json, sys
+        from verl_mm_tools.import_order import call_after_import
+        seen = []
+        call_after_import("late", lambda module: seen.append(module.VALUE + 1))
+        before = list(seen)
+        import late
+        import late
+        call_after_import("late", lambda module: seen.append("at once"))
+        print(json.dumps([before, seen, type(late.__spec__.loader).__name__, type(late.__loader__).__name__]))
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[], [42, "at once"], "SourceFileLoader", "SourceFileLoader"]

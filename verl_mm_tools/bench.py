@@ -1,30 +1,41 @@
-"""``verl-mm-tools bench``: side-by-side measurements, one line per figure: ``name value target PASS|FAIL``.
+"""``verl-mm-tools bench``: side-by-side measurements, one line per figure, then a one-line summary.
+
+Each figure is the median of repeated measurements, printed with its spread: ``name: median 1.02 (min 0.98, max
+1.07, n=24)``; a check adds its target, ``, target <= 1.05: met`` (or ``MISSED``); a figure printed without a spread is
+counted or derived, not timed. The last line: ``N checks met, M missed: NAME (median VALUE > BOUND), ...``.
+Timings are CPU time, not wall time (the machines this runs on are shared: a neighbour's burst delays a sample, it
+adds little CPU time to it), and each ratio is the median over interleaved pairs (both sides see the same load).
 
 1. mm_tool against verl's ``tool_agent`` on the same scripted zero-latency server and the same tool, 1/4/8/16 turns
    with one new image per turn, small (56 px) and 448x448 images (processor limits raised so they really yield 256
-   image tokens): median CPU time (all threads of the process: verl tokenizes in an executor) per trajectory of
-   building the agent loop (verl builds one per trajectory) and its ``run()``, and the median ratio of the
-   interleaved pairs. CPU time, not wall time: the machines this runs on are shared.
-2. Per-turn cost at turn 16 divided by turn 2, for both loops (a loop that re-renders the conversation grows).
-3. Each image op on a 1024x1024 RGB image, median, divided by PIL ``transpose`` of the same image.
-4. Peak resident memory added by a 16-image mm_tool trajectory divided by the raw bytes of its images.
+   image tokens): CPU time (all threads of the process: verl tokenizes in an executor) per trajectory of building
+   the agent loop (verl builds one per trajectory) and its ``run()``, and the ratio of the interleaved pairs.
+2. Per-turn growth in 16-turn trajectories: the loop's own time for turns 14-16 over turns 2-4, per trajectory, for
+   both loops (a loop that re-renders the conversation grows).
+3. Each image op on a 1024x1024 RGB image divided by PIL ``transpose`` of the same image, timed in interleaved pairs.
+4. The bytes a finished 16-image mm_tool trajectory holds (verl's ``AgentLoopOutput``: its images' pixel buffers,
+   token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
+   Pillow stores an RGB pixel in 4).
 5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off): trainer
    runs with verl's ``tool_agent`` and with ``mm_tool`` on verl's default v1 trainer (sync), then ``mm_tool`` on the
-   classic trainer: median step time after warm-up, the ratios mm_tool / tool_agent and v1 / classic, and (classic
-   only: the v1 trainer does not log the slowest trajectory) the share of the step the rollout phase spends outside
-   the slowest trajectory's generation.
+   classic trainer: step time after warm-up, the ratios of the medians mm_tool / tool_agent and v1 / classic, and
+   (classic only: the v1 trainer does not log the slowest trajectory) the share of the step the rollout phase spends
+   outside the slowest trajectory's generation.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
+import math
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FunctionType, ModuleType
 
 from PIL import Image
 
@@ -42,17 +53,60 @@ LOOPS = ("tool_agent", "mm_tool")
 
 @dataclass(frozen=True)
 class Figure:
+    """One figure: the median of its ``samples`` (a single sample: counted or derived, not timed). With a
+    ``target`` (e.g. ``"<= 1.05"``) it is a check, met or missed; without one it is informational."""
+
     name: str
-    value: float
-    target: str  # e.g. "<= 1.05"
+    samples: tuple[float, ...]
+    target: str | None = None
+
+    def __post_init__(self):
+        if not self.samples:
+            raise ValueError(f"figure {self.name!r} has no samples; measure at least once")
+        if self.target is not None and (len(self.target.split()) != 2 or self.target.split()[0] not in ("<=", ">=")):
+            raise ValueError(f"figure {self.name!r}: target must look like '<= 1.05' or '>= 2', got {self.target!r}")
 
     @property
-    def passed(self) -> bool:
+    def value(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def missed(self) -> bool:
+        if self.target is None:
+            return False
         op, bound = self.target.split()
-        return self.value <= float(bound) if op == "<=" else self.value >= float(bound)
+        return not (self.value <= float(bound) if op == "<=" else self.value >= float(bound))
 
     def line(self) -> str:
-        return f"{self.name} {self.value:.4g} {self.target.replace(' ', '')} {'PASS' if self.passed else 'FAIL'}"
+        if len(self.samples) == 1:
+            text = f"{self.name}: {self.value:.4g}"
+        else:
+            text = (f"{self.name}: median {self.value:.4g} (min {min(self.samples):.4g}, max {max(self.samples):.4g}, "
+                    f"n={len(self.samples)})")
+        if self.target is not None:
+            text += f", target {self.target}: {'MISSED' if self.missed else 'met'}"
+        return text
+
+    def reason(self) -> str:
+        """Why a check was missed, in a few words: ``median 1.06 > 1.05``."""
+        op, bound = self.target.split()
+        return f"{'median ' if len(self.samples) > 1 else ''}{self.value:.4g} {'>' if op == '<=' else '<'} {bound}"
+
+
+def figure(name: str, samples: Sequence[float], target: str | None = None) -> Figure:
+    return Figure(name, tuple(float(sample) for sample in samples), target)
+
+
+def missed(figures: Sequence[Figure]) -> list[Figure]:
+    return [each for each in figures if each.missed]
+
+
+def summary(figures: Sequence[Figure]) -> str:
+    """``N checks met, M missed: NAME (REASON), ...``: informational figures are not counted."""
+    checks = [each for each in figures if each.target is not None]
+    failed = missed(checks)
+    text = f"{len(checks) - len(failed)} checks met, {len(failed)} missed"
+    return text + (": " + ", ".join(f"{each.name} ({each.reason()})" for each in failed) if failed else "")
 
 
 class TimedServer(ScriptedServer):
@@ -98,7 +152,8 @@ def _script(turns: int) -> list[str]:
     return [tool_call_text("rotate", degrees=90)] * (turns - 1) + ["<answer>90</answer><|im_end|>"]
 
 
-def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop) -> tuple[float, list[float]]:
+def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
+    """One trajectory: (CPU seconds to build the loop and run it, the gaps between requests, verl's output)."""
     server = TimedServer(tokenizer, _script(turns))
     prompt = image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
     started = time.process_time()
@@ -108,48 +163,68 @@ def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop) -> 
     if len(output.multi_modal_data.get("images", [])) != turns:
         raise RuntimeError(f"{name} made {len(output.multi_modal_data.get('images', []))} images, expected {turns}")
     gaps = [b - a for a, b in zip(server.arrivals, server.arrivals[1:])]
-    return elapsed, gaps
+    return elapsed, gaps, output
 
 
-def loop_overhead(model_dir: str, repeats: int = 5) -> list[Figure]:
+# Per-turn growth: gaps[k] is the loop's time before request k + 2 (1-based turns). The first tool turn is left out
+# (tool sessions start there); three turns each side, so one slow turn does not decide a trajectory's ratio.
+EARLY_TURNS, LATE_TURNS = slice(1, 4), slice(12, 15)  # turns 3-5, turns 14-16
+
+
+def loop_overhead(model_dir: str, repeats: int = 12, pairs_per_size: int = 96) -> list[Figure]:
+    """Figures 1 and 2: ``pairs_per_size // turns`` interleaved trajectory pairs for each length (about as much work
+    for each), at least ``repeats``."""
     from verl.utils.ray_utils import get_event_loop
 
     figures, loop = [], get_event_loop()
     for side in (56, 448):
-        with tempfile.TemporaryDirectory() as workdir:
+        with tempfile.TemporaryDirectory() as workdir, _one_torch_thread():
             make, tokenizer = _loop_factory(model_dir, Path(workdir), side, 16)
             for name in LOOPS:  # warm-up: first-call costs (imports, caches) are not per-trajectory costs
                 _one_trajectory(make, tokenizer, name, 2, side, loop)
             for turns in (1, 4, 8, 16):
-                elapsed, per_turn = {}, {}
-                for _ in range(max(repeats, 96 // turns)):  # interleaved: both loops see the same machine load
+                elapsed, gaps = {name: [] for name in LOOPS}, {name: [] for name in LOOPS}
+                for _ in range(max(repeats, pairs_per_size // turns)):  # interleaved: both see the same load
                     for name in LOOPS:
-                        seconds, gaps = _one_trajectory(make, tokenizer, name, turns, side, loop)
-                        elapsed.setdefault(name, []).append(seconds)
-                        per_turn.setdefault(name, []).append(gaps)
+                        seconds, trajectory_gaps, _ = _one_trajectory(make, tokenizer, name, turns, side, loop)
+                        elapsed[name].append(seconds)
+                        gaps[name].append(trajectory_gaps)
                 for name in LOOPS:
-                    figures.append(Figure(f"loop/{side}px/{turns}turns/{name}_ms",
-                                          statistics.median(elapsed[name]) * 1e3, "<= inf"))
-                # the median of the pairs' ratios: a neighbour's burst slows one pair, not the figure
+                    figures.append(figure(f"loop/{side}px/{turns}turns/{name}_ms", [t * 1e3 for t in elapsed[name]]))
                 ratios = [ours / theirs for ours, theirs in zip(elapsed["mm_tool"], elapsed["tool_agent"])]
-                figures.append(Figure(f"loop/{side}px/{turns}turns/ratio", statistics.median(ratios), "<= 1.05"))
+                figures.append(figure(f"loop/{side}px/{turns}turns/ratio", ratios, "<= 1.05"))
                 if turns == 16:
-                    figures += _growth(side, per_turn)
+                    figures += _growth(side, gaps)
     return figures
 
 
-def _growth(side: int, per_turn: dict[str, list[list[float]]]) -> list[Figure]:
+@contextlib.contextmanager
+def _one_torch_thread():
+    """torch's other threads spin while they wait, and under load that spinning is counted as CPU time: with one
+    thread a trajectory's CPU time is its work (the image processor is the only torch user here)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _growth(side: int, gaps: dict[str, list[list[float]]]) -> list[Figure]:
     figures = []
-    for name, runs in per_turn.items():
-        turn2 = statistics.median(gaps[1] for gaps in runs)
-        turn16 = statistics.median(gaps[14] for gaps in runs)
-        figures.append(Figure(f"loop/{side}px/{name}_turn_ms(t2)", turn2 * 1e3, "<= inf"))
-        target = "<= 1.15" if name == "mm_tool" else "<= inf"
-        figures.append(Figure(f"loop/{side}px/{name}_turn16_over_turn2", turn16 / turn2, target))
+    for name, runs in gaps.items():
+        early = [statistics.mean(run[EARLY_TURNS]) for run in runs]
+        late = [statistics.mean(run[LATE_TURNS]) for run in runs]
+        figures.append(figure(f"loop/{side}px/{name}_turn_ms(turns3-5)", [seconds * 1e3 for seconds in early]))
+        target = "<= 1.15" if name == "mm_tool" else None
+        figures.append(figure(f"loop/{side}px/{name}_turns14-16_over_turns3-5",
+                              [b / a for a, b in zip(early, late)], target))
     return figures
 
 
-def image_ops(repeats: int = 15) -> list[Figure]:
+def image_ops(repeats: int = 11) -> list[Figure]:
     """Targets on the ops themselves (an output cap above 1024x1024); the default cap (1280*28*28 px, below
     1024x1024) adds a downscale, reported without a target."""
     from verl_mm_tools import ops
@@ -167,56 +242,99 @@ def image_ops(repeats: int = 15) -> list[Figure]:
         "draw_bbox": lambda cap: ops.draw_bbox(image, box, label="target", max_pixels=cap),
         "draw_line": lambda cap: ops.draw_line(image, (0, 0, 1023, 1023), width=4, max_pixels=cap),
     }
-    base = _median_time(lambda: image.transpose(Image.Transpose.ROTATE_90), repeats)
-    figures = [Figure("ops/transpose_ms", base * 1e3, "<= inf")]
+    timed = {"transpose": lambda: image.transpose(Image.Transpose.ROTATE_90)}
     for name, op in cases.items():
-        figures.append(Figure(f"ops/{name}_over_transpose", _median_time(lambda: op(1 << 22), repeats) / base, "<= 3"))
-    for name, op in cases.items():
-        figures.append(Figure(f"ops/default_cap/{name}_ms", _median_time(lambda: op(ops.DEFAULT_MAX_PIXELS), repeats) * 1e3, "<= inf"))
+        timed[name] = lambda op=op: op(1 << 22)
+        timed[f"default_cap/{name}"] = lambda op=op: op(ops.DEFAULT_MAX_PIXELS)
+    seconds = _interleaved_cpu_seconds(timed, repeats)
+    figures = [figure("ops/transpose_ms", [t * 1e3 for t in seconds["transpose"]])]
+    for name in cases:
+        ratios = [op / base for op, base in zip(seconds[name], seconds["transpose"])]
+        figures.append(figure(f"ops/{name}_over_transpose", ratios, "<= 3"))
+    for name in cases:
+        figures.append(figure(f"ops/default_cap/{name}_ms", [t * 1e3 for t in seconds[f"default_cap/{name}"]]))
     return figures
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    samples = []
+SAMPLE_CPU_SECONDS = 0.03  # a timed sample repeats a short op until it lasts this long: timer and scheduler noise
+
+
+def _interleaved_cpu_seconds(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """CPU seconds per call of each function, ``repeats`` samples each, taken in turns (all see the same load)."""
+    calls = {name: _calls_per_sample(function) for name, function in functions.items()}  # doubles as the warm-up
+    samples = {name: [] for name in functions}
     for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+        for name, function in functions.items():
+            started = time.process_time()
+            for _ in range(calls[name]):
+                function()
+            samples[name].append((time.process_time() - started) / calls[name])
+    return samples
+
+
+def _calls_per_sample(function: Callable[[], object]) -> int:
+    function()  # first-call costs (lazy imports, caches) are not the op's
+    started = time.process_time()
+    function()
+    return max(1, math.ceil(SAMPLE_CPU_SECONDS / max(time.process_time() - started, 1e-6)))
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list[Figure]:
-    """Peak resident memory added by one 16-image trajectory (Linux: VmHWM after resetting it), over the raw bytes
-    of its images. Counts what tracemalloc cannot see: PIL pixel buffers and torch tensors."""
+    """What one finished 16-image mm_tool trajectory holds, counted by ``held_bytes``, over its images' raw bytes."""
     from verl.utils.ray_utils import get_event_loop
 
     with tempfile.TemporaryDirectory() as workdir:
         make, tokenizer = _loop_factory(model_dir, Path(workdir), side, images)
-        loop = get_event_loop()
-        _one_trajectory(make, tokenizer, "mm_tool", images, side, loop)  # warm caches outside the measurement
-        gc.collect()
-        baseline = _reset_peak_rss()
-        _one_trajectory(make, tokenizer, "mm_tool", images, side, loop)
-        peak = _proc_status_kb("VmHWM") * 1024
-    raw = images * side * side * 3
-    return [Figure("memory/16_images_peak_added_MB", (peak - baseline) / 2**20, "<= inf"),
-            Figure("memory/peak_added_over_raw_image_bytes", (peak - baseline) / raw, "<= 2")]
+        _, _, output = _one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
+    held, raw = held_bytes(output), images * side * side * 3
+    return [figure(f"memory/{images}_images_held_MB", [held / 2**20]),
+            figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2")]
 
 
-def _reset_peak_rss() -> int:
-    """Reset the process's peak RSS to its current RSS (Linux clear_refs 5); returns the current RSS in bytes."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
-    return _proc_status_kb("VmRSS") * 1024
+def held_bytes(root: object) -> int:
+    """The bytes ``root`` holds, counted rather than measured (the same on every run): each object by
+    ``sys.getsizeof`` plus the buffer it keeps outside Python (``_buffer_bytes``); containers and plain objects
+    (dataclasses, pydantic models) are followed, each object counted once; classes, modules and functions are not."""
+    counted, total, pending = set(), 0, [root]
+    while pending:
+        item = pending.pop()
+        if id(item) in counted or isinstance(item, (type, ModuleType, FunctionType)):
+            continue
+        counted.add(id(item))
+        total += sys.getsizeof(item) + _buffer_bytes(item, counted)
+        pending.extend(_held_objects(item))
+    return total
 
 
-def _proc_status_kb(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+def _pixel_bytes(mode: str) -> int:
+    """Bytes per pixel as Pillow stores them: 1 for 1-bit, grey and palette images, 2 for 16-bit ones, else 4 (RGB
+    included: Pillow pads it to 32 bits)."""
+    return 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
+
+
+def _buffer_bytes(item: object, counted: set) -> int:
+    """What ``sys.getsizeof`` does not see: an image's pixels, a tensor's storage (once: views share it). A numpy
+    array's own data it does see."""
+    if isinstance(item, Image.Image):
+        return item.width * item.height * _pixel_bytes(item.mode)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(item, torch.Tensor):
+        storage = item.untyped_storage()
+        if ("storage", storage.data_ptr()) in counted:
+            return 0
+        counted.add(("storage", storage.data_ptr()))
+        return storage.nbytes()
+    return 0
+
+
+def _held_objects(item: object) -> list:
+    if isinstance(item, dict):
+        return [*item.keys(), *item.values()]
+    if isinstance(item, (list, tuple, set, frozenset)):
+        return list(item)
+    if isinstance(item, (str, bytes, int, float, complex, bool, Image.Image)) or not hasattr(item, "__dict__"):
+        return []
+    return list(vars(item).values())
 
 
 STEP_WARMUP = 2  # the first steps pay one-time costs (compilation of kernels, caches, Ray actor start-up)
@@ -245,8 +363,8 @@ def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figu
 
 
 def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
-    """Median step time after STEP_WARMUP steps per run (``STEP_RUNS``), the ratios mm_tool / tool_agent (same
-    trainer) and v1 / classic (same loop), and for the classic run the mean share of each step spent in the rollout
+    """Step time after STEP_WARMUP steps per run (``STEP_RUNS``), the ratios of the medians mm_tool / tool_agent
+    (same trainer) and v1 / classic (same loop), and for the classic run the share of each step spent in the rollout
     phase (verl's ``timing_s/gen``) outside its slowest trajectory's generation: verl's postprocess, the streamed
     reward, Ray hops and the agent loop's own work."""
     figures, medians = [], {}
@@ -255,21 +373,21 @@ def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
         if not steps:
             raise RuntimeError(f"the {name} run logged no step after the first {STEP_WARMUP}")
         medians[name] = statistics.median(step["timing_s/step"] for step in steps)
-        figures.append(Figure(f"step/{name}_s", medians[name], "<= inf"))
+        figures.append(figure(f"step/{name}_s", [step["timing_s/step"] for step in steps]))
         if STEP_RUNS[name][1] == "classic":
-            share = statistics.mean(
-                (step["timing_s/gen"] - step["timing_s/agent_loop/generate_sequences/max"]) / step["timing_s/step"]
-                for step in steps)
-            figures.append(Figure(f"step/{name}/rollout_outside_generation_share", share, "<= 0.1"))
-    figures.append(Figure("step/ratio", medians["mm_tool"] / medians["tool_agent"], "<= 1.05"))
-    figures.append(Figure("step/v1_vs_classic", medians["mm_tool"] / medians["mm_tool_classic"], "<= 1.10"))
+            slowest = "timing_s/agent_loop/generate_sequences/max"
+            shares = [(step["timing_s/gen"] - step[slowest]) / step["timing_s/step"] for step in steps]
+            figures.append(figure(f"step/{name}/rollout_outside_generation_share", shares, "<= 0.1"))
+    # ratios of the runs' medians: steps of different runs are not pairs
+    figures.append(figure("step/ratio", [medians["mm_tool"] / medians["tool_agent"]], "<= 1.05"))
+    figures.append(figure("step/v1_vs_classic", [medians["mm_tool"] / medians["mm_tool_classic"]], "<= 1.10"))
     return figures
 
 
 def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, say=lambda line: None) -> list[Figure]:
     """Figures 1-4; figure 5 too when ``step_dir`` is given (the trainer runs write there)."""
-    figures = image_ops(repeats=5 if quick else 15)
-    figures += loop_overhead(model_dir, repeats=2 if quick else 5)
+    figures = image_ops(repeats=11 if quick else 31)
+    figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
     figures += trajectory_memory(model_dir)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, say=say)

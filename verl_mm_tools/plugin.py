@@ -3,28 +3,48 @@
 verl's loader swallows plugin import errors at DEBUG level, so a broken plugin would silently vanish. This module
 logs every failure at ERROR with the traceback before re-raising, and refuses to overwrite a name another package
 registered (``PluginRegistrationError`` naming both).
+
+The agent loop is registered by name (verl's registry holds ``{"_target_": class path}``, as verl's own ``register``
+writes it) once verl's agent-loop module is imported: importing that module here (it pulls fastapi, datasets, ...)
+would make every ``import verl`` pay for it. The reward managers, the advantage estimator and the CPU backend are
+registered at once: verl's registries for them hold the objects themselves.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from types import ModuleType
 
-from verl_mm_tools.registry import qualified_name, register_unique
+from verl_mm_tools.import_order import call_after_import
+from verl_mm_tools.registry import register_unique
 
 logger = logging.getLogger(__name__)
 
+VERL_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+# name -> class path; tests/test_plugin_on_cpu.py checks each path imports to the loop class
+AGENT_LOOPS = {"mm_tool": "verl_mm_tools.agent_loop.mm_tool_loop.MMToolAgentLoop"}
 
-def agent_loops() -> dict[str, type]:
-    from verl_mm_tools.agent_loop import MMToolAgentLoop
 
-    return {"mm_tool": MMToolAgentLoop}
+def register_agent_loops_into(verl_agent_loop: ModuleType) -> None:
+    for name, target in AGENT_LOOPS.items():
+        register_unique(verl_agent_loop._agent_loop_registry, name, {"_target_": target}, "agent loop")
+
+
+def _register_agent_loops_or_report(verl_agent_loop: ModuleType) -> None:
+    try:
+        register_agent_loops_into(verl_agent_loop)
+    except Exception:
+        # verl's agent-loop module itself imported fine: keep it usable, without our loop
+        logger.error("verl-mm-tools failed to register its agent loops with verl; the mm_tool agent loop is NOT "
+                     "available. Traceback:", exc_info=True)
 
 
 def register_agent_loops() -> None:
-    from verl.experimental.agent_loop import agent_loop as verl_agent_loop
-
-    for name, loop_cls in agent_loops().items():
-        register_unique(verl_agent_loop._agent_loop_registry, name, {"_target_": qualified_name(loop_cls)}, "agent loop")
+    if VERL_AGENT_LOOP_MODULE in sys.modules:  # imported already: a failure raises, like every other registration
+        register_agent_loops_into(sys.modules[VERL_AGENT_LOOP_MODULE])
+    else:
+        call_after_import(VERL_AGENT_LOOP_MODULE, _register_agent_loops_or_report)
 
 
 def register_reward_managers() -> None:
