@@ -4,19 +4,33 @@ from verl_mm_tools.import_order import import_first
 
 __version__ = "0.1.0"
 
-# What the CLI needs to parse its arguments; none of them imports verl (tests/test_cli_on_cpu.py checks it).
+# Modules that never import verl: what the CLI needs to parse its arguments, the pure image ops, the trajectory
+# record and the viewer (tests/test_cli_on_cpu.py and tests/test_layers_on_cpu.py check it).
 LIGHT_MODULES = frozenset({
     "verl_mm_tools.arguments",
     "verl_mm_tools.cli",
     "verl_mm_tools.data",
     "verl_mm_tools.data.command",
     "verl_mm_tools.errors",
+    "verl_mm_tools.files",
     "verl_mm_tools.import_order",
+    "verl_mm_tools.ops",
+    "verl_mm_tools.ops.checks",
+    "verl_mm_tools.ops.draw",
+    "verl_mm_tools.ops.geometry",
+    "verl_mm_tools.ops.transform",
+    "verl_mm_tools.record",
+    "verl_mm_tools.report",
     "verl_mm_tools.tiny",
     "verl_mm_tools.tiny.builder",
     "verl_mm_tools.tiny.corpus",
     "verl_mm_tools.viewer",
+    "verl_mm_tools.viewer.chromium",
     "verl_mm_tools.viewer.command",
+    "verl_mm_tools.viewer.html",
+    "verl_mm_tools.viewer.records",
+    "verl_mm_tools.viewer.site",
+    "verl_mm_tools.workspace",
 })
 
 # Every other module of ours is run after verl has been imported (and has loaded our plugin): see import_order.py.

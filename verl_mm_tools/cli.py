@@ -44,7 +44,8 @@ def _demo(args: argparse.Namespace) -> int:
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
 
     options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
-                          warm_start=not args.no_warm_start, overrides=tuple(args.overrides))
+                          warm_start=not args.no_warm_start, overrides=tuple(args.overrides), tools=args.tools,
+                          env=args.env)
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -85,13 +86,13 @@ def _add_tiny_model_command(commands) -> None:
 
 def _add_demo_command(commands) -> None:
     demo = commands.add_parser(
-        "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop, rotate tool), ~5 min"
+        "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop), ~4-8 min"
     )
     demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
-    demo.add_argument("--task", choices=DEMO_TASKS, default="rotation",
-                      help="rotation: arrow pictures (the loop's showcase); learn: the learning proof, red or blue "
-                      "pictures, stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same "
-                      "with a rotate call before every answer")
+    demo.add_argument("--task", choices=DEMO_TASKS, default="learn",
+                      help="learn (default): the learning proof, red or blue pictures with the rotate tool offered, "
+                      "stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same with a rotate "
+                      "call before every answer; rotation: arrow pictures, the loop's showcase of tool calls")
     demo.add_argument("--steps", type=whole_number(1), default=None,
                       help="training steps (default: 30 rotation, 80 learn and learn_tool)")
     demo.add_argument("--seed", type=whole_number(0), default=0,
@@ -104,6 +105,12 @@ def _add_demo_command(commands) -> None:
                       "(deprecated) trainer")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
+    demo.add_argument("--tools", type=Path, default=None,
+                      help="a verl tool YAML replacing the task's tools (your own: class_name: my_module.MyTool, "
+                      "importable from the working directory)")
+    demo.add_argument("--env", default=None,
+                      help="the environment of every trajectory: a registered name (answer_feedback, rotation) or a "
+                      "class path (my_module.MyEnv)")
     demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")
     demo.set_defaults(run=_demo)
 

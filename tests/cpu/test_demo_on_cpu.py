@@ -120,6 +120,8 @@ def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
 
     args = build_parser().parse_args(["demo", "--task", "learn", "--seeds", "0,1,2"])
     assert (args.task, args.seeds, args.steps) == ("learn", [0, 1, 2], None)
+    args = build_parser().parse_args(["demo", "--tools", "tools.yaml", "--env", "my_env.RetryEnv"])
+    assert (args.task, args.tools, args.env) == ("learn", Path("tools.yaml"), "my_env.RetryEnv")  # learn: the default
     for task in TASKS:
         assert build_parser().parse_args(["demo", "--task", task]).task == task
     with pytest.raises(SystemExit):
