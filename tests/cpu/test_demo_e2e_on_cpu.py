@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
-from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo
+from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo, run_processes
 
 # Rollout (HF server, fp32) vs actor (FSDP2, fp32) log-probs of the same tokens: measured 1e-6..3e-6.
 LOGPROB_DIFF_BOUND = 1e-4
@@ -33,14 +32,7 @@ def demo(request, tmp_path_factory):
 
 def stray_processes(metrics_path) -> list[str]:
     """Processes still running with this run's environment (Ray workers inherit the driver's)."""
-    found = []
-    for process in psutil.process_iter(["pid", "name"]):
-        try:
-            if process.environ().get("VERL_FILE_LOGGER_PATH") == str(metrics_path):
-                found.append(f"{process.pid} {process.name()}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+    return [f"{process.pid} {process.name()}" for process in run_processes(metrics_path)]
 
 
 @pytest.mark.slow

@@ -329,7 +329,31 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task:
             stop_trainer(process)
             raise
     returncode = 0 if stopped else process.returncode
+    end_leftovers(paths.metrics)
     return RunResult(returncode, steps, time.monotonic() - started, first_step, peak, task.learned(steps))
+
+
+def run_processes(metrics_path: Path) -> list[psutil.Process]:
+    """The processes of one run: every one carries its VERL_FILE_LOGGER_PATH (Ray workers inherit the driver's)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("VERL_FILE_LOGGER_PATH") == str(metrics_path):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def end_leftovers(metrics_path: Path, grace_s: float = 30.0) -> None:
+    """After the driver exits, Ray's workers take a moment to go: wait for them, then kill what is left."""
+    deadline = time.monotonic() + grace_s
+    while (leftovers := run_processes(metrics_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in leftovers:
+        logger.warning("killing process %d (%s), left running by the trainer", process.pid, process.name())
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 @contextlib.contextmanager
