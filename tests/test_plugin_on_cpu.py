@@ -14,7 +14,7 @@ import pytest
 from verl_mm_tools.errors import PluginRegistrationError
 from verl_mm_tools.registry import register_unique
 
-MM_TOOL_TARGET = "verl_mm_tools.agent_loop.mm_tool_loop.MMToolAgentLoop"
+MM_TOOL_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"
 
 
 def run_python(code: str, tmp_path, sitecustomize: str | None = None) -> subprocess.CompletedProcess:

@@ -39,14 +39,8 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import (
-    ROTATE_TOOLS_YAML,
-    LocalRollout,
-    ScriptedServer,
-    image_prompt,
-    make_worker,
-    tool_call_text,
-)
+from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, image_prompt, make_worker, tool_call_text
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 LOOPS = ("tool_agent", "mm_tool")
 

@@ -22,8 +22,10 @@ from verl_mm_tools.registry import register_unique
 logger = logging.getLogger(__name__)
 
 VERL_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+LOOP_NAME = "mm_tool"  # the name verl's agent-loop registry knows the loop by
+LOOP_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"  # its class path: the ``_target_`` of a loop config entry
 # name -> class path; tests/test_plugin_on_cpu.py checks each path imports to the loop class
-AGENT_LOOPS = {"mm_tool": "verl_mm_tools.agent_loop.mm_tool_loop.MMToolAgentLoop"}
+AGENT_LOOPS = {LOOP_NAME: LOOP_TARGET}
 
 
 def register_agent_loops_into(verl_agent_loop: ModuleType) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.cpu.demo import (TOOL_CALLS_METRIC, TRAINERS, DemoOptions, DemoPaths, RunResult, format_step,
                                     learning_curve, run_demo, trainer_command, what_was_learned)
 from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
 LEARN = TASKS["learn"]
 VALIDATION = LEARN.validation_metric

@@ -17,8 +17,6 @@ from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
 
 DEFAULT_MAX_IMAGES = 16
-LOOP_NAME = "mm_tool"  # the name verl's agent-loop registry knows the loop by
-LOOP_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"  # the ``_target_`` of an agent_loop_config_path entry
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,8 @@ from PIL import Image
 from verl.protocol import DataProto
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.agent_loop.step_hook import hook_overrides
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML  # noqa: F401  (the harness's default tools)
+from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
 
 

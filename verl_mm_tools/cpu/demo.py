@@ -35,11 +35,11 @@ from pathlib import Path
 
 import psutil
 
-from verl_mm_tools.agent_loop.config import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.agent_loop.step_hook import hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, MICRO_BATCH, TASKS, TRAINING_REWARD, DemoTask, get_task
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.record import STAGING_DIR
 
 logger = logging.getLogger(__name__)
