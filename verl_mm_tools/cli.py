@@ -64,7 +64,9 @@ def _bench(args: argparse.Namespace) -> int:
         if args.step:
             step_dir = Path(args.step_out) if args.step_out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         # the trainer runs' progress goes to stderr: stdout holds only the figures and the summary
-        figures = bench.run(str(tiny_model_path()), quick=args.quick, step_dir=step_dir,
+        # a tool-aware template: on the faithful Qwen2.5-VL one, tool_agent would render no tool schemas and the two
+        # loops would not process the same tokens
+        figures = bench.run(str(tiny_model_path(template="tool_aware")), quick=args.quick, step_dir=step_dir,
                             say=lambda line: sys.stderr.write(line + "\n"))
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")

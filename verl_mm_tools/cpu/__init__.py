@@ -17,6 +17,9 @@ import os
 from verl_mm_tools.registry import register_unique
 
 PLATFORM_ENV = "VERL_PLATFORM"
+# The rollout name that selects the HF server; here, not in replica.py, so that registering it (at every
+# ``import verl``) does not import the server, and with it our agent loop and verl's (~0.8 s).
+ROLLOUT_NAME = "hf"
 
 
 def cpu_platform_selected() -> bool:
@@ -41,7 +44,6 @@ def register_cpu_backend() -> None:
 
     from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME, CPUObjectStoreCheckpointEngine
     from verl_mm_tools.cpu.platform import PLATFORM_NAME, PlatformCPU
-    from verl_mm_tools.cpu.replica import ROLLOUT_NAME
 
     register_unique(PlatformRegistry._platforms, PLATFORM_NAME, PlatformCPU, "platform")
     register_unique(RolloutReplicaRegistry._registry, ROLLOUT_NAME, _load_hf_replica, "rollout replica")

@@ -10,7 +10,7 @@ import os
 
 from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME as CHECKPOINT_BACKEND
 from verl_mm_tools.cpu.platform import PLATFORM_NAME
-from verl_mm_tools.cpu.replica import ROLLOUT_NAME
+from verl_mm_tools.cpu import ROLLOUT_NAME
 
 # (override, why)
 CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (

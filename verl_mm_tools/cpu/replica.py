@@ -23,11 +23,11 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from verl_mm_tools.cpu import ROLLOUT_NAME
 from verl_mm_tools.cpu.server import HFRolloutServer
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 # Torch threads of the server process (default 1): generating with a small model is a stream of small matmuls, which
 # several OpenMP threads slow down as soon as the cores are busy (see cpu.config.THREAD_ENV).
