@@ -6,7 +6,9 @@ verl lacks for multimodal tool use:
 - an image budget (max images, pixel bounds, max image tokens), with downscale-or-refuse, never a partial image;
 - failure isolation: any error ends only its own trajectory, as a valid output with a zeroed response mask;
 - validation of every trajectory (lengths, image placeholders per image vs the processor, no generated vision tokens);
-- per-trajectory statistics that verl carries into the batch (see ``stats``).
+- tools that reach the model whatever its chat template (``tool_format``);
+- the trajectory's state, turns and statistics in one object (``state.TrajectoryState``), carried into the batch as
+  fixed-key extra fields.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class _Checkpoint:
         del agent_data.messages[self.messages :]
         getattr(agent_data, WORKSPACE_ATTR).truncate(self.images)
         if self.budget is not None:
-            state_of(agent_data).budget.images, state_of(agent_data).budget.tokens = self.budget
+            budget = state_of(agent_data).budget
+            budget.images, budget.tokens = self.budget
 
 
 class ToolCrashError(RuntimeError):
