@@ -70,7 +70,7 @@ def test_summary_counts_checks_only_and_names_each_miss_with_its_reason():
 @pytest.fixture
 def two_figures_one_missed(monkeypatch):
     figures = [bench.figure("fast", [1.0, 1.0], "<= 1.05"), bench.figure("slow", [2.0, 2.0], "<= 1.05")]
-    monkeypatch.setattr(cli, "tiny_model_path", lambda: "/tiny")
+    monkeypatch.setattr(cli, "tiny_model_path", lambda **spec: "/tiny")
     monkeypatch.setattr(bench, "run", lambda model_dir, **kwargs: figures)
     return figures
 

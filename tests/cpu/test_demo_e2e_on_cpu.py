@@ -84,7 +84,8 @@ def test_rewards_are_logged_and_dumped_per_trajectory(demo):
         assert all(0.0 <= row["score"] <= 1.0 and row["step"] == step for row in rows)
         records = [json.loads(path.read_text()) for path in (out / "trajectories" / f"step_{step:06d}").glob("*/*.json")]
         assert len(records) == 8 and all(record["step"] == step and not record["validate"] for record in records)
-        assert {record["reward"]["score"] for record in records} <= {row["score"] for row in rows}
+        # the dump sums verl's float32 rm_scores; verl's rollout dump holds the float64 score (8/9 differs at 1e-8)
+        assert {round(record["reward"]["score"], 6) for record in records} <= {round(row["score"], 6) for row in rows}
         with_calls = [record for record in records if record["stats"]["tool_call_counts"] >= 1]
         assert len(with_calls) >= len(records) // 2
         assert all(record["reward"]["extra"]["tool_calls"] == record["stats"]["tool_call_counts"] for record in records)
