@@ -1,18 +1,18 @@
 """check_tool on every shipped tool loaded by verl's YAML loader, on a custom tool, and on broken tools."""
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.tools.tool_registry import initialize_tools_from_config
 
 from verl_mm_tools.tools import (
     BUILTIN_TOOLS,
-    ImageTool,
     RotateTool,
     ToolCheckError,
     ZoomInConfig,
@@ -23,26 +23,18 @@ from verl_mm_tools.tools import (
 YAML = Path(__file__).resolve().parents[2] / "examples" / "tools" / "image_tools.yaml"
 
 
-# ---- the README example: a custom tool is one pure function plus a small class ----------------------------------
+# ---- the README example (examples/custom/my_tools.py): a custom tool is one pure function plus a small class ------
 
 
-def grayscale(image: Image.Image) -> Image.Image:
-    return ImageOps.grayscale(image).convert("RGB")
+def _readme_tools():
+    """examples/custom/my_tools.py, loaded from its file (not put on sys.path)."""
+    spec = importlib.util.spec_from_file_location("readme_my_tools", YAML.parents[1] / "custom" / "my_tools.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def to_grayscale(image_id: int | None = None):
-    """Convert an image to grayscale.
-
-    Args:
-        image_id: Number of the image to convert (Image 1 is the first image). Default: the latest image.
-    """
-
-
-class GrayscaleTool(ImageTool):
-    schema_fn = to_grayscale
-
-    def apply(self, image):
-        return grayscale(image), "converted to grayscale"
+GrayscaleTool = _readme_tools().GrayscaleTool
 
 
 def test_custom_grayscale_tool(make_agent_data, execute):
@@ -177,12 +169,7 @@ def test_check_tool_inside_a_running_loop_points_to_acheck_tool():
     asyncio.run(inside())
 
 
-def test_the_readme_tool_passes_and_the_report_lists_what_was_checked(monkeypatch):
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "custom"))
-    from my_tools import GrayscaleTool
-
+def test_the_readme_tool_passes_and_the_report_lists_what_was_checked():
     lines = str(check_tool(GrayscaleTool())).splitlines()
     assert lines[0] == "tool 'to_grayscale': 16 checks passed"
     assert lines[2] == ("  ok  a valid call {} on a 64x48 image returns images within max_pixels and a text starting "
