@@ -103,12 +103,11 @@ def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
 
 
 def _turn_records(agent_data) -> list[TurnRecord]:
-    """The turns the loop recorded; none for a masked trajectory (its output holds none of their tokens)."""
+    """The turns the loop recorded that the output holds."""
     state = state_of(agent_data)
-    if state is None or state.stats.masked:
-        return []
+    turns = state.output_turns if state is not None else []
     return [TurnRecord(turn.response_span, turn.prompt_end, tuple(turn.tool_calls), tuple(turn.images_added),
-                       turn.reward) for turn in state.turns]
+                       turn.reward) for turn in turns]
 
 
 def write_staged(dump_dir: str | os.PathLike, record: dict, images: list) -> dict:

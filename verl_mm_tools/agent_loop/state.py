@@ -114,7 +114,6 @@ class Turn:
     rewards plus the environment's reward for this turn.
     """
 
-    index: int
     prompt_end: int
     images_before: int
     response_span: tuple[int, int] = (0, 0)
@@ -139,7 +138,7 @@ class TrajectoryState:
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
 
     def start_turn(self, prompt_end: int, images_before: int) -> Turn:
-        turn = Turn(index=len(self.turns) + 1, prompt_end=prompt_end, images_before=images_before)
+        turn = Turn(prompt_end=prompt_end, images_before=images_before)
         self.turns.append(turn)
         return turn
 
@@ -147,10 +146,14 @@ class TrajectoryState:
         """The trajectory trains on nothing: its turns are gone from the output."""
         self.stats.masked, self.stats.error, self.stop_reason = True, error, StopReason.ERROR
 
+    @property
+    def output_turns(self) -> list[Turn]:
+        """The turns the output holds: none for a masked trajectory, whose output holds none of their tokens."""
+        return [] if self.stats.masked else self.turns
+
     def extra_fields(self) -> dict:
-        """The trajectory's fixed-key ``extra_fields``, turn records included (none for a masked trajectory, whose
-        output holds none of its turns' tokens)."""
-        turns = [] if self.stats.masked else self.turns
+        """The trajectory's fixed-key ``extra_fields``, the output's turn records included."""
+        turns = self.output_turns
         return {
             **self.stats.to_extra_fields(),
             TURNS_KEY: len(turns),
