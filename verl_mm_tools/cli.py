@@ -82,7 +82,10 @@ def _add_tiny_model_command(commands) -> None:
     tiny.add_argument("--seed", type=whole_number(0), default=0, help="weights and tokenizer seed (default 0)")
     tiny.add_argument("--template", default="family", choices=TEMPLATES,
                       help="chat template: 'family' renders like the real family (Qwen2-VL / Qwen2.5-VL ignore tools; "
-                           "Qwen3-VL renders them), 'tool_aware' a Qwen2.5-text-style tool template (default: family)")
+                           "Qwen3-VL renders them), 'tool_aware' a Qwen2.5-text-style tool template, 'thinking' "
+                           "Qwen3-VL Thinking's (drops earlier reasoning; --family qwen3_vl) (default: family)")
+    tiny.add_argument("--thinking", dest="template", action="store_const", const="thinking",
+                      help="the same as --template thinking")
     tiny.set_defaults(run=_tiny_model)
 
 

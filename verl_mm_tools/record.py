@@ -6,8 +6,8 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 2; version 1 records lack the turns'
-``prompt_tokens``, ``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 3; version 2 records lack ``samples`` and the
+turns' ``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -24,8 +24,12 @@ A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<imag
   its prompt), ``trained_tokens`` (its generated tokens, response_mask 1), ``context_tokens_after`` (tool and
   environment tokens until the next turn, mask 0), ``tool_calls`` (names of the calls it made that were run),
   ``images_added`` (ids of the images the answering tool or environment turn added), ``reward`` (tool step rewards
-  plus the environment's reward for the turn); empty for a masked trajectory;
-- ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``;
+  plus the environment's reward for the turn), ``sample`` (the training sample holding it; its token counts are in
+  that sample); empty for a masked trajectory;
+- ``samples``: the training samples the trajectory became (one unless the loop's ``export`` is per_turn or auto),
+  each ``sample``, ``turns`` (the turn numbers it trains on), ``prompt_tokens``, ``response_tokens``,
+  ``trained_tokens``, ``images``;
+- ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``, summed over the samples;
 - ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
   ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
 - added on the trainer side: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
@@ -44,7 +48,7 @@ import numpy as np
 from PIL import Image
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"
@@ -60,18 +64,28 @@ DUMP_KEY = "mm_tool/dump"  # the extra field holding a trajectory's dump referen
 class TurnRecord:
     """What a record says about one assistant turn, as the loop recorded it (``agent_loop.state.Turn``)."""
 
-    span: tuple[int, int]  # [start, end) of the generated tokens in the response
+    span: tuple[int, int]  # [start, end) of the generated tokens in its sample's response
     prompt_tokens: int  # tokens before the turn's generation: its prompt
     tool_calls: tuple[str, ...] = ()
     images_added: tuple[int, ...] = ()
     reward: float = 0.0
+    sample: int = 0
+    text: str = ""  # the decoded generated tokens
 
 
-def build_record(*, messages, images, prompt_ids, response_ids, response_mask, turns: list[TurnRecord], decode,
-                 extra_fields, sample, model: str | None = None, request_id=None, timing=None) -> tuple[dict, list]:
+@dataclass(frozen=True)
+class SampleRecord:
+    """One training sample of the trajectory (an agent-loop output): its token counts."""
+
+    prompt_tokens: int
+    response_mask: tuple[int, ...]
+    images: int
+
+
+def build_record(*, messages, images, samples: list[SampleRecord], turns: list[TurnRecord], extra_fields, sample,
+                 model: str | None = None, request_id=None, timing=None) -> tuple[dict, list]:
     """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
-    assistant_texts = [decode(response_ids[start:end]) for start, end in (turn.span for turn in turns)]
-    record_messages, message_images = _messages(messages, assistant_texts)
+    record_messages, message_images = _messages(messages, [turn.text for turn in turns])
     image_entries, pixels = _images(record_messages, message_images, images)
     stats = _stats(extra_fields)
     record = {
@@ -84,8 +98,9 @@ def build_record(*, messages, images, prompt_ids, response_ids, response_mask, t
         "messages": record_messages,
         "images": image_entries,
         "tool_calls": _tool_calls(record_messages),
-        "turns": _turns(turns, len(response_mask)),
-        "mask": _mask_summary(prompt_ids, response_mask),
+        "turns": _turns(turns, samples),
+        "samples": _samples(samples, turns),
+        "mask": _mask_summary(samples),
         "masked": bool(stats.get("masked")),
         "stop_reason": stats.get("stop_reason"),
         "error": stats.get("error") or "",
@@ -201,21 +216,31 @@ def _tool_calls(messages: list[dict]) -> list[dict]:
     return calls
 
 
-def _turns(turns: list[TurnRecord], response_tokens: int) -> list[dict]:
+def _turns(turns: list[TurnRecord], samples: list[SampleRecord]) -> list[dict]:
     records = []
     for index, turn in enumerate(turns):
-        next_start = turns[index + 1].span[0] if index + 1 < len(turns) else response_tokens
+        following = turns[index + 1] if index + 1 < len(turns) else None
+        sample_end = len(samples[turn.sample].response_mask)
+        next_start = following.span[0] if following is not None and following.sample == turn.sample else sample_end
         start, end = turn.span
         records.append({"turn": index + 1, "prompt_tokens": turn.prompt_tokens, "trained_tokens": end - start,
                         "context_tokens_after": next_start - end, "tool_calls": list(turn.tool_calls),
-                        "images_added": list(turn.images_added), "reward": turn.reward})
+                        "images_added": list(turn.images_added), "reward": turn.reward, "sample": turn.sample})
     return records
 
 
-def _mask_summary(prompt_ids: list, response_mask: list) -> dict:
-    trained = int(sum(response_mask))
-    return {"prompt_tokens": len(prompt_ids), "response_tokens": len(response_mask), "trained_tokens": trained,
-            "context_tokens": len(response_mask) - trained}
+def _samples(samples: list[SampleRecord], turns: list[TurnRecord]) -> list[dict]:
+    return [{"sample": index, "turns": [number for number, turn in enumerate(turns, 1) if turn.sample == index],
+             "prompt_tokens": sample.prompt_tokens, "response_tokens": len(sample.response_mask),
+             "trained_tokens": int(sum(sample.response_mask)), "images": sample.images}
+            for index, sample in enumerate(samples)]
+
+
+def _mask_summary(samples: list[SampleRecord]) -> dict:
+    response = sum(len(sample.response_mask) for sample in samples)
+    trained = int(sum(sum(sample.response_mask) for sample in samples))
+    return {"prompt_tokens": sum(sample.prompt_tokens for sample in samples), "response_tokens": response,
+            "trained_tokens": trained, "context_tokens": response - trained}
 
 
 def _stats(extra_fields: dict) -> dict:

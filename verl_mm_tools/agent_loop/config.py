@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_mm_tools.agent_loop.budget import OVER_BUDGET_POLICIES
+from verl_mm_tools.agent_loop.export import EXPORTS
 from verl_mm_tools.agent_loop.tool_format import TOOL_PROMPTS, TOOL_RESPONSE_ROLES
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
@@ -62,6 +63,11 @@ class MMToolLoopConfig:
         tool_response_role: How tool results are rendered: ``tool`` messages, or ``user`` turns of
             ``<tool_response>`` blocks (text and images); ``auto``: ``tool`` when the template has its own tool-role
             convention (Qwen3-VL), else ``user`` (Qwen2-VL / Qwen2.5-VL would render a bare ``tool`` role).
+        export: How a trajectory becomes training samples: ``per_trajectory`` (one sample, the conversation as
+            generated), ``per_turn`` (one sample per assistant turn, its prompt the chat template's render of the
+            conversation, as at inference), ``auto`` (one sample while the template's render stays an extension of
+            it, a new one where it does not). per_turn and auto need verl's v1 trainer. See
+            ``verl_mm_tools.agent_loop.export``.
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -79,6 +85,7 @@ class MMToolLoopConfig:
     max_masked_fraction: float = 0.5
     tool_prompt: str = "auto"
     tool_response_role: str = "auto"
+    export: str = "per_trajectory"
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -106,6 +113,7 @@ class MMToolLoopConfig:
         _require_choice("over_budget", self.over_budget, OVER_BUDGET_POLICIES)
         _require_choice("tool_prompt", self.tool_prompt, TOOL_PROMPTS)
         _require_choice("tool_response_role", self.tool_response_role, TOOL_RESPONSE_ROLES)
+        _require_choice("export", self.export, EXPORTS)
         timeout = self.tool_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
             raise ConfigError(f"mm_tool tool_timeout_s must be a positive number of seconds, got {timeout!r}")

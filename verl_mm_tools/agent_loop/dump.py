@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.state import state_of
+from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, state_of
 from verl_mm_tools.record import (
     DUMP_KEY,
     FULL_MARKER,
@@ -44,6 +44,7 @@ from verl_mm_tools.record import (
     STAGING_DIR,
     STEP_COUNTS,
     STEP_SUMMARY,
+    SampleRecord,
     TurnRecord,
     build_record,
     jsonable,
@@ -62,8 +63,9 @@ _warned: set[tuple[str, str]] = set()
 # ----- phase 1: the loop stages one trajectory ----------------------------------------------------------------------
 
 
-async def stage_trajectory(loop, agent_data, output, sample: dict) -> dict:
-    """Stage one finished trajectory of ``loop`` (an MMToolAgentLoop); returns the reference for ``extra_fields``.
+async def stage_trajectory(loop, agent_data, outputs: list, sample: dict) -> dict:
+    """Stage one finished trajectory of ``loop`` (an MMToolAgentLoop), its training samples ``outputs`` (the final
+    one last); returns the reference for the final output's ``extra_fields``.
 
     A dump must never cost a trajectory: any failure here is logged and reported in the reference instead."""
     config = loop.mm_config
@@ -74,7 +76,7 @@ async def stage_trajectory(loop, agent_data, output, sample: dict) -> dict:
     if (dump_dir / FULL_MARKER).exists():
         return {**reference, "skipped": "disk_cap"}
     try:
-        record, images = _loop_record(loop, agent_data, output, sample)
+        record, images = _loop_record(loop, agent_data, outputs, sample)
         # Encoding images is the slow part: off the event loop, which other trajectories share.
         written = await asyncio.to_thread(write_staged, dump_dir, record, images)
     except Exception as error:  # noqa: BLE001 - see docstring
@@ -83,17 +85,16 @@ async def stage_trajectory(loop, agent_data, output, sample: dict) -> dict:
     return {**reference, **written}
 
 
-def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
+def _loop_record(loop, agent_data, outputs: list, sample: dict) -> tuple[dict, list]:
     messages = list(getattr(agent_data, "messages", None) or sample.get("raw_prompt") or [])
     images = list(getattr(agent_data, "image_data", None) or [])
+    output = outputs[-1]
     return build_record(
         messages=messages,
         images=images,
-        prompt_ids=list(output.prompt_ids),
-        response_ids=list(output.response_ids),
-        response_mask=list(output.response_mask),
-        turns=_turn_records(agent_data),
-        decode=lambda ids: loop.tokenizer.decode(ids, skip_special_tokens=True),
+        samples=[SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len(o.multi_modal_data.get("images") or []))
+                 for o in outputs],
+        turns=_turn_records(agent_data, outputs, lambda ids: loop.tokenizer.decode(ids, skip_special_tokens=True)),
         extra_fields=output.extra_fields,
         sample=sample,
         model=str(loop.config.actor_rollout_ref.model.path),
@@ -102,12 +103,18 @@ def _loop_record(loop, agent_data, output, sample: dict) -> tuple[dict, list]:
     )
 
 
-def _turn_records(agent_data) -> list[TurnRecord]:
-    """The turns the loop recorded that the output holds."""
+def _turn_records(agent_data, outputs: list, decode) -> list[TurnRecord]:
+    """The turns the loop recorded that the outputs hold, with their spans in their own sample's response."""
     state = state_of(agent_data)
     turns = state.output_turns if state is not None else []
-    return [TurnRecord(turn.response_span, turn.prompt_end, tuple(turn.tool_calls), tuple(turn.images_added),
-                       turn.reward) for turn in turns]
+    records = []
+    for index, output in enumerate(outputs):
+        spans = output.extra_fields.get(TURN_SPANS_KEY) or []
+        for turn, (start, end) in zip([turn for turn in turns if turn.sample == index], spans, strict=True):
+            records.append(TurnRecord((start, end), len(output.prompt_ids) + start, tuple(turn.tool_calls),
+                                      tuple(turn.images_added), turn.reward, index,
+                                      decode(output.response_ids[start:end])))
+    return records
 
 
 def write_staged(dump_dir: str | os.PathLike, record: dict, images: list) -> dict:

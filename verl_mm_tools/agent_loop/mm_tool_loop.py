@@ -7,6 +7,8 @@ verl lacks for multimodal tool use:
 - failure isolation: any error ends only its own trajectory, as a valid output with a zeroed response mask;
 - validation of every trajectory (lengths, image placeholders per image vs the processor, no generated vision tokens);
 - tools that reach the model whatever its chat template (``tool_format``);
+- one training sample per trajectory, per turn, or per prefix-stable stretch (``export``), so thinking templates
+  that rewrite history train on what the model saw;
 - the trajectory's state, turns and statistics in one object (``state.TrajectoryState``), carried into the batch as
   fixed-key extra fields.
 """
@@ -33,11 +35,13 @@ from verl.utils.profiler import simple_timer
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import stage_trajectory
+from verl_mm_tools.agent_loop.export import collapse_runs, history_view
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.state import (
     MASKED_LIMIT_KEY,
     STATE_ATTR,
+    SampleCut,
     TURN_CREDIT_KEY,
     StopReason,
     TrajectoryState,
@@ -48,6 +52,7 @@ from verl_mm_tools.agent_loop.step_hook import (
     refuse_unsupported_with_hook,
     require_step_hook,
     step_hook_configured,
+    uses_v1_trainer,
 )
 from verl_mm_tools.agent_loop.tool_format import ToolFormat, resolve_tool_format, template_traits
 from verl_mm_tools.agent_loop.validation import processor_image_tokens, token_id, trajectory_problems, vision_token_ids
@@ -119,12 +124,16 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
         self.turn_credit = _checked_step_hook(self.config, self.mm_config)
-        self.tool_format = self._resolved_tool_format()
+        traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
+        _check_export(self.config, self.mm_config.export, traits)
+        self.tool_format = self._resolved_tool_format(traits)
+        self.placeholder_ids = frozenset(
+            token_id(self.tokenizer, token) for token in ("<|image_pad|>", "<|video_pad|>")
+        ) if self._sees_images else frozenset()
 
-    def _resolved_tool_format(self) -> ToolFormat:
+    def _resolved_tool_format(self, traits) -> ToolFormat:
         if not self.tools:
             return ToolFormat(tool_prompt="off", response_role="tool")
-        traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
         resolved = resolve_tool_format(
             self.mm_config.tool_prompt, self.mm_config.tool_response_role, traits, self.tool_parser_name
         )
@@ -140,26 +149,35 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     # ----- one trajectory -------------------------------------------------------------------------------------
 
-    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
+    async def run(
+        self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
         state = TrajectoryState()
         agent_data = None
         try:
             agent_data = await self._new_agent_data(kwargs, priority, state)
             await self._start_environment(agent_data, kwargs)  # after agent_data exists: close() runs even if reset raises
             await self._run_states(agent_data, sampling_params)
-            output = self._checked_output(agent_data, state)
+            outputs = self._checked_outputs(agent_data, state)
         except (Exception, asyncio.CancelledError) as error:  # isolation: verl gathers without return_exceptions
             if isinstance(error, asyncio.CancelledError) and _being_cancelled():
                 raise  # this trajectory is being cancelled; a stray CancelledError from a callee is masked instead
-            output = self._masked_output(agent_data, state, error, kwargs)
+            outputs = [(self._masked_output(agent_data, state, error, kwargs), None)]
         finally:
             await self._release(state)
-        output.extra_fields.update(state.extra_fields())
-        output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
-        output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
+        for index, (output, spans) in enumerate(outputs):
+            output.extra_fields.update(state.extra_fields(index, len(outputs), spans))
+            output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
+            output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
+            if self.mm_config.dump_dir:
+                output.extra_fields[DUMP_KEY] = None
+        final = outputs[-1][0]
         if self.mm_config.dump_dir:
-            output.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, output, kwargs)
-        return output
+            final.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, [o for o, _ in outputs], kwargs)
+        if self.mm_config.export == "per_trajectory":
+            return final
+        return [output for output, _ in outputs]
 
     async def _release(self, state: TrajectoryState) -> None:
         """Release tool sessions and close the environment, once, however the trajectory ended."""
@@ -262,7 +280,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             mm_inputs_out=mm_inputs,
         )
         agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
-        state.prompt_length = len(agent_data.prompt_ids)
+        state.prompt_ids = list(agent_data.prompt_ids)
         self._require_visible_tools(agent_data)
         return AgentState.GENERATING
 
@@ -286,16 +304,85 @@ class MMToolAgentLoop(ToolAgentLoop):
         if tokens_left <= 0:
             state.stop_reason = StopReason.LENGTH_LIMIT
             return AgentState.TERMINATED
+        if state.turns and await self._history_rewritten(agent_data):
+            await self._start_sample(agent_data)
+            tokens_left = self.response_length - len(agent_data.response_mask)
+            if tokens_left <= 0:  # the rendered history alone fills the response budget
+                state.stop_reason = StopReason.LENGTH_LIMIT
+                return AgentState.TERMINATED
         # Never generate past the response budget: the output is then never cut, so no image is ever cut off.
         limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
         turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
+        messages = len(agent_data.messages)
         next_state = await super()._handle_generating_state(agent_data, {**sampling_params, "max_tokens": limit})
         end = len(agent_data.response_mask)
         turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
+        turn.text = self._generated_text(agent_data.response_ids)
+        turn.message = messages if len(agent_data.messages) > messages else None
         generated = set(agent_data.response_ids) & self.forbidden_generated
         if generated:
             raise TrajectoryValidationError(f"the model generated vision placeholder tokens {sorted(generated)}")
         return self._after_generation(agent_data, next_state)
+
+    def _generated_text(self, token_ids: list[int]) -> str:
+        """What the model wrote, as a chat server keeps it: special tokens and reasoning in, the end token out."""
+        if token_ids and token_ids[-1] == self.tokenizer.eos_token_id:
+            token_ids = token_ids[:-1]
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    # ----- training samples (``export``) ----------------------------------------------------------------------
+
+    async def _history_rewritten(self, agent_data: AgentData) -> bool:
+        """Whether the next turn starts a new training sample (see ``export``)."""
+        export = self.mm_config.export
+        if export != "auto":
+            return export == "per_turn"
+        rendered = await self.loop.run_in_executor(None, self._rendered_text, agent_data)
+        stream = collapse_runs(agent_data.prompt_ids, self.placeholder_ids)
+        return rendered != self.tokenizer.decode(stream, skip_special_tokens=False)
+
+    def _history_messages(self, agent_data: AgentData) -> list[dict]:
+        """The conversation as the chat template renders it at inference: generated turns from their text."""
+        texts = {turn.message: turn.text for turn in state_of(agent_data).turns if turn.message is not None}
+        return self.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
+
+    def _rendered_text(self, agent_data: AgentData) -> str:
+        from verl.utils.tokenizer.chat_template import apply_chat_template
+
+        return apply_chat_template(
+            self.processor or self.tokenizer, self._history_messages(agent_data), tokenize=False,
+            add_generation_prompt=True, tools=self.tool_format.template_tools(agent_data._active_tool_schemas),
+            **self.apply_chat_template_kwargs,
+        )
+
+    async def _start_sample(self, agent_data: AgentData) -> None:
+        """End the current sample after its last generated token and continue from the template's render of the
+        whole conversation. The tokens after the first prompt's length count as the response, so the response budget
+        and verl's own length checks hold for every sample."""
+        state = state_of(agent_data)
+        last = state.turns[-1]
+        end = state.prompt_length + last.response_span[1]
+        state.samples.append(SampleCut(
+            agent_data.prompt_ids[:end], agent_data.response_mask[: last.response_span[1]],
+            list(agent_data.response_logprobs[: last.response_span[1]]), last.images_before,
+        ))
+        mm_inputs = {}
+        schemas = agent_data._active_tool_schemas
+        agent_data.prompt_ids = await self.ct_build_initial_tokens(
+            self._history_messages(agent_data), tools=self.tool_format.template_tools(schemas),
+            images=agent_data.image_data, videos=agent_data.video_data, audios=agent_data.audio_data,
+            mm_inputs_out=mm_inputs,
+        )
+        agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
+        history = len(agent_data.prompt_ids) - state.prompt_length
+        if history < 0:
+            raise TrajectoryValidationError(
+                f"the chat template rendered the conversation in {len(agent_data.prompt_ids)} tokens, fewer than its "
+                f"first prompt ({state.prompt_length}): mm_tool export={self.mm_config.export!r} cannot place it"
+            )
+        agent_data.response_mask = [0] * history
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = [0.0] * history
 
     def _after_generation(self, agent_data: AgentData, next_state: AgentState) -> AgentState:
         state = state_of(agent_data)
@@ -513,20 +600,26 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     # ----- output ---------------------------------------------------------------------------------------------
 
-    def _checked_output(self, agent_data: AgentData, state: TrajectoryState) -> AgentLoopOutput:
+    def _checked_outputs(self, agent_data: AgentData, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
+        """Each training sample as a validated output, with its turns' response spans in it."""
         excess = agent_data.response_mask[self.response_length :]
         if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
             raise TrajectoryValidationError(
                 f"the response holds {len(agent_data.response_mask)} tokens, more than response_length="
                 f"{self.response_length}, and the excess is not only generated text"
             )
-        output = self._output(agent_data)
+        current = SampleCut(agent_data.prompt_ids, agent_data.response_mask, agent_data.response_logprobs,
+                            len(agent_data.image_data))
         image_tokens = self._image_tokens(agent_data.image_data, agent_data.mm_processor_kwargs)
-        problems = self._problems(output, image_tokens)
-        if problems:
-            raise TrajectoryValidationError("; ".join(problems))
+        outputs = []
+        for index, sample in enumerate([*state.samples, current]):
+            output, spans = self._output(agent_data, sample, state.sample_turns(index))
+            problems = self._problems(output, image_tokens[: sample.images])
+            if problems:
+                raise TrajectoryValidationError(f"training sample {index + 1}: " + "; ".join(problems))
+            outputs.append((output, spans))
         state.stats.images, state.stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
-        return output
+        return outputs
 
     def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
         if not self._sees_images:
@@ -544,15 +637,21 @@ class MMToolAgentLoop(ToolAgentLoop):
             forbidden_generated=self.forbidden_generated,
         )
 
-    def _output(self, agent_data: AgentData) -> AgentLoopOutput:
+    def _output(self, agent_data: AgentData, sample: SampleCut, turns: list) -> tuple[AgentLoopOutput, list]:
+        """One training sample: its prompt is everything before its first turn's generation (the first prompt for
+        a one-sample trajectory); returns it with its turns' response spans in it."""
         limit = self.response_length
-        split = len(agent_data.prompt_ids) - len(agent_data.response_mask)
-        return AgentLoopOutput(
-            prompt_ids=agent_data.prompt_ids[:split],
-            response_ids=agent_data.prompt_ids[split:][:limit],
-            response_mask=agent_data.response_mask[:limit],
-            response_logprobs=agent_data.response_logprobs[:limit] if agent_data.response_logprobs else None,
-            multi_modal_data={"images": agent_data.image_data} if agent_data.image_data else {},
+        first = len(sample.token_ids) - len(sample.response_mask)  # where the loop's response part begins
+        split = turns[0].prompt_end if turns else first
+        shift = split - first  # response tokens before the sample's first generation, now prompt
+        logprobs = sample.response_logprobs[shift:limit] if sample.response_logprobs else None
+        images = agent_data.image_data[: sample.images]
+        output = AgentLoopOutput(
+            prompt_ids=sample.token_ids[:split],
+            response_ids=sample.token_ids[first:][:limit][shift:],
+            response_mask=sample.response_mask[:limit][shift:],
+            response_logprobs=logprobs,
+            multi_modal_data={"images": images} if images else {},
             mm_processor_kwargs=agent_data.mm_processor_kwargs,
             num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,
             metrics=agent_data.metrics,
@@ -562,6 +661,7 @@ class MMToolAgentLoop(ToolAgentLoop):
                 "tool_rewards": agent_data.tool_rewards,
             },
         )
+        return output, [[start - shift, end - shift] for start, end in (turn.response_span for turn in turns)]
 
     def _masked_output(self, agent_data, state: TrajectoryState, error: Exception, sample: dict) -> AgentLoopOutput:
         """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
@@ -586,7 +686,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         if agent_data is None or not state.prompt_length:
             return None
         images = agent_data.image_data[: state.prompt_images]
-        output = self._masked(agent_data.prompt_ids[: state.prompt_length], images, agent_data)
+        output = self._masked(state.prompt_ids, images, agent_data)
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
         return None if self._problems(output, image_tokens) else output
 
@@ -628,6 +728,26 @@ def _checked_step_hook(trainer_config, options: MMToolLoopConfig) -> bool:
                            "masked-batch guard. Set %s", " ".join(hook_overrides(trainer_config)))
         _checked_configs[key] = (trainer_config, turn_credit)
     return _checked_configs[key][1]
+
+
+_warned_exports: set[int] = set()  # ids of trainer configs already warned about a prefix-unstable template
+
+
+def _check_export(trainer_config, export: str, traits) -> None:
+    """Several samples per trajectory need verl's v1 trainer; a template that rewrites history deserves per_turn."""
+    if export != "per_trajectory" and not uses_v1_trainer(trainer_config):
+        raise ConfigError(
+            f"mm_tool export={export!r} returns several training samples per trajectory, which only verl's v1 trainer "
+            "takes (trainer.use_v1=true, verl's default); this run uses the classic trainer (trainer.use_v1=false). "
+            "Use the v1 trainer, or export: per_trajectory."
+        )
+    if export == "per_trajectory" and not traits.prefix_stable and id(trainer_config) not in _warned_exports:
+        _warned_exports.add(id(trainer_config))
+        logger.warning(
+            "mm_tool: the chat template drops earlier reasoning from the history once a new user turn arrives (as "
+            "Qwen3-VL Thinking's does), so with export=per_trajectory the model trains on contexts it would not see "
+            "at inference. Set export: per_turn (one sample per turn, each the template's own render) or auto."
+        )
 
 
 def _being_cancelled() -> bool:

@@ -58,7 +58,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step))
-        metrics.update(tool_call_counts(step))
+        metrics.update(tool_call_counts(step.trajectories()))
         if step.rm_scores is not None and any(step.column(TURN_CREDIT_KEY)):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
         return batch, metrics

@@ -29,6 +29,9 @@ ERROR_KEY = PREFIX + "error"
 PER_TOOL_KEY = PREFIX + "per_tool"
 MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"  # the loop's max_masked_fraction, for the step hook's guard
 TURN_CREDIT_KEY = PREFIX + "turn_credit"  # whether the step hook places turn rewards (mm_turn_grpo)
+# [index, count] of the output among its trajectory's training samples (export per_turn / auto); the trajectory's
+# statistics count once, on its final sample (``is_final_sample``)
+SAMPLE_KEY = PREFIX + "sample"
 
 
 class StopReason(str, Enum):
@@ -111,7 +114,10 @@ class Turn:
     ``prompt_ids[:prompt_end]``); ``images_before``: images those tokens hold; ``response_span``: [start, end) of
     the turn's generated tokens in the response; ``tool_calls``: names of the calls it made that were run;
     ``images_added``: ids of the images the tool or environment turn answering it added; ``reward``: tool step
-    rewards plus the environment's reward for this turn.
+    rewards plus the environment's reward for this turn; ``sample``: the training sample holding the turn (its
+    ``prompt_end`` and ``response_span`` are in that sample's tokens; ``export``); ``text``: what the model wrote,
+    special tokens and reasoning included, its end-of-turn token excluded; ``message``: the index of the assistant
+    message the turn added (None when it added none: a turn cut by a limit).
     """
 
     prompt_end: int
@@ -120,6 +126,20 @@ class Turn:
     tool_calls: list[str] = field(default_factory=list)
     images_added: list[int] = field(default_factory=list)
     reward: float = 0.0
+    sample: int = 0
+    text: str = ""
+    message: int | None = None
+
+
+@dataclass
+class SampleCut:
+    """A finished training sample of a multi-sample export: the stream of tokens the loop ran, as it stood when the
+    next sample started, cut after the sample's last generated token."""
+
+    token_ids: list[int]  # prompt and response
+    response_mask: list[int]  # over the tokens after the trajectory's first prompt length (the loop's convention)
+    response_logprobs: list[float]
+    images: int  # how many of the trajectory's images the tokens hold
 
 
 @dataclass
@@ -134,13 +154,21 @@ class TrajectoryState:
     env: Any = None  # the trajectory's Environment, until closed
     env_pending: bool = False  # the environment has yet to react to the last answer
     malformed_calls: int = 0  # tool calls of the last turn that could not be parsed
-    prompt_length: int = 0  # tokens of the rendered first prompt (0 until rendered)
+    prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
+    samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_ids)
 
     def start_turn(self, prompt_end: int, images_before: int) -> Turn:
-        turn = Turn(prompt_end=prompt_end, images_before=images_before)
+        turn = Turn(prompt_end=prompt_end, images_before=images_before, sample=len(self.samples))
         self.turns.append(turn)
         return turn
+
+    def sample_turns(self, sample: int) -> list[Turn]:
+        return [turn for turn in self.turns if turn.sample == sample]
 
     def mask(self, error: str) -> None:
         """The trajectory trains on nothing: its turns are gone from the output."""
@@ -151,16 +179,25 @@ class TrajectoryState:
         """The turns the output holds: none for a masked trajectory, whose output holds none of their tokens."""
         return [] if self.stats.masked else self.turns
 
-    def extra_fields(self) -> dict:
-        """The trajectory's fixed-key ``extra_fields``, the output's turn records included."""
-        turns = self.output_turns
+    def extra_fields(self, sample: int = 0, samples: int = 1, spans: list | None = None) -> dict:
+        """The fixed-key ``extra_fields`` of output ``sample`` of ``samples``: the trajectory's statistics, and the
+        turns that output holds (their rewards, and their response ``spans`` in it)."""
+        turns = [turn for turn in self.output_turns if turn.sample == sample]
+        if spans is None:
+            spans = [list(turn.response_span) for turn in turns]
         return {
             **self.stats.to_extra_fields(),
-            TURNS_KEY: len(turns),
+            TURNS_KEY: len(self.output_turns),
             STOP_REASON_KEY: self.stop_reason.value,
-            TURN_REWARDS_KEY: [turn.reward for turn in self.turns],
-            TURN_SPANS_KEY: [list(turn.response_span) for turn in turns],
+            TURN_REWARDS_KEY: [turn.reward for turn in (turns if samples > 1 else self.turns)],
+            TURN_SPANS_KEY: spans,
+            SAMPLE_KEY: [sample, samples],
         }
+
+
+def is_final_sample(sample) -> bool:
+    """Whether an output's ``SAMPLE_KEY`` value marks its trajectory's final sample (or a one-sample trajectory)."""
+    return sample is None or sample[0] == sample[1] - 1
 
 
 def state_of(agent_data) -> TrajectoryState | None:

@@ -28,9 +28,11 @@ from verl_mm_tools.agent_loop.state import (
     MASKED_KEY,
     MASKED_LIMIT_KEY,
     PREFIX,
+    SAMPLE_KEY,
     TURN_CREDIT_KEY,
     TURN_REWARDS_KEY,
     TURN_SPANS_KEY,
+    is_final_sample,
 )
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
@@ -63,12 +65,34 @@ class StepBatch:
         values = self.columns.get(key)
         return [None] * len(self.rollout_n) if values is None else list(values)
 
+    def trajectories(self) -> StepBatch:
+        """One row per trajectory: each trajectory's final training sample (``export`` per_turn / auto give a
+        trajectory several rows, each carrying the trajectory's statistics)."""
+        rows = [row for row, sample in enumerate(self.column(SAMPLE_KEY)) if is_final_sample(sample)]
+        if len(rows) == len(self.rollout_n):
+            return self
+        index = torch.tensor(rows, dtype=torch.long)
+        return StepBatch(
+            columns={key: [values[row] for row in rows] for key, values in self.columns.items()},
+            response_mask=self.response_mask[index],
+            rm_scores=None if self.rm_scores is None else self.rm_scores[index],
+            rollout_n=[self.rollout_n[row] for row in rows],
+            reward_extra=[self.reward_extra[row] for row in rows] if self.reward_extra else [],
+            step=self.step,
+            validate=self.validate,
+        )
+
 
 def process_step(batch: StepBatch) -> dict[str, float]:
     """Metrics of the batch (``mm_tool/*``); raises MaskedBatchError (see module)."""
-    metrics = aggregate_metrics(batch.columns)
-    check_masked_fraction(batch)
-    metrics.update(finalize_step_dumps(batch))  # before turn rewards join rm_scores: a dump shows the manager's score
+    trajectories = batch.trajectories()
+    metrics = aggregate_metrics(trajectories.columns)
+    samples = [sample for sample in batch.column(SAMPLE_KEY) if sample is not None]
+    if samples:  # mm_tool rows: how many training samples a trajectory became (export)
+        metrics[PREFIX + "samples_per_trajectory"] = len(samples) / sum(map(is_final_sample, samples))
+    check_masked_fraction(trajectories)
+    # before turn rewards join rm_scores: a dump shows the manager's score
+    metrics.update(finalize_step_dumps(trajectories))
     unplaced = _place_turn_rewards(batch)
     if unplaced is not None:
         metrics[PREFIX + "turn_rewards/unplaced"] = float(unplaced)

@@ -46,6 +46,9 @@ class TemplateTraits:
 
     renders_tools: bool  # the tool schemas passed as ``tools`` appear in the rendered prompt
     tool_role_convention: bool  # a tool message renders other than a plain ``tool`` role turn
+    # a conversation renders as an extension of its render before the last user turn, for an assistant turn with
+    # reasoning in it (False: Qwen3-VL Thinking's templates drop earlier reasoning)
+    prefix_stable: bool = True
 
 
 @dataclass(frozen=True)
@@ -186,14 +189,22 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
 
     user = [{"role": "user", "content": _PROBE_TEXT}]
     renders_tools = _PROBE_TOOL in render(user, tools=[_PROBE_SCHEMA])
+    prefix_stable = _prefix_stable(render, user)
     call = {"type": "function", "function": {"name": _PROBE_TOOL, "arguments": {}}}
     history = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
     try:
         as_tool = render([*history, {"role": "tool", "content": _PROBE_TEXT}], generation=False)
     except Exception:  # a template that refuses the tool role has no convention for it
-        return TemplateTraits(renders_tools, tool_role_convention=False)
+        return TemplateTraits(renders_tools, tool_role_convention=False, prefix_stable=prefix_stable)
     as_user = render([*history, {"role": "user", "content": _PROBE_TEXT}], generation=False)
     shared = len(os.path.commonprefix([as_tool, as_user]))
     # a plain-role template renders the tool turn exactly as a user turn with the role's name swapped
     plain = as_tool[shared:] == as_user[shared:].replace("user", "tool")
-    return TemplateTraits(renders_tools, tool_role_convention=not plain)
+    return TemplateTraits(renders_tools, tool_role_convention=not plain, prefix_stable=prefix_stable)
+
+
+def _prefix_stable(render, user: list[dict]) -> bool:
+    """Whether an answer with reasoning renders the same once another user turn follows it."""
+    answered = [*user, {"role": "assistant", "content": f"<think>\n{_PROBE_TEXT}\n</think>\n\n{_PROBE_TEXT}"}]
+    before = render(answered, generation=False)
+    return render([*answered, {"role": "user", "content": _PROBE_TEXT}], generation=False).startswith(before)

@@ -47,6 +47,9 @@ SPECIAL_TOKENS = (
 )
 # Added as NON-special tokens, as in Qwen: decode(skip_special_tokens=True) keeps them, so the hermes parser sees them.
 TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
+# Qwen3's reasoning delimiters, added (non-special, as in Qwen3) only to thinking-template models: the other tiny
+# models keep their vocabulary.
+THINK_TOKENS = ("<think>", "</think>")
 # Qwen's pre-tokenizer split (digits one by one, newlines on their own), so "\n" is exactly one token.
 QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -71,8 +74,10 @@ FAMILIES = {
     "qwen3_vl": FamilySpec("qwen3_vl", 16, "Qwen3VLProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"
-# "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every family.
-TEMPLATES = ("family", "tool_aware")
+# "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every family;
+# "thinking": Qwen3-VL's Thinking variant (qwen3_vl only), which drops earlier reasoning from the history.
+TEMPLATES = ("family", "tool_aware", "thinking")
+THINKING_FAMILIES = ("qwen3_vl",)
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,11 @@ class TinyModelSpec:
                 f"unknown tiny model template {self.template!r}; choose one of {TEMPLATES}."
                 + did_you_mean(self.template, TEMPLATES)
             )
+        if self.template == "thinking" and self.family not in THINKING_FAMILIES:
+            raise ConfigError(
+                f"the thinking template exists for the families {THINKING_FAMILIES} (Qwen3-VL's Thinking models), "
+                f"not {self.family!r}; pass --family qwen3_vl with --thinking"
+            )
 
     @property
     def image_factor(self) -> int:
@@ -122,7 +132,12 @@ class TinyModelSpec:
 
     @property
     def chat_template(self) -> str:
-        name = FAMILIES[self.family].template if self.template == "family" else f"{self.template}.jinja"
+        if self.template == "family":
+            name = FAMILIES[self.family].template
+        elif self.template == "thinking":
+            name = f"{self.family}_thinking.jinja"
+        else:
+            name = f"{self.template}.jinja"
         return (Path(__file__).parent / "templates" / name).read_text()
 
     def cache_name(self) -> str:
@@ -226,7 +241,7 @@ def build_tokenizer(spec: TinyModelSpec):
         show_progress=False,
     )
     core.train_from_iterator(generate_corpus(spec.seed), trainer=trainer)
-    core.add_tokens(list(TOOL_CALL_TOKENS))
+    core.add_tokens(list(TOOL_CALL_TOKENS) + (list(THINK_TOKENS) if spec.template == "thinking" else []))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",
