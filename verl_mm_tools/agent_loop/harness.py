@@ -84,11 +84,32 @@ class ScriptedServer:
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason="completed")
 
 
-def make_worker(config: DictConfig, server) -> Any:
-    """verl's real AgentLoopWorker (the class Ray would wrap), talking to ``server``."""
+def make_worker(config: DictConfig, server, *, per_sample: bool = False) -> Any:
+    """verl's real AgentLoopWorker (the class Ray would wrap), talking to ``server``; with ``per_sample``, one that
+    takes loops returning several training samples per trajectory (``per_sample_worker_class``)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    return AgentLoopWorker(config, server)
+    return (per_sample_worker_class() if per_sample else AgentLoopWorker)(config, server)
+
+
+def per_sample_worker_class() -> type:
+    """verl's classic AgentLoopWorker, taking a loop's list of training samples as verl's v1 worker does (mm_tool
+    ``export`` per_turn / auto): each sample goes through verl's own per-output postprocess (multimodal inputs,
+    position ids) into its own row; a trajectory's rows follow each other, its dataset columns repeated. Rewards
+    are not copied between samples here (the v1 worker does that)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    class PerSampleAgentLoopWorker(AgentLoopWorker):
+        async def _agent_loop_postprocess(self, output, validate, **kwargs):
+            postprocess = super()._agent_loop_postprocess  # zero-argument super() fails inside a comprehension
+            return [await postprocess(item, validate, **kwargs) for item in (output if isinstance(output, list) else [output])]
+
+        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):
+            counts = [len(samples) for samples in inputs]
+            repeated = {key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()}
+            return super()._postprocess([sample for samples in inputs for sample in samples], repeated, **kwargs)
+
+    return PerSampleAgentLoopWorker
 
 
 def image_prompt(text: str, images: Sequence[Image.Image] = ()) -> list[dict]:
@@ -166,17 +187,18 @@ class LocalRollout:
         return compose_trainer_config(self.model_dir, [*overrides, *extra])
 
     def run(self, turns, prompts: Sequence[list[dict]], *, model=None, columns: dict | None = None, tools=None,
-            score: bool = False, **config_kwargs):
+            score: bool = False, per_sample: bool = False, **config_kwargs):
         """Returns (the generated DataProto, the server with its recorded requests, the worker). ``tools`` replaces
         the tools loaded from the YAML (instances, e.g. defined in a test); ``score`` streams every trajectory
-        through verl's real reward worker (the configured reward manager), in-process."""
+        through verl's real reward worker (the configured reward manager), in-process; ``per_sample`` takes loops
+        that return several training samples per trajectory, one row each (``per_sample_worker_class``)."""
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
         # verl's worker writes agent_loop_config_path entries into its process-wide registry: restore it afterwards
         # so one run's loop options never leak into the next.
         saved = dict(_agent_loop_registry)
         try:
-            worker = make_worker(self.config(**config_kwargs), None)
+            worker = make_worker(self.config(**config_kwargs), None, per_sample=per_sample)
             if tools is not None:
                 worker.tools = list(tools)
             if score:

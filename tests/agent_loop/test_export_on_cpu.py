@@ -1,0 +1,190 @@
+"""Training samples of the mm_tool loop (``export``): per-turn samples equal the chat template's own render of the
+conversation, token for token, on every tiny family and on the thinking template; the per-trajectory stream differs
+from that render once a thinking template drops earlier reasoning (verl #6854); ``auto`` starts a new sample exactly
+there; each per-turn sample's rollout log-probs are reproduced by a float32 forward with verl's position ids."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from PIL import Image
+
+from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, scripted_logprob, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
+from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+
+V1 = ("trainer.use_v1=true",)
+QUESTION = "How far is this image rotated?"
+CALLS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1)]
+ANSWER = "<answer>90</answer><|im_end|>"
+REASONING = "Rotate it.\n</think>\n\n"  # a thinking model writes its reasoning after the prompt's opening <think>
+MODELS = [("qwen2_vl", "family"), ("qwen2_5_vl", "family"), ("qwen3_vl", "family"), ("qwen3_vl", "thinking")]
+
+
+def marked_image(size=(84, 56)) -> Image.Image:
+    image = Image.new("RGB", size, (128, 128, 128))
+    image.paste((255, 0, 0), (0, 0, 28, 28))
+    return image
+
+
+def rollout_for(family: str, template: str, tmp_path) -> LocalRollout:
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(ROTATE_TOOLS_YAML)
+    return LocalRollout(tiny_model_path(family=family, template=template), tools_yaml, tmp_path)
+
+
+def reference_template(family: str, template: str) -> str:
+    """A template that renders tools itself in the format mm_tool must produce: the model's own for Qwen3-VL; Qwen's
+    tool-aware one for Qwen2/2.5-VL, whose templates ignore tools (mm_tool adds the tool block and user turns)."""
+    return TinyModelSpec(family=family, template="tool_aware" if family != "qwen3_vl" else template).chat_template
+
+
+def render(worker, template: str, messages: list[dict], images: list) -> list[int]:
+    """The chat template's render of a conversation at inference: one processor call, placeholders expanded."""
+    schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]
+    text = worker.processor.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True,
+                                                chat_template=template)
+    return worker.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+
+
+def rows(output) -> list[dict]:
+    return [unpadded_row(output, index) for index in range(len(output))]
+
+
+@pytest.mark.parametrize(("family", "template"), MODELS, ids=[f"{f}-{t}" for f, t in MODELS])
+def test_per_turn_samples_are_the_templates_own_render(family, template, tmp_path):
+    reasoning = REASONING if template == "thinking" else ""
+    turns = [reasoning + text for text in [*CALLS, ANSWER]]
+    output, server, worker = rollout_for(family, template, tmp_path).run(
+        turns, [image_prompt(QUESTION, [marked_image()])], per_sample=True,
+        loop_options={"export": "per_turn"}, extra=V1,
+    )
+    tokenizer, samples = worker.tokenizer, rows(output)
+    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+
+    prompt_image = server.requests[0]["images"][0]
+    rotated = prompt_image.rotate(90, expand=True)
+    width, height = rotated.size
+    conversation, images = image_prompt(QUESTION, [prompt_image]), [prompt_image]
+    for k, (sample, turn) in enumerate(zip(samples, turns)):
+        # the prompt: the reference template's render of the conversation so far, earlier turns from their text
+        expected = render(worker, reference_template(family, template), conversation, images)
+        assert sample["prompt_ids"] == expected, k
+        assert server.requests[k]["prompt_ids"] == expected  # what the model saw is what it trains on
+        # the response: exactly the tokens generated in the turn, all trained, with their rollout log-probs
+        generated = tokenizer.encode(turn, add_special_tokens=False)
+        assert sample["response_ids"] == generated
+        assert sample["response_mask"] == [1] * len(generated)
+        assert sample["logprobs"] == pytest.approx([scripted_logprob(i) for i in range(len(generated))], abs=1e-7)
+        assert len(output.non_tensor_batch["multi_modal_inputs"][k]["image_grid_thw"]) == k + 1
+        assert output.non_tensor_batch[TURN_SPANS_KEY][k] == [[0, len(generated)]]
+        conversation = [*conversation, {"role": "assistant", "content": turn.removesuffix("<|im_end|>")}]
+        if k < 2:
+            text = f"Image {k + 2}: Image 1 rotated by 90 degrees counter-clockwise, {width}x{height} px."
+            conversation.append({"role": "tool", "content": [{"type": "image", "image": rotated},
+                                                               {"type": "text", "text": text}]})
+            images = [*images, rotated]
+    # the trajectory's statistics, on every sample (verl needs the same keys on each)
+    assert list(output.non_tensor_batch["tool_call_counts"]) == [2, 2, 2]
+    assert list(output.non_tensor_batch["mm_tool/turns"]) == [3, 3, 3]
+
+
+@pytest.mark.parametrize(("family", "template"), MODELS, ids=[f"{f}-{t}" for f, t in MODELS])
+def test_auto_keeps_one_sample_on_a_tool_loop_and_it_equals_per_trajectory(family, template, tmp_path):
+    """Tool results are no new user query: even the thinking template keeps the reasoning, history stays a prefix."""
+    reasoning = REASONING if template == "thinking" else ""
+    turns = [reasoning + text for text in [*CALLS, ANSWER]]
+    rollout, prompts = rollout_for(family, template, tmp_path), [image_prompt(QUESTION, [marked_image()])]
+    auto, _, _ = rollout.run(turns, prompts, per_sample=True, loop_options={"export": "auto"}, extra=V1)
+    whole, _, _ = rollout.run(turns, prompts, extra=V1)
+    assert list(auto.non_tensor_batch[SAMPLE_KEY]) == [[0, 1]]
+    assert rows(auto) == rows(whole)
+
+
+def feedback_rollout(tmp_path, export: str):
+    """An environment's user turn after a wrong answer, on the thinking template: the template then drops the first
+    answer's reasoning from the history."""
+    rollout = rollout_for("qwen3_vl", "thinking", tmp_path)
+    columns = {"data_source": ["verl_mm_tools/rotation"], "reward_model": [{"style": "rule", "ground_truth": "90"}],
+               "extra_info": [{"index": 0, "env": {"name": "answer_feedback", "reward_fn": "rotation_reward_45",
+                                                   "max_attempts": 3}}]}
+    turns = ["It looks like 45.\n</think>\n\n<answer>45</answer><|im_end|>",
+             "No, 90.\n</think>\n\n<answer>90</answer><|im_end|>"]
+    options = {} if export == "per_trajectory" else {"loop_options": {"export": export}}
+    output, server, worker = rollout.run(turns, [image_prompt(QUESTION, [marked_image()])], columns=columns,
+                                         per_sample=export != "per_trajectory", extra=V1, **options)
+    image = server.requests[0]["images"][0]
+    conversation = [*image_prompt(QUESTION, [image]), {"role": "assistant", "content": turns[0].removesuffix("<|im_end|>")},
+                    {"role": "user", "content": "Your answer is not correct. Please try again; 2 attempt(s) left."}]
+    return output, server, worker, render(worker, worker.processor.chat_template, conversation, [image])
+
+
+def test_per_trajectory_trains_on_reasoning_the_thinking_template_drops(tmp_path):
+    output, server, worker, template_render = feedback_rollout(tmp_path, "per_trajectory")
+    seen = server.requests[1]["prompt_ids"]
+    assert seen != template_render  # verl #6854: the stream keeps the first answer's reasoning
+    assert "It looks like 45." in worker.tokenizer.decode(seen)
+    assert "It looks like 45." not in worker.tokenizer.decode(template_render)
+    assert len(output) == 1
+
+
+@pytest.mark.parametrize("export", ["per_turn", "auto"])
+def test_per_turn_and_auto_start_a_sample_where_the_template_drops_reasoning(tmp_path, export):
+    output, server, worker, template_render = feedback_rollout(tmp_path, export)
+    assert server.requests[1]["prompt_ids"] == template_render
+    samples = rows(output)
+    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 2], [1, 2]]
+    assert samples[1]["prompt_ids"] == template_render
+    assert worker.tokenizer.decode(samples[1]["response_ids"]) == "No, 90.\n</think>\n\n<answer>90</answer><|im_end|>"
+    assert samples[0]["prompt_ids"] == server.requests[0]["prompt_ids"]
+    assert list(output.non_tensor_batch["attempts"]) == [2, 2]
+
+
+def forward_logprobs(model: HFVisionLM, output, row: int) -> torch.Tensor:
+    """The response tokens' log-probs of one float32 forward over sample ``row``, with verl's (4, L) position ids and
+    multimodal inputs: what the trainer computes."""
+    attention = output.batch["attention_mask"][row].bool()
+    input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
+    inputs = output.non_tensor_batch["multi_modal_inputs"][row]
+    with torch.no_grad():
+        logits = model.model(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+            position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
+            pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+        ).logits[0].float()
+    prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
+    logprobs = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1)
+    return logprobs.gather(-1, input_ids[0, prompt_length:].unsqueeze(-1)).squeeze(-1)
+
+
+def test_each_per_turn_samples_rollout_logprobs_equal_a_full_forward(tiny_model_dir, tmp_path):
+    model = HFVisionLM(str(tiny_model_dir))
+    output, _, _ = rollout_for("qwen2_5_vl", "family", tmp_path).run(
+        [*CALLS, None], [image_prompt(QUESTION, [marked_image()])], model=model, per_sample=True,
+        loop_options={"export": "per_turn"}, extra=V1, response_length=256,
+    )
+    assert len(output) == 3
+    for row, sample in enumerate(rows(output)):
+        recomputed = forward_logprobs(model, output, row)
+        rollout = torch.tensor(sample["logprobs"])
+        assert torch.allclose(recomputed, rollout, atol=1e-5), (row, (recomputed - rollout).abs().max())
+
+
+def test_per_turn_needs_the_v1_trainer(tiny_model_dir, tmp_path):
+    rollout = rollout_for("qwen2_5_vl", "family", tmp_path)
+    # verl builds loops through hydra, which wraps the ConfigError and keeps its message
+    with pytest.raises(Exception, match=r"ConfigError.*export='per_turn'.*trainer.use_v1=false"):
+        rollout.run([ANSWER], [image_prompt(QUESTION, [marked_image()])], loop_options={"export": "per_turn"},
+                    extra=("trainer.use_v1=false",))
+
+
+def test_a_prefix_unstable_template_with_per_trajectory_warns_once_naming_per_turn(tmp_path, caplog):
+    rollout = rollout_for("qwen3_vl", "thinking", tmp_path)
+    with caplog.at_level(logging.WARNING, logger="verl_mm_tools.agent_loop.mm_tool_loop"):
+        rollout.run([ANSWER, ANSWER], [image_prompt(QUESTION, [marked_image()])] * 2, extra=V1)
+    warnings = [record.message for record in caplog.records if "drops earlier reasoning" in record.message]
+    assert len(warnings) == 1 and "export: per_turn" in warnings[0]
