@@ -28,7 +28,9 @@ def test_bench_quick_prints_every_figure_then_the_summary(capsys):
     assert all(matches), [line for line, match in zip(lines, matches) if not match]
     names = [match.group(1) for match in matches]
     for expected in ("ops/rotate90_over_transpose", "loop/448px/16turns/ratio",
-                     "loop/56px/mm_tool_turns14-16_over_turns3-5", "memory/held_over_raw_image_bytes"):
+                     "loop/56px/mm_tool_turns14-16_over_turns3-5", "memory/held_over_raw_image_bytes",
+                     "export/8turns/per_turn/tokens_per_trajectory",
+                     "export/8turns/per_turn_over_per_trajectory_loop_cpu"):
         assert expected in names
     for match in matches:  # a spread is min <= median <= max
         if match.group(2) is not None:
@@ -119,15 +121,18 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
         "tool_agent": [*warmup, step(3, 4.0), step(4, 5.0), step(5, 4.5)],
         "mm_tool": [*warmup, step(3, 4.4), step(4, 4.6), {"step": 5, "val-core/x": 1.0}],
         "mm_tool_classic": [*warmup, step(3, 4.0, 2.0, 1.2), step(4, 4.2, 2.2, 1.8), step(5, 4.4, 2.0, 1.1)],
+        "mm_tool_per_turn": [*warmup, step(3, 5.0), step(4, 5.4), step(5, 5.8)],
     }
     lines = [figure.line() for figure in bench.step_figures(metrics)]
     assert lines == [
         "step/tool_agent_s: median 4.5 (min 4, max 5, n=3)",
         "step/mm_tool_s: median 4.5 (min 4.4, max 4.6, n=2)",
         "step/mm_tool_classic_s: median 4.2 (min 4, max 4.4, n=3)",
+        "step/mm_tool_per_turn_s: median 5.4 (min 5, max 5.8, n=3)",
         # shares 0.8/4, 0.4/4.2, 0.9/4.4
         "step/mm_tool_classic/rollout_outside_generation_share: median 0.2 (min 0.09524, max 0.2045, n=3), "
         "target <= 0.1: MISSED",
         "step/ratio: 1, target <= 1.05: met",
         "step/v1_vs_classic: 1.071, target <= 1.10: met",  # 4.5 / 4.2
+        "step/per_turn_vs_per_trajectory: 1.2",  # 5.4 / 4.5
     ]

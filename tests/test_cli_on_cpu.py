@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from verl_mm_tools.cli import DEMO_TASKS, DEMO_TRAINERS, build_parser, main
+from verl_mm_tools.agent_loop.export import EXPORTS
+from verl_mm_tools.cli import DEMO_EXPORTS, DEMO_TASKS, DEMO_TRAINERS, build_parser, main
 
 HEAVY_PACKAGES = ("verl", "torch", "transformers", "ray", "numpy", "PIL", "pandas")
 
@@ -126,3 +127,4 @@ def test_the_demo_choices_are_the_demo_s_own():
 
     assert DEMO_TASKS == tuple(sorted(demo.TASKS))
     assert DEMO_TRAINERS == demo.TRAINERS
+    assert DEMO_EXPORTS == EXPORTS

@@ -18,9 +18,15 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    Pillow stores an RGB pixel in 4).
 5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off): trainer
    runs with verl's ``tool_agent`` and with ``mm_tool`` on verl's default v1 trainer (sync), then ``mm_tool`` on the
-   classic trainer: step time after warm-up, the ratios of the medians mm_tool / tool_agent and v1 / classic, and
-   (classic only: the v1 trainer does not log the slowest trajectory) the share of the step the rollout phase spends
-   outside the slowest trajectory's generation.
+   classic trainer, then ``mm_tool`` with ``export: per_turn`` (v1): step time after warm-up, the ratios of the
+   medians mm_tool / tool_agent, v1 / classic and per_turn / per_trajectory, and (classic only: the v1 trainer does
+   not log the slowest trajectory) the share of the step the rollout phase spends outside the slowest trajectory's
+   generation.
+6. What ``export: per_turn`` costs against ``per_trajectory`` on 4- and 8-turn trajectories (448 px images): the
+   tokens the trainer processes per trajectory (every sample's prompt and response; counted) and the trained ones
+   (equal: the same generated tokens), and the ratio of the loop's CPU time per trajectory over interleaved pairs.
+   A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders it (the processor runs on
+   every image again) before every turn.
 """
 
 from __future__ import annotations
@@ -115,8 +121,9 @@ class TimedServer(ScriptedServer):
         return await super().generate(request_id, **kwargs)
 
 
-def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int):
-    """A function making a fresh loop of a given name, on a config sized for ``turns`` images of ``side`` px."""
+def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: str = "per_trajectory"):
+    """A function making a fresh loop of a given name, on a config sized for ``turns`` images of ``side`` px, mm_tool
+    with the given ``export``."""
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
@@ -128,13 +135,15 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int):
     config = LocalRollout(model_dir, tools_yaml, workdir).config(
         prompt_length=(side // 28) ** 2 + 512, response_length=response_length, max_turns=turns + 1,
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
+        loop_options=None if export == "per_trajectory" else {"export": export},
     )
     with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class ..." on stdout
         worker = make_worker(config, None)
+    entries = {name: _agent_loop_registry[name] for name in LOOPS}  # this config's, whatever a later one registers
 
     def make(name: str, server):
         return hydra.utils.instantiate(
-            config=_agent_loop_registry[name], trainer_config=DictConfigWrap(config), server_manager=server,
+            config=entries[name], trainer_config=DictConfigWrap(config), server_manager=server,
             tokenizer=worker.tokenizer, processor=worker.processor, hf_model_type=worker.hf_model_type,
             dataset_cls=worker.dataset_cls, data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools),
         )
@@ -154,6 +163,7 @@ def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
     agent = make(name, server)  # timed too: verl builds a loop for every trajectory
     output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
     elapsed = time.process_time() - started
+    output = output[-1] if isinstance(output, list) else output  # export per_turn: the final sample holds every image
     if len(output.multi_modal_data.get("images", [])) != turns:
         raise RuntimeError(f"{name} made {len(output.multi_modal_data.get('images', []))} images, expected {turns}")
     gaps = [b - a for a, b in zip(server.arrivals, server.arrivals[1:])]
@@ -334,9 +344,38 @@ def _held_objects(item: object) -> list:
 STEP_WARMUP = 2  # the first steps pay one-time costs (compilation of kernels, caches, Ray actor start-up)
 
 
-# Figure 5's trainer runs: name -> (agent loop, trainer)
-STEP_RUNS = {"tool_agent": ("tool_agent", "sync"), "mm_tool": ("mm_tool", "sync"),
-             "mm_tool_classic": ("mm_tool", "classic")}
+def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figure]:
+    """Figure 6: per_turn against per_trajectory, interleaved pairs of mm_tool trajectories."""
+    from verl.utils.ray_utils import get_event_loop
+
+    figures, loop = [], get_event_loop()
+    with tempfile.TemporaryDirectory() as workdir, _one_torch_thread():
+        factories = {export: _loop_factory(model_dir, Path(workdir) / export, side, 8, export)
+                     for export in ("per_trajectory", "per_turn")}
+        for turns in (4, 8):
+            seconds, samples = {export: [] for export in factories}, {}
+            for repeat in range(repeats + 1):  # the first pair warms up (first-call costs are not per-trajectory)
+                for export, (make, tokenizer) in factories.items():
+                    agent = make("mm_tool", TimedServer(tokenizer, _script(turns)))
+                    prompt = image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
+                    started = time.process_time()
+                    output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
+                    if repeat:
+                        seconds[export].append(time.process_time() - started)
+                    samples[export] = output if isinstance(output, list) else [output]
+            for export, outputs in samples.items():
+                processed = sum(len(output.prompt_ids) + len(output.response_ids) for output in outputs)
+                figures.append(figure(f"export/{turns}turns/{export}/tokens_per_trajectory", [processed]))
+                figures.append(figure(f"export/{turns}turns/{export}/trained_tokens_per_trajectory",
+                                      [sum(sum(output.response_mask) for output in outputs)]))
+            ratios = [a / b for a, b in zip(seconds["per_turn"], seconds["per_trajectory"])]
+            figures.append(figure(f"export/{turns}turns/per_turn_over_per_trajectory_loop_cpu", ratios))
+    return figures
+
+
+# Figure 5's trainer runs: name -> (agent loop, trainer, export)
+STEP_RUNS = {"tool_agent": ("tool_agent", "sync", "per_trajectory"), "mm_tool": ("mm_tool", "sync", "per_trajectory"),
+             "mm_tool_classic": ("mm_tool", "classic", "per_trajectory"), "mm_tool_per_turn": ("mm_tool", "sync", "per_turn")}
 
 
 def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figure]:
@@ -344,9 +383,9 @@ def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figu
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo_result
 
     metrics = {}
-    for name, (loop, trainer) in STEP_RUNS.items():
+    for name, (loop, trainer, export) in STEP_RUNS.items():
         options = DemoOptions(out=out_dir / name, task="rotation", steps=steps, prompts_per_step=8,
-                              rollouts_per_prompt=4, dumps=False, trainer=trainer,
+                              rollouts_per_prompt=4, dumps=False, trainer=trainer, export=export,
                               overrides=(f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}",
                                          "trainer.rollout_data_dir=null", "trainer.save_freq=-1"))
         result, _ = run_demo_result(options, say)
@@ -375,6 +414,7 @@ def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
     # ratios of the runs' medians: steps of different runs are not pairs
     figures.append(figure("step/ratio", [medians["mm_tool"] / medians["tool_agent"]], "<= 1.05"))
     figures.append(figure("step/v1_vs_classic", [medians["mm_tool"] / medians["mm_tool_classic"]], "<= 1.10"))
+    figures.append(figure("step/per_turn_vs_per_trajectory", [medians["mm_tool_per_turn"] / medians["mm_tool"]]))
     return figures
 
 
@@ -397,6 +437,7 @@ def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, say=l
         figures = image_ops(repeats=11 if quick else 31)
         figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
     figures += trajectory_memory(model_dir)
+    figures += export_cost(model_dir, repeats=6 if quick else 12)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, say=say)
     return figures

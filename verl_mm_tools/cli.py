@@ -32,6 +32,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 # checks they equal verl_mm_tools.cpu.demo's TASKS and TRAINERS.
 DEMO_TASKS = ("learn", "learn_tool", "rotation")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+DEMO_EXPORTS = ("per_trajectory", "per_turn", "auto")  # verl_mm_tools.agent_loop.export.EXPORTS
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
                           warm_start=not args.no_warm_start, overrides=tuple(args.overrides), tools=args.tools,
-                          env=args.env)
+                          env=args.env, export=args.export)
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -116,6 +117,9 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--env", default=None,
                       help="the environment of every trajectory: a registered name (answer_feedback, rotation) or a "
                       "class path (my_module.MyEnv)")
+    demo.add_argument("--export", choices=DEMO_EXPORTS, default="per_trajectory",
+                      help="training samples per trajectory (mm_tool's export option): one (default), one per turn, or "
+                      "auto; per_turn and auto need the v1 trainer")
     demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")
     demo.set_defaults(run=_demo)
 
@@ -140,7 +144,7 @@ def _add_bench_command(commands) -> None:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a check is missed (for CI)")
     bench.add_argument("--step", action="store_true",
                        help="also verl's CPU training step: tool_agent and mm_tool on verl's v1 trainer, mm_tool on the "
-                       "classic trainer (three trainer runs, ~5 min)")
+                       "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)")
     bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
 

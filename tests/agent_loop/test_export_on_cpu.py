@@ -5,6 +5,7 @@ there; each per-turn sample's rollout log-probs are reproduced by a float32 forw
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -13,11 +14,12 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, scripted_logprob, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
+from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
-V1 = ("trainer.use_v1=true",)
+V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)  # the v1 trainer, with the manager several samples need
 QUESTION = "How far is this image rotated?"
 CALLS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1)]
 ANSWER = "<answer>90</answer><|im_end|>"
@@ -188,3 +190,39 @@ def test_a_prefix_unstable_template_with_per_trajectory_warns_once_naming_per_tu
         rollout.run([ANSWER, ANSWER], [image_prompt(QUESTION, [marked_image()])] * 2, extra=V1)
     warnings = [record.message for record in caplog.records if "drops earlier reasoning" in record.message]
     assert len(warnings) == 1 and "export: per_turn" in warnings[0]
+
+
+def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
+    from verl_mm_tools.agent_loop.manager import step_batch
+    from verl_mm_tools.agent_loop.step import process_step
+    from verl_mm_tools.agent_loop.step_hook import hook_overrides
+
+    turns = [*CALLS, ANSWER]
+    output, _, worker = rollout_for("qwen2_5_vl", "family", tmp_path).run(
+        turns, [image_prompt(QUESTION, [marked_image()])], per_sample=True,
+        loop_options={"export": "per_turn", "dump_dir": str(tmp_path / "dump")}, extra=(*V1, *hook_overrides(v1=True)),
+    )
+    metrics = process_step(step_batch(output, {"global_steps": 2}))
+    assert metrics["mm_tool/dump/written"] == 1.0  # one trajectory, three samples
+    assert metrics["mm_tool/samples_per_trajectory"] == 3.0
+    assert metrics["mm_tool/turns/mean"] == 3.0 and metrics["mm_tool/tool_calls/mean"] == 2.0
+    (path,) = (tmp_path / "dump").glob("step_000002/*/trajectory.json")
+    record = json.loads(path.read_text())
+    samples = rows(output)
+    assert record["samples"] == [
+        {"sample": k, "turns": [k + 1], "prompt_tokens": len(sample["prompt_ids"]),
+         "response_tokens": len(sample["response_ids"]), "trained_tokens": len(sample["response_ids"]), "images": k + 1}
+        for k, sample in enumerate(samples)
+    ]
+    assert [(turn["sample"], turn["prompt_tokens"], turn["context_tokens_after"]) for turn in record["turns"]] == [
+        (k, len(sample["prompt_ids"]), 0) for k, sample in enumerate(samples)]
+    texts = [message["text"] for message in record["messages"] if message["role"] == "assistant"]
+    assert texts == [worker.tokenizer.decode(sample["response_ids"], skip_special_tokens=True) for sample in samples]
+    assert record["mask"]["trained_tokens"] == sum(len(sample["response_ids"]) for sample in samples)
+
+
+def test_per_turn_needs_the_manager_that_scores_several_samples(tmp_path):
+    rollout = rollout_for("qwen2_5_vl", "family", tmp_path)
+    with pytest.raises(Exception, match=r"ConfigError.*crashes scoring several samples.*MMToolAgentLoopManagerTQ"):
+        rollout.run([ANSWER], [image_prompt(QUESTION, [marked_image()])], loop_options={"export": "auto"},
+                    extra=("trainer.use_v1=true",))

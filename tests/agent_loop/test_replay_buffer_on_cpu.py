@@ -49,12 +49,13 @@ def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict
             "reward_extra_info": {"score": 1.0}, "min_global_steps": 3, "max_global_steps": 3}
 
 
-def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3) -> None:
-    """A finished prompt group as verl's AgentLoopWorkerTQ leaves it: one key per session, then the prompt tag."""
+def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3, keys=None) -> None:
+    """A finished prompt group as verl's AgentLoopWorkerTQ leaves it: one key per session (or the given
+    ``{uid}_{session}_{sample}`` keys), then the prompt tag."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    keys = [f"{uid}_{session}_0" for session in range(len(rows))]
-    fields = [{"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra}
+    keys = keys or [f"{uid}_{session}_0" for session in range(len(rows))]
+    fields = [{"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra, "uid": uid}
               for mask, scores, extra in rows]
     tags = [{"status": "success", "global_steps": step, "min_global_steps": step, "max_global_steps": step}] * len(rows)
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -123,3 +124,33 @@ def test_a_batch_without_rewards_yet_reads_as_no_scores(transfer_queue):
     assert step.response_mask.tolist() == [[1, 1, 0]]
     assert step.column("tool_call_counts") == [1]
     transfer_queue.kv_clear(keys=["group3_0_0"], partition_id="train")
+
+
+def test_a_trajectory_exported_as_samples_counts_once_and_its_turn_credit_is_chained(transfer_queue):
+    """Session 0 exported as two samples (verl copied its final reward 1.0 to the first), session 1 as one."""
+    tq = transfer_queue
+
+    def sample(index, count, turns, calls=2):
+        fields = trajectory(calls, turn_credit=True, turns=[((0, 1), 0.0)] * count)
+        spans, rewards = zip(*turns)
+        return {**fields, "mm_tool/sample": [index, count], "mm_tool/turn_spans": [list(span) for span in spans],
+                "mm_tool/turn_rewards": list(rewards), "mm_tool/turn_gamma": 0.5}
+
+    put_group(tq, "group3", [
+        ([1, 1, 1], [0, 0, 1.0], sample(0, 2, [((0, 3), 0.5)])),
+        ([1, 1], [0, 1.0], sample(1, 2, [((0, 2), 0.25)])),
+        ([1, 1, 1, 1], [0, 0, 0, 0.0], sample(0, 1, [((0, 4), 0.0)], calls=0)),
+    ], keys=["group3_0_0", "group3_0_1", "group3_1_0"])
+    batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
+    assert sorted(batch.keys) == ["group3_0_0", "group3_0_1", "group3_1_0"]
+    assert metrics["mm_tool/samples_per_trajectory"] == 1.5
+    assert metrics["tool_call_counts/mean"] == 1.0  # per trajectory: (2 + 0) / 2, not per sample
+    assert metrics["mm_tool/tool/rotate/calls_per_trajectory"] == 1.0
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["rm_scores", "uid"])
+    by_key = dict(zip(batch.keys, (row.tolist() for row in data["rm_scores"].unbind()), strict=True))
+    # the final sample: final reward + its turn reward; G = 1.25. The first: the copy of the final reward removed,
+    # its turn reward 0.5 plus 0.5 x 1.25 on its last token.
+    assert by_key == {"group3_0_0": [0, 0, 1.125], "group3_0_1": [0, 1.25], "group3_1_0": [0, 0, 0, 0]}
+    uids = dict(zip(batch.keys, data["uid"], strict=True))
+    assert uids == {"group3_0_0": "group3", "group3_0_1": "group3#mm_turn_sample", "group3_1_0": "group3"}
+    tq.kv_clear(keys=batch.keys, partition_id="train")

@@ -161,3 +161,32 @@ def test_turn_level_credit_runs_on_the_v1_trainer(tmp_path):
         assert data["mm_tool/turn_rewards/unplaced"] == 0
         assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"]
         assert data["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["grpo", "mm_turn_grpo"])
+def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
+    """export=per_turn: every trajectory becomes one sample per assistant turn, verl's v1 trainer trains on them
+    (GRPO through verl's broadcast of the final sample's advantage; mm_turn_grpo through the chained returns), and
+    the trainer's log-probs of each sample equal the rollout's."""
+    lines: list[str] = []
+    options = DemoOptions(out=tmp_path, task="rotation", steps=3, prompts_per_step=PROMPTS,
+                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, export="per_turn",
+                          overrides=(f"algorithm.adv_estimator={estimator}",))
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 3
+    for data in metrics:
+        assert data["mm_tool/samples_per_trajectory"] == pytest.approx(data["mm_tool/turns/mean"])
+        assert data["mm_tool/samples_per_trajectory"] > 1  # the warm-started model calls the tool
+        assert data["mm_tool/masked/count"] == 0
+        assert data["actor/grad_norm"] > 0
+        if estimator == "mm_turn_grpo":
+            assert data["mm_tool/turn_rewards/unplaced"] == 0
+    assert metrics[0]["training/rollout_probs_diff_valid"] == 1
+    assert metrics[0]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND  # step 1: same weights
+    records = list((tmp_path / "trajectories").glob("step_*/*/trajectory.json"))
+    assert records
+    record = json.loads(records[0].read_text())
+    assert len(record["samples"]) == len(record["turns"])
+    assert [sample["turns"] for sample in record["samples"]] == [[n] for n in range(1, len(record["turns"]) + 1)]

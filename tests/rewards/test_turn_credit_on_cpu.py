@@ -10,7 +10,13 @@ from verl import DataProto
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.core_algos import AdvantageEstimator, get_adv_estimator_fn
 
-from verl_mm_tools.rewards.turn_credit import compute_turn_grpo_advantage, place_turn_rewards, turn_spans
+from verl_mm_tools.rewards.turn_credit import (
+    CONTINUATION_MARK,
+    chain_sample_returns,
+    compute_turn_grpo_advantage,
+    place_turn_rewards,
+    turn_spans,
+)
 
 # Two trajectories of one prompt (uid "a"), response length 10:
 #   A: turn 1 = tokens 0-1, context 2-3, turn 2 = tokens 4-5, padding; turn rewards 1.0 (on token 1) and 0.0
@@ -83,3 +89,37 @@ def test_place_turn_rewards_on_each_turns_last_token():
     assert skipped == 1  # B has one turn but two rewards; the masked third row is left alone, not counted
     assert rm_scores[0].tolist() == [0, 0.25, 0, 0, 0, pytest.approx(1.9), 0, 0, 0, 0]
     assert rm_scores[1:].abs().sum() == 0
+
+
+def test_a_trajectory_exported_as_samples_gets_its_per_trajectory_advantages_through_verls_v1_path():
+    """Trajectory A of the tests above, exported per turn: sample A1 = turn 1, A2 = turn 2 (two tokens each, their
+    context gone); B one sample. Chained as the step hook chains them, marked as the hook marks them, verl's v1
+    advantage code must give every turn the advantage it has in the one-sample trajectory."""
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    import verl_mm_tools.plugin  # noqa: F401  (registers mm_turn_grpo)
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    rewards = torch.zeros(3, 3)
+    assert place_turn_rewards(rewards, [[(0, 2)], [(0, 2)], [(0, 3)]], [[1.0], [0.0], [0.0]]) == 0
+    chain_sample_returns(rewards, [0, 1], [[(0, 2)], [(0, 2)]], gamma=0.5)
+    assert rewards[0].tolist() == [0, 1.0, 0]  # G_A1 = 1 + 0.5 * G_A2, and G_A2 = 0
+    data = DataProto(
+        batch=TensorDict({"token_level_rewards": rewards, "response_mask": mask}, batch_size=3),
+        non_tensor_batch={"uid": np.array(["a", "a" + CONTINUATION_MARK, "a"], dtype=object)},
+    )
+    out = compute_advantage_for_multi_trajectories(
+        data, batch_keys=["a_0_0", "a_0_1", "a_1_0"], adv_estimator="mm_turn_grpo", gamma=0.5,
+        config=AlgoConfig(adv_estimator="mm_turn_grpo", gamma=0.5),
+    )
+    s = 0.5**0.5 + 1e-6  # b = 0.5 and s = std([1, 0]) over the trajectories' whole returns, as for A and B above
+    expected = torch.tensor([[0.5 / s, 0.5 / s, 0], [-0.5 / s, -0.5 / s, 0], [-0.5 / s] * 3])
+    assert torch.allclose(out.batch["advantages"], expected, atol=1e-6)
+
+
+def test_chaining_carries_a_later_samples_return_back_discounted():
+    rewards = torch.zeros(3, 4)
+    rewards[2, 3] = 2.0  # the final reward, on the final sample
+    chain_sample_returns(rewards, [0, 1, 2], [[(0, 1), (2, 3)], [(0, 2)], [(0, 4)]], gamma=0.5)
+    # sample 3's return 2.0 -> sample 2's last turn gets 0.5 * 2 = 1.0 -> its return 1.0 -> sample 1's last turn 0.5
+    assert rewards.tolist() == [[0, 0, 0.5, 0], [0, 1.0, 0, 0], [0, 0, 0, 2.0]]

@@ -43,12 +43,15 @@ from verl_mm_tools.agent_loop.state import (
     STATE_ATTR,
     SampleCut,
     TURN_CREDIT_KEY,
+    TURN_GAMMA_KEY,
     StopReason,
     TrajectoryState,
     state_of,
 )
 from verl_mm_tools.agent_loop.step_hook import (
+    MANAGER_TQ_OVERRIDE,
     hook_overrides,
+    multi_sample_manager_configured,
     refuse_unsupported_with_hook,
     require_step_hook,
     step_hook_configured,
@@ -124,6 +127,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
         self.turn_credit = _checked_step_hook(self.config, self.mm_config)
+        self.turn_gamma = float(OmegaConf.select(self.config, "algorithm.gamma", default=1.0))
         traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
         _check_export(self.config, self.mm_config.export, traits)
         self.tool_format = self._resolved_tool_format(traits)
@@ -170,6 +174,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             output.extra_fields.update(state.extra_fields(index, len(outputs), spans))
             output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
             output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
+            output.extra_fields[TURN_GAMMA_KEY] = self.turn_gamma
             if self.mm_config.dump_dir:
                 output.extra_fields[DUMP_KEY] = None
         final = outputs[-1][0]
@@ -304,12 +309,10 @@ class MMToolAgentLoop(ToolAgentLoop):
         if tokens_left <= 0:
             state.stop_reason = StopReason.LENGTH_LIMIT
             return AgentState.TERMINATED
-        if state.turns and await self._history_rewritten(agent_data):
-            await self._start_sample(agent_data)
-            tokens_left = self.response_length - len(agent_data.response_mask)
-            if tokens_left <= 0:  # the rendered history alone fills the response budget
-                state.stop_reason = StopReason.LENGTH_LIMIT
-                return AgentState.TERMINATED
+        if state.turns and await self._history_rewritten(agent_data) and not await self._start_sample(agent_data):
+            state.stop_reason = StopReason.LENGTH_LIMIT  # the rendered history alone fills the response budget
+            return AgentState.TERMINATED
+        tokens_left = self.response_length - len(agent_data.response_mask)
         # Never generate past the response budget: the output is then never cut, so no image is ever cut off.
         limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
         turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
@@ -355,34 +358,38 @@ class MMToolAgentLoop(ToolAgentLoop):
             **self.apply_chat_template_kwargs,
         )
 
-    async def _start_sample(self, agent_data: AgentData) -> None:
+    async def _start_sample(self, agent_data: AgentData) -> bool:
         """End the current sample after its last generated token and continue from the template's render of the
-        whole conversation. The tokens after the first prompt's length count as the response, so the response budget
-        and verl's own length checks hold for every sample."""
+        whole conversation; False (nothing changed) when that render leaves no room to generate. The tokens after
+        the first prompt's length count as the response, so the response budget and verl's own length checks hold
+        for every sample, and a sample is never longer than prompt_length + response_length."""
         state = state_of(agent_data)
-        last = state.turns[-1]
-        end = state.prompt_length + last.response_span[1]
-        state.samples.append(SampleCut(
-            agent_data.prompt_ids[:end], agent_data.response_mask[: last.response_span[1]],
-            list(agent_data.response_logprobs[: last.response_span[1]]), last.images_before,
-        ))
         mm_inputs = {}
         schemas = agent_data._active_tool_schemas
-        agent_data.prompt_ids = await self.ct_build_initial_tokens(
-            self._history_messages(agent_data), tools=self.tool_format.template_tools(schemas),
-            images=agent_data.image_data, videos=agent_data.video_data, audios=agent_data.audio_data,
-            mm_inputs_out=mm_inputs,
-        )
-        agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
-        history = len(agent_data.prompt_ids) - state.prompt_length
+        messages = self._history_messages(agent_data)
+        # the builder itself, not verl's ct_build_initial_tokens, which caps a prompt at rollout.prompt_length
+        rendered = await self.loop.run_in_executor(None, lambda: self.continuous_token_builder.build_initial_tokens(
+            messages, tools=self.tool_format.template_tools(schemas), images=agent_data.image_data,
+            videos=agent_data.video_data, audios=agent_data.audio_data, mm_inputs_out=mm_inputs,
+        ))
+        history = len(rendered) - state.prompt_length
         if history < 0:
             raise TrajectoryValidationError(
-                f"the chat template rendered the conversation in {len(agent_data.prompt_ids)} tokens, fewer than its "
-                f"first prompt ({state.prompt_length}): mm_tool export={self.mm_config.export!r} cannot place it"
+                f"the chat template rendered the conversation in {len(rendered)} tokens, fewer than its first prompt "
+                f"({state.prompt_length}): mm_tool export={self.mm_config.export!r} cannot place it"
             )
+        if history >= self.response_length:
+            return False
+        last = state.turns[-1]
+        end = last.response_span[1]
+        state.samples.append(SampleCut(agent_data.prompt_ids[: state.prompt_length + end], agent_data.response_mask[:end],
+                                       list(agent_data.response_logprobs[:end]), last.images_before))
+        agent_data.prompt_ids = rendered
+        agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
         agent_data.response_mask = [0] * history
         if agent_data.response_logprobs:
             agent_data.response_logprobs = [0.0] * history
+        return True
 
     def _after_generation(self, agent_data: AgentData, next_state: AgentState) -> AgentState:
         state = state_of(agent_data)
@@ -740,6 +747,12 @@ def _check_export(trainer_config, export: str, traits) -> None:
             f"mm_tool export={export!r} returns several training samples per trajectory, which only verl's v1 trainer "
             "takes (trainer.use_v1=true, verl's default); this run uses the classic trainer (trainer.use_v1=false). "
             "Use the v1 trainer, or export: per_trajectory."
+        )
+    if export != "per_trajectory" and not multi_sample_manager_configured(trainer_config):
+        raise ConfigError(
+            f"mm_tool export={export!r} returns several samples per trajectory, and verl 0.9.1's v1 agent-loop worker "
+            "crashes scoring several samples of a Qwen-VL model (it stacks their (4, L) position ids along the wrong "
+            f"dimension). Add {MANAGER_TQ_OVERRIDE} (verl's manager, scoring the final sample alone)."
         )
     if export == "per_trajectory" and not traits.prefix_stable and id(trainer_config) not in _warned_exports:
         _warned_exports.add(id(trainer_config))

@@ -28,12 +28,13 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import transfer_queue as tq
-from tensordict import TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from verl_mm_tools.agent_loop.state import TURN_CREDIT_KEY
+from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
 from verl_mm_tools.agent_loop.step import StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         metrics.update(tool_call_counts(step.trajectories()))
         if step.rm_scores is not None and any(step.column(TURN_CREDIT_KEY)):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
+            mark_continuations(batch.keys, partition_id, step)
         return batch, metrics
 
 
@@ -108,9 +110,22 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
         reward_extra=[dict(row.get("reward_extra_info") or {}) for row in rows],
         step=global_steps,
         validate=partition_id == "val",
+        trajectory_ids=[key.rsplit("_", 1)[0] for key in keys],
     )
     mask = data["response_mask"]
     return step, mask.offsets().diff().tolist() if mask.is_nested else [mask.shape[1]] * len(keys)
+
+
+def mark_continuations(keys: list[str], partition_id: str, step: StepBatch) -> None:
+    """mm_turn_grpo: the uid of every sample after a turn-credit trajectory's first gets ``CONTINUATION_MARK``, so
+    the estimator takes its group baseline over trajectories (``rewards.turn_credit``)."""
+    rows = [row for row, (sample, credit) in enumerate(zip(step.column(SAMPLE_KEY), step.column(TURN_CREDIT_KEY)))
+            if credit and sample is not None and sample[0] > 0]
+    if not rows:
+        return
+    uids = [keys[row].rsplit("_", 2)[0] + CONTINUATION_MARK for row in rows]
+    fields = TensorDict({"uid": NonTensorStack(*(NonTensorData(uid) for uid in uids))}, batch_size=len(rows))
+    tq.kv_batch_put(keys=[keys[row] for row in rows], partition_id=partition_id, fields=fields)
 
 
 def _padded(tensor: torch.Tensor, padding: float) -> torch.Tensor:

@@ -29,6 +29,7 @@ ERROR_KEY = PREFIX + "error"
 PER_TOOL_KEY = PREFIX + "per_tool"
 MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"  # the loop's max_masked_fraction, for the step hook's guard
 TURN_CREDIT_KEY = PREFIX + "turn_credit"  # whether the step hook places turn rewards (mm_turn_grpo)
+TURN_GAMMA_KEY = PREFIX + "turn_gamma"  # algorithm.gamma: the per-turn discount, for chaining a trajectory's samples
 # [index, count] of the output among its trajectory's training samples (export per_turn / auto); the trajectory's
 # statistics count once, on its final sample (``is_final_sample``)
 SAMPLE_KEY = PREFIX + "sample"

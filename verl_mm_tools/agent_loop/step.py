@@ -6,7 +6,8 @@ the same on both of verl's trainers:
    masked (trained on nothing) stops the run with the most common error (``MaskedBatchError``);
 3. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
 4. per-turn rewards for ``mm_turn_grpo``: each trajectory's ``mm_tool/turn_rewards`` go onto the last token of each
-   of its assistant turns in ``rm_scores`` (``rewards.turn_credit``).
+   of its assistant turns in ``rm_scores``; a trajectory exported as several samples has its samples' returns chained
+   (``rewards.turn_credit``).
 
 The v1 trainer's ``MMToolReplayBuffer`` (``replay_buffer``) and the classic trainer's ``MMToolAgentLoopManager``
 (``manager``) each build a ``StepBatch`` from what their trainer hands them and call ``process_step``.
@@ -30,13 +31,14 @@ from verl_mm_tools.agent_loop.state import (
     PREFIX,
     SAMPLE_KEY,
     TURN_CREDIT_KEY,
+    TURN_GAMMA_KEY,
     TURN_REWARDS_KEY,
     TURN_SPANS_KEY,
     is_final_sample,
 )
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
-from verl_mm_tools.rewards.turn_credit import place_turn_rewards
+from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class StepBatch:
     reward_extra: list[dict] = field(default_factory=list)  # each row's reward_extra_info ({} when unknown)
     step: int = -1
     validate: bool = False
+    # each row's trajectory (``{uid}_{session}`` on the v1 trainer); None where every row is its own trajectory
+    trajectory_ids: list[str] | None = None
 
     def column(self, key: str) -> list:
         values = self.columns.get(key)
@@ -80,7 +84,19 @@ class StepBatch:
             reward_extra=[self.reward_extra[row] for row in rows] if self.reward_extra else [],
             step=self.step,
             validate=self.validate,
+            trajectory_ids=[self.trajectory_ids[row] for row in rows] if self.trajectory_ids else None,
         )
+
+    def trajectory_samples(self, rows: list[int]) -> list[list[int]]:
+        """The given rows of trajectories exported as several samples, grouped per trajectory in sample order."""
+        samples = self.column(SAMPLE_KEY)
+        grouped: dict[str, list[int]] = {}
+        for row in rows:
+            if samples[row] is not None and samples[row][1] > 1:
+                if self.trajectory_ids is None:
+                    raise ValueError("rows of multi-sample trajectories need trajectory_ids (the v1 trainer's keys)")
+                grouped.setdefault(self.trajectory_ids[row], []).append(row)
+        return [sorted(group, key=lambda row: samples[row][0]) for group in grouped.values()]
 
 
 def process_step(batch: StepBatch) -> dict[str, float]:
@@ -138,10 +154,17 @@ def _place_turn_rewards(batch: StepBatch) -> int | None:
                        "of %d trajectories were not placed", len(rows))
         return len(rows)
     turn_rewards, turn_spans = batch.column(TURN_REWARDS_KEY), batch.column(TURN_SPANS_KEY)
+    # verl copies the final reward to every sample of a trajectory: it belongs to the final one only
+    earlier = [row for row in rows if not is_final_sample(batch.column(SAMPLE_KEY)[row])]
+    batch.rm_scores[torch.tensor(earlier, dtype=torch.long)] = 0.0
     index = torch.tensor(rows)
     scores = batch.rm_scores[index]
     skipped = place_turn_rewards(scores, [turn_spans[row] for row in rows], [turn_rewards[row] for row in rows])
     batch.rm_scores[index] = scores
+    gammas = batch.column(TURN_GAMMA_KEY)
+    for trajectory in batch.trajectory_samples(rows):
+        gamma = 1.0 if gammas[trajectory[0]] is None else float(gammas[trajectory[0]])
+        chain_sample_returns(batch.rm_scores, trajectory, [turn_spans[row] for row in trajectory], gamma)
     if skipped:
         logger.warning("mm_turn_grpo: %d trajectories' turn counts did not match their turn rewards", skipped)
     return skipped

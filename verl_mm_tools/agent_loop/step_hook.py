@@ -6,6 +6,9 @@ from __future__ import annotations
 from verl_mm_tools.errors import ConfigError
 
 MANAGER_FQN = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
+# verl's v1 manager, fixed for trajectories returned as several samples (mm_tool export per_turn / auto)
+MANAGER_TQ_FQN = "verl_mm_tools.agent_loop.manager_tq.MMToolAgentLoopManagerTQ"
+MANAGER_TQ_OVERRIDE = f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_TQ_FQN}"
 SAMPLER_PATH = "pkg://verl_mm_tools.agent_loop.replay_buffer"
 SAMPLER_NAME = "MMToolReplayBuffer"
 
@@ -23,15 +26,26 @@ def hook_overrides(trainer_config=None, *, v1: bool | None = None) -> list[str]:
     return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]
 
 
+def multi_sample_manager_configured(trainer_config) -> bool:
+    """Whether the v1 trainer runs ``MMToolAgentLoopManagerTQ`` (or a subclass): needed for several samples per
+    trajectory of a multimodal model."""
+    return _manager_is(trainer_config, MANAGER_TQ_FQN)
+
+
 def step_hook_configured(trainer_config) -> bool:
     """Whether ``process_step`` runs in this config's trainer: verl-mm-tools' replay buffer on the v1 trainer, its
     agent-loop manager (or a subclass) on the classic one."""
     if uses_v1_trainer(trainer_config):
         sampler = trainer_config.trainer.get("v1", {}).get("sampler", {}).get("custom_sampler") or {}
         return _loads_subclass(sampler.get("path"), sampler.get("name"), SAMPLER_NAME)
+    return _manager_is(trainer_config, MANAGER_FQN)
+
+
+def _manager_is(trainer_config, ours: str) -> bool:
+    """Whether the configured agent-loop manager class is ``ours`` (a fully qualified name) or a subclass."""
     agent = trainer_config.actor_rollout_ref.rollout.get("agent") or {}
     module, _, name = str(agent.get("agent_loop_manager_class") or "").rpartition(".")
-    return _loads_subclass(f"pkg://{module}" if module else None, name, MANAGER_FQN.rpartition(".")[2])
+    return _loads_subclass(f"pkg://{module}" if module else None, name, ours.rpartition(".")[2])
 
 
 def _loads_subclass(path: str | None, name: str | None, ours: str) -> bool:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from verl_mm_tools.agent_loop.step_hook import hook_overrides
+from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE, hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, MICRO_BATCH, TASKS, TRAINING_REWARD, DemoTask, get_task
 from verl_mm_tools.errors import ConfigError, did_you_mean
@@ -77,9 +77,13 @@ class DemoOptions:
     overrides: tuple[str, ...] = ()
     tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
     env: str | None = None  # the environment of every trajectory: a registered name or a class path
+    export: str = "per_trajectory"  # the mm_tool loop's export: training samples per trajectory
 
     def __post_init__(self):
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
+        if self.export != "per_trajectory" and self.trainer == "classic":
+            raise ConfigError(f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
+                              "separate_async); the classic trainer takes one sample per trajectory")
         if self.tools is not None and not Path(self.tools).is_file():
             raise ConfigError(f"--tools {self.tools}: no such file; give a verl tool YAML (tools: - class_name: ...)")
         if self.tools is not None or self.env is not None:
@@ -161,6 +165,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     loop = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
     if options.env:
         loop["env"] = options.env
+    if options.export != "per_trajectory":
+        loop["export"] = options.export
     if options.dumps:
         loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
     (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
@@ -192,6 +198,7 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={paths.config / 'agent_loops.yaml'}",
         *trainer_overrides(options.trainer),
+        *([MANAGER_TQ_OVERRIDE] if options.export != "per_trajectory" else []),
         f"actor_rollout_ref.actor.optim.lr={task.lr if options.lr is None else options.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",

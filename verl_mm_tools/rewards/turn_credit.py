@@ -22,6 +22,13 @@ already accepts, so the estimator is as unbiased as GRPO. With one turn, or with
 it is exactly GRPO.
 
 Select it with ``algorithm.adv_estimator=mm_turn_grpo``; ``algorithm.gamma`` is the per-turn discount.
+
+A trajectory exported as several training samples (the mm_tool loop's ``export``, on verl's v1 trainer) gets the
+same credit: the step hook places each sample's own turn rewards (the final reward only on the final sample), adds to
+each earlier sample's last turn the discounted return of the next sample's first turn (``chain_sample_returns``), so
+``G_ij`` of every turn is the trajectory's, and marks every sample after a trajectory's first with
+``CONTINUATION_MARK`` in its ``uid``, so the group baseline and scale are still taken over trajectories (their first
+samples' whole returns) while every sample's turns get their advantages.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 ESTIMATOR_NAME = "mm_turn_grpo"
+CONTINUATION_MARK = "#mm_turn_sample"  # appended to the uid of a trajectory's samples after its first
 
 
 def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
@@ -53,6 +61,7 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _turn_returns(rewards_row: torch.Tensor, spans: list[tuple[int, int]], gamma: float) -> list[float]:
+    """``G_ij`` of each turn of one row (its rewards up to the next turn's start, the last turn's to the row's end)."""
     bounds = [start for start, _ in spans[1:]] + [rewards_row.shape[0]]
     turn_rewards = [float(rewards_row[start:bound].sum()) for (start, _), bound in zip(spans, bounds)]
     returns, running = [], 0.0
@@ -78,10 +87,15 @@ def compute_turn_grpo_advantage(
     with torch.no_grad():
         spans = [turn_spans(row) for row in response_mask]
         returns = [_turn_returns(token_level_rewards[i], spans[i], gamma) for i in range(len(spans))]
-        baseline, scale = _group_statistics(index, [row[0] if row else 0.0 for row in returns])
+        groups = [str(uid).split(CONTINUATION_MARK)[0] for uid in index]
+        starts = [CONTINUATION_MARK not in str(uid) for uid in index]
+        baseline, scale = _group_statistics(
+            [group for group, start in zip(groups, starts) if start],
+            [row[0] if row else 0.0 for row, start in zip(returns, starts) if start],
+        )
         advantages = torch.zeros_like(token_level_rewards, dtype=torch.float32)
         for i, (row_spans, row_returns) in enumerate(zip(spans, returns)):
-            b, s = baseline[index[i]], scale[index[i]]
+            b, s = baseline.get(groups[i], 0.0), scale.get(groups[i], 1.0)
             for (start, end), value in zip(row_spans, row_returns):
                 advantage = (value - b) / (s + epsilon) if norm_adv_by_std_in_grpo else value - b
                 advantages[i, start:end] = advantage
@@ -89,7 +103,7 @@ def compute_turn_grpo_advantage(
     return advantages, advantages
 
 
-def _group_statistics(index: np.ndarray, whole_returns: list[float]) -> tuple[dict, dict]:
+def _group_statistics(index, whole_returns: list[float]) -> tuple[dict, dict]:
     groups: dict = defaultdict(list)
     for uid, value in zip(index, whole_returns):
         groups[uid].append(value)
@@ -101,6 +115,19 @@ def _group_statistics(index: np.ndarray, whole_returns: list[float]) -> tuple[di
             tensor = torch.tensor(values, dtype=torch.float32)
             baseline[uid], scale[uid] = float(tensor.mean()), float(tensor.std())
     return baseline, scale
+
+
+def chain_sample_returns(rm_scores: torch.Tensor, rows: list[int], spans_per_row: list, gamma: float) -> None:
+    """One trajectory's samples ``rows`` (in order, each holding its own turn rewards): add to each earlier sample's
+    last turn's last token gamma times the return of the next sample's first turn (in place)."""
+    following = None
+    for row, spans in reversed(list(zip(rows, spans_per_row, strict=True))):
+        spans = [tuple(span) for span in spans or []]
+        if not spans:
+            continue
+        if following is not None:
+            rm_scores[row, spans[-1][1] - 1] += gamma * following
+        following = _turn_returns(rm_scores[row], spans, gamma)[0]
 
 
 def place_turn_rewards(rm_scores: torch.Tensor, turn_spans_per_row, turn_rewards_per_row) -> int:

@@ -273,8 +273,25 @@ def _reward_card(record: dict) -> str:
     return (
         f"<section class=\"card\" id=\"reward\"><h2>Reward</h2><dl>{score}{extra}</dl>"
         f"<h2 style=\"margin-top:10px\">Turns and mask</h2>{_turns_table(record.get('turns') or [])}"
-        f"<dl>{totals}</dl></section>"
+        f"{_samples_table(record.get('samples') or [])}<dl>{totals}</dl></section>"
     )
+
+
+def _samples_table(samples: list[dict]) -> str:
+    """The training samples of a trajectory exported as several (mm_tool export per_turn / auto): which turns each
+    trains on and its tokens (its prompt re-renders the history)."""
+    if len(samples) < 2:
+        return ""
+    rows = "".join(
+        f"<tr><td>{sample['sample'] + 1}</td><td>{', '.join(map(str, sample['turns']))}</td>"
+        f"<td class=\"num\">{sample['prompt_tokens']}</td><td class=\"num\">{sample['trained_tokens']}</td>"
+        f"<td class=\"num\">{sample['response_tokens'] - sample['trained_tokens']}</td>"
+        f"<td class=\"num\">{sample['images']}</td></tr>"
+        for sample in samples
+    )
+    return ("<table id=\"samples\"><thead><tr><th>Sample</th><th>Trains on turns</th><th>Prompt tokens</th>"
+            "<th>Trained tokens</th><th>Context tokens</th><th>Images</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def _turns_table(turns: list[dict]) -> str:
