@@ -73,6 +73,26 @@ def test_text_from_the_model_is_escaped(dump_copy, tmp_path):
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&lt;/pre&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in html
 
 
+def test_a_trajectory_exported_per_turn_shows_which_turns_each_sample_trains_on(dump_copy, tmp_path):
+    path = first_record_path(dump_copy)
+    record = json.loads(path.read_text())
+    record["samples"] = [
+        {"sample": 0, "turns": [1], "prompt_tokens": 420, "response_tokens": 30, "trained_tokens": 30, "images": 1},
+        {"sample": 1, "turns": [2, 3], "prompt_tokens": 510, "response_tokens": 90, "trained_tokens": 50, "images": 2},
+    ]
+    path.write_text(json.dumps(record))
+    html = build_site(dump_copy, tmp_path / "site").pages[record["id"]].read_text()
+    table = html[html.index('<table id="samples">'):]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert cells == [["1", "1", "420", "30", "0", "1"], ["2", "2, 3", "510", "50", "40", "2"]]
+
+
+def test_a_one_sample_trajectory_has_no_samples_table(sample_site):
+    assert all('id="samples"' not in page.read_text() for page in sample_site.pages.values())
+
+
 def test_verl_rollout_data_dir_jsonl_is_shown_as_text_only_trajectories(tmp_path):
     rollout_dir = tmp_path / "rollouts"
     rollout_dir.mkdir()

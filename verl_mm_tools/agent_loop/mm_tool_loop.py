@@ -127,7 +127,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self._sees_images else None
         self.turn_credit = _checked_step_hook(self.config, self.mm_config)
-        self.turn_gamma = float(OmegaConf.select(self.config, "algorithm.gamma", default=1.0))
+        # algorithm.gamma: the per-turn discount the step hook chains a trajectory's samples with (turn credit only)
+        self.turn_gamma = float(OmegaConf.select(self.config, "algorithm.gamma", default=1.0)) if self.turn_credit else 1.0
         traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
         _check_export(self.config, self.mm_config.export, traits)
         self.tool_format = self._resolved_tool_format(traits)
@@ -737,11 +738,16 @@ def _checked_step_hook(trainer_config, options: MMToolLoopConfig) -> bool:
     return _checked_configs[key][1]
 
 
-_warned_exports: set[int] = set()  # ids of trainer configs already warned about a prefix-unstable template
+# (id of the trainer config, export) -> the config, kept alive so its id is never reused
+_checked_exports: dict[tuple[int, str], Any] = {}
 
 
 def _check_export(trainer_config, export: str, traits) -> None:
-    """Several samples per trajectory need verl's v1 trainer; a template that rewrites history deserves per_turn."""
+    """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
+    deserves per_turn (said once). Once per config: verl builds a loop per trajectory."""
+    key = (id(trainer_config), export)
+    if key in _checked_exports:
+        return
     if export != "per_trajectory" and not uses_v1_trainer(trainer_config):
         raise ConfigError(
             f"mm_tool export={export!r} returns several training samples per trajectory, which only verl's v1 trainer "
@@ -754,8 +760,8 @@ def _check_export(trainer_config, export: str, traits) -> None:
             "crashes scoring several samples of a Qwen-VL model (it stacks their (4, L) position ids along the wrong "
             f"dimension). Add {MANAGER_TQ_OVERRIDE} (verl's manager, scoring the final sample alone)."
         )
-    if export == "per_trajectory" and not traits.prefix_stable and id(trainer_config) not in _warned_exports:
-        _warned_exports.add(id(trainer_config))
+    _checked_exports[key] = trainer_config
+    if export == "per_trajectory" and not traits.prefix_stable:
         logger.warning(
             "mm_tool: the chat template drops earlier reasoning from the history once a new user turn arrives (as "
             "Qwen3-VL Thinking's does), so with export=per_trajectory the model trains on contexts it would not see "
