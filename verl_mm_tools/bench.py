@@ -45,6 +45,7 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, image_prompt, make_worker, tool_call_text
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
@@ -127,10 +128,13 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: 
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
+    workdir.mkdir(parents=True, exist_ok=True)
     tools_yaml = workdir / "tools.yaml"
     tools_yaml.write_text(ROTATE_TOOLS_YAML)
     pixels = side * side
     extra = [f"+data.mm_processor_kwargs.max_pixels={pixels}", "+data.mm_processor_kwargs.min_pixels=784"]
+    if export != "per_trajectory":
+        extra += ["trainer.use_v1=true", MANAGER_TQ_OVERRIDE]
     response_length = turns * ((side // 28) ** 2 + 80) + 64
     config = LocalRollout(model_dir, tools_yaml, workdir).config(
         prompt_length=(side // 28) ** 2 + 512, response_length=response_length, max_turns=turns + 1,
