@@ -32,6 +32,7 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import math
 import statistics
@@ -141,9 +142,14 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: 
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
         loop_options=None if export == "per_trajectory" else {"export": export},
     )
-    with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class ..." on stdout
-        worker = make_worker(config, None)
-    entries = {name: _agent_loop_registry[name] for name in LOOPS}  # this config's, whatever a later one registers
+    saved = dict(_agent_loop_registry)  # the worker registers this config's loop options process-wide
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class ..." on stdout
+            worker = make_worker(config, None)
+        entries = {name: _agent_loop_registry[name] for name in LOOPS}
+    finally:
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
 
     def make(name: str, server):
         return hydra.utils.instantiate(
@@ -160,18 +166,33 @@ def _script(turns: int) -> list[str]:
 
 
 def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
-    """One trajectory: (CPU seconds to build the loop and run it, the gaps between requests, verl's output)."""
+    """One trajectory: (CPU seconds to build the loop and run it, the gaps between requests, verl's outputs: one, or
+    a trajectory's samples with mm_tool's export per_turn)."""
     server = TimedServer(tokenizer, _script(turns))
     prompt = image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
-    started = time.process_time()
-    agent = make(name, server)  # timed too: verl builds a loop for every trajectory
-    output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
-    elapsed = time.process_time() - started
-    output = output[-1] if isinstance(output, list) else output  # export per_turn: the final sample holds every image
-    if len(output.multi_modal_data.get("images", [])) != turns:
-        raise RuntimeError(f"{name} made {len(output.multi_modal_data.get('images', []))} images, expected {turns}")
+    with _without_gc():
+        started = time.process_time()
+        agent = make(name, server)  # timed too: verl builds a loop for every trajectory
+        output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
+        elapsed = time.process_time() - started
+    outputs = output if isinstance(output, list) else [output]
+    images = len(outputs[-1].multi_modal_data.get("images", []))  # the final sample holds every image
+    if images != turns:
+        raise RuntimeError(f"{name} made {images} images, expected {turns}")
     gaps = [b - a for a, b in zip(server.arrivals, server.arrivals[1:])]
-    return elapsed, gaps, output
+    return elapsed, gaps, outputs
+
+
+@contextlib.contextmanager
+def _without_gc():
+    """No garbage collection while a sample is timed (as ``timeit``): a collection of earlier samples' garbage landing
+    in one sample made absolute times differ by up to 17 % between runs. Collected before each sample instead."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 # Per-turn growth: gaps[k] is the loop's time before request k + 2 (1-based turns). The first tool turn is left out
@@ -293,7 +314,7 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list
 
     with tempfile.TemporaryDirectory() as workdir:
         make, tokenizer = _loop_factory(model_dir, Path(workdir), side, images)
-        _, _, output = _one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
+        _, _, (output,) = _one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
     held, raw = held_bytes(output), images * side * side * 3
     return [figure(f"memory/{images}_images_held_MB", [held / 2**20]),
             figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2")]
@@ -360,14 +381,11 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
             seconds, samples = {export: [] for export in factories}, {}
             for repeat in range(repeats + 1):  # the first pair warms up (first-call costs are not per-trajectory)
                 for export, (make, tokenizer) in factories.items():
-                    agent = make("mm_tool", TimedServer(tokenizer, _script(turns)))
-                    prompt = image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
-                    started = time.process_time()
-                    output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
+                    elapsed, _, samples[export] = _one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
                     if repeat:
-                        seconds[export].append(time.process_time() - started)
-                    samples[export] = output if isinstance(output, list) else [output]
+                        seconds[export].append(elapsed)
             for export, outputs in samples.items():
+                figures.append(figure(f"export/{turns}turns/{export}/loop_ms", [t * 1e3 for t in seconds[export]]))
                 processed = sum(len(output.prompt_ids) + len(output.response_ids) for output in outputs)
                 figures.append(figure(f"export/{turns}turns/{export}/tokens_per_trajectory", [processed]))
                 figures.append(figure(f"export/{turns}turns/{export}/trained_tokens_per_trajectory",
