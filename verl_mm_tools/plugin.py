@@ -73,7 +73,15 @@ def register_advantage_estimators() -> None:
     register_unique(core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator")
 
 
+def apply_verl_fixes() -> None:
+    """Fixes for verl bugs any run can hit (``verl_fixes``), each when verl imports the module it fixes."""
+    from verl_mm_tools.verl_fixes import apply_verl_fixes as apply
+
+    apply()
+
+
 def register_all() -> None:
+    apply_verl_fixes()
     register_agent_loops()
     register_reward_managers()
     register_advantage_estimators()

@@ -144,6 +144,7 @@ def test_a_trajectory_exported_as_samples_counts_once_and_its_turn_credit_is_cha
     batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     assert sorted(batch.keys) == ["group3_0_0", "group3_0_1", "group3_1_0"]
     assert metrics["mm_tool/samples_per_trajectory"] == 1.5
+    assert metrics["mm_tool/reward/mean"] == 0.5  # the reward manager's scores per trajectory: 1.0 and 0.0
     assert metrics["tool_call_counts/mean"] == 1.0  # per trajectory: (2 + 0) / 2, not per sample
     assert metrics["mm_tool/tool/rotate/calls_per_trajectory"] == 1.0
     data = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["rm_scores", "uid"])

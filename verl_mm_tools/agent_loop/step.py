@@ -1,7 +1,7 @@
 """What happens to a batch of finished mm_tool trajectories before verl trains on it (or scores it in validation),
 the same on both of verl's trainers:
 
-1. step metrics (``stats.aggregate_metrics``);
+1. step metrics (``stats.aggregate_metrics``, and ``mm_tool/reward/mean``: the mean reward per trajectory);
 2. the masked-batch guard: a batch in which more than ``max_masked_fraction`` of the mm_tool trajectories were
    masked (trained on nothing) stops the run with the most common error (``MaskedBatchError``);
 3. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
@@ -30,6 +30,7 @@ from verl_mm_tools.agent_loop.state import (
     MASKED_LIMIT_KEY,
     PREFIX,
     SAMPLE_KEY,
+    STOP_REASON_KEY,
     TURN_CREDIT_KEY,
     TURN_GAMMA_KEY,
     TURN_REWARDS_KEY,
@@ -106,6 +107,10 @@ def process_step(batch: StepBatch) -> dict[str, float]:
     samples = [sample for sample in batch.column(SAMPLE_KEY) if sample is not None]
     if samples:  # mm_tool rows: how many training samples a trajectory became (export)
         metrics[PREFIX + "samples_per_trajectory"] = len(samples) / sum(map(is_final_sample, samples))
+    ours = [row for row, reason in enumerate(trajectories.column(STOP_REASON_KEY)) if reason is not None]
+    if trajectories.rm_scores is not None and ours:
+        # per trajectory: verl's critic/score/mean counts a trajectory exported as several samples once per sample
+        metrics[PREFIX + "reward/mean"] = float(trajectories.rm_scores[ours].sum(dim=-1).mean())
     check_masked_fraction(trajectories)
     # before turn rewards join rm_scores: a dump shows the manager's score
     metrics.update(finalize_step_dumps(trajectories))

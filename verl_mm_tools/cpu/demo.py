@@ -49,7 +49,7 @@ TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 TOOL_CALLS_METRIC = "mm_tool/tool_calls/mean"  # the step hook's, on both trainers (``metric`` reads either name)
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
-    ("reward", "critic/score/mean", "{:.3f}"),
+    ("reward", TRAINING_REWARD, "{:.3f}"),
     ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
     ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
@@ -267,6 +267,13 @@ def format_step(step: int, total: int, metrics: dict, validation_metric: str) ->
     return "  ".join(parts)
 
 
+def step_metrics(data: dict) -> dict:
+    """verl's step metrics, the step hook's under their v1 names on either trainer (the classic one logs them as
+    ``timing_s/mm_tool/...``)."""
+    hooked = {key.removeprefix("timing_s/"): value for key, value in data.items() if key.startswith("timing_s/mm_tool/")}
+    return {**data, **hooked}
+
+
 def read_new_steps(path: Path, offset: int) -> tuple[list[dict], int]:
     """Complete JSON lines of verl's file logger after byte ``offset``; returns them and the new offset."""
     if not path.exists():
@@ -321,7 +328,7 @@ def run_trainer(command: list[str], env: dict[str, str], paths: DemoPaths, task:
                 for record in records:
                     if record["step"] > 0:
                         first_step = first_step or time.monotonic() - started
-                    steps.append({**record["data"], "step": record["step"]})
+                    steps.append({**step_metrics(record["data"]), "step": record["step"]})
                     say(format_step(record["step"], total_steps, record["data"], task.validation_metric))
                 peak = max(peak, tree_memory_bytes(process.pid))
                 if not finished and task.learned(steps):

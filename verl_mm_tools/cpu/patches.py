@@ -31,15 +31,11 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import logging
-import sys
 from collections.abc import Callable
 
 import torch
 
-from verl_mm_tools.errors import PluginRegistrationError
-
-logger = logging.getLogger(__name__)
+from verl_mm_tools.verl_patch import PATCHED_MARK, VerlChangedError, checked_original, install
 
 GLOO_TARGET = ("verl.utils.distributed", "initialize_global_process_group_ray")
 GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
@@ -52,38 +48,11 @@ FIX_3D_EXPECTED_SOURCE = 'data["position_ids"]._ragged_idx = 2'
 SAVE_TO_CPU_TARGET = ("verl.utils.fsdp_utils", "fsdp2_sharded_save_to_cpu")
 SAVE_TO_CPU_EXPECTED_SOURCE = "local_cpu_tensor = local_gpu_tensor.detach().cpu()"
 CPU_BACKEND = "cpu:gloo"
-_PATCHED = "__verl_mm_tools_patched__"
-
-
-class VerlChangedError(PluginRegistrationError):
-    """A verl function the CPU backend patches no longer looks the way the patch assumes."""
 
 
 def _original(module_name: str, function_name: str, expected_source: str,
               parameters: tuple[str, ...]) -> Callable | None:
-    """verl's function, checked: it must still have ``parameters`` and contain ``expected_source``. None when it is
-    already patched (the plugin module can be imported twice)."""
-    function = getattr(importlib.import_module(module_name), function_name)
-    if getattr(function, _PATCHED, False):
-        return None
-    found = tuple(inspect.signature(function).parameters)
-    source = inspect.getsource(function)
-    if found != parameters or expected_source not in source:
-        raise VerlChangedError(
-            f"verl-mm-tools' CPU backend patches {module_name}.{function_name}, but that function changed in this "
-            f"verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
-            f"{found}. The CPU backend supports verl 0.9.1; install verl==0.9.1 or update verl_mm_tools/cpu/patches.py."
-        )
-    return function
-
-
-def _install(module_name: str, function_name: str, original: Callable, replacement: Callable) -> None:
-    """Put ``replacement`` wherever verl's modules hold ``original`` under ``function_name``."""
-    setattr(replacement, _PATCHED, True)
-    for name, module in list(sys.modules.items()):
-        if (name == module_name or name.startswith("verl.")) and getattr(module, function_name, None) is original:
-            setattr(module, function_name, replacement)
-    logger.debug("patched %s.%s for the CPU platform", module_name, function_name)
+    return checked_original(module_name, function_name, expected_source, parameters, "verl_mm_tools/cpu/patches.py")
 
 
 def patch_gloo_backend() -> None:
@@ -95,7 +64,7 @@ def patch_gloo_backend() -> None:
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return original(timeout_second=timeout_second, backend=backend or CPU_BACKEND)
 
-    _install(*GLOO_TARGET, original, initialize_global_process_group_ray)
+    install(*GLOO_TARGET, original, initialize_global_process_group_ray)
 
 
 def patch_equal_length_position_ids() -> None:
@@ -109,7 +78,7 @@ def patch_equal_length_position_ids() -> None:
         data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
         return data
 
-    _install(*PADDING_TARGET, original, left_right_2_no_padding)
+    install(*PADDING_TARGET, original, left_right_2_no_padding)
 
 
 def fix_ragged_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -144,13 +113,13 @@ def patch_3d_position_ids_fix() -> None:
         if "position_ids" in data.keys():
             data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
 
-    _install(*FIX_3D_TARGET, original, maybe_fix_3d_position_ids)
+    install(*FIX_3D_TARGET, original, maybe_fix_3d_position_ids)
 
 
 def patch_unpinned_offload() -> None:
     module = importlib.import_module(OFFLOAD_MODULE)
     original = module.CPUOffloadPolicy
-    if getattr(original, _PATCHED, False):
+    if getattr(original, PATCHED_MARK, False):
         return
     if OFFLOAD_EXPECTED_SOURCE not in inspect.getsource(module):
         raise VerlChangedError(
@@ -163,7 +132,7 @@ def patch_unpinned_offload() -> None:
         def __init__(self, pin_memory: bool = True):
             super().__init__(pin_memory=False)
 
-    setattr(UnpinnedCPUOffloadPolicy, _PATCHED, True)
+    setattr(UnpinnedCPUOffloadPolicy, PATCHED_MARK, True)
     module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
 
 
@@ -177,7 +146,7 @@ def patch_sharded_save_to_cpu() -> None:
         cpu_sharded_state, global_spec = original(model)
         return detach_from_parameters(cpu_sharded_state, model), global_spec
 
-    _install(*SAVE_TO_CPU_TARGET, original, fsdp2_sharded_save_to_cpu)
+    install(*SAVE_TO_CPU_TARGET, original, fsdp2_sharded_save_to_cpu)
 
 
 def detach_from_parameters(cpu_sharded_state: dict, model: torch.nn.Module) -> dict:

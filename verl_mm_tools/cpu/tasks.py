@@ -18,7 +18,9 @@ from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
 # 32 trajectories of ~600 tokens per step, one thread).
 MICRO_BATCH = 8
-TRAINING_REWARD = "critic/score/mean"  # verl's name of the mean training reward of a step
+# The mean training reward of a step, per trajectory (the step hook's; verl's critic/score/mean counts a trajectory
+# exported as several samples once per sample)
+TRAINING_REWARD = "mm_tool/reward/mean"
 LEARNED_WINDOW = 5
 
 

@@ -1,0 +1,48 @@
+"""Replacing a verl function safely: check it still looks the way the replacement assumes (fail loudly when verl
+changed), then put the replacement wherever verl's modules bound the original by name. Used by the CPU backend's
+patches (``cpu.patches``) and by the verl fixes every run gets (``verl_fixes``)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+
+from verl_mm_tools.errors import PluginRegistrationError
+
+logger = logging.getLogger(__name__)
+
+PATCHED_MARK = "__verl_mm_tools_patched__"
+
+
+class VerlChangedError(PluginRegistrationError):
+    """A verl function verl-mm-tools replaces no longer looks the way the replacement assumes."""
+
+
+def checked_original(module_name: str, function_name: str, expected_source: str, parameters: tuple[str, ...],
+                     owner: str) -> Callable | None:
+    """verl's function, checked: it must still have ``parameters`` and contain ``expected_source``. None when it is
+    already replaced (the plugin module can be imported twice). ``owner`` names the file holding the replacement."""
+    function = getattr(importlib.import_module(module_name), function_name)
+    if getattr(function, PATCHED_MARK, False):
+        return None
+    found = tuple(inspect.signature(function).parameters)
+    source = inspect.getsource(function)
+    if found != parameters or expected_source not in source:
+        raise VerlChangedError(
+            f"verl-mm-tools replaces {module_name}.{function_name} ({owner}), but that function changed in this "
+            f"verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
+            f"{found}. verl-mm-tools supports verl 0.9.1; install verl==0.9.1 or update {owner}."
+        )
+    return function
+
+
+def install(module_name: str, function_name: str, original: Callable, replacement: Callable) -> None:
+    """Put ``replacement`` wherever verl's modules hold ``original`` under ``function_name``."""
+    setattr(replacement, PATCHED_MARK, True)
+    for name, module in list(sys.modules.items()):
+        if (name == module_name or name.startswith("verl.")) and getattr(module, function_name, None) is original:
+            setattr(module, function_name, replacement)
+    logger.debug("replaced %s.%s", module_name, function_name)
