@@ -33,7 +33,8 @@ turns' ``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_c
 - ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
   ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
 - added on the trainer side: ``step``, ``validate``, ``rollout_n``, ``reward``: ``score`` (sum of ``rm_scores``, the
-  reward manager's score; None when rewards were not computed during rollout), ``turn_rewards``, ``extra`` (the
+  reward manager's score; None when rewards were not computed during rollout), ``turn_rewards`` (of the final
+  sample's turns; every turn's reward is in ``turns``), ``extra`` (the
   reward manager's ``reward_extra_info`` for this trajectory).
 """
 
