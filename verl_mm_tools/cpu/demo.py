@@ -58,6 +58,7 @@ STEP_FIELDS = (
     ("step", "timing_s/step", "{:.1f}s"),
 )
 STOP_TIMEOUT_S = 60
+MAX_TURNS = 3  # assistant turns per trajectory
 
 
 @dataclass(frozen=True)
@@ -193,12 +194,11 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.rollout.n={rollouts}",
         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths.config / 'tools.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={paths.config / 'agent_loops.yaml'}",
         *trainer_overrides(options.trainer),
-        *([MANAGER_TQ_OVERRIDE] if options.export != "per_trajectory" else []),
         f"actor_rollout_ref.actor.optim.lr={task.lr if options.lr is None else options.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
@@ -210,7 +210,22 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"trainer.save_freq={steps}", f"trainer.test_freq={steps}", "trainer.val_before_train=false",
         f"trainer.default_local_dir={paths.checkpoints}", f"trainer.rollout_data_dir={paths.rollouts}",
         *task.overrides,
+        *export_overrides(options.export, batch),
     ]
+
+
+def export_overrides(export: str, batch: int) -> list[str]:
+    """Several samples per trajectory (``--export``): verl's v1 manager fixed for them, and one optimizer update per
+    step, as with one sample. verl counts a mini-batch in samples (``ppo_mini_batch_size`` x n) and, unless batch
+    sizes are dynamic, requires ``train_batch_size >= ppo_mini_batch_size``: a step over trajectories of S samples
+    would make S updates, and since verl orders a batch by length, one of them could see only tool-call turns (the
+    tool-call format broke within 10-13 steps that way). A mini-batch of batch x MAX_TURNS samples holds every sample
+    of a step; verl pads it with no-op samples."""
+    if export == "per_trajectory":
+        return []
+    return [MANAGER_TQ_OVERRIDE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={MICRO_BATCH * 1024}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={batch * MAX_TURNS}"]
 
 
 def trainer_overrides(trainer: str) -> list[str]:
