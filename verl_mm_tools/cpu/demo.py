@@ -218,9 +218,9 @@ def export_overrides(export: str, batch: int) -> list[str]:
     """Several samples per trajectory (``--export``): verl's v1 manager fixed for them, and one optimizer update per
     step, as with one sample. verl counts a mini-batch in samples (``ppo_mini_batch_size`` x n) and, unless batch
     sizes are dynamic, requires ``train_batch_size >= ppo_mini_batch_size``: a step over trajectories of S samples
-    would make S updates, and since verl orders a batch by length, one of them could see only tool-call turns (the
-    tool-call format broke within 10-13 steps that way). A mini-batch of batch x MAX_TURNS samples holds every sample
-    of a step; verl pads it with no-op samples."""
+    would make S updates, each on part of the turns (the learn_tool task's tool-call format broke within 10-13 steps
+    that way, at lr 3e-3 and 1.5e-3). A mini-batch of batch x MAX_TURNS samples holds every sample of a step; verl
+    pads it with no-op samples."""
     if export == "per_trajectory":
         return []
     return [MANAGER_TQ_OVERRIDE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
