@@ -37,9 +37,7 @@ def tiny_tokenizer(tiny_model_dir):
 def _restore_verl_agent_loop_registry():
     """verl's AgentLoopWorker writes agent_loop_config_path entries into a process-wide registry; restore it after
     each test so one test's loop options never leak into the next."""
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl_mm_tools.agent_loop.harness import restored_loop_registry
 
-    saved = dict(_agent_loop_registry)
-    yield
-    _agent_loop_registry.clear()
-    _agent_loop_registry.update(saved)
+    with restored_loop_registry():
+        yield

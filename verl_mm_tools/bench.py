@@ -47,7 +47,14 @@ from types import FunctionType, ModuleType
 from PIL import Image
 
 from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
-from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer, image_prompt, make_worker, tool_call_text
+from verl_mm_tools.agent_loop.harness import (
+    LocalRollout,
+    ScriptedServer,
+    image_prompt,
+    make_worker,
+    restored_loop_registry,
+    tool_call_text,
+)
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 LOOPS = ("tool_agent", "mm_tool")
@@ -142,14 +149,9 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: 
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
         loop_options=None if export == "per_trajectory" else {"export": export},
     )
-    saved = dict(_agent_loop_registry)  # the worker registers this config's loop options process-wide
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class ..." on stdout
-            worker = make_worker(config, None)
-        entries = {name: _agent_loop_registry[name] for name in LOOPS}
-    finally:
-        _agent_loop_registry.clear()
-        _agent_loop_registry.update(saved)
+    with restored_loop_registry(), contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class"
+        worker = make_worker(config, None)
+        entries = {name: _agent_loop_registry[name] for name in LOOPS}  # this config's loop options
 
     def make(name: str, server):
         return hydra.utils.instantiate(
@@ -186,7 +188,8 @@ def _one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
 @contextlib.contextmanager
 def _without_gc():
     """No garbage collection while a sample is timed (as ``timeit``): a collection of earlier samples' garbage landing
-    in one sample made absolute times differ by up to 17 % between runs. Collected before each sample instead."""
+    in one sample is the likeliest cause of absolute times differing by up to 17 % between runs (not yet confirmed
+    by two idle runs). Collected before each sample instead."""
     gc.collect()
     gc.disable()
     try:

@@ -24,7 +24,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, generate, make_batch, make_worker
+from verl_mm_tools.agent_loop.harness import LocalRollout, generate, make_batch, make_worker, restored_loop_registry
 from verl_mm_tools.tools import BUILTIN_TOOLS, build_schema
 
 MARKER = re.compile(r"\[sample (\d+)\]")
@@ -262,18 +262,12 @@ class Batch:
 
 def run_batch(model_dir, workdir, *, tools, prompts, script, columns=None, loop_options=None, **config_kwargs) -> Batch:
     """One batch through verl's AgentLoopWorker.generate_sequences with a RecordingServer."""
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
-    saved = dict(_agent_loop_registry)  # the worker registers the YAML's loop options process-wide
-    try:
+    with restored_loop_registry():  # the worker registers the YAML's loop options process-wide
         worker = make_worker(LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None)
         worker.tools = list(tools)
         server = RecordingServer(worker.tokenizer, script)
         worker.llm_client = server
         return Batch(generate(worker, make_batch(prompts, **(columns or {}))), server, worker)
-    finally:
-        _agent_loop_registry.clear()
-        _agent_loop_registry.update(saved)
 
 
 def make_loop(model_dir, workdir, *, tools, loop_options=None, **config_kwargs):
@@ -282,8 +276,7 @@ def make_loop(model_dir, workdir, *, tools, loop_options=None, **config_kwargs):
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
-    saved = dict(_agent_loop_registry)
-    try:
+    with restored_loop_registry():
         worker = make_worker(LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None)
         return hydra.utils.instantiate(
             config=_agent_loop_registry["mm_tool"],
@@ -296,9 +289,6 @@ def make_loop(model_dir, workdir, *, tools, loop_options=None, **config_kwargs):
             data_config=DictConfigWrap(worker.config.data),
             tools=ToolListWrap(list(tools)),
         )
-    finally:
-        _agent_loop_registry.clear()
-        _agent_loop_registry.update(saved)
 
 
 # ----- invariants -------------------------------------------------------------------------------------------------

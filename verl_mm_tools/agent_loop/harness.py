@@ -4,6 +4,7 @@ config, a scripted inference server, and a batch builder. Used by the tests, the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -82,6 +83,20 @@ class ScriptedServer:
             else:
                 log_probs = self.model.score(prompt_ids, token_ids, images)
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason="completed")
+
+
+@contextlib.contextmanager
+def restored_loop_registry():
+    """verl's worker writes agent_loop_config_path entries (our loop options) into its process-wide registry: put it
+    back afterwards, so one run's loop options (a dump_dir, an export) never leak into later rollouts."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    saved = dict(_agent_loop_registry)
+    try:
+        yield
+    finally:
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
 
 
 def make_worker(config: DictConfig, server, *, per_sample: bool = False) -> Any:
@@ -192,12 +207,7 @@ class LocalRollout:
         the tools loaded from the YAML (instances, e.g. defined in a test); ``score`` streams every trajectory
         through verl's real reward worker (the configured reward manager), in-process; ``per_sample`` takes loops
         that return several training samples per trajectory, one row each (``per_sample_worker_class``)."""
-        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
-        # verl's worker writes agent_loop_config_path entries into its process-wide registry: restore it afterwards
-        # so one run's loop options never leak into the next.
-        saved = dict(_agent_loop_registry)
-        try:
+        with restored_loop_registry():
             worker = make_worker(self.config(**config_kwargs), None, per_sample=per_sample)
             if tools is not None:
                 worker.tools = list(tools)
@@ -206,9 +216,6 @@ class LocalRollout:
             server = ScriptedServer(worker.tokenizer, turns, model=model)
             worker.llm_client = server
             return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
-        finally:
-            _agent_loop_registry.clear()
-            _agent_loop_registry.update(saved)
 
 
 class InProcessActor:

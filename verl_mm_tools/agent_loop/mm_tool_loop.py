@@ -132,9 +132,11 @@ class MMToolAgentLoop(ToolAgentLoop):
         traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
         _check_export(self.config, self.mm_config.export, traits)
         self.tool_format = self._resolved_tool_format(traits)
+        # the placeholder runs export=auto collapses to compare the stream with the template's text (verl builds a
+        # loop per trajectory: nothing to look up otherwise)
         self.placeholder_ids = frozenset(
             token_id(self.tokenizer, token) for token in ("<|image_pad|>", "<|video_pad|>")
-        ) if self._sees_images else frozenset()
+        ) if self._sees_images and self.mm_config.export == "auto" else frozenset()
 
     def _resolved_tool_format(self, traits) -> ToolFormat:
         if not self.tools:

@@ -5,7 +5,6 @@ are scripted, so the dump is reproducible; used by the tests and to render the v
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from verl_mm_tools.agent_loop.harness import (
     in_process_reward_worker,
     make_batch,
     make_worker,
+    restored_loop_registry,
     tool_call_text,
 )
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
@@ -77,22 +77,8 @@ def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict
     server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
     turns (a list of texts or a script function)."""
     config = rollout.config(loop_options=loop_options, extra=[*CLASSIC_HOOK, *REWARD_OVERRIDES, *extra])
-    with _restored_loop_registry():
+    with restored_loop_registry():
         return _run_manager_steps(config, turns_for, prompts, columns, steps, validate)
-
-
-@contextlib.contextmanager
-def _restored_loop_registry():
-    """verl's worker writes agent_loop_config_path entries (our loop options) into its process-wide registry: put it
-    back afterwards, so this run's dump_dir never leaks into later rollouts in the same process."""
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
-    saved = dict(_agent_loop_registry)
-    try:
-        yield
-    finally:
-        _agent_loop_registry.clear()
-        _agent_loop_registry.update(saved)
 
 
 def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, steps: Sequence[int], validate: bool):

@@ -160,7 +160,8 @@ def _place_turn_rewards(batch: StepBatch) -> int | None:
         return len(rows)
     turn_rewards, turn_spans = batch.column(TURN_REWARDS_KEY), batch.column(TURN_SPANS_KEY)
     # verl copies the final reward to every sample of a trajectory: it belongs to the final one only
-    earlier = [row for row in rows if not is_final_sample(batch.column(SAMPLE_KEY)[row])]
+    samples = batch.column(SAMPLE_KEY)
+    earlier = [row for row in rows if not is_final_sample(samples[row])]
     batch.rm_scores[torch.tensor(earlier, dtype=torch.long)] = 0.0
     index = torch.tensor(rows)
     scores = batch.rm_scores[index]
