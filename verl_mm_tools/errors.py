@@ -38,6 +38,15 @@ class TrajectoryValidationError(VerlMMToolsError):
     """A finished trajectory violates an invariant (token/mask lengths, image placeholders, ...)."""
 
 
+class RemoteError(VerlMMToolsError, RuntimeError):
+    """A tool or environment served by a Ray actor pool (``remote:``) could not answer: its actor was lost, its
+    session is gone, or it did not start. The trajectory that needed it is masked; other trajectories go on."""
+
+
+class RemoteTimeoutError(RemoteError, TimeoutError):
+    """A remote call ran past the pool's ``timeout_s`` and was cancelled."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix naming the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=1)

@@ -22,6 +22,7 @@ from verl_mm_tools.registry import register_unique
 logger = logging.getLogger(__name__)
 
 VERL_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+TOOL_REGISTRY_MODULE = "verl.tools.tool_registry"
 LOOP_NAME = "mm_tool"  # the name verl's agent-loop registry knows the loop by
 LOOP_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"  # its class path: the ``_target_`` of a loop config entry
 # name -> class path; tests/test_plugin_on_cpu.py checks each path imports to the loop class
@@ -80,8 +81,16 @@ def apply_verl_fixes() -> None:
     apply()
 
 
+def register_remote_tools() -> None:
+    """``remote:`` in verl's tool YAML (``verl_mm_tools.remote.tool``), when verl imports its tool registry."""
+    from verl_mm_tools.remote.install import install_remote_tools
+
+    call_after_import(TOOL_REGISTRY_MODULE, install_remote_tools)
+
+
 def register_all() -> None:
     apply_verl_fixes()
+    register_remote_tools()
     register_agent_loops()
     register_reward_managers()
     register_advantage_estimators()

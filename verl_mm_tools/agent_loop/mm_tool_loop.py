@@ -73,6 +73,7 @@ from verl_mm_tools.files import FILES_ATTR, FileRoots
 from verl_mm_tools.ops.checks import show
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
 from verl_mm_tools.record import DUMP_KEY
+from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -539,7 +540,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         except (Exception, asyncio.CancelledError) as error:  # the tool's own, TimeoutError and CancelledError too
             stats.record_call(call.name, time.perf_counter() - started, failed=True)
             raise ToolCrashError(f"tool {call.name!r} raised {type(error).__name__}: {error}") from error
-        stats.record_call(call.name, time.perf_counter() - started, failed=bool((metrics or {}).get("error")))
+        metrics = metrics if isinstance(metrics, dict) else {}
+        stats.record_call(call.name, time.perf_counter() - started, failed=bool(metrics.get("error")),
+                          remote=REMOTE_ACTOR_METRIC in metrics)
         return response, reward
 
     async def _invoke(self, tool_name: str, arguments: dict, agent_data: AgentData):

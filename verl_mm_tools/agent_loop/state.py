@@ -50,6 +50,7 @@ class ToolStats:
     calls: int = 0
     errors: int = 0
     time_s: float = 0.0
+    remote_calls: int = 0  # answered by a Ray actor pool (``remote:``)
 
 
 @dataclass
@@ -78,11 +79,12 @@ class TrajectoryStats:
     def tool_errors(self) -> int:
         return sum(stats.errors for stats in self.per_tool.values())
 
-    def record_call(self, tool_name: str, seconds: float, failed: bool) -> None:
+    def record_call(self, tool_name: str, seconds: float, failed: bool, remote: bool = False) -> None:
         stats = self.per_tool[tool_name]
         stats.calls += 1
         stats.errors += int(failed)
         stats.time_s += seconds
+        stats.remote_calls += int(remote)
 
     def to_extra_fields(self) -> dict:
         return {

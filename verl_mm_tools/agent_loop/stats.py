@@ -43,9 +43,12 @@ def _per_tool_metrics(per_tool_rows: list[dict]) -> dict[str, float]:
             totals[name].calls += stats["calls"]
             totals[name].errors += stats["errors"]
             totals[name].time_s += stats["time_s"]
+            totals[name].remote_calls += stats.get("remote_calls", 0)
     metrics = {}
     for name, stats in totals.items():
         metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"] = stats.calls / len(per_tool_rows)
         metrics[f"{PREFIX}tool/{name}/error_rate"] = stats.errors / stats.calls if stats.calls else 0.0
         metrics[f"{PREFIX}tool/{name}/time_s_per_call"] = stats.time_s / stats.calls if stats.calls else 0.0
+        if stats.remote_calls:
+            metrics[f"{PREFIX}tool/{name}/remote_calls_per_trajectory"] = stats.remote_calls / len(per_tool_rows)
     return metrics

@@ -85,9 +85,12 @@ class WarmStartSpec:
 def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmStartSpec = WarmStartSpec(),
                        cache_root: str | Path | None = None) -> Path:
     """The warm-started copy of ``base_dir`` for the tools in ``tools_yaml`` (built once, then reused)."""
-    base_dir, tools_yaml = Path(base_dir), Path(tools_yaml)
+    from verl_mm_tools.remote.tool import without_remote
+
+    base_dir = Path(base_dir)
+    tools_text = without_remote(Path(tools_yaml).read_text())  # demonstrations run the tools here, not on Ray
     task = TASKS[spec.task]
-    key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_yaml.read_text(), **asdict(spec),
+    key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec),
            "question": task.question, "answers": task.answers, "tool_degrees": task.tool_degrees}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
@@ -96,7 +99,10 @@ def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmS
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         shutil.copytree(base_dir, staging, dirs_exist_ok=True)
-        report = warm_start(staging, tools_yaml, spec)
+        with tempfile.TemporaryDirectory() as scratch:
+            local_tools = Path(scratch) / "tools.yaml"
+            local_tools.write_text(tools_text)
+            report = warm_start(staging, local_tools, spec)
         (staging / MARKER).write_text(json.dumps({**key, **report}, indent=1))
         if not target.exists():
             staging.rename(target)  # atomic: a concurrent builder of the same key wins or loses whole

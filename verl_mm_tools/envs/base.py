@@ -9,7 +9,8 @@ An environment is chosen per dataset sample (``extra_info.env``: a registered na
 path is imported where the loop runs (verl's rollout workers), so an environment defined in your own module works
 without registering it in each worker. One instance serves one trajectory: ``reset`` once, ``step`` per
 answer, ``close`` exactly once at the end, however the trajectory ends. ``reset``/``step``/``close`` may be plain or
-``async`` methods.
+``async`` methods. With a ``remote:`` key in the spec the environment runs on a Ray actor pool instead of in the
+rollout worker (``verl_mm_tools.remote.env``): the way to run a slow or blocking simulator.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Environment:
 
 
 ENVIRONMENTS: dict[str, type[Environment]] = {}
+REMOTE_KEY = "remote"  # in an environment spec: serve it from a Ray actor pool (``verl_mm_tools.remote``)
 
 
 def register_environment(cls: type[Environment]) -> type[Environment]:
@@ -99,10 +101,25 @@ def make_environment(spec: str | dict[str, Any]) -> Environment:
     else:
         raise ConfigError(f"an environment is selected by a name or a mapping with a 'name' key, got {spec!r}")
     environment_class = ENVIRONMENTS.get(name) or _imported_environment(name)
+    remote = kwargs.pop(REMOTE_KEY, None)
+    if remote is not None:
+        return _remote_environment(name, environment_class, kwargs, remote)
     try:
         return environment_class(**kwargs)
     except TypeError as error:
         raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
+
+
+def _remote_environment(name: str, environment_class: type[Environment], kwargs: dict[str, Any], remote: Any):
+    """The environment on a Ray actor pool (``remote:``); its arguments are checked here, where it is not built."""
+    from verl_mm_tools.remote.env import RemoteEnvironment
+    from verl_mm_tools.remote.spec import RemoteSpec
+
+    try:
+        inspect.signature(environment_class).bind(**kwargs)
+    except TypeError as error:
+        raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
+    return RemoteEnvironment(name, environment_class, kwargs, RemoteSpec.from_config(remote, f"environment {name!r}"))
 
 
 def _imported_environment(path: str) -> type[Environment]:

@@ -1,0 +1,141 @@
+"""``RemoteHost``: one Ray actor of a pool. It builds the tool once (or one environment per session) and keeps every
+session it serves: a tool session's instance and its copy of the trajectory's images, or an environment instance.
+
+Methods are plain (not ``async``): Ray runs them on ``max_concurrency`` threads, so a tool that blocks (a model, a
+simulator, ``time.sleep``) holds only its own thread. Each thread runs the tool's coroutines on its own event loop.
+A session unknown here (the actor was restarted and lost it) raises ``RemoteError``: its trajectory is masked. No
+verl import beyond what the hosted class imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+from verl_mm_tools.errors import RemoteError
+from verl_mm_tools.files import FILES_ATTR, FileRoots
+from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
+
+TOOL, ENVIRONMENT = "tool", "environment"
+
+
+class RemoteHost:
+    """Serves ``kind`` sessions of ``target``: a tool class built once with ``init_kwargs``, or an environment class
+    built per session with the kwargs its ``reset`` brings."""
+
+    def __init__(self, kind: str, target: type, init_kwargs: dict[str, Any]):
+        self.kind, self.target = kind, target
+        self.incarnation = uuid.uuid4().hex  # changes when Ray restarts the actor
+        self.tool = target(**init_kwargs) if kind == TOOL else None
+        self.sessions: dict[str, Any] = {}
+        self.ended: set[str] = set()  # sessions released before their (timed-out) create finished here
+        self.lock = threading.Lock()
+        self.local = threading.local()
+
+    # ----- the actor's own state ----------------------------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        """Who answers: the incarnation, the process and the GPUs Ray gave this actor."""
+        import ray
+
+        return {"incarnation": self.incarnation, "pid": os.getpid(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def open_sessions(self) -> int:
+        with self.lock:
+            return len(self.sessions)
+
+    # ----- tools ----------------------------------------------------------------------------------------------
+
+    def create(self, key: str, kwargs: dict[str, Any]):
+        instance_id, response = self._run(self.tool.create(**kwargs))
+        instance = ToolSession(instance_id=instance_id, images=[])
+        if not self._open(key, instance):
+            self._run(self.tool.release(instance.instance_id))
+        return response
+
+    def execute(self, key: str, parameters: dict[str, Any], keep: int, new_images: list, files: FileRoots):
+        session = self._session(key, "execute")
+        del session.images[keep:]
+        session.images.extend(new_images)
+        agent_data = SimpleNamespace(image_data=session.images)
+        setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(session.images))
+        setattr(agent_data, FILES_ATTR, files)
+        return self._run(self.tool.execute(session.instance_id, parameters, agent_data=agent_data))
+
+    def release(self, key: str, kwargs: dict[str, Any]) -> None:
+        session = self._close(key)
+        if session is not None:
+            self._run(self.tool.release(session.instance_id, **kwargs))
+
+    # ----- environments ---------------------------------------------------------------------------------------
+
+    def reset(self, key: str, env_kwargs: dict[str, Any], sample):
+        environment = self.target(**env_kwargs)
+        if not self._open(key, environment):
+            self._run(environment.close())
+            return None
+        return self._run(environment.reset(sample))
+
+    def step(self, key: str, assistant_text: str):
+        return self._run(self._session(key, "step").step(assistant_text))
+
+    def close(self, key: str) -> None:
+        environment = self._close(key)
+        if environment is not None:
+            self._run(environment.close())
+
+    # ----- sessions -------------------------------------------------------------------------------------------
+
+    def _open(self, key: str, session: Any) -> bool:
+        """Keep a new session; False when it was already ended (its create or reset timed out on the caller)."""
+        with self.lock:
+            if key in self.ended:
+                self.ended.discard(key)
+                return False
+            self.sessions[key] = session
+            return True
+
+    def _close(self, key: str) -> Any:
+        with self.lock:
+            session = self.sessions.pop(key, None)
+            if session is None:
+                self.ended.add(key)
+            return session
+
+    def _session(self, key: str, method: str) -> Any:
+        with self.lock:
+            session = self.sessions.get(key)
+        if session is None:
+            raise RemoteError(
+                f"{self.kind} session {key} is not on this actor (pid {os.getpid()}) for {method}: the actor was "
+                "restarted after the session started, so its state is gone; the trajectory is masked"
+            )
+        return session
+
+    def _run(self, result: Any) -> Any:
+        """The value of a plain or async method's result, awaited on this thread's own event loop."""
+        if not inspect.isawaitable(result):
+            return result
+        loop = getattr(self.local, "loop", None)
+        if loop is None:
+            loop = self.local.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(_awaited(result))
+
+
+class ToolSession:
+    """A tool instance on this actor and its copy of the trajectory's images (the workspace the tool reads)."""
+
+    __slots__ = ("instance_id", "images")
+
+    def __init__(self, instance_id: str, images: list):
+        self.instance_id, self.images = instance_id, images
+
+
+async def _awaited(awaitable):
+    return await awaitable

@@ -1,0 +1,186 @@
+"""``ActorPool``: the Ray actors serving one remote tool or environment class, shared by every agent-loop worker.
+
+The actors are named (``verl_mm_tools/<kind>/<name>/<digest>/<index>``) and created with ``get_if_exists``: verl's
+agent-loop workers, each its own process, reach the same ``actors`` actors instead of starting a pool each, and
+whichever worker comes first starts them. A session (one trajectory's tool instance or environment) is opened on the
+least busy actor this process knows of and stays there (affinity). A call that outlives ``timeout_s`` is cancelled;
+an actor that dies fails only the calls and sessions it held: the next session that needs the slot gets the actor
+Ray restarted (``max_restarts``) or, when Ray gave up on it, a new one under the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import hashlib
+import logging
+from typing import Any
+
+from verl_mm_tools.errors import RemoteError, RemoteTimeoutError
+from verl_mm_tools.remote.host import RemoteHost
+from verl_mm_tools.remote.spec import RemoteSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Slot:
+    """One actor of the pool, as this process sees it."""
+
+    index: int
+    name: str
+    handle: Any = None  # None: look the named actor up (or start it) before the next call
+    started: bool = False
+    incarnation: str | None = None
+    open_sessions: int = 0
+    assigned: int = 0
+    job: str | None = None  # the Ray job the handle belongs to
+
+
+class ActorPool:
+    """The actors of one remote class; sessions are keyed by the caller's session key."""
+
+    def __init__(self, kind: str, name: str, target: type, init_kwargs: dict[str, Any], spec: RemoteSpec):
+        self.kind, self.target, self.init_kwargs, self.spec = kind, target, init_kwargs, spec
+        self.label = f"{kind} {name!r}"
+        digest = hashlib.sha1(repr(pool_key(kind, target, init_kwargs, spec)).encode()).hexdigest()[:10]
+        prefix = f"verl_mm_tools/{kind}/{name}/{digest}"
+        self.slots = [Slot(index, f"{prefix}/{index}") for index in range(spec.actors)]
+        self.sessions: dict[str, Slot] = {}
+        self.counts: collections.Counter[str] = collections.Counter()  # calls, timeouts, lost, restarted
+
+    # ----- sessions -------------------------------------------------------------------------------------------
+
+    def open(self, key: str) -> Slot:
+        """Place a new session on the least busy actor (ties: the one given the fewest sessions so far)."""
+        slot = min(self.slots, key=lambda candidate: (candidate.open_sessions, candidate.assigned))
+        slot.open_sessions += 1
+        slot.assigned += 1
+        self.sessions[key] = slot
+        return slot
+
+    def close(self, key: str) -> None:
+        slot = self.sessions.pop(key, None)
+        if slot is not None:
+            slot.open_sessions -= 1
+
+    def slot_of(self, key: str) -> Slot:
+        slot = self.sessions.get(key)
+        if slot is None:
+            raise RemoteError(f"{self.label}: no open session {key!r} in this process (it was released, or never "
+                              "created: call create / reset first)")
+        return slot
+
+    # ----- calls ----------------------------------------------------------------------------------------------
+
+    async def call(self, slot: Slot, method: str, *args: Any, timeout_s: float | None = None,
+                   cancel_on_timeout: bool = True) -> Any:
+        """``method(*args)`` on the slot's actor. Raises RemoteTimeoutError past ``timeout_s``, RemoteError when the
+        actor or the session is lost, and the hosted class's own exception when it raised. A release or close is
+        not cancelled past its timeout (``cancel_on_timeout=False``): it still runs once the actor gets to it."""
+        import ray
+
+        handle = await self._started_handle(slot)
+        self.counts["calls"] += 1
+        ref = getattr(handle, method).remote(*args)
+        try:
+            return await asyncio.wait_for(_awaited(ref) if cancel_on_timeout else asyncio.shield(_awaited(ref)),
+                                          timeout_s)
+        except asyncio.TimeoutError:
+            if cancel_on_timeout:
+                _cancel(ref)
+            self.counts["timeouts"] += 1
+            raise RemoteTimeoutError(f"{self.label}: {method} on actor {slot.name} took longer than {timeout_s:g} s "
+                                     "and was cancelled") from None
+        except asyncio.CancelledError:  # the caller gave up (the loop's tool_timeout_s, a cancelled trajectory)
+            _cancel(ref)
+            raise
+        except ray.exceptions.RayActorError as error:
+            slot.handle, slot.started = None, False
+            self.counts["lost"] += 1
+            raise RemoteError(f"{self.label}: actor {slot.name} was lost during {method} "
+                              f"({type(error).__name__}: {_first_line(error)}); its sessions are gone") from error
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause
+            if isinstance(cause, RemoteError):
+                raise RemoteError(f"{self.label}, actor {slot.name}: {cause}") from None
+            raise (cause if isinstance(cause, BaseException) else error) from None
+
+    async def _started_handle(self, slot: Slot) -> Any:
+        import ray
+
+        if not ray.is_initialized():
+            raise RemoteError(f"{self.label} runs in Ray actors (remote:), but Ray is not initialized in this "
+                              "process: verl's workers always are; elsewhere call ray.init() first")
+        job = ray.get_runtime_context().get_job_id()
+        if slot.job != job:  # a new Ray session (ray.init again in this process): its actors are not ours
+            slot.handle, slot.started, slot.incarnation, slot.job = None, False, None, job
+        if slot.handle is None:
+            slot.handle = _actor_class().options(name=slot.name, get_if_exists=True, **self.spec.actor_options()
+                                                 ).remote(self.kind, self.target, self.init_kwargs)
+        if not slot.started:
+            await self._wait_started(slot, ray)
+        return slot.handle
+
+    async def _wait_started(self, slot: Slot, ray) -> None:
+        try:
+            info = await asyncio.wait_for(_awaited(slot.handle.ping.remote()), self.spec.startup_timeout_s)
+        except asyncio.TimeoutError:
+            raise RemoteError(
+                f"{self.label}: actor {slot.name} did not start within {self.spec.startup_timeout_s:g} s; it asks Ray "
+                f"for {self.spec.actor_options()} and Ray has {ray.available_resources()} free. Lower num_cpus / "
+                "num_gpus, give Ray more resources, or raise startup_timeout_s (a slow constructor)") from None
+        except ray.exceptions.RayActorError as error:
+            slot.handle = None
+            raise RemoteError(f"{self.label}: actor {slot.name} failed to start ({_first_line(error)})") from error
+        if slot.incarnation is not None and info["incarnation"] != slot.incarnation:
+            self.counts["restarted"] += 1
+            logger.warning("%s: actor %s was restarted (pid %s now); sessions it held were masked", self.label,
+                           slot.name, info["pid"])
+        slot.incarnation, slot.started = info["incarnation"], True
+
+    async def ping_all(self) -> list[dict[str, Any]]:
+        """Start every actor and say who answers (incarnation, pid, GPUs)."""
+        return [await self.call(slot, "ping") for slot in self.slots]
+
+
+_POOLS: dict[tuple, ActorPool] = {}
+
+
+def pool_key(kind: str, target: type, init_kwargs: dict[str, Any], spec: RemoteSpec) -> tuple:
+    return kind, target.__module__, target.__qualname__, repr(sorted(init_kwargs.items())), spec
+
+
+def pool_for(kind: str, name: str, target: type, init_kwargs: dict[str, Any], spec: RemoteSpec) -> ActorPool:
+    """This process's pool for the class: one per (kind, class, constructor arguments, spec); the actors' names
+    derive from the same, so every process reaches the same actors."""
+    key = pool_key(kind, target, init_kwargs, spec)
+    if key not in _POOLS:
+        _POOLS[key] = ActorPool(kind, name, target, init_kwargs, spec)
+    return _POOLS[key]
+
+
+@functools.cache
+def _actor_class():
+    import ray
+
+    return ray.remote(RemoteHost)
+
+
+async def _awaited(ref):
+    return await ref
+
+
+def _cancel(ref) -> None:
+    import ray
+
+    try:
+        ray.cancel(ref)
+    except Exception:  # noqa: BLE001 - a task that already finished, or an actor that is gone: nothing to cancel
+        logger.debug("cancelling a remote call failed", exc_info=True)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
