@@ -190,3 +190,38 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     record = json.loads(records[0].read_text())
     assert len(record["samples"]) == len(record["turns"])
     assert [sample["turns"] for sample in record["samples"]] == [[n] for n in range(1, len(record["turns"]) + 1)]
+
+
+SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""
+import time
+
+from verl_mm_tools.tools import RotateTool
+
+
+class SlowRotateTool(RotateTool):
+    def apply(self, image, **arguments):
+        time.sleep(0.1)
+        return super().apply(image, **arguments)
+'''
+
+
+@pytest.mark.slow
+def test_a_blocking_tool_on_ray_actors_trains_on_the_v1_trainer(tmp_path, monkeypatch):
+    """A user's blocking tool with ``remote:`` in verl's tool YAML: verl's agent-loop worker forwards every call to
+    the actor pool (every call counted remote), nothing is masked, and the trainer trains on the trajectories."""
+    monkeypatch.chdir(tmp_path)  # the user's module next to where the demo runs, as the README says
+    (tmp_path / "slow_rotate.py").write_text(SLOW_ROTATE)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: slow_rotate.SlowRotateTool\n    config: {type: native}\n"
+                     "    remote: {actors: 2, timeout_s: 60}\n")
+    lines: list[str] = []
+    options = DemoOptions(out=tmp_path / "out", task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
+                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, tools=tools, dumps=False)
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    log = [json.loads(line)["data"] for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(log) == STEPS
+    for data in log:
+        assert data["mm_tool/tool/rotate/calls_per_trajectory"] > 0  # the warm-started model calls the tool
+        assert data["mm_tool/tool/rotate/remote_calls_per_trajectory"] == data["mm_tool/tool/rotate/calls_per_trajectory"]
+        assert data["mm_tool/masked/count"] == 0
+        assert data["actor/grad_norm"] > 0
