@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.errors import RemoteError
 
 ANSWER = "<answer>90</answer><|im_end|>"
 
@@ -20,7 +21,7 @@ ANSWER = "<answer>90</answer><|im_end|>"
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)  # a logical GPU: placement only
     yield ray
     ray.shutdown()
 
@@ -61,13 +62,16 @@ def tool_texts(output, worker, index: int) -> list[str]:
     return re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, flags=re.S)
 
 
-def start(tools) -> None:
-    """Start every actor of the tools' pools before the timed part of a test."""
+def on_event_loop(coroutine):
     from verl.utils.ray_utils import get_event_loop
 
+    return get_event_loop().run_until_complete(coroutine)
+
+
+def start(tools) -> None:
+    """Start every actor of the tools' pools before the timed part of a test."""
     for tool in tools:
-        if hasattr(tool, "pool"):
-            get_event_loop().run_until_complete(tool.pool.ping_all())
+        on_event_loop(tool.pool.start())
 
 
 def open_sessions(pool) -> list[int]:
@@ -217,3 +221,21 @@ def test_a_remote_environment_answers_as_the_local_one(ray_cluster, rollout, tmp
     assert pool.sessions == {} and open_sessions(pool) == [0, 0]
     assert sorted(slot.assigned for slot in pool.slots) == [1, 1]
 
+
+
+def test_fractional_gpus_share_a_gpu_and_an_actor_ray_cannot_place_says_why(ray_cluster, rollout, tmp_path):
+    """Resource requests reach Ray: two actors asking half a GPU each share GPU 0 (CUDA_VISIBLE_DEVICES set by Ray);
+    one asking a whole GPU more than is free is not left pending: its trajectory is masked with what it asked."""
+    shared = load_tools(tmp_path, wait_entry("{actors: 2, num_gpus: 0.5, num_cpus: 0.5}", 0.01, "gpu"))
+    infos = on_event_loop(shared[0].pool.ping_all())
+    assert [(info["gpu_ids"], info["cuda_visible_devices"]) for info in infos] == [(["0"], "0"), (["0"], "0")]
+    assert ray_cluster.available_resources().get("GPU", 0) == 0
+
+    unplaceable = load_tools(tmp_path, wait_entry("{num_gpus: 1, startup_timeout_s: 3}", 0.01, "no_gpu_left"))
+    output, _, _ = rollout.run([tool_call_text("wait"), ANSWER], pictures(1), tools=unplaceable)
+    error = output.non_tensor_batch["mm_tool/error"][0]
+    assert f"tool 'wait': actor {unplaceable[0].pool.slots[0].name} did not start within 3 s; it asks Ray for " \
+           "{'max_concurrency': 1, 'max_restarts': 3, 'num_gpus': 1} and Ray has" in error
+    assert "Lower num_cpus / num_gpus, give Ray more resources, or raise startup_timeout_s" in error
+    for actor in shared[0].pool.slots:
+        ray_cluster.kill(ray_cluster.get_actor(actor.name))  # the logical GPU back for the tests after this one

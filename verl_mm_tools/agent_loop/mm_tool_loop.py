@@ -74,6 +74,7 @@ from verl_mm_tools.ops.checks import show
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
 from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
+from verl_mm_tools.remote.tool import RemoteTool
 from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         agent_data = None
         try:
             agent_data = await self._new_agent_data(kwargs, priority, state)
+            await _start_remote_tools(agent_data._active_tools)
             await self._start_environment(agent_data, kwargs)  # after agent_data exists: close() runs even if reset raises
             await self._run_states(agent_data, sampling_params)
             outputs = self._checked_outputs(agent_data, state)
@@ -778,6 +780,13 @@ def _being_cancelled() -> bool:
     """Whether the running task was asked to cancel (Python 3.11+; on 3.10 every CancelledError counts as stray)."""
     task = asyncio.current_task()
     return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
+
+
+async def _start_remote_tools(tools: dict) -> None:
+    """Remote tools' actors started before the first turn: their start never counts against tool_timeout_s."""
+    for tool in tools.values():
+        if isinstance(tool, RemoteTool):
+            await tool.start()
 
 
 async def _finished_or_cancelled(coroutine, timeout_s: float) -> asyncio.Task | None:

@@ -128,6 +128,8 @@ class ActorPool:
         try:
             info = await asyncio.wait_for(_awaited(slot.handle.ping.remote()), self.spec.startup_timeout_s)
         except asyncio.TimeoutError:
+            ray.kill(slot.handle)  # not left pending: it would take the resources once they free up
+            slot.handle = None
             raise RemoteError(
                 f"{self.label}: actor {slot.name} did not start within {self.spec.startup_timeout_s:g} s; it asks Ray "
                 f"for {self.spec.actor_options()} and Ray has {ray.available_resources()} free. Lower num_cpus / "
@@ -141,8 +143,14 @@ class ActorPool:
                            slot.name, info["pid"])
         slot.incarnation, slot.started = info["incarnation"], True
 
+    async def start(self) -> None:
+        """Start every actor (at once), or raise RemoteError saying why one did not start."""
+        if not all(slot.started for slot in self.slots):
+            await asyncio.gather(*(self._started_handle(slot) for slot in self.slots))
+
     async def ping_all(self) -> list[dict[str, Any]]:
         """Start every actor and say who answers (incarnation, pid, GPUs)."""
+        await self.start()
         return [await self.call(slot, "ping") for slot in self.slots]
 
 

@@ -58,6 +58,11 @@ class RemoteTool(BaseTool):
                                   {"config": self.config, "tool_schema": self.tool_schema}, self.spec)
         return self._pool
 
+    async def start(self) -> None:
+        """Start the pool's actors; the mm_tool loop awaits this before a trajectory's first turn, so an actor's
+        start (imports, loading a model) never counts against a call's timeout."""
+        await self.pool.start()
+
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
         key = instance_id or uuid.uuid4().hex
         slot = self.pool.open(key)
