@@ -27,6 +27,8 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    (equal: the same generated tokens), and the ratio of the loop's CPU time per trajectory over interleaved pairs.
    A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders it (the processor runs on
    every image again) before every turn.
+7. (``--remote``) tools on Ray actor pools: a blocking tool's wall time in process and on 1, 2, 4 actors, and what an
+   image costs to cross to an actor and back (``bench_remote``).
 """
 
 from __future__ import annotations
@@ -456,8 +458,10 @@ def pillow_reusing_image_memory(blocks: int = 64):
         Image.core.set_blocks_max(previous)
 
 
-def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, say=lambda line: None) -> list[Figure]:
-    """Figures 1-4; figure 5 too when ``step_dir`` is given (the trainer runs write there)."""
+def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, remote: bool = False,
+        say=lambda line: None) -> list[Figure]:
+    """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
+    ``remote`` (``bench_remote``: a local Ray cluster)."""
     with pillow_reusing_image_memory():
         figures = image_ops(repeats=11 if quick else 31)
         figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
@@ -465,4 +469,8 @@ def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, say=l
     figures += export_cost(model_dir, repeats=6 if quick else 12)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, say=say)
+    if remote:
+        from verl_mm_tools.bench_remote import remote_figures
+
+        figures += remote_figures(model_dir, quick=quick)
     return figures

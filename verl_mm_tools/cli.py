@@ -68,7 +68,7 @@ def _bench(args: argparse.Namespace) -> int:
         # a tool-aware template: on the faithful Qwen2.5-VL one, tool_agent would render no tool schemas and the two
         # loops would not process the same tokens
         figures = bench.run(str(tiny_model_path(template="tool_aware")), quick=args.quick, step_dir=step_dir,
-                            say=lambda line: sys.stderr.write(line + "\n"))
+                            remote=args.remote, say=lambda line: sys.stderr.write(line + "\n"))
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
     sys.stdout.write(bench.summary(figures) + "\n")
@@ -145,6 +145,8 @@ def _add_bench_command(commands) -> None:
     bench.add_argument("--step", action="store_true",
                        help="also verl's CPU training step: tool_agent and mm_tool on verl's v1 trainer, mm_tool on the "
                        "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)")
+    bench.add_argument("--remote", action="store_true",
+                       help="also figure 7: tools on Ray actor pools (a local Ray cluster; about 2 minutes)")
     bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
 
