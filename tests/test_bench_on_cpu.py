@@ -136,3 +136,18 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
         "step/v1_vs_classic: 1.071, target <= 1.10: met",  # 4.5 / 4.2
         "step/per_turn_vs_per_trajectory: 1.2",  # 5.4 / 4.5
     ]
+
+
+def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
+    from verl_mm_tools.bench_remote import image_crossing, local_ray, scaling
+
+    with local_ray():
+        figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=4)}
+        crossing = {each.name: each for each in image_crossing(repeats=1)}
+    name = "remote/4x2_calls_of_0.5s"
+    assert figures[f"{name}/in_process_s"].value >= 8 * 0.5  # one call at a time in the worker's process
+    assert {f"{name}/{actors}_actors_s" for actors in (1, 2, 4)} <= set(figures)
+    assert figures[f"{name}/speedup_4_actors"].target == ">= 2.8"
+    assert crossing["remote/rotate_448px/bytes_per_image"].value > 448 * 448 * 3
+    assert crossing["remote/rotate_1024px/bytes_per_image"].value > 1024 * 1024 * 3
+    assert len(crossing["remote/round_trip_without_images_ms"].samples) == 1
