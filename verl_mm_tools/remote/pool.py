@@ -92,10 +92,12 @@ class ActorPool:
             if cancel_on_timeout:
                 _cancel(ref)
             self.counts["timeouts"] += 1
+            outcome = "was cancelled" if cancel_on_timeout else "still runs there"
             raise RemoteTimeoutError(f"{self.label}: {method} on actor {slot.name} took longer than {timeout_s:g} s "
-                                     "and was cancelled") from None
+                                     f"and {outcome}") from None
         except asyncio.CancelledError:  # the caller gave up (the loop's tool_timeout_s, a cancelled trajectory)
-            _cancel(ref)
+            if cancel_on_timeout:
+                _cancel(ref)
             raise
         except ray.exceptions.RayActorError as error:
             slot.handle, slot.started = None, False
