@@ -43,7 +43,7 @@ def _per_tool_metrics(per_tool_rows: list[dict]) -> dict[str, float]:
             totals[name].calls += stats["calls"]
             totals[name].errors += stats["errors"]
             totals[name].time_s += stats["time_s"]
-            totals[name].remote_calls += stats.get("remote_calls", 0)
+            totals[name].remote_calls += stats["remote_calls"]
     metrics = {}
     for name, stats in totals.items():
         metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"] = stats.calls / len(per_tool_rows)

@@ -11,7 +11,6 @@ cross back. A reset or step past ``timeout_s``, a lost actor or a raising enviro
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any
 
@@ -19,8 +18,6 @@ from verl_mm_tools.errors import RemoteError
 from verl_mm_tools.remote.host import ENVIRONMENT
 from verl_mm_tools.remote.pool import pool_for
 from verl_mm_tools.remote.spec import RemoteSpec
-
-logger = logging.getLogger(__name__)
 
 
 class RemoteEnvironment:

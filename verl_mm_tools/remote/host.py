@@ -125,7 +125,7 @@ class RemoteHost:
         loop = getattr(self.local, "loop", None)
         if loop is None:
             loop = self.local.loop = asyncio.new_event_loop()
-        return loop.run_until_complete(_awaited(result))
+        return loop.run_until_complete(awaited(result))
 
 
 class ToolSession:
@@ -137,5 +137,6 @@ class ToolSession:
         self.instance_id, self.images = instance_id, images
 
 
-async def _awaited(awaitable):
+async def awaited(awaitable):
+    """A coroutine of any awaitable (a Ray ObjectRef too), for event-loop APIs that take coroutines."""
     return await awaitable

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from verl_mm_tools.errors import RemoteError, RemoteTimeoutError
-from verl_mm_tools.remote.host import RemoteHost
+from verl_mm_tools.remote.host import RemoteHost, awaited
 from verl_mm_tools.remote.spec import RemoteSpec
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class ActorPool:
         self.counts["calls"] += 1
         ref = getattr(handle, method).remote(*args)
         try:
-            return await asyncio.wait_for(_awaited(ref) if cancel_on_timeout else asyncio.shield(_awaited(ref)),
+            return await asyncio.wait_for(awaited(ref) if cancel_on_timeout else asyncio.shield(awaited(ref)),
                                           timeout_s)
         except asyncio.TimeoutError:
             if cancel_on_timeout:
@@ -128,7 +128,7 @@ class ActorPool:
 
     async def _wait_started(self, slot: Slot, ray) -> None:
         try:
-            info = await asyncio.wait_for(_awaited(slot.handle.ping.remote()), self.spec.startup_timeout_s)
+            info = await asyncio.wait_for(awaited(slot.handle.ping.remote()), self.spec.startup_timeout_s)
         except asyncio.TimeoutError:
             ray.kill(slot.handle)  # not left pending: it would take the resources once they free up
             slot.handle = None
@@ -177,10 +177,6 @@ def _actor_class():
     import ray
 
     return ray.remote(RemoteHost)
-
-
-async def _awaited(ref):
-    return await ref
 
 
 def _cancel(ref) -> None:
