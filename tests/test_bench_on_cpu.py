@@ -4,6 +4,7 @@ Timed values are not asserted (they depend on the machine); the counted ones are
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -41,6 +42,21 @@ def test_bench_quick_prints_every_figure_then_the_summary(capsys):
     memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
     # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
     assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5
+
+
+def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():
+    figures = {each.name: each for each in bench.image_ops(repeats=3, processes=2)}
+    ops_names = ["rotate90", "rotate37", "rotate37_nearest", "flip", "crop", "zoom_in", "draw_bbox", "draw_line"]
+    assert sorted(figures) == sorted(["ops/transpose_ms"] + [f"ops/{name}_over_transpose" for name in ops_names]
+                                     + [f"ops/default_cap/{name}_ms" for name in ops_names])
+    assert {len(each.samples) for each in figures.values()} == {4}  # 2 processes x ceil(3 / 2) samples
+    assert all(each.target == "<= 3" for name, each in figures.items() if name.endswith("_over_transpose"))
+
+
+def test_the_op_timing_process_refuses_a_bad_repeat_count():
+    done = subprocess.run([sys.executable, "-m", "verl_mm_tools.bench_ops", "zero"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "usage: python -m verl_mm_tools.bench_ops REPEATS (a positive integer), got ['zero']"
 
 
 def test_figure_lines_checks_and_informational_figures():

@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 # record and the viewer (tests/test_cli_on_cpu.py and tests/test_layers_on_cpu.py check it).
 LIGHT_MODULES = frozenset({
     "verl_mm_tools.arguments",
+    "verl_mm_tools.bench_ops",
     "verl_mm_tools.cli",
     "verl_mm_tools.data",
     "verl_mm_tools.data.command",

@@ -12,7 +12,8 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    the agent loop (verl builds one per trajectory) and its ``run()``, and the ratio of the interleaved pairs.
 2. Per-turn growth in 16-turn trajectories: the loop's own time for turns 14-16 over turns 2-4, per trajectory, for
    both loops (a loop that re-renders the conversation grows).
-3. Each image op on a 1024x1024 RGB image divided by PIL ``transpose`` of the same image, timed in interleaved pairs.
+3. Each image op on a 1024x1024 RGB image divided by PIL ``transpose`` of the same image, timed in interleaved pairs
+   in three fresh processes that load nothing but Pillow and the ops (``bench_ops``).
 4. The bytes a finished 16-image mm_tool trajectory holds (verl's ``AgentLoopOutput``: its images' pixel buffers,
    token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
    Pillow stores an RGB pixel in 4).
@@ -36,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import json
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -258,59 +261,33 @@ def _growth(side: int, gaps: dict[str, list[list[float]]]) -> list[Figure]:
     return figures
 
 
-def image_ops(repeats: int = 11) -> list[Figure]:
-    """Targets on the ops themselves (an output cap above 1024x1024); the default cap (1280*28*28 px, below
-    1024x1024) adds a downscale, reported without a target."""
-    from verl_mm_tools import ops
+def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
+    """Figure 3, from ``processes`` fresh processes (``bench_ops``) of ``ceil(repeats / processes)`` samples each.
+    Targets on the ops themselves (an output cap above 1024x1024); the default cap (1280*28*28 px, below 1024x1024)
+    adds a downscale, reported without a target. Ratios pair samples taken in the same process."""
+    from verl_mm_tools.bench_ops import BASELINE
 
-    image = Image.new("RGB", (1024, 1024), (10, 20, 30))
-    image.paste((200, 40, 40), (100, 100, 600, 500))
-    box = (100, 100, 612, 612)
-    cases = {
-        "rotate90": lambda cap: ops.rotate(image, 90, max_pixels=cap),
-        "rotate37": lambda cap: ops.rotate(image, 37, max_pixels=cap),  # bicubic, RotateTool's default
-        "rotate37_nearest": lambda cap: ops.rotate(image, 37, max_pixels=cap, resample="nearest"),
-        "flip": lambda cap: ops.flip(image, "horizontal", max_pixels=cap),
-        "crop": lambda cap: ops.crop(image, box, max_pixels=cap),
-        "zoom_in": lambda cap: ops.zoom_in(image, box, max_pixels=cap),
-        "draw_bbox": lambda cap: ops.draw_bbox(image, box, label="target", max_pixels=cap),
-        "draw_line": lambda cap: ops.draw_line(image, (0, 0, 1023, 1023), width=4, max_pixels=cap),
-    }
-    timed = {"transpose": lambda: image.transpose(Image.Transpose.ROTATE_90)}
-    for name, op in cases.items():
-        timed[name] = lambda op=op: op(1 << 22)
-        timed[f"default_cap/{name}"] = lambda op=op: op(ops.DEFAULT_MAX_PIXELS)
-    seconds = _interleaved_cpu_seconds(timed, repeats)
-    figures = [figure("ops/transpose_ms", [t * 1e3 for t in seconds["transpose"]])]
-    for name in cases:
-        ratios = [op / base for op, base in zip(seconds[name], seconds["transpose"])]
-        figures.append(figure(f"ops/{name}_over_transpose", ratios, "<= 3"))
-    for name in cases:
-        figures.append(figure(f"ops/default_cap/{name}_ms", [t * 1e3 for t in seconds[f"default_cap/{name}"]]))
+    seconds, ratios = {}, {}
+    for _ in range(processes):
+        samples = _ops_in_fresh_process(math.ceil(repeats / processes))
+        for name, values in samples.items():
+            seconds.setdefault(name, []).extend(values)
+            ratios.setdefault(name, []).extend(op / base for op, base in zip(values, samples[BASELINE]))
+    ops_names = [name for name in seconds if name != BASELINE and not name.startswith("default_cap/")]
+    figures = [figure(f"ops/{BASELINE}_ms", [t * 1e3 for t in seconds[BASELINE]])]
+    figures += [figure(f"ops/{name}_over_{BASELINE}", ratios[name], "<= 3") for name in ops_names]
+    figures += [figure(f"ops/default_cap/{name}_ms", [t * 1e3 for t in seconds[f"default_cap/{name}"]])
+                for name in ops_names]
     return figures
 
 
-SAMPLE_CPU_SECONDS = 0.03  # a timed sample repeats a short op until it lasts this long: timer and scheduler noise
-
-
-def _interleaved_cpu_seconds(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """CPU seconds per call of each function, ``repeats`` samples each, taken in turns (all see the same load)."""
-    calls = {name: _calls_per_sample(function) for name, function in functions.items()}  # doubles as the warm-up
-    samples = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            started = time.process_time()
-            for _ in range(calls[name]):
-                function()
-            samples[name].append((time.process_time() - started) / calls[name])
-    return samples
-
-
-def _calls_per_sample(function: Callable[[], object]) -> int:
-    function()  # first-call costs (lazy imports, caches) are not the op's
-    started = time.process_time()
-    function()
-    return max(1, math.ceil(SAMPLE_CPU_SECONDS / max(time.process_time() - started, 1e-6)))
+def _ops_in_fresh_process(repeats: int) -> dict[str, list[float]]:
+    command = [sys.executable, "-m", "verl_mm_tools.bench_ops", str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the image-op timing process failed (exit {done.returncode}): {' '.join(command)}\n"
+                           f"{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list[Figure]:
@@ -447,9 +424,9 @@ def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
 
 @contextlib.contextmanager
 def pillow_reusing_image_memory(blocks: int = 64):
-    """Let Pillow keep freed image blocks for reuse. By default it returns them, and whether an op's output then
-    lands in fresh pages (page faults: ~0.2 ms for a 1024x1024 image) depended on the process's allocation history:
-    two runs' op timings differed by up to 16 %, with it by up to 5 %."""
+    """Let Pillow keep freed image blocks for reuse (the loop figures). By default it returns them, and whether an
+    image then lands in fresh pages (page faults: ~0.2 ms for a 1024x1024 image) depended on the process's allocation
+    history: two runs' timings differed by up to 16 %, with it by up to 5 %."""
     previous = Image.core.get_blocks_max()
     Image.core.set_blocks_max(blocks)
     try:
@@ -462,8 +439,8 @@ def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, remot
         say=lambda line: None) -> list[Figure]:
     """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
     ``remote`` (``bench_remote``: a local Ray cluster)."""
+    figures = image_ops(repeats=11 if quick else 31)
     with pillow_reusing_image_memory():
-        figures = image_ops(repeats=11 if quick else 31)
         figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
     figures += trajectory_memory(model_dir)
     figures += export_cost(model_dir, repeats=6 if quick else 12)
