@@ -31,6 +31,7 @@ setup(
         "psutil",  # the CPU demo and verl import it; verl does not declare it
         "fastapi",
         "uvicorn",
+        "httpx",  # verl-mm-tools eval talks to chat endpoints
         # verl's default (v1) trainer moves batches through TransferQueue, which verl lists only in its verl-core
         # extra; 0.1.11 is the version tested here
         "TransferQueue>=0.1.10,<0.2",
@@ -40,7 +41,9 @@ setup(
         # torchvision 0.26.0, transformers 5.9.0); tests/test_packaging_on_cpu.py checks they fit our requirements
         "vllm": [f"verl[vllm]{VERL_VERSIONS}"],
         "sglang": [f"verl[sglang]{VERL_VERSIONS}"],
-        "test": ["pytest>=8", "hypothesis>=6"],
+        # openai: the request types of transformers' own OpenAI-compatible server (``transformers serve``), which the
+        # eval tests run on the tiny model
+        "test": ["pytest>=8", "hypothesis>=6", "openai"],
     },
     entry_points={
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],

@@ -13,6 +13,8 @@ LIGHT_MODULES = frozenset({
     "verl_mm_tools.data",
     "verl_mm_tools.data.command",
     "verl_mm_tools.errors",
+    "verl_mm_tools.evaluate",
+    "verl_mm_tools.evaluate.command",
     "verl_mm_tools.files",
     "verl_mm_tools.import_order",
     "verl_mm_tools.ops",

@@ -17,6 +17,7 @@ from pathlib import Path
 from verl_mm_tools.arguments import whole_number, whole_number_list
 from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.command import add_eval_command
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, TEMPLATES, tiny_model_path
 from verl_mm_tools.viewer.command import add_view_command
 
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).
-Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark.
+Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate.
 """
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_view_command(commands)
     add_make_data_command(commands)
     _add_bench_command(commands)
+    add_eval_command(commands)
     return parser
 
 

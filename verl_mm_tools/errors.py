@@ -51,3 +51,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix naming the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+class EndpointError(VerlMMToolsError, RuntimeError):
+    """A model endpoint (``verl-mm-tools eval``) failed a request after its retries, or answered something that is
+    not a chat completion."""

@@ -148,13 +148,6 @@ def _objects(values: Sequence[Any]) -> np.ndarray:
     return array
 
 
-def generate(worker, batch: DataProto) -> DataProto:
-    """Run the worker on verl's event loop (the one verl's reward worker and agent loops capture)."""
-    from verl.utils.ray_utils import get_event_loop
-
-    return get_event_loop().run_until_complete(worker.generate_sequences(batch))
-
-
 def tool_call_text(name: str, **arguments: Any) -> str:
     """The text a Qwen model writes for one tool call, ending its turn (hermes format)."""
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call><|im_end|>"
@@ -216,6 +209,31 @@ class LocalRollout:
             server = ScriptedServer(worker.tokenizer, turns, model=model)
             worker.llm_client = server
             return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
+
+
+def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
+    """``MMToolAgentLoopManager`` over one in-process AgentLoopWorker (no Ray), and that worker, whose
+    ``llm_client`` the caller sets: trajectories scored by verl's reward worker in-process, the step hook publishing
+    dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``)."""
+    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
+
+    worker = make_worker(config, None)
+    worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
+    manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
+    manager.config = config
+    manager.agent_loop_workers = [InProcessActor(worker)]
+    return manager, worker
+
+
+def generate(worker, batch: DataProto) -> DataProto:
+    """Run ``worker.generate_sequences`` (an AgentLoopWorker or a manager) on verl's event loop (the one verl's
+    reward worker and agent loops capture)."""
+    from verl.utils.ray_utils import get_event_loop
+
+    async def run():
+        return await worker.generate_sequences(batch)
+
+    return get_event_loop().run_until_complete(run())
 
 
 class InProcessActor:

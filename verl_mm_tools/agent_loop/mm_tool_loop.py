@@ -224,6 +224,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
         setattr(agent_data, FILES_ATTR, self.files)  # what tools may read: files_of(agent_data)
         setattr(agent_data, STATE_ATTR, state)
+        state.request_id = agent_data.request_id
         state.sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
         state.budget = ImageBudget(self.mm_config, self.geometry) if self.geometry else None
         state.prompt_images = len(agent_data.image_data)

@@ -13,13 +13,12 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
     CLASSIC_HOOK,
-    InProcessActor,
     LocalRollout,
     ScriptedServer,
+    generate,
     image_prompt,
-    in_process_reward_worker,
+    in_process_manager,
     make_batch,
-    make_worker,
     restored_loop_registry,
     tool_call_text,
 )
@@ -82,26 +81,14 @@ def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict
 
 
 def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, steps: Sequence[int], validate: bool):
-    from verl.utils.ray_utils import get_event_loop
-
-    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
-
-    worker = make_worker(config, None)
-    worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
+    manager, worker = in_process_manager(config)
     server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
     worker.llm_client = server
-    manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
-    manager.config = config
-    manager.agent_loop_workers = [InProcessActor(worker)]
     outputs = []
     for step in steps:
         batch = make_batch(prompts, **columns)
         batch.meta_info.update(global_steps=step, validate=validate)
-
-        async def generate(batch=batch):  # on verl's loop, which the reward worker captured
-            return await manager.generate_sequences(batch)
-
-        outputs.append(get_event_loop().run_until_complete(generate()))
+        outputs.append(generate(manager, batch))
     return outputs, server
 
 

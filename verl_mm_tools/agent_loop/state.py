@@ -33,6 +33,7 @@ TURN_GAMMA_KEY = PREFIX + "turn_gamma"  # algorithm.gamma: the per-turn discount
 # [index, count] of the output among its trajectory's training samples (export per_turn / auto); the trajectory's
 # statistics count once, on its final sample (``is_final_sample``)
 SAMPLE_KEY = PREFIX + "sample"
+REQUEST_ID_KEY = PREFIX + "request_id"  # verl's request id of the trajectory: what its server calls were sent as
 
 
 class StopReason(str, Enum):
@@ -160,6 +161,7 @@ class TrajectoryState:
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
+    request_id: str = ""  # verl's, once the trajectory has one
 
     @property
     def prompt_length(self) -> int:
@@ -195,6 +197,7 @@ class TrajectoryState:
             TURN_REWARDS_KEY: [turn.reward for turn in (turns if samples > 1 else self.turns)],
             TURN_SPANS_KEY: spans,
             SAMPLE_KEY: [sample, samples],
+            REQUEST_ID_KEY: self.request_id,
         }
 
 

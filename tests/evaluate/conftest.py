@@ -1,0 +1,8 @@
+"""The eval tests' chat servers live in ``chat_servers`` (importable from here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: test modules cannot import conftest

@@ -1,0 +1,208 @@
+"""``verl-mm-tools eval``: rows through verl's AgentLoopWorker and the mm_tool loop against chat endpoints on
+127.0.0.1 (a scripted one with faults; transformers' own server on the tiny model) and a local checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_mm_tools.agent_loop.sample_dump import sample_image
+from verl_mm_tools.cli import main
+from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
+from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
+from verl_mm_tools.evaluate.messages import answer_text, chat_messages
+from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.viewer.records import load_trajectories
+
+from chat_servers import ScriptedChatServer, answer, api_call, transformers_server
+
+SOURCE = "eval_test"
+RIGHT, WRONG = answer("<answer>90</answer>"), answer("<answer>45</answer>")
+BROKEN_CALL = answer('<tool_call>\n{"name": "rotate", "arguments": {"degrees": 9\n</tool_call>')
+# row: the answers to each try of each turn (see ScriptedChatServer)
+SCRIPTS = {
+    0: [[RIGHT]],
+    1: [["500", RIGHT]],  # one server error, then the answer
+    2: [["500"]],  # errors on every try
+    3: [["stall", RIGHT]],  # one try past the timeout
+    4: [["garbage"]],  # never a chat completion
+    5: [[BROKEN_CALL], [RIGHT]],  # a tool call the loop cannot parse, then the answer
+    6: [[api_call("rotate", '{"degrees": 90}')], [RIGHT]],  # a structured call (a server's tool parser), the answer
+    7: [[WRONG]],
+}
+NO_FAULTS = {"requests": 1, "http_errors": 0, "timeouts": 0, "connection_errors": 0, "malformed": 0, "retries": 0,
+             "failed": 0, "prompt_token_mismatch": 0}
+
+
+def faults(**counts) -> dict:
+    return {**NO_FAULTS, **counts}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    rows = [image_row(SOURCE, f"row {row}: <image>By how many degrees was this picture turned? You may call the rotate "
+                      "tool. Answer as <answer>90</answer>.", sample_image(), "90", {"index": row}, "mm_tool")
+            for row in SCRIPTS]
+    return write_parquet(rows, tmp_path_factory.mktemp("data") / "rows.parquet")
+
+
+@pytest.fixture(scope="module")
+def tools_yaml(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tools") / "tools.yaml"
+    path.write_text(ROTATE_TOOLS_YAML)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scripted_eval(data, tools_yaml, tiny_model_dir, tmp_path_factory):
+    server = ScriptedChatServer(SCRIPTS)
+    out = tmp_path_factory.mktemp("eval")
+    options = EvalOptions(data=data, out=out, model_path=str(tiny_model_dir), tools_yaml=tools_yaml,
+                          reward_fn="exact_answer_reward", batch_size=4, max_turns=3, response_length=256)
+    with server.running() as url:
+        settings = EndpointSettings(url=url, model="tiny", concurrency=3, timeout_s=0.5, retries=3, backoff_s=0)
+        report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
+    return report, out, server
+
+
+def test_every_row_is_scored_and_its_faults_counted(scripted_eval):
+    _, out, _ = scripted_eval
+    rows = {row["index"]: row for row in map(json.loads, (out / TOOLS / "rows.jsonl").read_text().splitlines())}
+    assert sorted(rows) == list(SCRIPTS)  # no row lost
+    assert {index: row["reward"] for index, row in rows.items()} == \
+        {0: 1.0, 1: 1.0, 2: 0.0, 3: 1.0, 4: 0.0, 5: 1.0, 6: 1.0, 7: 0.0}
+    assert {index: row["endpoint"] for index, row in rows.items()} == {
+        0: NO_FAULTS, 1: faults(http_errors=1, retries=1), 2: faults(http_errors=4, retries=3, failed=1),
+        3: faults(timeouts=1, retries=1), 4: faults(malformed=4, retries=3, failed=1), 5: faults(requests=2),
+        6: faults(requests=2), 7: NO_FAULTS}
+    assert [index for index, row in rows.items() if row["masked"]] == [2, 4]
+    assert rows[2]["stop_reason"] == "error" and rows[2]["error"].endswith(
+        "failed 4 tries; the last: HTTP 500: overloaded")
+    assert "not a chat completion" in rows[4]["error"]
+    assert (rows[5]["tool_calls"], rows[5]["invalid_actions"], rows[5]["turns"]) == (0, 1, 2)
+    assert (rows[6]["tool_calls"], rows[6]["tool_errors"], rows[6]["images"], rows[6]["turns"]) == (1, 0, 2, 2)
+
+
+def test_the_report_per_data_source(scripted_eval):
+    report, out, _ = scripted_eval
+    assert list(report["modes"][TOOLS]) == [SOURCE], report["modes"]
+    figures = report["modes"][TOOLS][SOURCE]
+    assert figures["rows"] == 8 and figures["reward_mean"] == 0.625 and figures["masked"] == 2
+    low, high = figures["reward_ci95"]
+    assert low == pytest.approx(0.625 - 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5) and high == pytest.approx(
+        0.625 + 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5)
+    assert figures["stop_reasons"] == {"answered": 6, "turn_limit": 0, "length_limit": 0, "budget": 0, "error": 2}
+    assert figures["tools"] == {"rotate": {"calls_per_trajectory": 0.125, "error_rate": 0.0}}
+    assert figures["endpoint"] == {"connection_errors": 0, "failed": 2, "http_errors": 5, "malformed": 4,
+                                   "prompt_token_mismatch": 0, "requests": 10, "retries": 8, "timeouts": 1}
+    assert json.loads((out / "report.json").read_text())["modes"] == report["modes"]
+    text = (out / "report.txt").read_text()
+    assert text.startswith(f"{SOURCE}\n") and "reward_mean" in text and "0.625" in text
+
+
+def test_what_the_endpoint_was_sent(scripted_eval):
+    _, _, server = scripted_eval
+    for request in server.requests:
+        assert request["model"] == "tiny" and request["temperature"] == 0.0
+        assert [message["role"] for message in request["messages"]][:2] == ["system", "user"]
+        assert "rotate" in request["messages"][0]["content"]  # the tool schemas, as the loop renders them
+    second = [r for r in server.requests if "row 6" in json.dumps(r) and len(r["messages"]) > 2][0]
+    images = [part for message in second["messages"] if isinstance(message["content"], list)
+              for part in message["content"] if part["type"] == "image_url"]
+    assert len(images) == 2 and all(part["image_url"]["url"].startswith("data:image/png;base64,") for part in images)
+
+
+def test_the_viewer_shows_every_trajectory(scripted_eval):
+    _, out, _ = scripted_eval
+    trajectories = load_trajectories(out / TOOLS / "trajectories")
+    assert len(trajectories) == len(SCRIPTS)
+
+
+def test_chat_messages_from_a_rendered_prompt(tiny_processor):
+    image = sample_image()
+    rendered = tiny_processor.apply_chat_template(
+        [{"role": "system", "content": "sys"},
+         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "look"}]},
+         {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"},
+         {"role": "user", "content": [{"type": "text", "text": "<tool_response>"}, {"type": "image"}]}],
+        add_generation_prompt=True, tokenize=False)
+    messages = chat_messages(rendered.replace("<|image_pad|>", "<|image_pad|>" * 3), [image, image])
+    assert [message["role"] for message in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"] == "sys" and messages[2]["content"] == "<tool_call>\n{}\n</tool_call>"
+    assert [part["type"] for part in messages[1]["content"]] == ["image_url", "text"]
+    assert messages[1]["content"][1]["text"] == "look"
+    with pytest.raises(ConfigError, match="holds 2 image runs but 3 images came"):
+        chat_messages(rendered, [image] * 3)
+    with pytest.raises(ConfigError, match="must end in '<|im_start|>assistant"):
+        chat_messages(rendered + "x", [image, image])
+
+
+def test_structured_tool_calls_become_hermes_text():
+    message = {"content": "let me look", "tool_calls": [
+        {"function": {"name": "rotate", "arguments": '{"degrees": 90}'}},
+        {"function": {"name": "zoom_in", "arguments": '{"box": [1, 2'}}]}
+    assert answer_text(message) == ('let me look\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n'
+                                    '</tool_call>\n<tool_call>\n{"name": "zoom_in", "arguments": {"box": [1, 2}\n'
+                                    '</tool_call>')
+    assert answer_text({"content": None, "tool_calls": []}) == ""
+
+
+def test_bad_settings_are_refused(data, tmp_path):
+    with pytest.raises(ConfigError, match="must be an http"):
+        EndpointSettings(url="127.0.0.1:8000", model="m")
+    with pytest.raises(ConfigError, match="concurrency must be >= 1, got 0"):
+        EndpointSettings(url="http://127.0.0.1:1/v1", model="m", concurrency=0)
+    with pytest.raises(ConfigError, match="needs --tools FILE.yaml"):
+        EvalOptions(data=data, out=tmp_path, model_path="m")
+    with pytest.raises(ConfigError, match="neither a Hugging Face model folder"):
+        model_dir(tmp_path, tmp_path / "merged")
+    assert main(["eval", "--data", str(data), "--endpoint", "http://127.0.0.1:1/v1", "--no-tools"]) == 2
+
+
+def test_an_unreachable_endpoint_masks_rows_and_loses_none(data, tiny_model_dir, tmp_path):
+    options = EvalOptions(data=data, out=tmp_path, model_path=str(tiny_model_dir), modes=(NO_TOOLS,), batch_size=8,
+                          reward_fn="exact_answer_reward")
+    settings = EndpointSettings(url="http://127.0.0.1:9/v1", model="m", retries=1, backoff_s=0, timeout_s=2)
+    report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
+    figures = report["modes"][NO_TOOLS][SOURCE]
+    assert (figures["rows"], figures["masked"], figures["reward_mean"]) == (8, 8, 0.0)
+    assert figures["endpoint"]["connection_errors"] == 16 and figures["endpoint"]["failed"] == 8
+
+
+def test_a_checkpoint_folder_answers_on_verls_validation_path(data, tools_yaml, tiny_model_dir, tmp_path):
+    assert model_dir(tiny_model_dir, tmp_path) == Path(tiny_model_dir)  # a Hugging Face folder is used as is
+    options = EvalOptions(data=data, out=tmp_path, model_path=str(tiny_model_dir), tools_yaml=tools_yaml,
+                          reward_fn="exact_answer_reward", batch_size=8, max_turns=2, response_length=48)
+    clients = []
+    report = evaluate(options, lambda tokenizer: clients.append(CheckpointClient(tiny_model_dir)) or clients[0])
+    figures = report["modes"][TOOLS][SOURCE]
+    assert figures["rows"] == 8 and figures["masked"] == 0  # the random tiny model: no reward expected
+    rows = [json.loads(line) for line in (tmp_path / TOOLS / "rows.jsonl").read_text().splitlines()]
+    assert all(row["endpoint"] == {} for row in rows)  # a checkpoint has no endpoint faults
+
+
+@pytest.mark.slow
+def test_transformers_server_renders_what_the_loop_rendered(tiny_model_dir, tools_yaml, tmp_path, capsys):
+    """transformers' own OpenAI-compatible server on the tiny model: every request's prompt, rendered by the
+    server from the chat messages, has exactly the loop's token count; both modes reported side by side."""
+    from verl_mm_tools.data.rotation import write_rotation_dataset
+
+    _, val = write_rotation_dataset(tmp_path / "data", train_size=1, val_size=4)
+    with transformers_server(tiny_model_dir, tmp_path / "server.log") as url:
+        status = main(["eval", "--data", str(val), "--endpoint", url, "--model", str(tiny_model_dir), "--tools",
+                       str(tools_yaml), "--with-and-without-tools", "--reward-fn", "rotation_reward_180",
+                       "--max-turns", "2", "--response-length", "64", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    for mode in (TOOLS, NO_TOOLS):
+        figures = report["modes"][mode]["verl_mm_tools/rotation"]
+        assert figures["rows"] == 4 and figures["masked"] == 0
+        assert figures["endpoint"]["requests"] >= 4 and figures["endpoint"]["failed"] == 0
+        assert figures["endpoint"]["prompt_token_mismatch"] == 0
+    assert printed.startswith("verl_mm_tools/rotation\n") and "tools" in printed and "no_tools" in printed

@@ -1,0 +1,84 @@
+"""A local checkpoint in the place of verl's inference server: the model a trainer run saved, generating with the
+CPU rollout's engine (``HFVisionLM``) on verl's validation sampling settings.
+
+``model_dir`` takes a Hugging Face model folder, or what verl's FSDP trainer writes (``trainer.default_local_dir``,
+one of its ``global_step_N`` folders or their ``actor`` folder): its shards are merged into a Hugging Face folder by
+verl's own model merger, once per checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from verl_mm_tools.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest_checkpointed_iteration.txt"  # verl writes the last saved step here
+
+
+def model_dir(checkpoint: str | Path, merged_root: Path) -> Path:
+    """A Hugging Face folder holding the checkpoint's weights (merged under ``merged_root`` when needed)."""
+    path = Path(checkpoint)
+    if _is_hf_model(path):
+        return path
+    actor = _actor_dir(path)
+    merged = merged_root / f"{actor.parent.name}_{actor.name}"
+    if not _is_hf_model(merged):
+        _merge(actor, merged)
+    return merged
+
+
+def _is_hf_model(path: Path) -> bool:
+    weights = [*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")]
+    return (path / "config.json").is_file() and bool(weights)
+
+
+def _actor_dir(path: Path) -> Path:
+    if (path / LATEST).is_file():  # trainer.default_local_dir: its latest step
+        path = path / f"global_step_{(path / LATEST).read_text().strip()}"
+    if (path / "actor").is_dir():
+        path = path / "actor"
+    if not list(path.glob("model_world_size_*_rank_0.pt")) or not (path / "huggingface" / "config.json").is_file():
+        found = sorted(entry.name for entry in path.iterdir())[:10] if path.is_dir() else "nothing (no such folder)"
+        raise ConfigError(
+            f"--checkpoint {path}: neither a Hugging Face model folder (config.json and weights) nor a verl FSDP "
+            f"checkpoint (model_world_size_*_rank_0.pt and huggingface/config.json; or its global_step_N folder, or "
+            f"trainer.default_local_dir with {LATEST}); found {found}"
+        )
+    return path
+
+
+def _merge(actor: Path, target: Path) -> None:
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    logger.info("merging the FSDP checkpoint %s into %s with verl's model merger", actor, target)
+    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(actor), target_dir=str(target),
+                               hf_model_config_path=str(actor / "huggingface"))
+    FSDPModelMerger(config).merge_and_save()
+
+
+class CheckpointClient:
+    """verl's LLM server client, answered by ``HFVisionLM`` on the checkpoint's weights, one request at a time."""
+
+    def __init__(self, path: str | Path):
+        from verl_mm_tools.cpu.hf_engine import HFVisionLM
+
+        self.engine = HFVisionLM(str(path))
+        self._lock = None
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        settings = {"max_new_tokens": sampling_params.get("max_tokens") or 256,
+                    "temperature": float(sampling_params.get("temperature", 0.0)),
+                    "top_p": float(sampling_params.get("top_p", 1.0)), "top_k": int(sampling_params.get("top_k", -1))}
+        async with self._lock:  # the model runs in a thread; the event loop keeps running the tools
+            token_ids, log_probs = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=0, **settings))
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0)

@@ -1,0 +1,91 @@
+"""``verl-mm-tools eval``: its arguments (parsing imports nothing heavy) and its run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from verl_mm_tools.arguments import whole_number
+from verl_mm_tools.errors import ConfigError
+
+DESCRIPTION = """\
+Score a model on a dataset with the same tools, image workspace, budget,
+environments and rewards as training: verl's AgentLoopWorker runs the mm_tool
+loop on every row, talking to an OpenAI-compatible chat endpoint (--endpoint)
+or to a local checkpoint (--checkpoint). Writes OUT/report.json, OUT/report.txt,
+OUT/<mode>/rows.jsonl (each row's reward, stop reason, calls and endpoint
+faults) and OUT/<mode>/trajectories (verl-mm-tools view shows them).
+"""
+
+
+def add_eval_command(commands) -> None:
+    command = commands.add_parser("eval", help="score a model through the mm_tool loop: an endpoint or a checkpoint",
+                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    command.add_argument("--data", type=Path, required=True, help="a parquet file verl's RLHFDataset reads")
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--endpoint", help="an OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1")
+    source.add_argument("--checkpoint", type=Path,
+                        help="a Hugging Face model folder or a verl FSDP checkpoint (trainer.default_local_dir, a "
+                        "global_step_N folder or its actor folder)")
+    command.add_argument("--model", help="the endpoint's model name (--endpoint)")
+    command.add_argument("--model-path", help="the model's processor and tokenizer, a local folder (default: --model "
+                         "with an endpoint; the checkpoint's own with --checkpoint)")
+    command.add_argument("--tools", type=Path, help="verl's tool YAML (required unless --no-tools)")
+    modes = command.add_mutually_exclusive_group()
+    modes.add_argument("--no-tools", action="store_true", help="run without tools only")
+    modes.add_argument("--with-and-without-tools", action="store_true",
+                       help="run both and report them side by side")
+    command.add_argument("--reward-fn", help="a built-in reward function for rows whose extra_info names none")
+    command.add_argument("--concurrency", type=whole_number(1), default=8, help="requests at once (default 8)")
+    command.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    command.add_argument("--retries", type=whole_number(0), default=3,
+                         help="tries after a timeout, connection failure, HTTP 429/5xx or malformed answer (default 3)")
+    command.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                         help="the environment variable holding the API key (default OPENAI_API_KEY; unset: none)")
+    command.add_argument("--batch-size", type=whole_number(1), default=32, help="rows per batch (default 32)")
+    command.add_argument("--max-turns", type=whole_number(1), default=4, help="assistant turns per row (default 4)")
+    command.add_argument("--response-length", type=whole_number(1), default=1024,
+                         help="tokens a trajectory may generate, tool answers included (default 1024)")
+    command.add_argument("--out", type=Path, default=Path("verl_mm_tools_eval"), help="output folder")
+    command.add_argument("overrides", nargs="*",
+                         help="hydra overrides of verl's trainer config, as in training (reward, loop options, ...)")
+    command.set_defaults(run=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate
+
+    make_client, model_path = _client(args)
+    modes = (TOOLS, NO_TOOLS) if args.with_and_without_tools else (NO_TOOLS,) if args.no_tools else (TOOLS,)
+    options = EvalOptions(data=args.data, out=args.out, model_path=model_path, tools_yaml=args.tools, modes=modes,
+                          reward_fn=args.reward_fn, batch_size=args.batch_size, max_turns=args.max_turns,
+                          response_length=args.response_length, overrides=tuple(args.overrides))
+    report = evaluate(options, make_client, progress=_progress_bar(args.data, len(modes)))
+    sys.stdout.write(report["table"] + "\n")
+    sys.stdout.write(f"report: {args.out / 'report.json'}; trajectories: verl-mm-tools view "
+                     f"{args.out / modes[0] / 'trajectories'}\n")
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    if args.checkpoint is not None:
+        from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
+
+        path = model_dir(args.checkpoint, args.out / "merged_checkpoint")
+        return (lambda tokenizer: CheckpointClient(path)), args.model_path or str(path)
+    from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
+
+    if not args.model:
+        raise ConfigError("--endpoint needs --model (the name the endpoint serves the model under)")
+    settings = EndpointSettings(url=args.endpoint, model=args.model, concurrency=args.concurrency,
+                                timeout_s=args.timeout, retries=args.retries, api_key_env=args.api_key_env)
+    return (lambda tokenizer: EndpointClient(settings, tokenizer)), args.model_path or args.model
+
+
+def _progress_bar(data: Path, modes: int):
+    import pyarrow.parquet as pq
+    from tqdm import tqdm
+
+    bar = tqdm(total=pq.ParquetFile(data).metadata.num_rows * modes, unit="row", desc="eval", file=sys.stderr)
+    return bar.update

@@ -1,0 +1,126 @@
+"""The evaluation report: per data source, from the rows the agent-loop worker returned. The statistics are the
+training step's own (``stats.aggregate_metrics`` on the rows of a data source), plus the reward with a 95 %
+confidence interval and the endpoint's faults."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from verl_mm_tools.agent_loop.state import ERROR_KEY, MASKED_KEY, PREFIX, REQUEST_ID_KEY, STOP_REASON_KEY, StopReason
+from verl_mm_tools.agent_loop.stats import aggregate_metrics
+from verl_mm_tools.errors import ConfigError
+
+Z95 = 1.96
+
+
+def row_records(output, faults: dict) -> list[dict]:
+    """One record per row: where it came from, its reward, how it ended, and its endpoint faults."""
+    columns = output.non_tensor_batch
+    stops = columns.get(STOP_REASON_KEY)
+    if stops is None or any(stop is None for stop in stops):
+        names = sorted({str(name) for name in columns.get("agent_name", ["?"])})
+        raise ConfigError(f"eval reads what the mm_tool loop records; rows ran the agent loops {names}: set the "
+                          "dataset's agent_name to mm_tool (or a loop built on it)")
+    scores = output.batch["rm_scores"].sum(dim=-1).tolist()
+    records = []
+    for row, score in enumerate(scores):
+        extra_info = columns["extra_info"][row] if "extra_info" in columns else None
+        request_faults = faults.get(columns[REQUEST_ID_KEY][row])
+        records.append({
+            "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
+            "index": (extra_info or {}).get("index", row) if isinstance(extra_info, dict) else row,
+            "reward": float(score),
+            "stop_reason": columns[STOP_REASON_KEY][row],
+            "turns": int(columns[PREFIX + "turns"][row]),
+            "tool_calls": int(columns[PREFIX + "tool_calls"][row]),
+            "tool_errors": int(columns[PREFIX + "tool_errors"][row]),
+            "invalid_actions": int(columns[PREFIX + "invalid_actions"][row]),
+            "images": int(columns[PREFIX + "images"][row]),
+            "masked": bool(columns[MASKED_KEY][row]),
+            "error": str(columns[ERROR_KEY][row]),
+            "endpoint": request_faults.as_dict() if request_faults is not None else {},
+        })
+    return records
+
+
+def source_report(output, rows: list[int], records: list[dict]) -> dict:
+    """The figures of one data source's rows."""
+    columns = {key: [values[row] for row in rows] for key, values in output.non_tensor_batch.items()}
+    metrics = aggregate_metrics(columns)
+    rewards = [records[row]["reward"] for row in rows]
+    faults = Counter()
+    for row in rows:
+        faults.update(records[row]["endpoint"])
+    tools = sorted({key.split("/")[2] for key in metrics if key.startswith(PREFIX + "tool/")})
+    return {
+        "rows": len(rows),
+        "reward_mean": _mean(rewards),
+        "reward_ci95": _ci95(rewards),
+        "tool_calls_per_trajectory": metrics[PREFIX + "tool_calls/mean"],
+        "turns_per_trajectory": metrics[PREFIX + "turns/mean"],
+        "images_per_trajectory": metrics[PREFIX + "images/mean"],
+        "invalid_actions_per_trajectory": metrics[PREFIX + "invalid_actions/mean"],
+        "masked": int(metrics[MASKED_KEY + "/count"]),
+        "stop_reasons": {reason.value: sum(records[row]["stop_reason"] == reason.value for row in rows)
+                         for reason in StopReason},
+        "tools": {name: {"calls_per_trajectory": metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"],
+                         "error_rate": metrics[f"{PREFIX}tool/{name}/error_rate"]} for name in tools},
+        "endpoint": dict(sorted(faults.items())),
+    }
+
+
+def build_report(output, faults: dict) -> tuple[dict, list[dict]]:
+    """``({data_source: figures}, row records)`` of one evaluation."""
+    records = row_records(output, faults)
+    by_source: dict[str, list[int]] = {}
+    for row, record in enumerate(records):
+        by_source.setdefault(record["data_source"], []).append(row)
+    return {source: source_report(output, rows, records) for source, rows in sorted(by_source.items())}, records
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _ci95(values: list[float]) -> list[float] | None:
+    """The normal-approximation 95 % interval of the mean; None for a single row."""
+    if len(values) < 2:
+        return None
+    mean = _mean(values)
+    half = Z95 * math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1) / len(values))
+    return [mean - half, mean + half]
+
+
+COLUMNS = (
+    ("rows", "{:d}"), ("reward_mean", "{:.3f}"), ("reward_ci95", None), ("tool_calls_per_trajectory", "{:.2f}"),
+    ("turns_per_trajectory", "{:.2f}"), ("images_per_trajectory", "{:.2f}"), ("invalid_actions_per_trajectory",
+                                                                                "{:.2f}"), ("masked", "{:d}"),
+)
+
+
+def table(reports: dict[str, dict]) -> str:
+    """``{mode: {data_source: figures}}`` as a readable table, the modes side by side per data source."""
+    lines = []
+    sources = sorted({source for report in reports.values() for source in report})
+    for source in sources:
+        modes = [mode for mode in reports if source in reports[mode]]
+        lines.append(f"{source}")
+        lines.append(f"  {'':32}" + "".join(f"{mode:>22}" for mode in modes))
+        for key, form in COLUMNS:
+            cells = [_cell(reports[mode][source][key], form) for mode in modes]
+            lines.append(f"  {key:32}" + "".join(f"{cell:>22}" for cell in cells))
+        for mode in modes:
+            figures = reports[mode][source]
+            stops = ", ".join(f"{reason} {count}" for reason, count in figures["stop_reasons"].items() if count)
+            tools = ", ".join(f"{name} {tool['calls_per_trajectory']:.2f} calls, {tool['error_rate']:.0%} errors"
+                              for name, tool in figures["tools"].items()) or "no calls"
+            faults = ", ".join(f"{kind} {count}" for kind, count in figures["endpoint"].items() if count) or "none"
+            lines.append(f"  [{mode}] stop: {stops}; tools: {tools}; endpoint: {faults}")
+    return "\n".join(lines)
+
+
+def _cell(value, form: str | None) -> str:
+    if form is None:
+        return "n/a" if value is None else f"[{value[0]:.3f}, {value[1]:.3f}]"
+    return form.format(value)

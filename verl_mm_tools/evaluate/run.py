@@ -1,0 +1,157 @@
+"""``verl-mm-tools eval``: a dataset's rows through verl's AgentLoopWorker and the mm_tool loop, with a chat endpoint
+(``EndpointClient``) or a checkpoint (``CheckpointClient``) in the place of the inference server.
+
+Everything else is what training runs: verl's RLHFDataset reads the parquet, the worker runs the loop with the
+tool YAML's tools, the image workspace, budget and environments, verl's reward worker scores each trajectory with the
+configured reward manager, the step hook publishes trajectory dumps (``verl-mm-tools view OUT/<mode>/trajectories``),
+all on verl's validation path (``validate``: greedy unless the overrides say otherwise). Rows run in batches of
+``batch_size``; a trajectory that fails is masked by the loop and stays in the report with its error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verl_mm_tools.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+TOOLS, NO_TOOLS = "tools", "no_tools"
+DUMP_FOLDER = "trajectories"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    data: Path
+    out: Path
+    model_path: str  # the model's processor and tokenizer (and, with a checkpoint, its weights)
+    tools_yaml: Path | None = None  # verl's tool config (actor_rollout_ref.rollout.multi_turn.tool_config_path)
+    modes: tuple[str, ...] = (TOOLS,)  # TOOLS and/or NO_TOOLS
+    reward_fn: str | None = None
+    batch_size: int = 32
+    max_turns: int = 4
+    prompt_length: int = 1024
+    response_length: int = 1024
+    overrides: tuple[str, ...] = field(default_factory=tuple)  # hydra overrides of verl's trainer config, last
+
+    def __post_init__(self):
+        if not self.data.is_file():
+            raise ConfigError(f"--data {self.data}: no such file (a parquet file verl's RLHFDataset reads)")
+        if self.tools_yaml is not None and not self.tools_yaml.is_file():
+            raise ConfigError(f"--tools {self.tools_yaml}: no such file (verl's tool YAML)")
+        if TOOLS in self.modes and self.tools_yaml is None:
+            raise ConfigError("evaluating with tools needs --tools FILE.yaml (verl's tool config); or pass --no-tools")
+        if self.batch_size < 1 or self.max_turns < 1:
+            raise ConfigError(f"--batch-size and --max-turns must be >= 1, got {self.batch_size}, {self.max_turns}")
+
+
+def trainer_overrides(options: EvalOptions, mode: str, workdir: Path) -> list[str]:
+    """verl's trainer config for one mode: the classic step hook (it publishes the dumps), the reward manager, the
+    loop writing dumps under OUT/<mode>, no rollout log-probs (an endpoint has none to give); the user's last."""
+    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK
+    from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
+
+    loops_yaml = workdir / f"agent_loops_{mode}.yaml"
+    # every row dumped; masked rows reported, never a reason to stop
+    loop = {"name": LOOP_NAME, "_target_": LOOP_TARGET, "dump_dir": str(options.out / mode / DUMP_FOLDER),
+            "dump_max_per_step": options.batch_size, "max_masked_fraction": 1.0}
+    loops_yaml.write_text(json.dumps([loop]))
+    overrides = [
+        "actor_rollout_ref.rollout.name=vllm",  # any name: the worker talks to the client it is handed
+        "actor_rollout_ref.rollout.calculate_log_probs=false",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={options.max_turns}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
+        # the rollout's lengths follow these, as in training
+        f"data.max_prompt_length={options.prompt_length}", f"data.max_response_length={options.response_length}",
+        "data.return_raw_chat=true",
+        "reward.reward_manager.name=mm_turn_discount", *CLASSIC_HOOK,
+    ]
+    if options.reward_fn:
+        overrides.append(f"+reward.reward_kwargs.reward_fn={options.reward_fn}")
+    if mode == TOOLS:
+        overrides.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={options.tools_yaml}")
+    return [*overrides, *options.overrides]
+
+
+def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[int], None] = lambda rows: None,
+             workdir: Path | None = None) -> dict:
+    """Run every mode; write OUT/report.json, OUT/report.txt and OUT/<mode>/rows.jsonl; return the report
+    ``{"modes": {mode: {data_source: figures}}, "table": text}``. ``make_client(tokenizer)`` gives the object that
+    answers the worker's generate calls (its ``faults``, when it has them, are counted per row)."""
+    from verl_mm_tools.evaluate.report import build_report, table
+
+    options.out.mkdir(parents=True, exist_ok=True)
+    workdir = workdir or options.out
+    reports = {}
+    for mode in options.modes:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints ("Using dataset class"); stdout is the report's
+            output, client = _run_mode(options, mode, make_client, progress, workdir)
+        reports[mode], records = build_report(output, getattr(client, "faults", {}))
+        _write_lines(options.out / mode / "rows.jsonl", records)
+    report = {"data": str(options.data), "modes": reports, "table": table(reports)}
+    (options.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (options.out / "report.txt").write_text(report["table"] + "\n")
+    return report
+
+
+def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: Callable, workdir: Path):
+    from verl.protocol import DataProto
+    from verl.utils.ray_utils import get_event_loop
+
+    from verl_mm_tools.agent_loop.harness import compose_trainer_config, generate, in_process_manager, \
+        restored_loop_registry
+
+    config = compose_trainer_config(options.model_path, trainer_overrides(options, mode, workdir))
+    with restored_loop_registry():
+        manager, worker = in_process_manager(config)
+        client = make_client(worker.tokenizer)
+        worker.llm_client = client
+        outputs = []
+        for batch in _batches(options, config, worker):
+            outputs.append(_with_row_columns(generate(manager, batch), batch))
+            progress(len(batch))
+        if hasattr(client, "aclose"):
+            get_event_loop().run_until_complete(client.aclose())
+    return DataProto.concat(outputs), client
+
+
+ROW_COLUMNS = ("data_source", "extra_info")  # what the report groups and names rows by
+
+
+def _with_row_columns(output, batch):
+    """The generated rows with their dataset columns (the trainer unions them the same way), without the batch's
+    timings and step metrics (the report reads the rows)."""
+    if len(output) != len(batch):
+        raise ConfigError(f"{len(batch)} rows gave {len(output)} outputs: eval scores whole trajectories, leave the "
+                          "mm_tool loop's export at per_trajectory")
+    for key in ROW_COLUMNS:
+        if key in batch.non_tensor_batch:
+            output.non_tensor_batch[key] = batch.non_tensor_batch[key]
+    output.meta_info.clear()
+    return output
+
+
+def _batches(options: EvalOptions, config, worker):
+    """The parquet's rows as verl's trainer batches them (RLHFDataset, its collate_fn), marked as validation."""
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    dataset = RLHFDataset(str(options.data), worker.tokenizer, config.data, worker.processor)
+    if len(dataset) == 0:
+        raise ConfigError(f"--data {options.data} holds no rows")
+    for start in range(0, len(dataset), options.batch_size):
+        items = [dataset[index] for index in range(start, min(start + options.batch_size, len(dataset)))]
+        batch = DataProto.from_single_dict(collate_fn(items))
+        batch.meta_info.update(global_steps=start // options.batch_size, validate=True)
+        yield batch
+
+
+def _write_lines(path: Path, records: Sequence[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
