@@ -108,11 +108,11 @@ def test_the_top_level_help_says_what_the_tool_does_and_lists_the_commands():
     lines = result.stdout.splitlines()
     assert lines[2:4] == [
         "Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).",
-        "Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark.",
+        "Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate.",
     ]
     listed = [line.split()[0] for line in lines[lines.index("  COMMAND") + 1:] if line.startswith("    ") and
               not line.startswith("     ")]
-    assert listed == ["tiny-model", "demo", "view", "make-data", "bench"]
+    assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval"]
 
 
 def test_the_bench_help_documents_the_exit_status():

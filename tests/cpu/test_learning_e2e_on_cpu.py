@@ -58,3 +58,22 @@ def test_the_learned_checkpoint_is_saved(run):
     last = max(step["step"] for step in result.steps)
     saved = sorted(int(path.name.removeprefix("global_step_")) for path in paths.checkpoints.glob("global_step_*"))
     assert saved and saved[-1] == last - last % 5  # save_freq 5: the last one at or before the stop
+
+
+@pytest.mark.slow
+def test_eval_scores_the_saved_checkpoint_as_verls_validation_did(run, tmp_path, capsys):
+    """``verl-mm-tools eval --checkpoint`` on the run's checkpoint folder: verl's model merger turns the latest FSDP
+    checkpoint into a model folder, and greedy answers on the validation pictures score what the trainer's own
+    validation scored at that step (the same rows, loop, tools and reward)."""
+    from verl_mm_tools.cli import main
+
+    _, paths, _ = run
+    curve = json.loads((paths.out / "learning_curve.json").read_text())
+    saved = int((paths.checkpoints / "latest_checkpointed_iteration.txt").read_text())
+    status = main(["eval", "--checkpoint", str(paths.checkpoints), "--data", str(paths.val), "--tools",
+                   str(paths.config / "tools.yaml"), "--reward-fn", "exact_answer_reward", "--max-turns", "3",
+                   "--response-length", "256", "--out", str(tmp_path), "data.max_prompt_length=768"])
+    assert status == 0, capsys.readouterr().err[-3000:]
+    figures = json.loads((tmp_path / "report.json").read_text())["modes"]["tools"]["verl_mm_tools/color"]
+    assert figures["masked"] == 0
+    assert figures["reward_mean"] == pytest.approx(curve["validation"][str(saved)], abs=1 / figures["rows"])

@@ -9,7 +9,9 @@ verl's own model merger, once per checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
@@ -58,7 +60,8 @@ def _merge(actor: Path, target: Path) -> None:
     logger.info("merging the FSDP checkpoint %s into %s with verl's model merger", actor, target)
     config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(actor), target_dir=str(target),
                                hf_model_config_path=str(actor / "huggingface"))
-    FSDPModelMerger(config).merge_and_save()
+    with contextlib.redirect_stdout(sys.stderr):  # the merger prints its progress; stdout is the report's
+        FSDPModelMerger(config).merge_and_save()
 
 
 class CheckpointClient:
