@@ -18,6 +18,7 @@ from verl_mm_tools.evaluate.messages import answer_text, chat_messages
 from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 from verl_mm_tools.viewer.records import load_trajectories
+from verl_mm_tools.viewer.site import build_site
 
 from chat_servers import ScriptedChatServer, answer, api_call, transformers_server
 
@@ -121,6 +122,8 @@ def test_the_viewer_shows_every_trajectory(scripted_eval):
     _, out, _ = scripted_eval
     trajectories = load_trajectories(out / TOOLS / "trajectories")
     assert len(trajectories) == len(SCRIPTS)
+    site = build_site(out / TOOLS / "trajectories", out / "site")
+    assert len(site.pages) == len(SCRIPTS) and all(page.is_file() for page in site.pages.values())
 
 
 def test_chat_messages_from_a_rendered_prompt(tiny_processor):
@@ -206,3 +209,11 @@ def test_transformers_server_renders_what_the_loop_rendered(tiny_model_dir, tool
         assert figures["endpoint"]["requests"] >= 4 and figures["endpoint"]["failed"] == 0
         assert figures["endpoint"]["prompt_token_mismatch"] == 0
     assert printed.startswith("verl_mm_tools/rotation\n") and "tools" in printed and "no_tools" in printed
+    # the same model as a checkpoint, in process: greedy, so the same answers, turns and rewards row by row
+    assert main(["eval", "--data", str(val), "--checkpoint", str(tiny_model_dir), "--tools", str(tools_yaml),
+                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", "64", "--out",
+                 str(tmp_path / "local")]) == 0
+    endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
+                        for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]
+                       for out in ("out", "local"))
+    assert endpoint == local

@@ -61,7 +61,11 @@ def run_eval(args: argparse.Namespace) -> int:
     options = EvalOptions(data=args.data, out=args.out, model_path=model_path, tools_yaml=args.tools, modes=modes,
                           reward_fn=args.reward_fn, batch_size=args.batch_size, max_turns=args.max_turns,
                           response_length=args.response_length, overrides=tuple(args.overrides))
-    report = evaluate(options, make_client, progress=_progress_bar(args.data, len(modes)))
+    bar = _progress_bar(args.data, len(modes))
+    try:
+        report = evaluate(options, make_client, progress=bar.update)
+    finally:
+        bar.close()
     sys.stdout.write(report["table"] + "\n")
     sys.stdout.write(f"report: {args.out / 'report.json'}; trajectories: verl-mm-tools view "
                      f"{args.out / modes[0] / 'trajectories'}\n")
@@ -87,5 +91,4 @@ def _progress_bar(data: Path, modes: int):
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
-    bar = tqdm(total=pq.ParquetFile(data).metadata.num_rows * modes, unit="row", desc="eval", file=sys.stderr)
-    return bar.update
+    return tqdm(total=pq.ParquetFile(data).metadata.num_rows * modes, unit="row", desc="eval", file=sys.stderr)

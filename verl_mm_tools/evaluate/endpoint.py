@@ -35,7 +35,6 @@ class EndpointSettings:
     timeout_s: float = 300.0
     retries: int = 3
     backoff_s: float = 1.0
-    temperature: float = 0.0  # greedy, as verl's validation
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key; unset: no key is sent
 
     def __post_init__(self):
@@ -95,8 +94,10 @@ class EndpointClient:
         faults.requests += 1
         prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         limit = sampling_params.get("max_tokens")
+        # verl's validation sampling (actor_rollout_ref.rollout.val_kwargs: greedy unless overridden)
         body = {"model": self.settings.model, "messages": chat_messages(prompt_text, list(image_data or [])),
-                "temperature": self.settings.temperature, "max_tokens": limit}
+                "temperature": sampling_params.get("temperature", 0.0), "top_p": sampling_params.get("top_p", 1.0),
+                "max_tokens": limit}
         choice, usage = await self._complete(body, faults)
         if usage.get("prompt_tokens") not in (None, len(prompt_ids)):
             faults.prompt_token_mismatch += 1
