@@ -70,9 +70,10 @@ def test_eval_scores_the_saved_checkpoint_as_verls_validation_did(run, tmp_path,
     _, paths, _ = run
     curve = json.loads((paths.out / "learning_curve.json").read_text())
     saved = int((paths.checkpoints / "latest_checkpointed_iteration.txt").read_text())
-    status = main(["eval", "--checkpoint", str(paths.checkpoints), "--data", str(paths.val), "--tools",
-                   str(paths.config / "tools.yaml"), "--reward-fn", "exact_answer_reward", "--max-turns", "3",
-                   "--response-length", "256", "--out", str(tmp_path), "data.max_prompt_length=768"])
+    status = main(["eval", "--checkpoint", str(paths.checkpoints), "--data", str(paths.val),
+                   "--tools", str(paths.config / "tools.yaml"), "--loop-config", str(paths.config / "agent_loops.yaml"),
+                   "--reward-fn", "exact_answer_reward", "--max-turns", "3", "--response-length", "256",
+                   "--out", str(tmp_path), "data.max_prompt_length=768"])
     assert status == 0, capsys.readouterr().err[-3000:]
     figures = json.loads((tmp_path / "report.json").read_text())["modes"]["tools"]["verl_mm_tools/color"]
     assert figures["masked"] == 0

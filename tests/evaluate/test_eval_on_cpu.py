@@ -15,7 +15,7 @@ from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
-from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate
+from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 from verl_mm_tools.viewer.records import load_trajectories
 from verl_mm_tools.viewer.site import build_site
@@ -143,6 +143,23 @@ def test_chat_messages_from_a_rendered_prompt(tiny_processor):
         chat_messages(rendered, [image] * 3)
     with pytest.raises(ConfigError, match="must end in '<|im_start|>assistant"):
         chat_messages(rendered + "x", [image, image])
+
+
+def test_the_training_runs_loop_options_apply_with_dumps_for_every_row(data, tmp_path):
+    loops = tmp_path / "agent_loops.yaml"
+    loops.write_text("- {name: other, _target_: my.Loop}\n"
+                     "- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, tool_prompt: auto,\n"
+                     "   dump_dir: /train/dumps, dump_max_per_step: 2}\n")
+    options = EvalOptions(data=data, out=tmp_path / "out", model_path="m", loop_config=loops, modes=(NO_TOOLS,),
+                          batch_size=5)
+    assert loop_entries(options, NO_TOOLS) == [
+        {"name": "other", "_target_": "my.Loop"},
+        {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop", "tool_prompt": "auto",
+         "dump_dir": str(tmp_path / "out" / NO_TOOLS / "trajectories"), "dump_max_per_step": 5,
+         "max_masked_fraction": 1.0}]
+    loops.write_text("name: mm_tool\n")
+    with pytest.raises(ConfigError, match="expected verl's agent-loop YAML, a list of entries"):
+        loop_entries(options, NO_TOOLS)
 
 
 def test_structured_tool_calls_become_hermes_text():

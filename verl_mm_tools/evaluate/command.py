@@ -36,6 +36,9 @@ def add_eval_command(commands) -> None:
     modes.add_argument("--no-tools", action="store_true", help="run without tools only")
     modes.add_argument("--with-and-without-tools", action="store_true",
                        help="run both and report them side by side")
+    command.add_argument("--loop-config", type=Path,
+                         help="the training run's agent-loop YAML (actor_rollout_ref.rollout.agent.agent_loop_config_path): "
+                         "its mm_tool options apply; eval adds dumps for every row")
     command.add_argument("--reward-fn", help="a built-in reward function for rows whose extra_info names none")
     command.add_argument("--concurrency", type=whole_number(1), default=8, help="requests at once (default 8)")
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
@@ -58,7 +61,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     make_client, model_path = _client(args)
     modes = (TOOLS, NO_TOOLS) if args.with_and_without_tools else (NO_TOOLS,) if args.no_tools else (TOOLS,)
-    options = EvalOptions(data=args.data, out=args.out, model_path=model_path, tools_yaml=args.tools, modes=modes,
+    options = EvalOptions(data=args.data, out=args.out, model_path=model_path, tools_yaml=args.tools, loop_config=args.loop_config, modes=modes,
                           reward_fn=args.reward_fn, batch_size=args.batch_size, max_turns=args.max_turns,
                           response_length=args.response_length, overrides=tuple(args.overrides))
     bar = _progress_bar(args.data, len(modes))

@@ -32,6 +32,7 @@ class EvalOptions:
     out: Path
     model_path: str  # the model's processor and tokenizer (and, with a checkpoint, its weights)
     tools_yaml: Path | None = None  # verl's tool config (actor_rollout_ref.rollout.multi_turn.tool_config_path)
+    loop_config: Path | None = None  # verl's agent-loop YAML of the training run (its mm_tool options)
     modes: tuple[str, ...] = (TOOLS,)  # TOOLS and/or NO_TOOLS
     reward_fn: str | None = None
     batch_size: int = 32
@@ -43,25 +44,23 @@ class EvalOptions:
     def __post_init__(self):
         if not self.data.is_file():
             raise ConfigError(f"--data {self.data}: no such file (a parquet file verl's RLHFDataset reads)")
-        if self.tools_yaml is not None and not self.tools_yaml.is_file():
-            raise ConfigError(f"--tools {self.tools_yaml}: no such file (verl's tool YAML)")
+        for flag, path in (("--tools", self.tools_yaml), ("--loop-config", self.loop_config)):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
         if TOOLS in self.modes and self.tools_yaml is None:
             raise ConfigError("evaluating with tools needs --tools FILE.yaml (verl's tool config); or pass --no-tools")
         if self.batch_size < 1 or self.max_turns < 1:
             raise ConfigError(f"--batch-size and --max-turns must be >= 1, got {self.batch_size}, {self.max_turns}")
 
 
-def trainer_overrides(options: EvalOptions, mode: str, workdir: Path) -> list[str]:
+def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
     """verl's trainer config for one mode: the classic step hook (it publishes the dumps), the reward manager, the
-    loop writing dumps under OUT/<mode>, no rollout log-probs (an endpoint has none to give); the user's last."""
+    loop (``loop_entries``), no rollout log-probs (an endpoint has none to give); the user's overrides last."""
     from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK
-    from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
-    loops_yaml = workdir / f"agent_loops_{mode}.yaml"
-    # every row dumped; masked rows reported, never a reason to stop
-    loop = {"name": LOOP_NAME, "_target_": LOOP_TARGET, "dump_dir": str(options.out / mode / DUMP_FOLDER),
-            "dump_max_per_step": options.batch_size, "max_masked_fraction": 1.0}
-    loops_yaml.write_text(json.dumps([loop]))
+    loops_yaml = options.out / mode / "agent_loops.yaml"
+    loops_yaml.parent.mkdir(parents=True, exist_ok=True)
+    loops_yaml.write_text(json.dumps(loop_entries(options, mode)))
     overrides = [
         "actor_rollout_ref.rollout.name=vllm",  # any name: the worker talks to the client it is handed
         "actor_rollout_ref.rollout.calculate_log_probs=false",
@@ -79,19 +78,37 @@ def trainer_overrides(options: EvalOptions, mode: str, workdir: Path) -> list[st
     return [*overrides, *options.overrides]
 
 
-def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[int], None] = lambda rows: None,
-             workdir: Path | None = None) -> dict:
+def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
+    """The training run's agent-loop entries (``loop_config``), the mm_tool one dumping every row under OUT/<mode>
+    and reporting masked rows rather than stopping on them."""
+    import yaml
+
+    from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
+
+    entries = yaml.safe_load(options.loop_config.read_text()) if options.loop_config else []
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ConfigError(f"--loop-config {options.loop_config}: expected verl's agent-loop YAML, a list of entries "
+                          f"with name and _target_; got {type(entries).__name__}")
+    ours = [entry for entry in entries if entry.get("name") == LOOP_NAME]
+    if not ours:
+        ours = [{"name": LOOP_NAME, "_target_": LOOP_TARGET}]
+        entries.append(ours[0])
+    ours[0].update(dump_dir=str(options.out / mode / DUMP_FOLDER), dump_max_per_step=options.batch_size,
+                   max_masked_fraction=1.0)
+    return entries
+
+
+def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[int], None] = lambda rows: None) -> dict:
     """Run every mode; write OUT/report.json, OUT/report.txt and OUT/<mode>/rows.jsonl; return the report
     ``{"modes": {mode: {data_source: figures}}, "table": text}``. ``make_client(tokenizer)`` gives the object that
     answers the worker's generate calls (its ``faults``, when it has them, are counted per row)."""
     from verl_mm_tools.evaluate.report import build_report, table
 
     options.out.mkdir(parents=True, exist_ok=True)
-    workdir = workdir or options.out
     reports = {}
     for mode in options.modes:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints ("Using dataset class"); stdout is the report's
-            output, client = _run_mode(options, mode, make_client, progress, workdir)
+            output, client = _run_mode(options, mode, make_client, progress)
         reports[mode], records = build_report(output, getattr(client, "faults", {}))
         _write_lines(options.out / mode / "rows.jsonl", records)
     report = {"data": str(options.data), "modes": reports, "table": table(reports)}
@@ -100,14 +117,14 @@ def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[in
     return report
 
 
-def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: Callable, workdir: Path):
+def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: Callable):
     from verl.protocol import DataProto
     from verl.utils.ray_utils import get_event_loop
 
     from verl_mm_tools.agent_loop.harness import compose_trainer_config, generate, in_process_manager, \
         restored_loop_registry
 
-    config = compose_trainer_config(options.model_path, trainer_overrides(options, mode, workdir))
+    config = compose_trainer_config(options.model_path, trainer_overrides(options, mode))
     with restored_loop_registry():
         manager, worker = in_process_manager(config)
         client = make_client(worker.tokenizer)
