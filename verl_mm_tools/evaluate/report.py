@@ -92,10 +92,16 @@ def _ci95(values: list[float]) -> list[float] | None:
     return [mean - half, mean + half]
 
 
+# the table's rows: a figure and its format (None: an interval)
 COLUMNS = (
-    ("rows", "{:d}"), ("reward_mean", "{:.3f}"), ("reward_ci95", None), ("tool_calls_per_trajectory", "{:.2f}"),
-    ("turns_per_trajectory", "{:.2f}"), ("images_per_trajectory", "{:.2f}"), ("invalid_actions_per_trajectory",
-                                                                                "{:.2f}"), ("masked", "{:d}"),
+    ("rows", "{:d}"),
+    ("reward_mean", "{:.3f}"),
+    ("reward_ci95", None),
+    ("tool_calls_per_trajectory", "{:.2f}"),
+    ("turns_per_trajectory", "{:.2f}"),
+    ("images_per_trajectory", "{:.2f}"),
+    ("invalid_actions_per_trajectory", "{:.2f}"),
+    ("masked", "{:d}"),
 )
 
 
@@ -113,7 +119,7 @@ def table(reports: dict[str, dict]) -> str:
         for mode in modes:
             figures = reports[mode][source]
             stops = ", ".join(f"{reason} {count}" for reason, count in figures["stop_reasons"].items() if count)
-            tools = ", ".join(f"{name} {tool['calls_per_trajectory']:.2f} calls, {tool['error_rate']:.0%} errors"
+            tools = ", ".join(f"{name} {tool['calls_per_trajectory']:.2f} calls per row, {tool['error_rate']:.0%} failed"
                               for name, tool in figures["tools"].items()) or "no calls"
             faults = ", ".join(f"{kind} {count}" for kind, count in figures["endpoint"].items() if count) or "none"
             lines.append(f"  [{mode}] stop: {stops}; tools: {tools}; endpoint: {faults}")
