@@ -12,8 +12,9 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    the agent loop (verl builds one per trajectory) and its ``run()``, and the ratio of the interleaved pairs.
 2. Per-turn growth in 16-turn trajectories: the loop's own time for turns 14-16 over turns 2-4, per trajectory, for
    both loops (a loop that re-renders the conversation grows).
-3. Each image op on a 1024x1024 RGB image divided by PIL ``transpose`` of the same image, timed in interleaved pairs
-   in three fresh processes that load nothing but Pillow and the ops (``bench_ops``).
+3. Each image op on a 512x512 RGB image (crops and boxes half its side; zoom_in upscales to 448 px) divided by PIL
+   ``transpose`` of the same image, and each op with the tools' default output cap on 1024x1024 (a downscale), timed
+   in interleaved pairs in three fresh processes that load nothing but Pillow and the ops (``bench_ops``).
 4. The bytes a finished 16-image mm_tool trajectory holds (verl's ``AgentLoopOutput``: its images' pixel buffers,
    token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
    Pillow stores an RGB pixel in 4).
@@ -263,8 +264,8 @@ def _growth(side: int, gaps: dict[str, list[list[float]]]) -> list[Figure]:
 
 def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
     """Figure 3, from ``processes`` fresh processes (``bench_ops``) of ``ceil(repeats / processes)`` samples each.
-    Targets on the ops themselves (an output cap above 1024x1024); the default cap (1280*28*28 px, below 1024x1024)
-    adds a downscale, reported without a target. Ratios pair samples taken in the same process."""
+    Targets on the ops themselves (512x512, no output cap); the default cap (1280*28*28 px, below 1024x1024) on
+    1024x1024 adds a downscale, reported without a target. Ratios pair samples taken in the same process."""
     from verl_mm_tools.bench_ops import BASELINE
 
     seconds, ratios = {}, {}
