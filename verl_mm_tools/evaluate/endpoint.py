@@ -16,7 +16,6 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, fields
-from typing import Any
 
 from verl_mm_tools.errors import ConfigError, EndpointError
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
@@ -79,10 +78,9 @@ class _Retry(Exception):
 class EndpointClient:
     """verl's LLM server client, answered by a chat endpoint (see the module docstring)."""
 
-    def __init__(self, settings: EndpointSettings, tokenizer, transport: Any = None):
+    def __init__(self, settings: EndpointSettings, tokenizer):
         self.settings = settings
         self.tokenizer = tokenizer
-        self.transport = transport  # an httpx transport (tests); None: the network
         self.faults: dict[str, RequestFaults] = defaultdict(RequestFaults)
         self._client = None
         self._slots = None
@@ -153,7 +151,7 @@ class EndpointClient:
         import httpx
 
         if self._client is None:  # created on the event loop that uses it
-            self._client = httpx.AsyncClient(transport=self.transport, timeout=self.settings.timeout_s)
+            self._client = httpx.AsyncClient(timeout=self.settings.timeout_s)
         return self._client
 
     def _slot(self) -> asyncio.Semaphore:

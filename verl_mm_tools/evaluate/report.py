@@ -29,7 +29,7 @@ def row_records(output, faults: dict) -> list[dict]:
         request_faults = faults.get(columns[REQUEST_ID_KEY][row])
         records.append({
             "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
-            "index": (extra_info or {}).get("index", row) if isinstance(extra_info, dict) else row,
+            "index": extra_info.get("index", row) if isinstance(extra_info, dict) else row,
             "reward": float(score),
             "stop_reason": columns[STOP_REASON_KEY][row],
             "turns": int(columns[PREFIX + "turns"][row]),
