@@ -48,7 +48,7 @@ def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():
     figures = {each.name: each for each in bench.image_ops(repeats=3, processes=2)}
     ops_names = ["rotate90", "rotate37", "rotate37_nearest", "flip", "crop", "zoom_in", "draw_bbox", "draw_line"]
     assert sorted(figures) == sorted(["ops/transpose_ms"] + [f"ops/{name}_over_transpose" for name in ops_names]
-                                     + [f"ops/default_cap/{name}_ms" for name in ops_names])
+                                     + [f"ops/default_cap/{name}_over_transpose1024" for name in ops_names])
     assert {len(each.samples) for each in figures.values()} == {4}  # 2 processes x ceil(3 / 2) samples
     assert all(each.target == "<= 3" for name, each in figures.items() if name.endswith("_over_transpose"))
 
