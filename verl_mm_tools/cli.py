@@ -31,7 +31,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
 # checks they equal verl_mm_tools.cpu.demo's TASKS and TRAINERS.
-DEMO_TASKS = ("learn", "learn_tool", "rotation")
+DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_EXPORTS = ("per_trajectory", "per_turn", "auto")  # verl_mm_tools.agent_loop.export.EXPORTS
 
@@ -99,9 +99,11 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--task", choices=DEMO_TASKS, default="learn",
                       help="learn (default): the learning proof, red or blue pictures with the rotate tool offered, "
                       "stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same with a rotate "
-                      "call before every answer; rotation: arrow pictures, the loop's showcase of tool calls")
+                      "call before every answer; learn_zoom: the model learns to call zoom_in where the answer is too small to see "
+                      "(stops once reward and tool-call rate reach 0.9); rotation: arrow pictures, the loop's showcase "
+                      "of tool calls")
     demo.add_argument("--steps", type=whole_number(1), default=None,
-                      help="training steps (default: 30 rotation, 80 learn and learn_tool)")
+                      help="training steps (default: 30 rotation, 80 learn and learn_tool, 120 learn_zoom)")
     demo.add_argument("--seed", type=whole_number(0), default=0,
                       help="seed of the dataset, the warm start and verl's trainer (default 0)")
     demo.add_argument("--seeds", type=whole_number_list(0),

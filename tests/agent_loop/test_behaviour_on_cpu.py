@@ -236,6 +236,8 @@ def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
     assert metrics["mm_tool/stop/answered"] == pytest.approx(1 / 3)
     assert metrics["mm_tool/tool/probe/calls_per_trajectory"] == pytest.approx(2 / 3)
     assert metrics["mm_tool/tool/probe/error_rate"] == 0.5
+    # two of the three trajectories called a tool (one call each; the crashed one is masked but counted)
+    assert metrics["mm_tool/tool_call_rate"] == metrics["mm_tool/tool/probe/call_rate"] == pytest.approx(2 / 3)
 
 
 def test_a_prompt_over_the_image_budget_is_masked_with_a_text_stand_in(rollout):

@@ -112,3 +112,46 @@ def test_dapo_group_filtering_with_the_v1_hook_is_refused_not_silently_dropped(r
     with pytest.raises(Exception, match=r"algorithm.filter_groups.enable=true \(DAPO dynamic sampling\) does not "
                                         r"work with verl-mm-tools' replay buffer"):
         rollout.run([ANSWER], prompts(long=0), extra=[*hook, "algorithm.filter_groups.enable=true"])
+
+
+def call_rate_step(step: int, window, *, validate=False) -> StepBatch:
+    """A training step's batch as the tool-call guard reads it: each row's loop option ``call_rate_window``."""
+    return StepBatch(columns={"mm_tool/call_rate_window": [window] * 4}, response_mask=torch.ones(4, 3),
+                     rm_scores=None, rollout_n=[0, 1, 2, 3], step=step, validate=validate)
+
+
+def test_the_tool_call_guard_warns_when_the_call_rate_falls_below_half_its_recent_peak(caplog):
+    from verl_mm_tools.agent_loop.step import CallRateWatch
+
+    watch, flags = CallRateWatch(), []
+    for step, rate in enumerate((0.5, 0.8, 0.6, 0.41, 0.39, 0.2), start=1):
+        metrics = {"mm_tool/tool_call_rate": rate}
+        watch.check(call_rate_step(step, 3), metrics)
+        flags.append(metrics.get("mm_tool/tool_call_rate/collapsed"))
+    # step 5: 0.39 < 0.8 / 2 (step 2, within the last 3 steps); step 6: the peak of steps 3-5 is 0.6, and 0.2 < 0.3
+    assert flags == [None, 0.0, 0.0, 0.0, 1.0, 1.0]
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings[0] == (
+        "tool-use collapse: 39% of step 5's trajectories called a tool, against 80% at step 2 (within the last 3 "
+        "steps, the mm_tool option call_rate_window). The policy is dropping its tools: check that calling can pay "
+        "(the reward, the tools' errors: mm_tool/tool/*/error_rate), and consider a KL loss to the starting policy "
+        "or a lower learning rate.")
+    assert len(warnings) == 2 and warnings[1].startswith("tool-use collapse: 20% of step 6's trajectories")
+
+
+def test_the_tool_call_guard_skips_validation_and_a_window_of_zero(caplog):
+    from verl_mm_tools.agent_loop.step import CallRateWatch
+
+    watch = CallRateWatch()
+    watch.check(call_rate_step(1, 5), {"mm_tool/tool_call_rate": 0.9})
+    validation = {"mm_tool/tool_call_rate": 0.0}
+    watch.check(call_rate_step(2, 5, validate=True), validation)  # greedy validation: not the policy's call rate
+    off = {"mm_tool/tool_call_rate": 0.0}
+    CallRateWatch().check(call_rate_step(1, 0), off)
+    assert watch.rates == [(1, 0.9)] and "mm_tool/tool_call_rate/collapsed" not in validation | off
+    assert not caplog.records
+
+
+def test_call_rate_window_must_be_a_whole_number_of_steps():
+    with pytest.raises(ConfigError, match=r"call_rate_window must be a whole number of steps >= 0 \(0: off\), got -1"):
+        MMToolLoopConfig(call_rate_window=-1)

@@ -29,7 +29,7 @@ def step(number: int, reward: float | None = None, validation: float | None = No
 
 def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown demo task 'lern'; choose one of \['learn', 'learn_tool', "
-                                          r"'rotation'\]\. Did you mean 'learn'"):
+                                          r"'learn_zoom', 'rotation'\]\. Did you mean 'learn'"):
         DemoOptions(out=tmp_path, task="lern")
 
 
@@ -74,7 +74,8 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
     assert config.trainer.total_training_steps == spec.steps
     assert config.reward.reward_kwargs.reward_fn == {"rotation": "rotation_reward_180",
                                                      "learn": "exact_answer_reward",
-                                                     "learn_tool": "exact_answer_reward"}[task]
+                                                     "learn_tool": "exact_answer_reward",
+                                                     "learn_zoom": "exact_answer_reward"}[task]
     if task.startswith("learn"):
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
@@ -152,7 +153,7 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
         "summary: mean reward 0.75 -> 0.85 and tool calls per trajectory 0.25 -> 0.15 (first 5 steps -> last 5; "
         "answering without looking scores 0.50)",
         f"next: verl-mm-tools view {tmp_path / 'trajectories'}  (what the model saw and did, turn by turn); another "
-        "task: --task learn_tool | rotation",
+        "task: --task learn_tool | learn_zoom | rotation",
     ]
     assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []
 

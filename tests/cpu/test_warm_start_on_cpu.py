@@ -133,3 +133,50 @@ def test_unknown_warm_start_tasks_are_refused():
 
     with pytest.raises(ConfigError, match="unknown warm-start task 'arrows'; choose one of"):
         WarmStartSpec(task="arrows")
+
+
+@pytest.fixture(scope="module")
+def zoom_tools_yaml(tmp_path_factory):
+    from verl_mm_tools.tools.configs import ZOOM_TOOLS_YAML
+
+    path = tmp_path_factory.mktemp("zoom_tools") / "tools.yaml"
+    path.write_text(ZOOM_TOOLS_YAML)
+    return path
+
+
+def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_nothing(
+        tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
+    """learn_zoom's warm start: of each answer's pictures, half answer at once and half zoom in on the centre box
+    first; within each half every true answer gets each label equally often: neither whether to call nor what to
+    answer is taught."""
+    from verl_mm_tools.cpu.warm_start import DEMO_SEED_OFFSET
+    from verl_mm_tools.data.zoom_color import zoom_color_samples
+
+    examples = demonstrations(tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=16,
+                                                                             seed=3))
+    truth = [sample.color for sample in zoom_color_samples(16, 3 + DEMO_SEED_OFFSET)]
+    zoom_call = ('<tool_call>\n{"name": "zoom_in", "arguments": {"x1": 432, "y1": 432, "x2": 464, "y2": 464}}\n'
+                 "</tool_call><|im_end|>")
+    pairs = collections.Counter()
+    for example, color in zip(examples, truth, strict=True):
+        labels = example["labels"]
+        trained = tiny_tokenizer.decode(labels[labels != -100])
+        called = trained.startswith(zoom_call)
+        answer = re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>", trained.removeprefix(zoom_call))
+        assert answer, trained
+        # the picture at 224 px, then the zoomed box at 224 px: 64 image tokens each
+        assert example["image_grid_thw"].tolist() == [[1, 16, 16]] * (2 if called else 1)
+        pairs[called, color, answer.group(1)] += 1
+    assert pairs == {(called, color, label): 2 for called in (True, False) for color in ("red", "blue")
+                     for label in ("red", "blue")}
+
+
+def test_the_premise_the_answer_is_read_after_zoom_in_and_not_before(tiny_model_dir, zoom_tools_yaml):
+    """Fitted with TRUE labels, the tiny model answers pictures it never saw at chance from the prompt picture and
+    right after zoom_in (``cpu.premise``, the figures the README reports)."""
+    from verl_mm_tools.cpu.premise import premise_check
+
+    fits = {fit.mode: fit for fit in premise_check(tiny_model_dir, zoom_tools_yaml)}
+    prompt_only, zoomed = fits["prompt picture"], fits["zoomed centre"]
+    assert 0.3 <= prompt_only.held_out_accuracy <= 0.7, prompt_only
+    assert zoomed.held_out_accuracy >= 0.9, zoomed

@@ -205,3 +205,18 @@ def test_a_browser_that_dies_or_hangs_is_an_error_not_a_hang(tmp_path):
     with Chromium(str(hanging), timeout_s=1) as silent:
         with pytest.raises(ChromiumError, match=r"timed out after 1 s waiting for the answer to Target.createTarget"):
             silent.open("about:blank")
+
+
+def test_the_index_shows_the_demos_learning_curve_above_the_trajectories(dump_copy, tmp_path):
+    """The demo writes learning_curve.svg next to learning_curve.json, in the folder above its trajectory dumps."""
+    from verl_mm_tools.viewer.curve import curve_svg
+
+    curve = {"task": "learn_zoom", "target": 0.9, "chance": 0.5, "learned": True, "steps": [1, 2, 3],
+             "reward": [0.5, 0.75, 1.0], "call_rate": [0.5, 0.8, 1.0], "validation": {"0": 0.5, "3": 1.0}}
+    (tmp_path / "learning_curve.svg").write_text(curve_svg(curve))
+    site = build_site(dump_copy, tmp_path / "site")
+    index = site.index.read_text()
+    assert '<figure class="curve"><img src="learning_curve.svg"' in index
+    assert (tmp_path / "site" / "learning_curve.svg").read_text() == curve_svg(curve)
+    (tmp_path / "learning_curve.svg").unlink()
+    assert "curve" not in build_site(dump_copy, tmp_path / "site").index.read_text()  # a dump without a curve

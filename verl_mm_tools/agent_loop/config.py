@@ -55,6 +55,10 @@ class MMToolLoopConfig:
             the run stops with the most common error (the step hook checks it). 0.5: a few bad rows (an unreadable
             image, an oversized prompt) cost only their own samples, while a broken config or dataset, which masks
             (nearly) every trajectory, stops at its first step instead of training on nothing; 1 disables the check.
+        call_rate_window: Steps over which the tool-call guard looks back: when the share of a training step's
+            trajectories that call a tool (``mm_tool/tool_call_rate``) falls below half its highest value of the
+            previous ``call_rate_window`` steps, the trainer log gets a warning (tool-use collapse: the policy is
+            dropping its tools) and ``mm_tool/tool_call_rate/collapsed`` is 1 for that step. 0 disables it.
         tool_prompt: Where the tool schemas reach the model: ``template`` (passed to the chat template), ``system``
             (the hermes tool block appended to the system message), ``off`` (the dataset's prompt describes the
             tools), ``auto`` (``template`` when the chat template renders tools, else ``system``; the official
@@ -83,6 +87,7 @@ class MMToolLoopConfig:
     dump_max_mb: float = 512.0
     file_roots: tuple[str, ...] | str | None = None
     max_masked_fraction: float = 0.5
+    call_rate_window: int = 10
     tool_prompt: str = "auto"
     tool_response_role: str = "auto"
     export: str = "per_trajectory"
@@ -124,6 +129,9 @@ class MMToolLoopConfig:
         fraction = self.max_masked_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
             raise ConfigError(f"mm_tool max_masked_fraction must be a number in [0, 1], got {fraction!r}")
+        window = self.call_rate_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ConfigError(f"mm_tool call_rate_window must be a whole number of steps >= 0 (0: off), got {window!r}")
         FileRoots.from_config(self.file_roots)  # relative or missing directories are ConfigErrors now, not later
 
     def check_against_server(self, limit_images: int | None) -> None:

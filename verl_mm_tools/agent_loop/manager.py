@@ -16,14 +16,18 @@ from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 from verl_mm_tools.record import DUMP_KEY
-from verl_mm_tools.agent_loop.step import StepBatch, process_step
+from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
 
 
 class MMToolAgentLoopManager(AgentLoopManager):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.call_rate_watch = CallRateWatch()
+
     @auto_await  # the trainer calls it synchronously, as it does verl's manager
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         output = await AgentLoopManager.generate_sequences.__wrapped__(self, prompts)
-        metrics = process_step(step_batch(output, prompts.meta_info))
+        metrics = process_step(step_batch(output, prompts.meta_info), self.call_rate_watch)
         output.meta_info.setdefault("timing", {}).update(metrics)
         return output
 

@@ -39,6 +39,7 @@ from verl_mm_tools.agent_loop.export import collapse_runs, history_view
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.state import (
+    CALL_RATE_WINDOW_KEY,
     MASKED_LIMIT_KEY,
     STATE_ATTR,
     SampleCut,
@@ -179,6 +180,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         for index, (output, spans) in enumerate(outputs):
             output.extra_fields.update(state.extra_fields(index, len(outputs), spans))
             output.extra_fields[MASKED_LIMIT_KEY] = self.mm_config.max_masked_fraction
+            output.extra_fields[CALL_RATE_WINDOW_KEY] = self.mm_config.call_rate_window
             output.extra_fields[TURN_CREDIT_KEY] = self.turn_credit
             output.extra_fields[TURN_GAMMA_KEY] = self.turn_gamma
             if self.mm_config.dump_dir:

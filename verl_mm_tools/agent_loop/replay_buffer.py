@@ -32,7 +32,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
-from verl_mm_tools.agent_loop.step import StepBatch, process_step
+from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 
@@ -54,11 +54,12 @@ class MMToolReplayBuffer(ReplayBuffer):
     def __init__(self, *args, sampler_kwargs: Mapping | None = None, **kwargs):
         super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
         self.poll_interval = _poll_interval(sampler_kwargs or {})
+        self.call_rate_watch = CallRateWatch()
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
-        metrics.update(process_step(step))
+        metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
         if step.rm_scores is not None and any(step.column(TURN_CREDIT_KEY)):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)

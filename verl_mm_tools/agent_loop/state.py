@@ -28,6 +28,7 @@ MASKED_KEY = PREFIX + "masked"
 ERROR_KEY = PREFIX + "error"
 PER_TOOL_KEY = PREFIX + "per_tool"
 MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"  # the loop's max_masked_fraction, for the step hook's guard
+CALL_RATE_WINDOW_KEY = PREFIX + "call_rate_window"  # the loop's call_rate_window, for the step hook's collapse guard
 TURN_CREDIT_KEY = PREFIX + "turn_credit"  # whether the step hook places turn rewards (mm_turn_grpo)
 TURN_GAMMA_KEY = PREFIX + "turn_gamma"  # algorithm.gamma: the per-turn discount, for chaining a trajectory's samples
 # [index, count] of the output among its trajectory's training samples (export per_turn / auto); the trajectory's

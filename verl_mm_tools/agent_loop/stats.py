@@ -9,6 +9,8 @@ import numpy as np
 from verl_mm_tools.agent_loop.state import MASKED_KEY, PER_TOOL_KEY, PREFIX, STOP_REASON_KEY, StopReason, ToolStats
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY
 
+CALL_RATE = PREFIX + "tool_call_rate"  # the share of a step's trajectories that called a tool at least once
+
 
 def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     """Step-level metrics from a batch's mm_tool extra fields (trajectories of other loops are skipped)."""
@@ -25,6 +27,8 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
                 "budget_downscales", "dropped_turns", "masked", "invalid_actions", "ignored_calls"):
         values = np.asarray([non_tensor_batch[PREFIX + key][index] for index in rows], dtype=np.float64)
         metrics[f"{PREFIX}{key}/mean"] = float(values.mean())
+    # tool-use collapse shows here first: the share of trajectories that call at all (``CallRateWatch``)
+    metrics[CALL_RATE] = float(np.mean([non_tensor_batch[PREFIX + "tool_calls"][index] > 0 for index in rows]))
     metrics[MASKED_KEY + "/count"] = float(sum(non_tensor_batch[MASKED_KEY][index] for index in rows))
     valid = sum(non_tensor_batch[PREFIX + "valid_actions"][index] for index in rows)
     actions = valid + sum(non_tensor_batch[PREFIX + "tool_errors"][index] for index in rows)
@@ -38,8 +42,10 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
 
 def _per_tool_metrics(per_tool_rows: list[dict]) -> dict[str, float]:
     totals: dict[str, ToolStats] = defaultdict(ToolStats)
+    callers: dict[str, int] = defaultdict(int)  # trajectories that called the tool
     for row in per_tool_rows:
         for name, stats in (row or {}).items():
+            callers[name] += stats["calls"] > 0
             totals[name].calls += stats["calls"]
             totals[name].errors += stats["errors"]
             totals[name].time_s += stats["time_s"]
@@ -47,6 +53,7 @@ def _per_tool_metrics(per_tool_rows: list[dict]) -> dict[str, float]:
     metrics = {}
     for name, stats in totals.items():
         metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"] = stats.calls / len(per_tool_rows)
+        metrics[f"{PREFIX}tool/{name}/call_rate"] = callers[name] / len(per_tool_rows)
         metrics[f"{PREFIX}tool/{name}/error_rate"] = stats.errors / stats.calls if stats.calls else 0.0
         metrics[f"{PREFIX}tool/{name}/time_s_per_call"] = stats.time_s / stats.calls if stats.calls else 0.0
         if stats.remote_calls:

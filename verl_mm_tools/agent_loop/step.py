@@ -1,7 +1,8 @@
 """What happens to a batch of finished mm_tool trajectories before verl trains on it (or scores it in validation),
 the same on both of verl's trainers:
 
-1. step metrics (``stats.aggregate_metrics``, and ``mm_tool/reward/mean``: the mean reward per trajectory);
+1. step metrics (``stats.aggregate_metrics``, and ``mm_tool/reward/mean``: the mean reward per trajectory) and the
+   tool-call guard (``CallRateWatch``: a warning when the share of trajectories that call a tool falls by half);
 2. the masked-batch guard: a batch in which more than ``max_masked_fraction`` of the mm_tool trajectories were
    masked (trained on nothing) stops the run with the most common error (``MaskedBatchError``);
 3. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
@@ -25,6 +26,7 @@ import torch
 
 from verl_mm_tools.agent_loop.dump import finalize_step_dumps
 from verl_mm_tools.agent_loop.state import (
+    CALL_RATE_WINDOW_KEY,
     ERROR_KEY,
     MASKED_KEY,
     MASKED_LIMIT_KEY,
@@ -37,7 +39,7 @@ from verl_mm_tools.agent_loop.state import (
     TURN_SPANS_KEY,
     is_final_sample,
 )
-from verl_mm_tools.agent_loop.stats import aggregate_metrics
+from verl_mm_tools.agent_loop.stats import CALL_RATE, aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
 
@@ -100,10 +102,41 @@ class StepBatch:
         return [sorted(group, key=lambda row: samples[row][0]) for group in grouped.values()]
 
 
-def process_step(batch: StepBatch) -> dict[str, float]:
-    """Metrics of the batch (``mm_tool/*``); raises MaskedBatchError (see module)."""
+class CallRateWatch:
+    """Tool-use collapse guard, one per trainer: remembers each training step's tool-call rate and warns when a step's
+    falls below half the highest of the previous ``call_rate_window`` steps (the loop option)."""
+
+    def __init__(self):
+        self.rates: list[tuple[int, float]] = []  # (step, tool-call rate) of the training steps seen
+
+    def check(self, batch: StepBatch, metrics: dict[str, float]) -> None:
+        windows = [int(window) for window in batch.column(CALL_RATE_WINDOW_KEY) if window is not None]
+        if batch.validate or CALL_RATE not in metrics or not windows or min(windows) == 0:
+            return
+        window, rate = min(windows), metrics[CALL_RATE]
+        earlier = self.rates[-window:]
+        self.rates.append((batch.step, rate))
+        if not earlier:
+            return
+        peak_step, peak = max(earlier, key=lambda entry: entry[1])
+        collapsed = rate < peak / 2
+        metrics[CALL_RATE + "/collapsed"] = float(collapsed)
+        if collapsed:
+            logger.warning(
+                "tool-use collapse: %.0f%% of step %d's trajectories called a tool, against %.0f%% at step %d (within "
+                "the last %d steps, the mm_tool option call_rate_window). The policy is dropping its tools: check "
+                "that calling can pay (the reward, the tools' errors: mm_tool/tool/*/error_rate), and consider a KL "
+                "loss to the starting policy or a lower learning rate.", 100 * rate, batch.step, 100 * peak,
+                peak_step, window)
+
+
+def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[str, float]:
+    """Metrics of the batch (``mm_tool/*``); raises MaskedBatchError (see module). ``watch``: the trainer's tool-call
+    guard (None: none)."""
     trajectories = batch.trajectories()
     metrics = aggregate_metrics(trajectories.columns)
+    if watch is not None:
+        watch.check(trajectories, metrics)
     samples = [sample for sample in batch.column(SAMPLE_KEY) if sample is not None]
     if samples:  # mm_tool rows: how many training samples a trajectory became (export)
         metrics[PREFIX + "samples_per_trajectory"] = len(samples) / sum(map(is_final_sample, samples))

@@ -37,10 +37,19 @@ import psutil
 
 from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE, hook_overrides
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
-from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, MICRO_BATCH, TASKS, TRAINING_REWARD, DemoTask, get_task
+from verl_mm_tools.cpu.tasks import (
+    CALL_RATE,
+    LEARNED_WINDOW,
+    MICRO_BATCH,
+    TASKS,
+    TRAINING_REWARD,
+    DemoTask,
+    get_task,
+)
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.record import STAGING_DIR
+from verl_mm_tools.viewer.curve import CURVE_PICTURE, curve_svg
 
 logger = logging.getLogger(__name__)
 
@@ -445,7 +454,9 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
     _discard_unpublished(paths.trajectories, say)
     if options.spec.stop_at_reward is not None:
-        (paths.out / "learning_curve.json").write_text(json.dumps(learning_curve(result, options.spec), indent=1))
+        curve = learning_curve(result, options.spec)
+        (paths.out / "learning_curve.json").write_text(json.dumps(curve, indent=1))
+        (paths.out / CURVE_PICTURE).write_text(curve_svg(curve))
         if result.returncode == 0 and not result.learned:
             result.returncode = LEARNING_FAILED
     for line in summarize(result, paths, options.spec, time.monotonic() - clock):
@@ -485,14 +496,17 @@ def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]
 
 
 def learning_curve(result: RunResult, task: DemoTask) -> dict:
-    """The training and validation rewards by step, and whether and when the run learned."""
+    """The training reward and tool-call rate by step, the validation reward, and whether the run learned."""
+    trained = [step for step in result.steps if TRAINING_REWARD in step]
     return {
         "task": task.name,
         "target": task.stop_at_reward,
+        "chance": task.chance_reward,
         "learned": result.learned,
         "trainer_seconds": round(result.seconds, 1),
-        "steps": [step["step"] for step in result.steps if TRAINING_REWARD in step],
-        "reward": [round(step[TRAINING_REWARD], 4) for step in result.steps if TRAINING_REWARD in step],
+        "steps": [step["step"] for step in trained],
+        "reward": [round(step[TRAINING_REWARD], 4) for step in trained],
+        "call_rate": [round(step.get(CALL_RATE, 0.0), 4) for step in trained],
         "validation": {step["step"]: round(step[task.validation_metric], 4)
                        for step in result.steps if task.validation_metric in step},
     }

@@ -3,7 +3,9 @@ launched and watched: ``demo``.
 
 Tasks: ``rotation`` (the default: the arrow pictures, a showcase of the loop; the tiny model cannot see arrows well,
 so its reward stays near chance), ``learn`` (the learning proof: red or blue pictures, reward from chance 0.5 to
->= 0.9; the run stops once the model has learned) and ``learn_tool`` (the same with a rotate call before each answer).
+>= 0.9; the run stops once the model has learned), ``learn_tool`` (the same with a rotate call before each answer)
+and ``learn_zoom`` (the model learns WHEN to call a tool: the answer is hidden at the picture's prompt resolution,
+``zoom_in`` reveals it, the warm start calls it half the time; learned once reward and tool-call rate reach 0.9).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from verl_mm_tools.agent_loop.stats import CALL_RATE
 from verl_mm_tools.errors import ConfigError, did_you_mean
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
 
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
 # 32 trajectories of ~600 tokens per step, one thread).
@@ -44,15 +47,21 @@ class DemoTask:
     stop_at_reward: float | None = None
     tools_yaml: str = ROTATE_TOOLS_YAML
     chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
+    # Also needed to have learned: the mean tool-call rate of the last LEARNED_WINDOW steps reaches this
+    stop_at_call_rate: float | None = None
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
-        pictures the training split does not hold) both reach ``stop_at_reward``; verl's metrics, one dict per step."""
+        pictures the training split does not hold) both reach ``stop_at_reward`` (and the mean tool-call rate of those
+        steps ``stop_at_call_rate``, where set); verl's metrics, one dict per step."""
         if self.stop_at_reward is None:
             return False
         rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
+        rates = [step.get(CALL_RATE, 0.0) for step in steps if TRAINING_REWARD in step]
         validations = [step[self.validation_metric] for step in steps if self.validation_metric in step]
-        return (len(rewards) >= LEARNED_WINDOW and bool(validations)
+        calls_enough = self.stop_at_call_rate is None or (
+            sum(rates[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_call_rate)
+        return (len(rewards) >= LEARNED_WINDOW and bool(validations) and calls_enough
                 and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_reward
                 and validations[-1] >= self.stop_at_reward)
 
@@ -67,6 +76,12 @@ def _write_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
     from verl_mm_tools.data.color import write_color_dataset
 
     return write_color_dataset(out_dir, **sizes)
+
+
+def _write_zoom_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.zoom_color import write_zoom_color_dataset
+
+    return write_zoom_color_dataset(out_dir, **sizes)
 
 
 TASKS = {
@@ -100,6 +115,12 @@ TASKS = {
 }
 # The learning proof with a rotate call before every answer: the answer follows the tool's image.
 TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
+# Learning when a tool pays: the centre's dots are invisible at prompt resolution (cpu.premise checks it); the warm
+# start answers at once or zooms in first, half and half, with labels that tell nothing.
+TASKS["learn_zoom"] = replace(
+    TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", write_dataset=_write_zoom_color,
+    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, steps=120,
+    stop_at_call_rate=0.9)
 
 
 

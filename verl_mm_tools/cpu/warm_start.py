@@ -2,10 +2,11 @@
 
 A random-weight model never writes a parseable tool call, so RL has nothing to reinforce. Before training, we run
 demonstrations through the real mm_tool loop (verl's ``AgentLoopWorker`` with a scripted server, so the tokens are
-exactly those a rollout produces): turn 1 calls ``rotate`` with a random angle, the tool answers with an image,
-turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's choices (``TASKS``; the color task
-answers in turn 1). The labels are uninformative by construction (``uninformative_labels``): fitting them teaches
-the format and leaves the answer at chance. The loss is summed over tokens (every labelled token weighs the same,
+exactly those a rollout produces): turn 1 calls a tool (``rotate`` with a random angle; ``zoom_in`` on the centre
+box), the tool answers with an image, turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's
+choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in half its demonstrations). The labels
+are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
+that do not): fitting them teaches the format and leaves the answer at chance. The loss is summed over tokens (every labelled token weighs the same,
 whatever its sample's length): averaging per sample first made the short tool-call turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from verl_mm_tools.data import color, rotation
+from verl_mm_tools.data import color, rotation, zoom_color
 from verl_mm_tools.data.rotation import ANGLES
 from verl_mm_tools.errors import ConfigError
 
@@ -41,14 +42,24 @@ DEMO_SEED_OFFSET = 7_000_001
 MARKER = "warm_start.json"
 
 
+ToolCall = tuple[str, dict]  # a tool's name and its arguments
+
+
 @dataclass(frozen=True)
 class FormatTask:
-    """What the demonstrations of a task look like: its question, its answer choices and its pictures."""
+    """What the demonstrations of a task look like: its question, its answer choices, its pictures and its tool call."""
 
     question: str
     answers: tuple[str, ...]
     pictures: Callable[[int, int], list[tuple[Image.Image, str]]]  # (count, seed) -> (picture, true answer)
-    tool_degrees: tuple[int, ...] = TOOL_DEGREES  # the rotate call's angle is drawn from these; () = no call
+    calls: tuple[ToolCall, ...] = tuple(("rotate", {"degrees": degrees}) for degrees in TOOL_DEGREES)  # one drawn
+    # The share of demonstrations that answer at once, without a call (the same share of each true answer's)
+    direct_share: float = 0.0
+
+    def __post_init__(self):
+        if not self.calls and self.direct_share != 1.0:
+            raise ConfigError(f"a format task without tool calls answers at once: direct_share must be 1.0, "
+                              f"got {self.direct_share}")
 
 
 TASKS = {
@@ -61,10 +72,17 @@ TASKS = {
     "color": FormatTask(color.QUESTION, tuple(color.COLORS),
                         lambda count, seed: [(sample.image, sample.color)
                                              for sample in color.color_samples(count, seed)],
-                        tool_degrees=()),
+                        calls=(), direct_share=1.0),
+    # Half answer at once, half zoom in on the centre box first: the first policy calls about half the time, and
+    # nothing tells it when calling pays.
+    "zoom_color": FormatTask(zoom_color.QUESTION, tuple(zoom_color.PATTERNS),
+                             lambda count, seed: [(sample.image, sample.color)
+                                                  for sample in zoom_color.zoom_color_samples(count, seed)],
+                             calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),),
+                             direct_share=0.5),
 }
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
-TASKS["color_tool"] = replace(TASKS["color"], tool_degrees=(90,))
+TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)
 
 
 @dataclass(frozen=True)
@@ -91,7 +109,7 @@ def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmS
     tools_text = without_remote(Path(tools_yaml).read_text())  # demonstrations run the tools here, not on Ray
     task = TASKS[spec.task]
     key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec),
-           "question": task.question, "answers": task.answers, "tool_degrees": task.tool_degrees}
+           "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
     if (target / MARKER).is_file():
@@ -133,22 +151,33 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
 
 
 def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, torch.Tensor]]:
-    """Token-exact trajectories of the mm_tool loop with random tool angles and random answers."""
-    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, LocalRollout, image_prompt, tool_call_text, unpadded_row
-
-    rng = random.Random(spec.seed)
+    """Token-exact trajectories of the mm_tool loop with random tool calls and random answers."""
     task = TASKS[spec.task]
     pictures = task.pictures(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
-    prompts = [image_prompt(task.question, [picture]) for picture, _ in pictures]
-    labels = uninformative_labels([truth for _, truth in pictures], task.answers, rng)
+    return task_demonstrations(model_dir, tools_yaml, task, pictures, random.Random(spec.seed))
+
+
+def task_demonstrations(model_dir: Path, tools_yaml: Path, task: FormatTask, pictures: list[tuple[Image.Image, str]],
+                        rng: random.Random, *, true_labels: bool = False) -> list[dict[str, torch.Tensor]]:
+    """One demonstration per picture: a tool call (drawn from the task's) or none (``direct_share`` of each true
+    answer's pictures), then an answer: uninformative labels, or the true answers with ``true_labels`` (the premise
+    check, ``premise``)."""
+    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, LocalRollout, image_prompt, tool_call_text, unpadded_row
+
+    truths = [truth for _, truth in pictures]
+    calling = calling_demonstrations(truths, task.direct_share, rng)
+    labels = list(truths) if true_labels else labels_per_group(truths, calling, task.answers, rng)
     # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
-    label_of = {picture.tobytes(): label for (picture, _), label in zip(pictures, labels, strict=True)}
+    index_of = {picture.tobytes(): index for index, (picture, _) in enumerate(pictures)}
 
     def script(turn: int, prompt_ids, images) -> str:
-        if turn == 0 and task.tool_degrees:
-            return tool_call_text("rotate", degrees=rng.choice(task.tool_degrees))
-        return f"<answer>{label_of[images[0].tobytes()]}</answer><|im_end|>"
+        index = index_of[images[0].tobytes()]
+        if turn == 0 and calling[index]:
+            name, arguments = rng.choice(task.calls)
+            return tool_call_text(name, **arguments)
+        return f"<answer>{labels[index]}</answer><|im_end|>"
 
+    prompts = [image_prompt(task.question, [picture]) for picture, _ in pictures]
     with tempfile.TemporaryDirectory() as workdir:
         output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(script, prompts, max_turns=2,
                                                                             extra=CLASSIC_HOOK)
@@ -159,19 +188,46 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
         row = unpadded_row(output, index)
         ids = row["prompt_ids"] + row["response_ids"]
         answer_at = max(at for at in range(len(answer_tag), len(ids)) if ids[at - len(answer_tag):at] == answer_tag)
-        labels = [-100] * len(row["prompt_ids"]) + [
+        labels_of_row = [-100] * len(row["prompt_ids"]) + [
             token if trained else -100 for token, trained in zip(row["response_ids"], row["response_mask"], strict=True)
         ]
         inputs = output.non_tensor_batch["multi_modal_inputs"][index]
         examples.append({
             "input_ids": torch.tensor(ids),
-            "labels": torch.tensor(labels),
+            "labels": torch.tensor(labels_of_row),
             "mm_token_type_ids": (torch.tensor(ids) == image_token).long(),
             "pixel_values": inputs["pixel_values"],
             "image_grid_thw": inputs["image_grid_thw"],
             "answer_at": answer_at,  # where the answer's first token is
         })
     return examples
+
+
+def calling_demonstrations(truths: Sequence[str], direct_share: float, rng: random.Random) -> list[bool]:
+    """Which demonstrations call the tool: ``1 - direct_share`` of each true answer's (rounded), drawn at random, so
+    whether a demonstration calls tells nothing about its answer."""
+    if direct_share in (0.0, 1.0):  # no draw: the rng then gives the labels and calls it gave before this option
+        return [direct_share == 0.0] * len(truths)
+    calling = [False] * len(truths)
+    for truth in dict.fromkeys(truths):
+        indices = [index for index, value in enumerate(truths) if value == truth]
+        rng.shuffle(indices)
+        for index in indices[: round(len(indices) * (1 - direct_share))]:
+            calling[index] = True
+    return calling
+
+
+def labels_per_group(truths: Sequence[str], calling: Sequence[bool], answers: Sequence[str],
+                     rng: random.Random) -> list[str]:
+    """``uninformative_labels`` drawn apart for the demonstrations that call and those that do not: neither group's
+    labels tell anything about its pictures."""
+    labels = [""] * len(truths)
+    for group in (True, False):
+        indices = [index for index, calls in enumerate(calling) if calls == group]
+        for index, label in zip(indices, uninformative_labels([truths[i] for i in indices], answers, rng),
+                                strict=True):
+            labels[index] = label
+    return labels
 
 
 def uninformative_labels(truths: Sequence[str], answers: Sequence[str], rng: random.Random) -> list[str]:
@@ -235,21 +291,23 @@ def fit(model, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> 
     return losses
 
 
-@torch.no_grad()
 def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequence[str]) -> dict[str, float]:
     """Mean probability of each answer choice (its first token) where the demonstrations answer."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     first_tokens = [tokenizer.encode(answer)[0] for answer in answers]
-    pad_token_id = model.config.get_text_config().pad_token_id or 0
-    totals = torch.zeros(len(answers))
-    for example in examples:
-        batch = collate([example], pad_token_id)
-        batch.pop("labels")
-        hidden = model.model(**batch).last_hidden_state[0, example["answer_at"] - 1]
-        totals += model.lm_head(hidden).float().softmax(-1)[first_tokens]
+    totals = sum(answer_probabilities(model, example, first_tokens) for example in examples)
     return {answer: round(float(total) / len(examples), 4) for answer, total in zip(answers, totals, strict=True)}
+
+
+@torch.no_grad()
+def answer_probabilities(model, example: dict, tokens: Sequence[int]) -> torch.Tensor:
+    """The model's probabilities of ``tokens`` where the example's answer starts."""
+    batch = collate([example], model.config.get_text_config().pad_token_id or 0)
+    batch.pop("labels")
+    hidden = model.model(**batch).last_hidden_state[0, example["answer_at"] - 1]
+    return model.lm_head(hidden).float().softmax(-1)[list(tokens)]
 
 
 def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -157,10 +157,14 @@ def model_note(model: str | None) -> str:
     return f"model {name} ({TINY_MODEL_NOTE})" if name.startswith("tiny-") else f"model {name}"
 
 
-def index_page(rows: list[IndexRow], source: str) -> str:
+def index_page(rows: list[IndexRow], source: str, curve: str | None = None) -> str:
+    """The table of trajectories, under the run's learning curve (``curve``: the picture's file name) when given."""
     models = sorted({model_note(row.model) for row in rows})
     header = (f"<header><h1>Trajectories</h1><div class=\"note\">{len(rows)} trajectories from "
               f"{escape(source)}; {escape('; '.join(models))}. Turns: the model's generations.</div></header>")
+    if curve:
+        header += (f"<figure class=\"curve\"><img src=\"{escape(curve)}\" alt=\"learning curve: training reward, "
+                   "tool-call rate and validation reward per step\"></figure>")
     table = (
         "<table id=\"trajectories\"><thead><tr><th>Step</th><th>Sample</th><th>Question</th><th>Images</th>"
         "<th>Reward</th><th>Turns</th><th>Tools</th><th>Stop</th><th>Masked</th></tr></thead><tbody>"

@@ -17,6 +17,7 @@ from pathlib import Path
 from verl_mm_tools.record import SITE_DIR, trajectory_name
 from verl_mm_tools.errors import FileAccessError
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.viewer.curve import CURVE_PICTURE
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
 from verl_mm_tools.viewer.records import Trajectory, ViewerError, load_trajectories
 
@@ -52,9 +53,19 @@ def build_site(dump_dir: str | os.PathLike, out: str | os.PathLike | None = None
         html = trajectory_page(trajectory.record, image_base and f"../{image_base}", "../index.html", neighbours)
         (out / pages[trajectory.id]).write_text(html, encoding="utf-8")
     rows = [_index_row(trajectory, pages[trajectory.id]) for trajectory in trajectories]
-    (out / "index.html").write_text(index_page(rows, str(dump_dir)), encoding="utf-8")
+    curve = _copy_learning_curve(Path(dump_dir), out)
+    (out / "index.html").write_text(index_page(rows, str(dump_dir), curve), encoding="utf-8")
     logger.info("wrote %d trajectory pages to %s", len(trajectories), out)
     return Site(index=out / "index.html", pages={key: out / value for key, value in pages.items()})
+
+
+def _copy_learning_curve(dump_dir: Path, out: Path) -> str | None:
+    """The demo's learning-curve picture (in the run folder, above ``trajectories/``) copied into the site."""
+    picture = dump_dir.resolve().parent / CURVE_PICTURE
+    if not picture.is_file():
+        return None
+    shutil.copyfile(picture, out / CURVE_PICTURE)
+    return CURVE_PICTURE
 
 
 def _sibling(links: list[str], position: int) -> str | None:

@@ -1,0 +1,113 @@
+"""The learn_zoom task: a detail the picture hides at the size the model sees it, and ``zoom_in`` reveals.
+
+Each 896x896 picture is a mosaic of 16 px tiles, each a checkerboard of 1 px squares: red and cyan, or blue and
+yellow. Both average to the same grey, and a checkerboard alternates along both axes: the processor shows the picture
+at 224x224 (the tiny model's largest image), a 4x downscale that averages it away, tile edges included (a pattern
+that alternates along one axis only, dots say, leaves a faint ring at each edge whose colour tells the pattern). The
+question asks which checkerboard the 32 px square at the centre holds (its box is in the prompt); a ``zoom_in`` on
+that box with ``target_side: 224`` shows it 7x larger (each 14 px patch of the vision tower holds 2x2 squares of
+7 px), where the two patterns differ everywhere. The other tiles draw their pattern at random, and a few grey discs
+make the pictures differ at prompt resolution without saying anything about the answer.
+
+Rows alternate between the answers, so every batch of an even size holds each equally often. The validation split
+holds no picture of the training split. Answers are scored with ``exact_answer_reward``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.errors import ConfigError
+
+DATA_SOURCE = "verl_mm_tools/zoom_color"
+SIDE = 896
+TILE = 16
+BOX = (432, 432, 464, 464)  # the centre square: whole tiles, at even pixels (the checkerboard's phase)
+BOX_ARGUMENTS = dict(zip(("x1", "y1", "x2", "y2"), BOX))  # zoom_in's arguments for it
+ZOOM_SIDE = 224  # zoom_in's target_side: the box 7x, the tiny processor's largest image, so it is not resized again
+# the answer's colour (on even x + y) and its partner: each pair sums to (260, 260, 260), mean grey (130, 130, 130)
+PATTERNS = {"red": ((220, 40, 40), (40, 220, 220)), "blue": ((40, 40, 220), (220, 220, 40))}
+QUESTION = (
+    f"The small square at the centre of this picture, box [{BOX[0]}, {BOX[1]}, {BOX[2]}, {BOX[3]}], is a fine "
+    "checkerboard of red and cyan or of blue and yellow, too small to see at this size. You may call the zoom_in tool "
+    "on that box to look closer. Answer red or blue, as <answer>red</answer>."
+)
+PROMPT = "<image>" + QUESTION
+VAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass(frozen=True)
+class ZoomColorSample:
+    image: Image.Image
+    color: str  # the dots' colour in BOX: the answer
+    digest: str  # sha256 of the pixels: equal digests mean the same picture
+
+
+def checkered_tile(color: str) -> Image.Image:
+    square, partner = PATTERNS[color]
+    tile = Image.new("RGB", (TILE, TILE), partner)
+    for y in range(TILE):
+        for x in range(y % 2, TILE, 2):
+            tile.putpixel((x, y), square)
+    return tile
+
+
+def zoom_color_picture(rng: random.Random, color: str) -> Image.Image:
+    """The mosaic with ``color``'s checkerboard in ``BOX`` and random tiles elsewhere, with grey discs off the box."""
+    tiles = {name: checkered_tile(name) for name in PATTERNS}
+    image = Image.new("RGB", (SIDE, SIDE))
+    for top in range(0, SIDE, TILE):
+        for left in range(0, SIDE, TILE):
+            inside = BOX[0] <= left < BOX[2] and BOX[1] <= top < BOX[3]
+            image.paste(tiles[color if inside else rng.choice(sorted(PATTERNS))], (left, top))
+    draw = ImageDraw.Draw(image)
+    for _ in range(rng.randrange(2, 6)):
+        radius = rng.randrange(24, 80)
+        x, y = rng.randrange(radius, SIDE - radius), rng.randrange(radius, SIDE - radius)
+        if abs(x - SIDE / 2) < radius + 80 and abs(y - SIDE / 2) < radius + 80:
+            continue  # keep the discs (and their blur at prompt resolution) off the box
+        draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=(rng.randrange(60, 200),) * 3)
+    return image
+
+
+def zoom_color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset()) -> list[ZoomColorSample]:
+    """``count`` distinct pictures, none in ``exclude``, answers alternating in the order of ``PATTERNS``."""
+    rng = random.Random(seed)
+    samples, seen = [], set(exclude)
+    colors = list(PATTERNS)
+    for _ in range(count * 100):
+        if len(samples) == count:
+            return samples
+        color = colors[len(samples) % len(colors)]
+        picture = zoom_color_picture(rng, color)
+        digest = hashlib.sha256(picture.tobytes()).hexdigest()
+        if digest not in seen:
+            seen.add(digest)
+            samples.append(ZoomColorSample(picture, color, digest))
+    raise ConfigError(f"could not draw {count} distinct zoom pictures (seed {seed}); ask for fewer samples")
+
+
+def _rows(samples: list[ZoomColorSample], split: str, agent_name: str) -> Iterator[dict]:
+    for index, sample in enumerate(samples):
+        extra_info = {"split": split, "index": index, "color": sample.color, "target_box": list(BOX),
+                      "image_sha256": sample.digest}
+        yield image_row(DATA_SOURCE, PROMPT, sample.image, sample.color, extra_info, agent_name)
+
+
+def write_zoom_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
+                             agent_name: str = "mm_tool") -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
+    if train_size < 1 or val_size < 1:
+        raise ConfigError(f"zoom_color dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
+    out = Path(out_dir)
+    train = zoom_color_samples(train_size, seed)
+    val = zoom_color_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train))
+    return (write_parquet(_rows(train, "train", agent_name), out / "train.parquet"),
+            write_parquet(_rows(val, "val", agent_name), out / "val.parquet"))
