@@ -20,7 +20,7 @@ def loaded_after(statement: str) -> list[str]:
     "import verl_mm_tools.ops",
     "import verl_mm_tools.bench_ops",  # times the ops in a process that loads nothing else
     "import verl_mm_tools.record",
-    "import verl_mm_tools.viewer.site, verl_mm_tools.viewer.records, verl_mm_tools.viewer.html",
+    "import verl_mm_tools.viewer.site, verl_mm_tools.viewer.records, verl_mm_tools.viewer.html, verl_mm_tools.viewer.curve",
 ])
 def test_pure_layers_load_no_verl_no_torch_and_no_agent_loop(statement):
     modules = loaded_after(statement)

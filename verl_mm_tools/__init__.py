@@ -30,6 +30,7 @@ LIGHT_MODULES = frozenset({
     "verl_mm_tools.viewer",
     "verl_mm_tools.viewer.chromium",
     "verl_mm_tools.viewer.command",
+    "verl_mm_tools.viewer.curve",
     "verl_mm_tools.viewer.html",
     "verl_mm_tools.viewer.records",
     "verl_mm_tools.viewer.site",

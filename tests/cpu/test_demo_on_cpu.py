@@ -10,7 +10,7 @@ import pytest
 
 from verl_mm_tools.cpu.demo import (TOOL_CALLS_METRIC, TRAINERS, DemoOptions, DemoPaths, RunResult, format_step,
                                     learning_curve, run_demo, trainer_command, what_was_learned)
-from verl_mm_tools.cpu.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
+from verl_mm_tools.cpu.tasks import CALL_RATE, LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
@@ -53,10 +53,23 @@ def test_the_step_line_shows_validation_when_verl_logged_it():
 
 
 def test_the_learning_curve_lists_rewards_and_validations_by_step():
-    steps = [step(0, validation=0.5), step(1, 0.46875), step(2, 0.53125, validation=0.5625)]
+    steps = [step(0, validation=0.5), {**step(1, 0.46875), CALL_RATE: 0.5},
+             {**step(2, 0.53125, validation=0.5625), CALL_RATE: 0.59375}]
     curve = learning_curve(RunResult(0, steps, 321.04, 40.0, 0, learned=True), LEARN)
-    assert curve == {"task": "learn", "target": 0.9, "learned": True, "trainer_seconds": 321.0, "steps": [1, 2],
-                     "reward": [0.4688, 0.5312], "validation": {0: 0.5, 2: 0.5625}}
+    assert curve == {"task": "learn", "target": 0.9, "chance": 0.5, "learned": True, "trainer_seconds": 321.0,
+                     "steps": [1, 2], "reward": [0.4688, 0.5312], "call_rate": [0.5, 0.5938],
+                     "validation": {0: 0.5, 2: 0.5625}}
+
+
+def test_learn_zoom_has_learned_only_once_the_tool_call_rate_reaches_the_target_too():
+    zoom = TASKS["learn_zoom"]
+    assert zoom.stop_at_reward == zoom.stop_at_call_rate == 0.9
+    calls = [{**step(n, 0.95), CALL_RATE: rate} for n, rate in zip(range(1, 6), (0.9, 0.9, 0.9, 0.9, 0.875),
+                                                                     strict=True)]
+    calls[-1][zoom.validation_metric] = calls[-1][LEARN.validation_metric] = 1.0
+    assert not zoom.learned(calls)  # call rate 0.895 over the window
+    assert zoom.learned(calls[:-1] + [{**calls[-1], CALL_RATE: 0.9}])
+    assert LEARN.learned(calls)  # the learn task asks nothing of the calls
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

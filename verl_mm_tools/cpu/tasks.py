@@ -118,7 +118,8 @@ TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task
 # Learning when a tool pays: the centre's dots are invisible at prompt resolution (cpu.premise checks it); the warm
 # start answers at once or zooms in first, half and half, with labels that tell nothing.
 TASKS["learn_zoom"] = replace(
-    TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", write_dataset=_write_zoom_color,
+    TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
+    write_dataset=_write_zoom_color,
     validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, steps=120,
     stop_at_call_rate=0.9)
 
