@@ -73,6 +73,7 @@ def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
     assert metrics["tool_call_counts/mean"] == 1.0 and metrics["tool_call_counts/max"] == 2.0
     assert metrics["mm_tool/tool/rotate/calls_per_trajectory"] == 1.0
     assert metrics["mm_tool/tool_call_rate"] == metrics["mm_tool/tool/rotate/call_rate"] == 0.5  # 2 calls and none
+    assert metrics["mm_tool/reward/with_tool_calls"] == 1.0 and metrics["mm_tool/reward/without_tool_calls"] == 0.0
     assert metrics["mm_tool/images/mean"] == 2.0
     assert metrics["mm_tool/masked/count"] == 0
     assert metrics["mm_tool/turn_rewards/unplaced"] == 0

@@ -87,7 +87,7 @@ def test_color_demonstrations_answer_at_once_with_labels_that_tell_nothing(tiny_
     from verl_mm_tools.data.color import color_samples
 
     examples = demonstrations(tiny_model_dir, tools_yaml, WarmStartSpec(task="color", demonstrations=16, seed=3))
-    truth = [sample.color for sample in color_samples(16, 3 + DEMO_SEED_OFFSET)]
+    truth = [sample.label for sample in color_samples(16, 3 + DEMO_SEED_OFFSET)]
     pairs = collections.Counter()
     for example, color in zip(examples, truth, strict=True):
         labels = example["labels"]
@@ -154,7 +154,7 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
 
     examples = demonstrations(tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=16,
                                                                              seed=3))
-    truth = [sample.color for sample in zoom_color_samples(16, 3 + DEMO_SEED_OFFSET)]
+    truth = [sample.label for sample in zoom_color_samples(16, 3 + DEMO_SEED_OFFSET)]
     zoom_call = ('<tool_call>\n{"name": "zoom_in", "arguments": {"x1": 432, "y1": 432, "x2": 464, "y2": 464}}\n'
                  "</tool_call><|im_end|>")
     pairs = collections.Counter()

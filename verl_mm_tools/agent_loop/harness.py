@@ -216,13 +216,11 @@ def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
     ``llm_client`` the caller sets: trajectories scored by verl's reward worker in-process, the step hook publishing
     dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``)."""
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
-    from verl_mm_tools.agent_loop.step import CallRateWatch
 
     worker = make_worker(config, None)
     worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
-    manager.call_rate_watch = CallRateWatch()
     manager.agent_loop_workers = [InProcessActor(worker)]
     return manager, worker
 

@@ -11,6 +11,8 @@ v1 trainer the hook is ``replay_buffer.MMToolReplayBuffer`` and the names have n
 
 from __future__ import annotations
 
+import functools
+
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
@@ -20,9 +22,9 @@ from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
 
 
 class MMToolAgentLoopManager(AgentLoopManager):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.call_rate_watch = CallRateWatch()
+    @functools.cached_property
+    def call_rate_watch(self) -> CallRateWatch:  # the tool-call guard's memory of earlier steps
+        return CallRateWatch()
 
     @auto_await  # the trainer calls it synchronously, as it does verl's manager
     async def generate_sequences(self, prompts: DataProto) -> DataProto:

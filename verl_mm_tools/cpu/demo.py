@@ -61,6 +61,8 @@ STEP_FIELDS = (
     ("reward", TRAINING_REWARD, "{:.3f}"),
     ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
     ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
+    ("reward with tools", "mm_tool/reward/with_tool_calls", "{:.3f}"),  # whether calling pays
+    ("without", "mm_tool/reward/without_tool_calls", "{:.3f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
     ("masked", "mm_tool/masked/count", "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),

@@ -70,13 +70,13 @@ TASKS = {
     # off between steps at the learning rates that teach the answer (measured with verl's trainer, labels drawn
     # independently then: calls per trajectory 1.0 -> 0.0 within 17 steps at 3e-3, no learning in 35 at 1e-3).
     "color": FormatTask(color.QUESTION, tuple(color.COLORS),
-                        lambda count, seed: [(sample.image, sample.color)
+                        lambda count, seed: [(sample.image, sample.label)
                                              for sample in color.color_samples(count, seed)],
                         calls=(), direct_share=1.0),
     # Half answer at once, half zoom in on the centre box first: the first policy calls about half the time, and
     # nothing tells it when calling pays.
     "zoom_color": FormatTask(zoom_color.QUESTION, tuple(zoom_color.PATTERNS),
-                             lambda count, seed: [(sample.image, sample.color)
+                             lambda count, seed: [(sample.image, sample.label)
                                                   for sample in zoom_color.zoom_color_samples(count, seed)],
                              calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),),
                              direct_share=0.5),

@@ -15,15 +15,12 @@ The validation split holds no picture of the training split.
 
 from __future__ import annotations
 
-import hashlib
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, image_row, write_two_splits
 from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/color"
@@ -38,13 +35,6 @@ PROMPT = "<image>" + QUESTION
 VAL_SEED_OFFSET = 1_000_003
 
 
-@dataclass(frozen=True)
-class ColorSample:
-    image: Image.Image
-    color: str
-    digest: str  # sha256 of the pixels: equal digests mean the same picture
-
-
 def color_picture(rng: random.Random, color: str, side: int = IMAGE_SIDE) -> Image.Image:
     """A picture filled with ``color`` (jittered) with a gray square or circle on it."""
     fill = tuple(min(255, max(0, value + rng.randint(-JITTER, JITTER))) for value in COLORS[color])
@@ -57,36 +47,18 @@ def color_picture(rng: random.Random, color: str, side: int = IMAGE_SIDE) -> Ima
     return image
 
 
-def color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset()) -> list[ColorSample]:
+def color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset()) -> list[LabelledPicture]:
     """``count`` distinct pictures, none in ``exclude``, colors alternating in the order of ``COLORS``."""
-    rng = random.Random(seed)
-    samples, seen = [], set(exclude)
-    colors = list(COLORS)
-    for _ in range(count * 100):
-        if len(samples) == count:
-            return samples
-        color = colors[len(samples) % len(colors)]
-        picture = color_picture(rng, color)
-        digest = hashlib.sha256(picture.tobytes()).hexdigest()
-        if digest not in seen:
-            seen.add(digest)
-            samples.append(ColorSample(picture, color, digest))
-    raise ConfigError(f"could not draw {count} distinct color pictures (seed {seed}); ask for fewer samples")
+    return alternating_pictures(count, seed, list(COLORS), color_picture, exclude=exclude)
 
 
-def _rows(samples: list[ColorSample], split: str, agent_name: str) -> Iterator[dict]:
-    for index, sample in enumerate(samples):
-        extra_info = {"split": split, "index": index, "color": sample.color, "image_sha256": sample.digest}
-        yield image_row(DATA_SOURCE, PROMPT, sample.image, sample.color, extra_info, agent_name)
+def _row(picture: LabelledPicture, split: str, index: int, agent_name: str) -> dict:
+    extra_info = {"split": split, "index": index, "color": picture.label, "image_sha256": picture.digest}
+    return image_row(DATA_SOURCE, PROMPT, picture.image, picture.label, extra_info, agent_name)
 
 
 def write_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
                         agent_name: str = "mm_tool") -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    if train_size < 1 or val_size < 1:
-        raise ConfigError(f"color dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
-    out = Path(out_dir)
-    train = color_samples(train_size, seed)
-    val = color_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train))
-    return (write_parquet(_rows(train, "train", agent_name), out / "train.parquet"),
-            write_parquet(_rows(val, "val", agent_name), out / "val.parquet"))
+    return write_two_splits(out_dir, color_samples, lambda *place: _row(*place, agent_name), train_size=train_size,
+                            val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)

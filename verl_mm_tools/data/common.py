@@ -1,13 +1,19 @@
-"""Shared pieces of the dataset builders: image bytes and verl RL parquet rows."""
+"""Shared pieces of the dataset builders: image bytes, verl RL parquet rows, and two-split datasets of distinct
+pictures whose answers alternate."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
+
+from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -42,3 +48,43 @@ def write_parquet(rows: Iterable[dict], path: str | Path) -> Path:
     frame.to_parquet(path)
     logger.info("wrote %d rows to %s", len(frame), path)
     return path
+
+
+@dataclass(frozen=True)
+class LabelledPicture:
+    image: Image.Image
+    label: str  # the answer
+    digest: str  # sha256 of the pixels: equal digests mean the same picture
+
+
+def alternating_pictures(count: int, seed: int, labels: Sequence[str],
+                         draw: Callable[[random.Random, str], Image.Image], *,
+                         exclude: frozenset[str] = frozenset()) -> list[LabelledPicture]:
+    """``count`` distinct pictures drawn by ``draw(rng, label)``, none in ``exclude``, labels alternating in order
+    (every batch of an even size holds each of two labels equally often)."""
+    rng = random.Random(seed)
+    pictures, seen = [], set(exclude)
+    for _ in range(count * 100):
+        if len(pictures) == count:
+            return pictures
+        label = labels[len(pictures) % len(labels)]
+        picture = draw(rng, label)
+        digest = hashlib.sha256(picture.tobytes()).hexdigest()
+        if digest not in seen:
+            seen.add(digest)
+            pictures.append(LabelledPicture(picture, label, digest))
+    raise ConfigError(f"could not draw {count} distinct pictures (seed {seed}); ask for fewer samples")
+
+
+def write_two_splits(out_dir: str | Path, pictures: Callable[..., list[LabelledPicture]],
+                     row: Callable[[LabelledPicture, str, int], dict], *, train_size: int, val_size: int, seed: int,
+                     val_seed_offset: int) -> tuple[Path, Path]:
+    """``train.parquet`` and ``val.parquet`` under ``out_dir``, from ``pictures(count, seed, exclude=...)``: the
+    validation split draws from its own seed stream and holds no training picture. ``row(picture, split, index)``."""
+    if train_size < 1 or val_size < 1:
+        raise ConfigError(f"dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
+    train = pictures(train_size, seed)
+    val = pictures(val_size, seed + val_seed_offset, exclude=frozenset(picture.digest for picture in train))
+    return tuple(write_parquet((row(picture, split, index) for index, picture in enumerate(split_pictures)),
+                               Path(out_dir) / f"{split}.parquet")
+                 for split, split_pictures in (("train", train), ("val", val)))

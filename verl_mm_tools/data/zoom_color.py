@@ -15,15 +15,12 @@ holds no picture of the training split. Answers are scored with ``exact_answer_r
 
 from __future__ import annotations
 
-import hashlib
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, image_row, write_two_splits
 from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/zoom_color"
@@ -41,13 +38,6 @@ QUESTION = (
 )
 PROMPT = "<image>" + QUESTION
 VAL_SEED_OFFSET = 1_000_003
-
-
-@dataclass(frozen=True)
-class ZoomColorSample:
-    image: Image.Image
-    color: str  # the dots' colour in BOX: the answer
-    digest: str  # sha256 of the pixels: equal digests mean the same picture
 
 
 def checkered_tile(color: str) -> Image.Image:
@@ -77,37 +67,19 @@ def zoom_color_picture(rng: random.Random, color: str) -> Image.Image:
     return image
 
 
-def zoom_color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset()) -> list[ZoomColorSample]:
+def zoom_color_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset()) -> list[LabelledPicture]:
     """``count`` distinct pictures, none in ``exclude``, answers alternating in the order of ``PATTERNS``."""
-    rng = random.Random(seed)
-    samples, seen = [], set(exclude)
-    colors = list(PATTERNS)
-    for _ in range(count * 100):
-        if len(samples) == count:
-            return samples
-        color = colors[len(samples) % len(colors)]
-        picture = zoom_color_picture(rng, color)
-        digest = hashlib.sha256(picture.tobytes()).hexdigest()
-        if digest not in seen:
-            seen.add(digest)
-            samples.append(ZoomColorSample(picture, color, digest))
-    raise ConfigError(f"could not draw {count} distinct zoom pictures (seed {seed}); ask for fewer samples")
+    return alternating_pictures(count, seed, list(PATTERNS), zoom_color_picture, exclude=exclude)
 
 
-def _rows(samples: list[ZoomColorSample], split: str, agent_name: str) -> Iterator[dict]:
-    for index, sample in enumerate(samples):
-        extra_info = {"split": split, "index": index, "color": sample.color, "target_box": list(BOX),
-                      "image_sha256": sample.digest}
-        yield image_row(DATA_SOURCE, PROMPT, sample.image, sample.color, extra_info, agent_name)
+def _row(picture: LabelledPicture, split: str, index: int, agent_name: str) -> dict:
+    extra_info = {"split": split, "index": index, "color": picture.label, "target_box": list(BOX),
+                  "image_sha256": picture.digest}
+    return image_row(DATA_SOURCE, PROMPT, picture.image, picture.label, extra_info, agent_name)
 
 
 def write_zoom_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
                              agent_name: str = "mm_tool") -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    if train_size < 1 or val_size < 1:
-        raise ConfigError(f"zoom_color dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
-    out = Path(out_dir)
-    train = zoom_color_samples(train_size, seed)
-    val = zoom_color_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train))
-    return (write_parquet(_rows(train, "train", agent_name), out / "train.parquet"),
-            write_parquet(_rows(val, "val", agent_name), out / "val.parquet"))
+    return write_two_splits(out_dir, zoom_color_samples, lambda *place: _row(*place, agent_name),
+                            train_size=train_size, val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)
