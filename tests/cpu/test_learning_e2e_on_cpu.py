@@ -10,6 +10,8 @@ import json
 import pytest
 
 from verl_mm_tools.cpu.demo import LEARNED_WINDOW, TASKS, TRAINING_REWARD, DemoOptions, metric, run_demo_result
+from verl_mm_tools.viewer.curve import curve_svg
+from verl_mm_tools.viewer.site import build_site
 
 TASK = TASKS["learn"]
 CPU_BUDGET_S = 600  # the bound: chance to >= 0.9 within 10 minutes of CPU time
@@ -38,6 +40,9 @@ def test_the_reward_rises_from_chance_to_the_target_and_the_run_stops(run):
     assert list(curve["validation"].values())[-1] >= 0.9
     assert result.seconds <= CPU_BUDGET_S, f"learned, but in {result.seconds:.0f}s"
     assert any(line.startswith("learned: reward >= 0.9") for line in lines)
+    # the picture of the curve, next to it, shown by the viewer above the run's trajectories
+    assert (paths.out / "learning_curve.svg").read_text() == curve_svg(curve)
+    assert build_site(paths.trajectories, paths.out / "site").index.read_text().count('src="learning_curve.svg"') == 1
 
 
 @pytest.mark.slow

@@ -171,6 +171,7 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
                      for label in ("red", "blue")}
 
 
+@pytest.mark.slow
 def test_the_premise_the_answer_is_read_after_zoom_in_and_not_before(tiny_model_dir, zoom_tools_yaml):
     """Fitted with TRUE labels, the tiny model answers pictures it never saw at chance from the prompt picture and
     right after zoom_in (``cpu.premise``, the figures the README reports)."""
