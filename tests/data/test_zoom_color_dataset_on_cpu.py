@@ -1,4 +1,4 @@
-"""The learn_zoom task's pictures: the centre's dots are the answer, the tiny model's processor averages them away
+"""The learn_zoom task's pictures: the centre's checkerboard is the answer, the tiny model's processor averages it away
 in the prompt picture, and the zoom_in tool (the task's tool YAML, through the real tool class) shows them."""
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ exactly those a rollout produces): turn 1 calls a tool (``rotate`` with a random
 box), the tool answers with an image, turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's
 choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in half its demonstrations). The labels
 are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
-that do not): fitting them teaches the format and leaves the answer at chance. The loss is summed over tokens (every labelled token weighs the same,
-whatever its sample's length): averaging per sample first made the short tool-call turn count too little.
+that do not): fitting them teaches the format and leaves the answer at chance. The loss is summed over tokens (every
+labelled token weighs the same, whatever its sample's length): averaging per sample first made the short tool-call
+turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
 """

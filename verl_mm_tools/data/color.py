@@ -21,7 +21,6 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, image_row, write_two_splits
-from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/color"
 COLORS = {"red": (215, 45, 40), "blue": (40, 70, 215)}  # one token each in the tiny tokenizer

@@ -21,14 +21,12 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, image_row, write_two_splits
-from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE = "verl_mm_tools/zoom_color"
 SIDE = 896
 TILE = 16
 BOX = (432, 432, 464, 464)  # the centre square: whole tiles, at even pixels (the checkerboard's phase)
 BOX_ARGUMENTS = dict(zip(("x1", "y1", "x2", "y2"), BOX))  # zoom_in's arguments for it
-ZOOM_SIDE = 224  # zoom_in's target_side: the box 7x, the tiny processor's largest image, so it is not resized again
 # the answer's colour (on even x + y) and its partner: each pair sums to (260, 260, 260), mean grey (130, 130, 130)
 PATTERNS = {"red": ((220, 40, 40), (40, 220, 220)), "blue": ((40, 40, 220), (220, 220, 40))}
 QUESTION = (
