@@ -62,7 +62,7 @@ STEP_FIELDS = (
     ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
     ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
     ("reward with tools", "mm_tool/reward/with_tool_calls", "{:.3f}"),  # whether calling pays
-    ("without", "mm_tool/reward/without_tool_calls", "{:.3f}"),
+    ("reward without tools", "mm_tool/reward/without_tool_calls", "{:.3f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
     ("masked", "mm_tool/masked/count", "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),
@@ -564,4 +564,6 @@ def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: floa
         f"trajectories: {paths.trajectories}  (verl-mm-tools view {paths.trajectories})",
         f"command:      {paths.config / 'command.sh'}",
     ]
+    if task.stop_at_reward is not None:
+        lines.append(f"curve:        {paths.out / CURVE_PICTURE}  (reward, tool-call rate, validation per step)")
     return lines
