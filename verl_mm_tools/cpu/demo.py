@@ -539,7 +539,8 @@ def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: floa
     lines = []
     trained = sum(TRAINING_REWARD in step for step in result.steps)
     if result.returncode == LEARNING_FAILED:
-        lines.append(f"did not learn: the reward did not reach {task.stop_at_reward} within {trained} steps "
+        what = "the reward" if task.stop_at_call_rate is None else "the reward and the tool-call rate"
+        lines.append(f"did not learn: {what} did not reach {task.stop_at_reward} within {trained} steps "
                      f"(see {paths.out / 'learning_curve.json'})")
     elif result.returncode != 0:
         lines += [f"the trainer failed (exit status {result.returncode}); the end of {paths.trainer_log}:",
