@@ -106,7 +106,8 @@ def test_verls_dataset_reads_the_rows_with_the_question(written, tiny_tokenizer,
     config = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 1024,
                                "filter_overlong_prompts": False, "return_raw_chat": True,
                                "cache_dir": str(out / "cache")})
-    content = RLHFDataset(str(out / "train.parquet"), tiny_tokenizer, config, tiny_processor)[0]["raw_prompt"][0]["content"]
+    dataset = RLHFDataset(str(out / "train.parquet"), tiny_tokenizer, config, tiny_processor)
+    content = dataset[0]["raw_prompt"][0]["content"]
     assert [part["type"] for part in content] == ["image", "text"] and content[1]["text"] == QUESTION
 
 

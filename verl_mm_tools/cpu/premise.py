@@ -5,9 +5,10 @@ Two supervised fits from the same untrained tiny model, both with the TRUE answe
 from the prompt picture alone, one on trajectories that zoom in on the centre box first (the same mm_tool
 trajectories the warm start fits, through verl's real agent loop). The loss is on the answer's tokens only: the
 question is what the pictures tell, not the format (with the tool call's ~40 tokens in the loss too, the zoomed fit
-still answered at chance after 300 steps: Adam's step sizes stay scaled to the call's large early gradients). Each is
-scored on pictures it never saw: the share of them whose true answer the fitted model ranks first. The prompt-only fit must stay near chance (0.5) and the zoom
-fit must learn; otherwise a rising reward in RL would not show that the model learned to use the tool.
+still answered at chance after 300 steps, likely because Adam's step sizes stay scaled to the call's large early
+gradients). Each is scored on pictures it never saw: the share of them whose true answer the fitted model ranks
+first. The prompt-only fit must stay near chance (0.5) and the zoomed one must learn; otherwise a rising reward in RL
+would not show that the model learned to use the tool.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ TASKS = {
 }
 # The learning proof with a rotate call before every answer: the answer follows the tool's image.
 TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
-# Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (cpu.premise checks it); the warm
-# start answers at once or zooms in first, half and half, with labels that tell nothing.
+# Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (cpu.premise checks it);
+# the warm start answers at once or zooms in first, half and half, with labels that tell nothing.
 TASKS["learn_zoom"] = replace(
     TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
     write_dataset=_write_zoom_color,

@@ -307,7 +307,8 @@ def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequenc
 
 def balanced_picks(examples: list[dict], batch_size: int, generator: torch.Generator) -> list[int]:
     """A random batch; where demonstrations differ in whether they call a tool, half of it from each kind."""
-    kinds = [[index for index, example in enumerate(examples) if example.get("calls") == calls] for calls in (True, False)]
+    kinds = [[index for index, example in enumerate(examples) if example.get("calls") == calls]
+             for calls in (True, False)]
     if not all(kinds):
         return torch.randperm(len(examples), generator=generator)[:batch_size].tolist()
     halves = (batch_size + 1) // 2, batch_size // 2
