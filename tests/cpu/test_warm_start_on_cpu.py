@@ -181,3 +181,16 @@ def test_the_premise_the_answer_is_read_after_zoom_in_and_not_before(tiny_model_
     prompt_only, zoomed = fits["prompt picture"], fits["zoomed centre"]
     assert 0.3 <= prompt_only.held_out_accuracy <= 0.7, prompt_only
     assert zoomed.held_out_accuracy >= 0.9, zoomed
+
+
+def test_batches_hold_calls_and_direct_answers_half_and_half_where_both_exist():
+    from verl_mm_tools.cpu.warm_start import balanced_picks
+
+    examples = [{"calls": index % 3 == 0} for index in range(12)]  # 4 calls, 8 direct answers
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        picks = balanced_picks(examples, 4, generator)
+        assert len(set(picks)) == 4 and sum(examples[pick]["calls"] for pick in picks) == 2
+    same_kind = [{"calls": False}] * 6
+    picks = balanced_picks(same_kind, 4, torch.Generator().manual_seed(0))
+    assert picks == torch.randperm(6, generator=torch.Generator().manual_seed(0))[:4].tolist()  # as before
