@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -76,13 +77,13 @@ def alternating_pictures(count: int, seed: int, labels: Sequence[str],
     raise ConfigError(f"could not draw {count} distinct pictures (seed {seed}); ask for fewer samples")
 
 
-def write_two_splits(out_dir: str | Path, pictures: Callable[..., list[LabelledPicture]],
-                     row: Callable[[LabelledPicture, str, int], dict], *, train_size: int, val_size: int, seed: int,
-                     val_seed_offset: int) -> tuple[Path, Path]:
-    """``train.parquet`` and ``val.parquet`` under ``out_dir``, from ``pictures(count, seed, exclude=...)``: the
-    validation split draws from its own seed stream and holds no training picture. ``row(picture, split, index)``."""
+def write_two_splits(out_dir: str | Path, name: str, pictures: Callable[..., list], row: Callable[[Any, str, int], dict],
+                     *, train_size: int, val_size: int, seed: int, val_seed_offset: int) -> tuple[Path, Path]:
+    """``train.parquet`` and ``val.parquet`` under ``out_dir`` for the ``name`` dataset, from ``pictures(count, seed,
+    exclude=...)`` (samples with a pixel ``digest``): the validation split draws from its own seed stream and holds no
+    training picture. ``row(sample, split, index)`` is a sample's parquet row."""
     if train_size < 1 or val_size < 1:
-        raise ConfigError(f"dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
+        raise ConfigError(f"{name} dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     train = pictures(train_size, seed)
     val = pictures(val_size, seed + val_seed_offset, exclude=frozenset(picture.digest for picture in train))
     return tuple(write_parquet((row(picture, split, index) for index, picture in enumerate(split_pictures)),

@@ -13,16 +13,16 @@ holds one ``<image>`` placeholder), ``images`` (``[{"bytes": PNG}]``), ``data_so
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.data.common import image_row, write_two_splits
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -109,26 +109,20 @@ def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozens
     raise ConfigError(f"could not draw {count} distinct rotation pictures (seed {seed}); ask for fewer samples")
 
 
-def _rows(samples: list[RotationSample], split: str, agent_name: str, prompt: str = PROMPT) -> Iterator[dict]:
-    for index, sample in enumerate(samples):
-        extra_info = {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest}
-        yield image_row(DATA_SOURCE, prompt, sample.image, str(sample.angle), extra_info, agent_name)
+def _row(sample: RotationSample, split: str, index: int, agent_name: str, prompt: str) -> dict:
+    extra_info = {"split": split, "index": index, "angle": sample.angle, "image_sha256": sample.digest}
+    return image_row(DATA_SOURCE, prompt, sample.image, str(sample.angle), extra_info, agent_name)
 
 
 def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
                            agent_name: str = "mm_tool", angles: str = "quarter", side: int | None = None
                            ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    if train_size < 1 or val_size < 1:
-        raise ConfigError(f"rotation dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     if angles not in ANGLE_KINDS:
         raise ConfigError(f"rotation angles must be one of {ANGLE_KINDS}, got {angles!r}")
     if side is not None and not 28 <= side <= 4096:
         raise ConfigError(f"rotation picture side must be between 28 and 4096 px, got {side}")
-    out = Path(out_dir)
-    train = rotation_samples(train_size, seed, kind=angles, side=side)
-    val = rotation_samples(val_size, seed + VAL_SEED_OFFSET, exclude=frozenset(sample.digest for sample in train),
-                           kind=angles, side=side)
     prompt = UNIFORM_PROMPT if angles == "uniform" else PROMPT
-    return (write_parquet(_rows(train, "train", agent_name, prompt), out / "train.parquet"),
-            write_parquet(_rows(val, "val", agent_name, prompt), out / "val.parquet"))
+    return write_two_splits(out_dir, "rotation", functools.partial(rotation_samples, kind=angles, side=side),
+                            lambda *place: _row(*place, agent_name, prompt), train_size=train_size,
+                            val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)
