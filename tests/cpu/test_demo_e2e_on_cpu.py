@@ -47,13 +47,19 @@ def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
 
 @pytest.mark.slow
 def test_trajectories_called_the_tool_and_nothing_was_masked(demo):
-    _, _, _, metrics = demo
+    """The policy samples at temperature 1, so now and then it writes a wrong argument name; each such call is a tool
+    error the model reads as its tool response (and is counted), never a lost trajectory."""
+    _, out, _, metrics = demo
     for record in metrics:
         data = record["data"]
         assert data["tool_call_counts/mean"] >= 0.5
         assert metric(data, "mm_tool/tool/rotate/calls_per_trajectory") >= 0.5
-        assert metric(data, "mm_tool/tool_errors/mean") == 0
         assert metric(data, "mm_tool/masked/count") == 0
+        assert metric(data, "mm_tool/stop/error") == 0
+        outputs = [json.loads(line)["output"] for line in (out / "rollouts" / f"{record['step']}.jsonl").open()]
+        errors = sum(output.count("Error from rotate: ") for output in outputs)
+        assert metric(data, "mm_tool/tool_errors/mean") * len(outputs) == errors
+        assert errors <= len(outputs) // 8  # the warm start writes valid calls: measured 0 or 1 in 16
 
 
 @pytest.mark.slow
