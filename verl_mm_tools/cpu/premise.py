@@ -41,9 +41,11 @@ class PremiseFit:
     last_loss: float
 
 
-def premise_check(model_dir: str | Path, tools_yaml: str | Path, *, train_size: int = 64, held_out_size: int = 32,
-                  steps: int = 200, lr: float = 3e-3, seed: int = 0) -> list[PremiseFit]:
-    """Fit a copy of the model in ``model_dir`` in each of ``MODES`` with true labels; score it on held-out pictures.
+def premise_check(model_dir: str | Path, tools_yaml: str | Path, *, modes: tuple[str, ...] = tuple(MODES),
+                  train_size: int = 64, held_out_size: int = 32, steps: int = 200, lr: float = 3e-3,
+                  seed: int = 0) -> list[PremiseFit]:
+    """Fit a copy of the model in ``model_dir`` in each of ``modes`` (keys of ``MODES``) with true labels; score it on
+    held-out pictures. From the warm-started model it tells whether the warm start left the answer learnable.
 
     The zoomed fit reads the answer within 100 steps of 4 trajectories at lr 3e-3 (decaying); at 1e-2, the warm
     start's rate, it answered at chance after 300."""
@@ -51,8 +53,8 @@ def premise_check(model_dir: str | Path, tools_yaml: str | Path, *, train_size: 
     train_pictures = task.pictures(train_size, seed)
     held_out_pictures = task.pictures(held_out_size, seed + HELD_OUT_SEED_OFFSET)
     results = []
-    for mode, direct_share in MODES.items():
-        variant = replace(task, direct_share=direct_share)
+    for mode in modes:
+        variant = replace(task, direct_share=MODES[mode])
         train = [answer_only(example) for example in task_demonstrations(
             Path(model_dir), Path(tools_yaml), variant, train_pictures, random.Random(seed), true_labels=True)]
         held_out = task_demonstrations(Path(model_dir), Path(tools_yaml), variant, held_out_pictures,

@@ -36,10 +36,11 @@ from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-WARM_START_VERSION = 4
+WARM_START_VERSION = 5
 TOOL_DEGREES = (90, 180, 270)
 # Demonstration pictures come from their own seed stream: their labels are random anyway.
 DEMO_SEED_OFFSET = 7_000_001
+SIGHT_SEED_OFFSET = 9_000_011
 MARKER = "warm_start.json"
 
 
@@ -56,6 +57,10 @@ class FormatTask:
     calls: tuple[ToolCall, ...] = tuple(("rotate", {"degrees": degrees}) for degrees in TOOL_DEGREES)  # one drawn
     # The share of demonstrations that answer at once, without a call (the same share of each true answer's)
     direct_share: float = 0.0
+    # Another task whose demonstrations join these with their TRUE answers. Fitted to a format that never depends on
+    # the picture, the tiny model stops attending to its pictures and then cannot learn to read them (measured in
+    # docs/learn_zoom.md); real VLMs come pretrained to look, and this keeps the tiny one looking.
+    sight: str | None = None
 
     def __post_init__(self):
         if not self.calls and self.direct_share != 1.0:
@@ -80,7 +85,7 @@ TASKS = {
                              lambda count, seed: [(sample.image, sample.label)
                                                   for sample in zoom_color.zoom_color_samples(count, seed)],
                              calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),),
-                             direct_share=0.5),
+                             direct_share=0.5, sight="color"),
 }
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
 TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)
@@ -110,7 +115,7 @@ def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmS
     tools_text = without_remote(Path(tools_yaml).read_text())  # demonstrations run the tools here, not on Ray
     task = TASKS[spec.task]
     key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec),
-           "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share}
+           "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share, "sight": task.sight}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
     if (target / MARKER).is_file():
@@ -141,7 +146,8 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
     torch.set_num_threads(1)  # 10x faster than 2 threads on a busy 2-core machine (see cpu.config.THREAD_ENV)
     try:
         losses = fit(model, examples, spec)
-        shares = answer_shares(model, examples, model_dir, TASKS[spec.task].answers)
+        own = [example for example in examples if not example["sight"]]
+        shares = answer_shares(model, own, model_dir, TASKS[spec.task].answers)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(model_dir)
@@ -152,10 +158,17 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
 
 
 def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, torch.Tensor]]:
-    """Token-exact trajectories of the mm_tool loop with random tool calls and random answers."""
+    """Token-exact trajectories of the mm_tool loop with random tool calls and random answers (and the task's
+    ``sight`` demonstrations with their true answers)."""
     task = TASKS[spec.task]
     pictures = task.pictures(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
-    return task_demonstrations(model_dir, tools_yaml, task, pictures, random.Random(spec.seed))
+    examples = task_demonstrations(model_dir, tools_yaml, task, pictures, random.Random(spec.seed))
+    if task.sight is None:
+        return examples
+    sight = TASKS[task.sight]
+    seen = sight.pictures(spec.demonstrations, spec.seed + SIGHT_SEED_OFFSET)
+    return examples + [{**example, "sight": True} for example in task_demonstrations(
+        model_dir, tools_yaml, sight, seen, random.Random(spec.seed), true_labels=True)]
 
 
 def task_demonstrations(model_dir: Path, tools_yaml: Path, task: FormatTask, pictures: list[tuple[Image.Image, str]],
@@ -201,6 +214,7 @@ def task_demonstrations(model_dir: Path, tools_yaml: Path, task: FormatTask, pic
             "image_grid_thw": inputs["image_grid_thw"],
             "answer_at": answer_at,  # where the answer's first token is
             "calls": calling[index],  # whether it calls a tool first
+            "sight": False,  # whether it is one of the task's ``sight`` demonstrations (true answers)
         })
     return examples
 
@@ -306,14 +320,20 @@ def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequenc
 
 
 def balanced_picks(examples: list[dict], batch_size: int, generator: torch.Generator) -> list[int]:
-    """A random batch; where demonstrations differ in whether they call a tool, half of it from each kind."""
-    kinds = [[index for index, example in enumerate(examples) if example.get("calls") == calls]
-             for calls in (True, False)]
-    if not all(kinds):
-        return torch.randperm(len(examples), generator=generator)[:batch_size].tolist()
-    halves = (batch_size + 1) // 2, batch_size // 2
-    return [kind[pick] for kind, half in zip(kinds, halves, strict=True)
-            for pick in torch.randperm(len(kind), generator=generator)[:half].tolist()]
+    """A random batch; where demonstrations differ in whether they call a tool, half of it from each kind; ``sight``
+    demonstrations come on top, half a batch of them, so that they do not change how often the task's calls."""
+    own = [index for index, example in enumerate(examples) if not example.get("sight")]
+    sight = [index for index in range(len(examples)) if examples[index].get("sight")]
+    kinds = [[index for index in own if examples[index].get("calls") == calls] for calls in (True, False)]
+    picks = _picks_from(kinds if all(kinds) else [own], batch_size, generator)
+    return picks + (_picks_from([sight], batch_size // 2, generator) if sight else [])
+
+
+def _picks_from(kinds: list[list[int]], count: int, generator: torch.Generator) -> list[int]:
+    """``count`` distinct indices drawn at random, as evenly from each of ``kinds`` as ``count`` allows."""
+    shares = [count // len(kinds) + (position < count % len(kinds)) for position in range(len(kinds))]
+    return [kind[pick] for kind, share in zip(kinds, shares, strict=True)
+            for pick in torch.randperm(len(kind), generator=generator)[:share].tolist()]
 
 
 @torch.no_grad()
