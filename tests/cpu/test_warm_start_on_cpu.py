@@ -160,7 +160,7 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
         f"<answer>{sample.label}</answer><|im_end|>" for sample in color_samples(16, 3 + SIGHT_SEED_OFFSET)]
     examples = [example for example in examples if not example["sight"]]
     truth = [sample.label for sample in zoom_color_samples(16, 3 + DEMO_SEED_OFFSET)]
-    zoom_call = ('<tool_call>\n{"name": "zoom_in", "arguments": {"x1": 432, "y1": 432, "x2": 464, "y2": 464}}\n'
+    zoom_call = ('<tool_call>\n{"name": "zoom_in", "arguments": {"x1": 440, "y1": 440, "x2": 456, "y2": 456}}\n'
                  "</tool_call><|im_end|>")
     pairs = collections.Counter()
     for example, color in zip(examples, truth, strict=True):

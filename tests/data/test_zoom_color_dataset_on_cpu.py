@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.data.zoom_color import (
+    ANSWER_TILES,
     BOX,
     BOX_ARGUMENTS,
     DATA_SOURCE,
@@ -45,8 +46,10 @@ def test_the_centre_box_is_the_answers_checkerboard(written):
             image = picture(row)
             assert image.size == (SIDE, SIDE)
             square, partner = PATTERNS[label]
-            box = image.crop(BOX)
-            assert sorted(box.getcolors()) == sorted([(512, square), (512, partner)])  # 32 x 32 px, half each
+            tiles = image.crop(ANSWER_TILES)
+            assert sorted(tiles.getcolors()) == sorted([(512, square), (512, partner)])  # 32 x 32 px, half each
+            box = image.crop(BOX)  # the centre 16 px of those tiles, in phase
+            assert sorted(box.getcolors()) == sorted([(128, square), (128, partner)])
             assert box.getpixel((0, 0)) == box.getpixel((1, 1)) == square and box.getpixel((1, 0)) == partner
 
 
@@ -77,8 +80,9 @@ def test_the_processor_shows_the_same_prompt_picture_for_either_answer(tiny_proc
 
 
 def test_zoom_in_on_the_box_shows_the_checkerboard_at_224_px(tiny_processor, tmp_path):
-    """The task's zoom_in (its tool YAML, loaded by verl's tool registry) on the box: 7x, 224 px, which the processor
-    keeps as it is; the two answers' zoomed images are far apart, and each 14 px patch holds 2x2 squares of 7 px."""
+    """The task's zoom_in (its tool YAML, loaded by verl's tool registry) on the box: 14x, 224 px, which the processor
+    keeps as it is; each 1 px square becomes one 14 px patch of the vision tower, of its square's colour (within the
+    bicubic blur at its edges: 55 levels, against the 180 between the two colours of a pattern)."""
     from verl.tools.tool_registry import initialize_tools_from_config
 
     from verl_mm_tools.tools.configs import ZOOM_TOOLS_YAML
@@ -89,9 +93,10 @@ def test_zoom_in_on_the_box_shows_the_checkerboard_at_224_px(tiny_processor, tmp
     zoomed = {}
     for color in PATTERNS:
         image, text = tool.apply(zoom_color_picture(random.Random(0), color), **BOX_ARGUMENTS)
-        assert image.size == (224, 224) and text == "zoomed in on box (432, 432, 464, 464)"
-        assert image.getpixel((3, 3)) == image.getpixel((10, 10)) == PATTERNS[color][0]  # 7 px squares
-        assert image.getpixel((10, 3)) == PATTERNS[color][1]
+        assert image.size == (224, 224) and text == "zoomed in on box (440, 440, 456, 456)"
+        patches = np.asarray(image, dtype=float).reshape(16, 14, 16, 14, 3).mean(axis=(1, 3))
+        expected = np.array([[PATTERNS[color][(row + column) % 2] for column in range(16)] for row in range(16)])
+        assert np.abs(patches - expected).max() < 60
         zoomed[color], grid = pixels(tiny_processor, image)
         assert grid == [[1, 16, 16]]
     std = np.asarray(tiny_processor.image_processor.image_std).min()

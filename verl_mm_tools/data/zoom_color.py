@@ -4,10 +4,10 @@ Each 896x896 picture is a mosaic of 16 px tiles, each a checkerboard of 1 px squ
 yellow. Both average to the same grey, and a checkerboard alternates along both axes: the processor shows the picture
 at 224x224 (the tiny model's largest image), a 4x downscale that averages it away, tile edges included (a pattern
 that alternates along one axis only, dots say, leaves a faint ring at each edge whose colour tells the pattern). The
-question asks which checkerboard the 32 px square at the centre holds (its box is in the prompt); a ``zoom_in`` on
-that box with ``target_side: 224`` shows it 7x larger (each 14 px patch of the vision tower holds 2x2 squares of
-7 px), where the two patterns differ everywhere. The other tiles draw their pattern at random, and a few grey discs
-make the pictures differ at prompt resolution without saying anything about the answer.
+centre 2x2 tiles draw the answer's pattern; the question asks which checkerboard the 16 px square at their centre
+holds (its box is in the prompt); a ``zoom_in`` on that box with ``target_side: 224`` shows it 14x larger, each 1 px
+square now one 14 px patch of the vision tower in its square's colour. The other tiles draw their pattern at random,
+and a few grey discs make the pictures differ at prompt resolution without saying anything about the answer.
 
 Rows alternate between the answers, so every batch of an even size holds each equally often. The validation split
 holds no picture of the training split. Answers are scored with ``exact_answer_reward``.
@@ -25,7 +25,12 @@ from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, ima
 DATA_SOURCE = "verl_mm_tools/zoom_color"
 SIDE = 896
 TILE = 16
-BOX = (432, 432, 464, 464)  # the centre square: whole tiles, at even pixels (the checkerboard's phase)
+ANSWER_TILES = (432, 432, 464, 464)  # the centre 2x2 tiles draw the answer's pattern
+# The box the question names and zoom_in is called on: the centre 16 px, at even pixels (the checkerboard's phase).
+# zoom_in to 224 px scales it 14x, so each 1 px square becomes one 14 px patch of the vision tower, a patch of one
+# colour; a 32 px box (7x) put 2x2 squares in every patch, whose mean is the same grey for both answers, and RL
+# never learned to read that (docs/learn_zoom.md)
+BOX = (440, 440, 456, 456)
 BOX_ARGUMENTS = dict(zip(("x1", "y1", "x2", "y2"), BOX))  # zoom_in's arguments for it
 # the answer's colour (on even x + y) and its partner: each pair sums to (260, 260, 260), mean grey (130, 130, 130)
 PATTERNS = {"red": ((220, 40, 40), (40, 220, 220)), "blue": ((40, 40, 220), (220, 220, 40))}
@@ -53,7 +58,7 @@ def zoom_color_picture(rng: random.Random, color: str) -> Image.Image:
     image = Image.new("RGB", (SIDE, SIDE))
     for top in range(0, SIDE, TILE):
         for left in range(0, SIDE, TILE):
-            inside = BOX[0] <= left < BOX[2] and BOX[1] <= top < BOX[3]
+            inside = ANSWER_TILES[0] <= left < ANSWER_TILES[2] and ANSWER_TILES[1] <= top < ANSWER_TILES[3]
             image.paste(tiles[color if inside else rng.choice(sorted(PATTERNS))], (left, top))
     draw = ImageDraw.Draw(image)
     for _ in range(rng.randrange(2, 6)):
