@@ -117,11 +117,13 @@ TASKS = {
 TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
 # Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (cpu.premise checks it);
 # the warm start answers at once or zooms in first, half and half, with labels that tell nothing.
+# lr 2e-3 with KL 1.0: at 3e-3 (KL 1.0) updates broke the call's digits in up to 40 % of a step's trajectories, at
+# 1e-3 (KL 0.5, the 7x box) nothing was read in 62 steps (docs/learn_zoom.md)
 TASKS["learn_zoom"] = replace(
     TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
     write_dataset=_write_zoom_color,
-    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, steps=120,
-    stop_at_call_rate=0.9)
+    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, lr=2e-3, steps=120,
+    overrides=(*TASKS["learn"].overrides, "actor_rollout_ref.actor.kl_loss_coef=1.0"), stop_at_call_rate=0.9)
 
 
 
