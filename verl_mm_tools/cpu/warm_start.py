@@ -115,7 +115,8 @@ def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmS
     tools_text = without_remote(Path(tools_yaml).read_text())  # demonstrations run the tools here, not on Ray
     task = TASKS[spec.task]
     key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec),
-           "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share, "sight": task.sight}
+           "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share,
+           "sight": task.sight}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
     if (target / MARKER).is_file():
@@ -323,7 +324,7 @@ def balanced_picks(examples: list[dict], batch_size: int, generator: torch.Gener
     """A random batch; where demonstrations differ in whether they call a tool, half of it from each kind; ``sight``
     demonstrations come on top, half a batch of them, so that they do not change how often the task's calls."""
     own = [index for index, example in enumerate(examples) if not example.get("sight")]
-    sight = [index for index in range(len(examples)) if examples[index].get("sight")]
+    sight = [index for index, example in enumerate(examples) if example.get("sight")]
     kinds = [[index for index in own if examples[index].get("calls") == calls] for calls in (True, False)]
     picks = _picks_from(kinds if all(kinds) else [own], batch_size, generator)
     return picks + (_picks_from([sight], batch_size // 2, generator) if sight else [])
