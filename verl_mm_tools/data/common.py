@@ -77,8 +77,9 @@ def alternating_pictures(count: int, seed: int, labels: Sequence[str],
     raise ConfigError(f"could not draw {count} distinct pictures (seed {seed}); ask for fewer samples")
 
 
-def write_two_splits(out_dir: str | Path, name: str, pictures: Callable[..., list], row: Callable[[Any, str, int], dict],
-                     *, train_size: int, val_size: int, seed: int, val_seed_offset: int) -> tuple[Path, Path]:
+def write_two_splits(out_dir: str | Path, name: str, pictures: Callable[..., list],
+                     row: Callable[[Any, str, int], dict], *, train_size: int, val_size: int, seed: int,
+                     val_seed_offset: int) -> tuple[Path, Path]:
     """``train.parquet`` and ``val.parquet`` under ``out_dir`` for the ``name`` dataset, from ``pictures(count, seed,
     exclude=...)`` (samples with a pixel ``digest``): the validation split draws from its own seed stream and holds no
     training picture. ``row(sample, split, index)`` is a sample's parquet row."""
