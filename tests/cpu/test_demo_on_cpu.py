@@ -94,8 +94,8 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
         assert config.trainer.val_before_train is True and config.trainer.test_freq == 5
         # the later of two values of a key wins: learn_zoom's KL replaces learn's
-        assert config.actor_rollout_ref.actor.kl_loss_coef == (1.0 if task == "learn_zoom" else 0.1)
-        assert config.actor_rollout_ref.actor.optim.lr == (2e-3 if task == "learn_zoom" else 3e-3)
+        assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if task == "learn_zoom" else 0.1)
+        assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if task == "learn_zoom" else 3e-3)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)

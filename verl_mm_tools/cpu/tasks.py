@@ -117,13 +117,15 @@ TASKS = {
 TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
 # Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (cpu.premise checks it);
 # the warm start answers at once or zooms in first, half and half, with labels that tell nothing.
-# lr 2e-3 with KL 1.0: at 3e-3 (KL 1.0) updates broke the call's digits in up to 40 % of a step's trajectories, at
-# 1e-3 (KL 0.5, the 7x box) nothing was read in 62 steps (docs/learn_zoom.md)
+# lr 1e-3: at 2e-3 an update now and then garbled the ~50-token call (7-13 % of trajectories malformed per 10 steps,
+# the reward's ceiling), at 1e-3 about half as often, and the 14x box is read as fast. KL 0.35: the KL sets the
+# call rate's ceiling (at 1.0 it settled near 0.6), but at 0.25 one seed's call format broke before reading paid and
+# calling stopped (docs/learn_zoom.md, runs 10-25)
 TASKS["learn_zoom"] = replace(
     TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
     write_dataset=_write_zoom_color,
-    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, lr=2e-3, steps=120,
-    overrides=(*TASKS["learn"].overrides, "actor_rollout_ref.actor.kl_loss_coef=1.0"), stop_at_call_rate=0.9)
+    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, lr=1e-3, steps=120,
+    overrides=(*TASKS["learn"].overrides, "actor_rollout_ref.actor.kl_loss_coef=0.35"), stop_at_call_rate=0.9)
 
 
 
