@@ -120,7 +120,7 @@ TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task
 # lr 1e-3: at 2e-3 an update now and then garbled the ~50-token call (7-13 % of trajectories malformed per 10 steps,
 # the reward's ceiling), at 1e-3 about half as often, and the 14x box is read as fast. KL 0.35: the KL sets the
 # call rate's ceiling (at 1.0 it settled near 0.6), but at 0.25 one seed's call format broke before reading paid and
-# calling stopped (docs/learn_zoom.md, runs 10-25)
+# calling stopped (docs/learn_zoom.md, runs 10-26)
 TASKS["learn_zoom"] = replace(
     TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
     write_dataset=_write_zoom_color,
