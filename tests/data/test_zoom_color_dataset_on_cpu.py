@@ -93,7 +93,7 @@ def test_zoom_in_on_the_box_shows_the_checkerboard_at_224_px(tiny_processor, tmp
     zoomed = {}
     for color in PATTERNS:
         image, text = tool.apply(zoom_color_picture(random.Random(0), color), **BOX_ARGUMENTS)
-        assert image.size == (224, 224) and text == "zoomed in on box (40, 40, 56, 56)"
+        assert image.size == (224, 224) and text == "zoomed in on box (440, 440, 456, 456)"
         patches = np.asarray(image, dtype=float).reshape(16, 14, 16, 14, 3).mean(axis=(1, 3))
         expected = np.array([[PATTERNS[color][(row + column) % 2] for column in range(16)] for row in range(16)])
         assert np.abs(patches - expected).max() < 60

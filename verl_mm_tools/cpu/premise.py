@@ -2,7 +2,7 @@
 model is shown, and can be read after ``zoom_in``.
 
 Two supervised fits from the same untrained tiny model, both with the TRUE answers: one on trajectories that answer
-from the prompt picture alone, one on trajectories that zoom in on the box first (the same mm_tool
+from the prompt picture alone, one on trajectories that zoom in on the centre box first (the same mm_tool
 trajectories the warm start fits, through verl's real agent loop). The loss is on the answer's tokens only: the
 question is what the pictures tell, not the format (with the tool call's ~40 tokens in the loss too, the zoomed fit
 still answered at chance after 300 steps, likely because Adam's step sizes stay scaled to the call's large early
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 TASK = "zoom_color"
 HELD_OUT_SEED_OFFSET = 2_000_003
-MODES = {"prompt picture": 1.0, "zoomed box": 0.0}  # mode: the share of trajectories that answer at once
+MODES = {"prompt picture": 1.0, "zoomed centre": 0.0}  # mode: the share of trajectories that answer at once
 
 
 @dataclass(frozen=True)

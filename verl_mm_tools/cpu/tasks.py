@@ -115,7 +115,7 @@ TASKS = {
 }
 # The learning proof with a rotate call before every answer: the answer follows the tool's image.
 TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
-# Learning when a tool pays: the box's checkerboard is invisible at prompt resolution (cpu.premise checks it);
+# Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (cpu.premise checks it);
 # the warm start answers at once or zooms in first, half and half, with labels that tell nothing.
 # lr 1e-3: at 2e-3 an update now and then garbled the ~50-token call (7-13 % of trajectories malformed per 10 steps,
 # the reward's ceiling), at 1e-3 about half as often, and the 14x box is read as fast. KL 0.35: the KL sets the

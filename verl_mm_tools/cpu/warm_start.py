@@ -2,7 +2,7 @@
 
 A random-weight model never writes a parseable tool call, so RL has nothing to reinforce. Before training, we run
 demonstrations through the real mm_tool loop (verl's ``AgentLoopWorker`` with a scripted server, so the tokens are
-exactly those a rollout produces): turn 1 calls a tool (``rotate`` with a random angle; ``zoom_in`` on the task's
+exactly those a rollout produces): turn 1 calls a tool (``rotate`` with a random angle; ``zoom_in`` on the centre
 box), the tool answers with an image, turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's
 choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in half its demonstrations). The labels
 are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
@@ -79,19 +79,16 @@ TASKS = {
                         lambda count, seed: [(sample.image, sample.label)
                                              for sample in color.color_samples(count, seed)],
                         calls=(), direct_share=1.0),
-    # Half answer at once, half zoom in on the box first: the first policy calls about half the time, and
+    # Half answer at once, half zoom in on the centre box first: the first policy calls about half the time, and
     # nothing tells it when calling pays.
     "zoom_color": FormatTask(zoom_color.QUESTION, tuple(zoom_color.PATTERNS),
                              lambda count, seed: [(sample.image, sample.label)
                                                   for sample in zoom_color.zoom_color_samples(count, seed)],
                              calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),),
-                             direct_share=0.5, sight="color_zoom"),
+                             direct_share=0.5, sight="color"),
 }
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
 TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)
-# The zoom task's sight: color pictures answered truly, half of them after a zoom_in on the zoom task's box, so the
-# answer after a tool's image keeps depending on the pictures (the zoom task's own calls answer at random).
-TASKS["color_zoom"] = replace(TASKS["color"], calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),), direct_share=0.5)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,10 @@ Each 896x896 picture is a mosaic of 16 px tiles, each a checkerboard of 1 px squ
 yellow. Both average to the same grey, and a checkerboard alternates along both axes: the processor shows the picture
 at 224x224 (the tiny model's largest image), a 4x downscale that averages it away, tile edges included (a pattern
 that alternates along one axis only, dots say, leaves a faint ring at each edge whose colour tells the pattern). The
-2x2 tiles around the point (48, 48) draw the answer's pattern; the question asks which checkerboard the 16 px square
-at their centre holds (its box is in the prompt); a ``zoom_in`` on that box with ``target_side: 224`` shows it 14x
-larger, each 1 px square now one 14 px patch of the vision tower in its square's colour. The other tiles draw their
-pattern at random, and a few grey discs make the pictures differ at prompt resolution without saying anything about
-the answer.
+centre 2x2 tiles draw the answer's pattern; the question asks which checkerboard the 16 px square at their centre
+holds (its box is in the prompt); a ``zoom_in`` on that box with ``target_side: 224`` shows it 14x larger, each 1 px
+square now one 14 px patch of the vision tower in its square's colour. The other tiles draw their pattern at random,
+and a few grey discs make the pictures differ at prompt resolution without saying anything about the answer.
 
 Rows alternate between the answers, so every batch of an even size holds each equally often. The validation split
 holds no picture of the training split. Answers are scored with ``exact_answer_reward``.
@@ -26,20 +25,17 @@ from verl_mm_tools.data.common import LabelledPicture, alternating_pictures, ima
 DATA_SOURCE = "verl_mm_tools/zoom_color"
 SIDE = 896
 TILE = 16
-# The box the question names and zoom_in is called on: 16 px at even pixels (the checkerboard's phase), 40 px from
-# the picture's edges (the 4x downscale's filter reaches 8 px). Its coordinates are two digits, none repeated: the
-# call at the picture's centre, (440, 440, 456, 456), lost or doubled its repeated 4s under RL updates ("y1": 4440,
-# "zoom45": 40) and each broken call scored 0 (docs/learn_zoom.md). zoom_in to 224 px scales it 14x, so each 1 px
-# square becomes one 14 px patch of the vision tower, a patch of one colour; a 32 px box (7x) put 2x2 squares in every
-# patch, whose mean is the same grey for both answers, and RL never learned to read that
-BOX = (40, 40, 56, 56)
-ANSWER_TILES = (BOX[0] - 8, BOX[1] - 8, BOX[2] + 8, BOX[3] + 8)  # the 2x2 tiles around the box draw the answer
-BOX_CENTRE = ((BOX[0] + BOX[2]) / 2, (BOX[1] + BOX[3]) / 2)
+ANSWER_TILES = (432, 432, 464, 464)  # the centre 2x2 tiles draw the answer's pattern
+# The box the question names and zoom_in is called on: the centre 16 px, at even pixels (the checkerboard's phase).
+# zoom_in to 224 px scales it 14x, so each 1 px square becomes one 14 px patch of the vision tower, a patch of one
+# colour; a 32 px box (7x) put 2x2 squares in every patch, whose mean is the same grey for both answers, and RL
+# never learned to read that (docs/learn_zoom.md)
+BOX = (440, 440, 456, 456)
 BOX_ARGUMENTS = dict(zip(("x1", "y1", "x2", "y2"), BOX))  # zoom_in's arguments for it
 # the answer's colour (on even x + y) and its partner: each pair sums to (260, 260, 260), mean grey (130, 130, 130)
 PATTERNS = {"red": ((220, 40, 40), (40, 220, 220)), "blue": ((40, 40, 220), (220, 220, 40))}
 QUESTION = (
-    f"The small square in box [{BOX[0]}, {BOX[1]}, {BOX[2]}, {BOX[3]}] of this picture is a fine "
+    f"The small square at the centre of this picture, box [{BOX[0]}, {BOX[1]}, {BOX[2]}, {BOX[3]}], is a fine "
     "checkerboard of red and cyan or of blue and yellow, too small to see at this size. You may call the zoom_in tool "
     "on that box to look closer. Answer red or blue, as <answer>red</answer>."
 )
@@ -68,7 +64,7 @@ def zoom_color_picture(rng: random.Random, color: str) -> Image.Image:
     for _ in range(rng.randrange(2, 6)):
         radius = rng.randrange(24, 80)
         x, y = rng.randrange(radius, SIDE - radius), rng.randrange(radius, SIDE - radius)
-        if abs(x - BOX_CENTRE[0]) < radius + 80 and abs(y - BOX_CENTRE[1]) < radius + 80:
+        if abs(x - SIDE / 2) < radius + 80 and abs(y - SIDE / 2) < radius + 80:
             continue  # keep the discs (and their blur at prompt resolution) off the box
         draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=(rng.randrange(60, 200),) * 3)
     return image
