@@ -188,20 +188,6 @@ def test_the_premise_the_answer_is_read_after_zoom_in_and_not_before(tiny_model_
     assert zoomed.held_out_accuracy >= 0.9, zoomed
 
 
-@pytest.mark.slow
-def test_after_the_warm_start_the_zoomed_answer_is_still_learnable(tiny_model_dir, zoom_tools_yaml, tmp_path):
-    """learn_zoom's warm start teaches the format; RL must then learn to read the zoomed box. Without the ``sight``
-    demonstrations the warm-started model could no longer learn that even with true labels (0.50 held-out after 200
-    steps, measured), whatever RL did."""
-    from verl_mm_tools.cpu.premise import premise_check
-    from verl_mm_tools.cpu.tasks import get_task
-
-    spec = WarmStartSpec(task="zoom_color", steps=get_task("learn_zoom").warm_start_steps)
-    warm = warm_started_model(tiny_model_dir, zoom_tools_yaml, spec, cache_root=tmp_path)
-    (zoomed,) = premise_check(warm, zoom_tools_yaml, modes=("zoomed centre",))
-    assert zoomed.held_out_accuracy >= 0.9, zoomed
-
-
 def test_batches_hold_calls_and_direct_answers_half_and_half_where_both_exist():
     from verl_mm_tools.cpu.warm_start import balanced_picks
 
