@@ -45,7 +45,8 @@ def premise_check(model_dir: str | Path, tools_yaml: str | Path, *, modes: tuple
                   train_size: int = 64, held_out_size: int = 32, steps: int = 200, lr: float = 3e-3,
                   seed: int = 0) -> list[PremiseFit]:
     """Fit a copy of the model in ``model_dir`` in each of ``modes`` (keys of ``MODES``) with true labels; score it on
-    held-out pictures. From the warm-started model it tells whether the warm start left the answer learnable.
+    held-out pictures. From a warm-started model its result varied from run to run and did not predict whether RL
+    would read the zoomed box (docs/learn_zoom.md, runs 28-36); from the untrained model it is the premise.
 
     The zoomed fit reads the answer within 100 steps of 4 trajectories at lr 3e-3 (decaying); at 1e-2, the warm
     start's rate, it answered at chance after 300."""
