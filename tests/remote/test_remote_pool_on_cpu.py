@@ -140,12 +140,22 @@ def test_a_call_past_timeout_s_is_answered_as_text_and_the_trajectory_goes_on(ra
     assert open_sessions(pool) == [0]
 
 
+def kill_once_executing(ray, victim, pool) -> None:
+    """Kill the actor once both trajectories' executes were sent (2 creates + 2 executes), not after a fixed delay:
+    on a loaded machine the rollout may still be creating sessions a second in."""
+    deadline = time.monotonic() + 60
+    while pool.counts["calls"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside the 2 s execute
+    ray.kill(victim, no_restart=False)
+
+
 def test_a_killed_actor_masks_only_its_trajectory_and_is_restarted(ray_cluster, rollout, tmp_path):
     tools = load_tools(tmp_path, wait_entry("{actors: 2, max_concurrency: 2}", 2.0, "kill"))
     start(tools)
     pool = tools[0].pool
     victim = ray_cluster.get_actor(pool.slots[0].name)
-    killer = threading.Timer(1.0, lambda: ray_cluster.kill(victim, no_restart=False))
+    killer = threading.Thread(target=kill_once_executing, args=(ray_cluster, victim, pool))
     killer.start()
     output, _, worker = rollout.run([tool_call_text("wait"), ANSWER], pictures(2), tools=tools)
     killer.join()
