@@ -148,7 +148,8 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
         tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
     """learn_zoom's warm start: of each answer's pictures, half answer at once and half zoom in on the centre box
     first; within each half every true answer gets each label equally often: neither whether to call nor what to
-    answer is taught. Beside them, as many color pictures answered truly (the task's ``sight``)."""
+    answer is taught, and the answer after the zoomed image is left out of the loss (only its tags are trained).
+    Beside them, as many color pictures answered truly (the task's ``sight``)."""
     from verl_mm_tools.cpu.warm_start import DEMO_SEED_OFFSET, SIGHT_SEED_OFFSET
     from verl_mm_tools.data.color import color_samples
     from verl_mm_tools.data.zoom_color import zoom_color_samples
@@ -167,8 +168,12 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
         labels = example["labels"]
         trained = tiny_tokenizer.decode(labels[labels != -100])
         called = trained.startswith(zoom_call)
-        answer = re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>", trained.removeprefix(zoom_call))
-        assert answer, trained
+        written = tiny_tokenizer.decode(example["input_ids"][example["answer_at"]:example["answer_at"] + 1])
+        answer = re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>",
+                              trained.removeprefix(zoom_call).replace("<answer></", f"<answer>{written}</"))
+        assert answer and answer.group(1) == written, trained
+        assert (labels[example["answer_at"]] == -100) == called
+        assert example["any_answer_at"] == (example["answer_at"] if called else -1)  # fitted to red or blue
         # the picture at 224 px, then the zoomed box at 224 px: 64 image tokens each
         assert example["image_grid_thw"].tolist() == [[1, 16, 16]] * (2 if called else 1)
         pairs[called, color, answer.group(1)] += 1
@@ -204,3 +209,33 @@ def test_batches_hold_calls_and_direct_answers_half_and_half_where_both_exist():
         picks = balanced_picks(with_sight, 4, generator)
         assert len(set(picks)) == 6 and sum(with_sight[pick]["calls"] for pick in picks) == 2
         assert sum(pick >= 12 for pick in picks) == 2
+
+
+def test_the_answer_after_a_zoom_is_fitted_to_either_answer_and_the_rest_to_its_labels(
+        tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
+    """The loss of a batch holding a zoom demonstration and a direct one: the mean, over every labelled token and
+    the zoom's answer, of the labels' cross-entropy and -log(p(red) + p(blue)) at the answer after the zoom."""
+    from transformers import AutoModelForImageTextToText
+
+    from verl_mm_tools.cpu.warm_start import collate, model_inputs, token_loss
+
+    examples = demonstrations(tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=4,
+                                                                             seed=3))
+    caller = next(example for example in examples if example["calls"])
+    direct = next(example for example in examples if not example["calls"] and not example["sight"])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = collate([direct, caller], pad_token_id=0)
+    with torch.no_grad():
+        loss = token_loss(model, batch)
+        log_probs = model(**model_inputs(batch)).logits.float().log_softmax(-1)
+
+    red, blue = (tiny_tokenizer.encode(answer)[0] for answer in ("red", "blue"))
+    assert caller["answer_choices"].tolist() == [red, blue]
+    terms = []
+    for row, example in enumerate((direct, caller)):
+        for at in (example["labels"] != -100).nonzero().flatten().tolist():
+            terms.append(-log_probs[row, at - 1, example["labels"][at]])
+    at = caller["answer_at"]
+    terms.append(-log_probs[1, at - 1, [red, blue]].logsumexp(-1))
+    assert len(terms) == int((direct["labels"] != -100).sum() + (caller["labels"] != -100).sum()) + 1
+    assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), abs=1e-5)
