@@ -96,6 +96,7 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
         # the later of two values of a key wins: learn_zoom's KL replaces learn's
         assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if task == "learn_zoom" else 0.1)
         assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if task == "learn_zoom" else 3e-3)
+        assert config.actor_rollout_ref.rollout.top_p == (0.98 if task == "learn_zoom" else 1.0)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)

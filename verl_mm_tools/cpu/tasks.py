@@ -120,12 +120,15 @@ TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task
 # lr 1e-3: at 2e-3 an update now and then garbled the ~50-token call (7-13 % of trajectories malformed per 10 steps,
 # the reward's ceiling), at 1e-3 about half as often, and the 14x box is read as fast. KL 0.35: the KL sets the
 # call rate's ceiling (at 1.0 it settled near 0.6), but at 0.25 one seed's call format broke before reading paid and
-# calling stopped (docs/learn_zoom.md, runs 10-26)
+# calling stopped (docs/learn_zoom.md, runs 10-26). top_p 0.98: at temperature 1 each of the call's ~50 tokens keeps a
+# small chance of a slip and one breaks the call; nucleus sampling drops those (malformed trajectories 2-5 % -> 0 in
+# the first 10 steps, runs 37-39), and a token the updates push past the 2 % line is still sampled and penalised
 TASKS["learn_zoom"] = replace(
     TASKS["learn"], name="learn_zoom", warm_start_task="zoom_color", warm_start_steps=600,
     write_dataset=_write_zoom_color,
     validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1", tools_yaml=ZOOM_TOOLS_YAML, lr=1e-3, steps=120,
-    overrides=(*TASKS["learn"].overrides, "actor_rollout_ref.actor.kl_loss_coef=0.35"), stop_at_call_rate=0.9)
+    overrides=(*TASKS["learn"].overrides, "actor_rollout_ref.actor.kl_loss_coef=0.35",
+               "actor_rollout_ref.rollout.top_p=0.98"), stop_at_call_rate=0.9)
 
 
 
