@@ -148,7 +148,7 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
         tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
     """learn_zoom's warm start: of each answer's pictures, half answer at once and half zoom in on the centre box
     first; within each half every true answer gets each label equally often: neither whether to call nor what to
-    answer is taught, and the answer after the zoomed image is left out of the loss (only its tags are trained).
+    answer is taught, and the answer after the zoomed image is fitted to either answer (its tags as they are).
     Beside them, as many color pictures answered truly (the task's ``sight``)."""
     from verl_mm_tools.cpu.warm_start import DEMO_SEED_OFFSET, SIGHT_SEED_OFFSET
     from verl_mm_tools.data.color import color_samples
