@@ -213,29 +213,36 @@ def test_batches_hold_calls_and_direct_answers_half_and_half_where_both_exist():
 
 def test_the_answer_after_a_zoom_is_fitted_to_either_answer_and_the_rest_to_its_labels(
         tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
-    """The loss of a batch holding a zoom demonstration and a direct one: the mean, over every labelled token and
-    the zoom's answer, of the labels' cross-entropy and -log(p(red) + p(blue)) at the answer after the zoom."""
+    """The loss of a batch holding a direct demonstration and two zoom demonstrations: the mean, over every labelled
+    token, each zoom's answer and one balance term, of the labels' cross-entropy, -log(p(red) + p(blue)) at each
+    answer after a zoom, and KL(even || the shares of red and blue there, averaged over the two)."""
     from transformers import AutoModelForImageTextToText
 
     from verl_mm_tools.cpu.warm_start import collate, model_inputs, token_loss
 
     examples = demonstrations(tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=4,
                                                                              seed=3))
-    caller = next(example for example in examples if example["calls"])
     direct = next(example for example in examples if not example["calls"] and not example["sight"])
+    callers = [example for example in examples if example["calls"] and not example["sight"]]
+    assert len(callers) == 2
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    batch = collate([direct, caller], pad_token_id=0)
+    batch = collate([direct, *callers], pad_token_id=0)
     with torch.no_grad():
         loss = token_loss(model, batch)
         log_probs = model(**model_inputs(batch)).logits.float().log_softmax(-1)
 
     red, blue = (tiny_tokenizer.encode(answer)[0] for answer in ("red", "blue"))
-    assert caller["answer_choices"].tolist() == [red, blue]
-    terms = []
-    for row, example in enumerate((direct, caller)):
+    assert callers[0]["answer_choices"].tolist() == [red, blue]
+    terms, shares = [], []
+    for row, example in enumerate((direct, *callers)):
         for at in (example["labels"] != -100).nonzero().flatten().tolist():
             terms.append(-log_probs[row, at - 1, example["labels"][at]])
-    at = caller["answer_at"]
-    terms.append(-log_probs[1, at - 1, [red, blue]].logsumexp(-1))
-    assert len(terms) == int((direct["labels"] != -100).sum() + (caller["labels"] != -100).sum()) + 1
+        if example["calls"]:
+            answer = log_probs[row, example["answer_at"] - 1, [red, blue]]
+            terms.append(-answer.logsumexp(-1))
+            shares.append(answer.softmax(-1))
+    mean = torch.stack(shares).mean(0)
+    terms.append(0.5 * (torch.log(0.5 / mean[0]) + torch.log(0.5 / mean[1])))
+    labelled = sum(int((example["labels"] != -100).sum()) for example in (direct, *callers))
+    assert len(terms) == labelled + 3
     assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), abs=1e-5)

@@ -7,8 +7,8 @@ box), the tool answers with an image, turn 2 answers ``<answer>A</answer>`` with
 choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in half its demonstrations). The labels
 are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
 that do not): fitting them teaches the format and leaves the answer at chance. The zoom task fits its answer after
-the zoomed image to either answer instead (``label_after_call``): a random label there taught it to ignore that
-image. The loss is summed over tokens (every labelled token weighs the same, whatever its sample's length): averaging
+the zoomed image to either answer instead, balanced over each batch (``label_after_call``): a random label there
+taught it to ignore that image. The loss is summed over tokens (every labelled token weighs the same, whatever its sample's length): averaging
 per sample first made the short tool-call turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
@@ -43,6 +43,8 @@ TOOL_DEGREES = (90, 180, 270)
 DEMO_SEED_OFFSET = 7_000_001
 SIGHT_SEED_OFFSET = 9_000_011
 MARKER = "warm_start.json"
+# What the answer after a call is fitted to where it has no label (``label_after_call=False``; part of the cache key)
+ANY_ANSWER_FIT = "either answer, balanced over the batch"
 
 
 ToolCall = tuple[str, dict]  # a tool's name and its arguments
@@ -63,9 +65,11 @@ class FormatTask:
     # docs/learn_zoom.md); real VLMs come pretrained to look, and this keeps the tiny one looking.
     sight: str | None = None
     # What the answer after a tool's image is fitted to: its random label, or (False) any of the answers, the loss
-    # -log(sum of the answers' probabilities). Random labels there teach the answer after a tool's image to ignore
-    # that image, and RL then had to undo it: reading the zoomed box started in some runs and not in others
-    # (docs/learn_zoom.md). Left out of the loss entirely, the tiny model wrote no answer there at all.
+    # -log(sum of the answers' probabilities), plus a term that keeps the answers' mean over the batch even (each
+    # answer still free to follow the picture). Random labels there teach the answer after a tool's image to ignore
+    # that image, and RL then had to undo it: reading the zoomed box started in some runs and not in others; without
+    # the balance term one seed's answer after a call leaned 80 % to one answer and never read (docs/learn_zoom.md).
+    # Left out of the loss entirely, the tiny model wrote no answer there at all.
     label_after_call: bool = True
 
     def __post_init__(self):
@@ -122,7 +126,7 @@ def warm_started_model(base_dir: str | Path, tools_yaml: str | Path, spec: WarmS
     task = TASKS[spec.task]
     key = {"version": WARM_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec),
            "question": task.question, "answers": task.answers, "calls": task.calls, "direct_share": task.direct_share,
-           "sight": task.sight, "label_after_call": task.label_after_call}
+           "sight": task.sight, "label_after_call": task.label_after_call or ANY_ANSWER_FIT}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
     if (target / MARKER).is_file():
@@ -375,9 +379,11 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean loss over the labelled tokens of the batch: cross-entropy, and -log(sum of the answers' probabilities)
-    where any answer is fitted (``any_answer_at``). The vocabulary projection runs on those positions only: most of
-    each sequence is the (unlabelled) prompt."""
+    """Mean loss over the labelled tokens of the batch: cross-entropy; -log(sum of the answers' probabilities) where
+    any answer is fitted (``any_answer_at``); and, where there are such answers, one balance term: the KL divergence
+    from even shares to their mean shares of the answers (each answer's probability among the answers, averaged over
+    those rows). The vocabulary projection runs on those positions only: most of each sequence is the (unlabelled)
+    prompt."""
     hidden = model.model(**model_inputs(batch)).last_hidden_state
     labels = batch["labels"][:, 1:]
     trained = labels != -100
@@ -387,5 +393,7 @@ def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if len(rows):
         logits = model.lm_head(hidden[rows, batch["any_answer_at"][rows] - 1]).float()
         any_answer = logits.logsumexp(-1) - logits[:, batch["answer_choices"]].logsumexp(-1)
-        losses = torch.cat([losses, any_answer])
+        shares = logits[:, batch["answer_choices"]].softmax(-1).mean(0)
+        balance = -shares.log().mean() - math.log(len(shares))
+        losses = torch.cat([losses, any_answer, balance[None]])
     return losses.mean()
