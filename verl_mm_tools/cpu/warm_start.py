@@ -8,8 +8,8 @@ choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in
 are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
 that do not): fitting them teaches the format and leaves the answer at chance. The zoom task fits its answer after
 the zoomed image to either answer instead, balanced over each batch (``label_after_call``): a random label there
-taught it to ignore that image. The loss is summed over tokens (every labelled token weighs the same, whatever its sample's length): averaging
-per sample first made the short tool-call turn count too little.
+taught it to ignore that image. The loss is summed over tokens (every labelled token weighs the same, whatever its
+sample's length): averaging per sample first made the short tool-call turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
 """
@@ -392,8 +392,9 @@ def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     rows = (batch["any_answer_at"] >= 0).nonzero().flatten()
     if len(rows):
         logits = model.lm_head(hidden[rows, batch["any_answer_at"][rows] - 1]).float()
-        any_answer = logits.logsumexp(-1) - logits[:, batch["answer_choices"]].logsumexp(-1)
-        shares = logits[:, batch["answer_choices"]].softmax(-1).mean(0)
+        answers = logits[:, batch["answer_choices"]]
+        any_answer = logits.logsumexp(-1) - answers.logsumexp(-1)
+        shares = answers.softmax(-1).mean(0)
         balance = -shares.log().mean() - math.log(len(shares))
         losses = torch.cat([losses, any_answer, balance[None]])
     return losses.mean()
