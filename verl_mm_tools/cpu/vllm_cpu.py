@@ -39,6 +39,8 @@ VLLM_CPU_ENVIRONMENT = {
 VLLM_ROLLOUT_OVERRIDES: tuple[tuple[str, str], ...] = (
     (f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}", "verl's own vLLM server (vLLMHttpServer), vllm-cpu inside"),
     ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graphs on CPU"),
+    ("actor_rollout_ref.rollout.dtype=float32", "the actor computes in float32 on CPU: a bfloat16 engine's log-probs "
+                                                "differed from the actor's by up to 0.12"),
     ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vLLM's CPU platform has no sleep mode: \"Sleep mode is "
                                                            "not supported on current platform\""),
     ("actor_rollout_ref.rollout.free_cache_engine=false", "with no sleep mode there is no KV cache to free"),

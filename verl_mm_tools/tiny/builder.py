@@ -24,7 +24,7 @@ from verl_mm_tools.tiny.corpus import generate_corpus
 logger = logging.getLogger(__name__)
 
 # Bump whenever the output of the builder changes: cached models built by an older version are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 CACHE_ENV = "VERL_MM_TOOLS_CACHE"
 COMPLETE_MARKER = "tiny_model_complete.json"
 
