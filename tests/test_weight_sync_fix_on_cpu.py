@@ -122,5 +122,13 @@ def test_a_dead_engine_is_a_timeout_not_a_hang(transfer, monkeypatch):
     module, handle = transfer
     monkeypatch.setenv(WEIGHT_SYNC_TIMEOUT_ENV, "1")
     sender = module.BucketedWeightSender(zmq_handle=handle, bucket_size_mb=1, use_shm=True)
-    with pytest.raises(WeightSyncError, match=r"took no weight bucket within 1 s: its worker process died"):
+    with pytest.raises(WeightSyncError, match=r"did not connect to take the weights within 1 s: its worker process "):
         asyncio.run(sender.async_send_weights(iter(WEIGHTS)))  # no receiver at all
+
+
+def test_an_engine_that_stops_answering_is_a_timeout_not_a_hang(transfer, monkeypatch):
+    module, handle = transfer
+    monkeypatch.setenv(WEIGHT_SYNC_TIMEOUT_ENV, "2")
+    sender_error, _, _ = sync(module, handle, lambda weights, is_last: threading.Event().wait(4), timeout_s=10)
+    assert isinstance(sender_error, WeightSyncError)
+    assert str(sender_error).startswith("the rollout engine took no weight bucket within 2 s")

@@ -147,7 +147,8 @@ def weight_sync_timeout_s() -> float:
 
 
 class CheckedReplies:
-    """The sender's ZMQ socket, whose ``recv`` raises ``WeightSyncError`` on an error answer or on no answer."""
+    """The sender's ZMQ socket: ``send_pyobj`` and ``recv`` raise ``WeightSyncError`` when the engine does not take
+    the message in time (a REQ socket blocks on send until a receiver connects), ``recv`` also on an error answer."""
 
     def __init__(self, socket, timeout_s: float):
         self._socket, self._timeout_s = socket, timeout_s
@@ -155,12 +156,23 @@ class CheckedReplies:
     def __getattr__(self, name):
         return getattr(self._socket, name)
 
-    def recv(self, *args, **kwargs):
-        if not self._socket.poll(int(self._timeout_s * 1000)):
+    def _wait(self, event: int, what: str) -> None:
+        if not self._socket.poll(int(self._timeout_s * 1000), event):
             raise WeightSyncError(
-                f"the rollout engine took no weight bucket within {self._timeout_s:.0f} s: its worker process died "
-                f"or hangs (see its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
+                f"the rollout engine {what} within {self._timeout_s:.0f} s: its worker process died or hangs (see "
+                f"its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
             )
+
+    def send_pyobj(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLOUT, "did not connect to take the weights")
+        return self._socket.send_pyobj(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLIN, "took no weight bucket")
         reply = self._socket.recv(*args, **kwargs)
         if reply:
             import pickle
