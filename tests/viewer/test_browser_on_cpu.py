@@ -9,6 +9,7 @@ import json
 import pytest
 from PIL import Image
 
+from verl_mm_tools.tiny.builder import BUILDER_VERSION
 from verl_mm_tools.viewer.records import load_trajectories
 
 ROWS = "Array.from(document.querySelectorAll('#trajectories tbody tr'))"
@@ -125,7 +126,7 @@ def test_clicking_a_row_opens_its_page_and_the_page_links_back(browser, site_url
     page.click("#trajectories tbody tr a", wait_for_load=True)
     assert page.evaluate("location.pathname") == f"/t/{first}.html"
     assert page.evaluate("document.querySelector('h1').textContent") == name  # one name in the index and the page
-    model = "model tiny-qwen2_5_vl-seed0-v2 (the embedded tiny VLM (~290k parameters"
+    model = f"model tiny-qwen2_5_vl-seed0-v{BUILDER_VERSION} (the embedded tiny VLM (~290k parameters"
     assert page.evaluate("document.querySelector('header .note').textContent").startswith(model)
     page.click("header nav a", wait_for_load=True)
     assert page.evaluate("location.pathname") in ("/", "/index.html")
