@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import pickle
 
-from verl_mm_tools.errors import PluginRegistrationError
+from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.import_order import call_after_import
 from verl_mm_tools.verl_patch import VerlChangedError, checked_method, checked_original, install, install_method
 
@@ -78,7 +80,7 @@ ERROR_REPLY = "verl_mm_tools_weight_sync_error"
 _FAILURE = "_verl_mm_tools_failure"
 
 
-class WeightSyncError(PluginRegistrationError):
+class WeightSyncError(VerlMMToolsError, RuntimeError):
     """The rollout engine did not take the trainer's weights."""
 
 
@@ -137,8 +139,6 @@ def answer_failed_bucket(receiver, failure: BaseException) -> None:
 
 
 def weight_sync_timeout_s() -> float:
-    import os
-
     value = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
     try:
         return float(value) if value else DEFAULT_WEIGHT_SYNC_TIMEOUT_S
@@ -175,8 +175,6 @@ class CheckedReplies:
         self._wait(zmq.POLLIN, "took no weight bucket")
         reply = self._socket.recv(*args, **kwargs)
         if reply:
-            import pickle
-
             error = pickle.loads(reply).get(ERROR_REPLY, reply)
             raise WeightSyncError(f"the rollout engine failed to load the trainer's weights: {error}")
         return reply
