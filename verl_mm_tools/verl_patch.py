@@ -26,15 +26,19 @@ def checked_original(module_name: str, function_name: str, expected_source: str,
     """verl's function, checked: it must still have ``parameters`` and contain ``expected_source``. None when it is
     already replaced (the plugin module can be imported twice). ``owner`` names the file holding the replacement."""
     function = getattr(importlib.import_module(module_name), function_name)
+    return _checked(function, f"{module_name}.{function_name}", expected_source, parameters, owner)
+
+
+def _checked(function: Callable, name: str, expected_source: str, parameters: tuple[str, ...],
+             owner: str) -> Callable | None:
     if getattr(function, PATCHED_MARK, False):
         return None
     found = tuple(inspect.signature(function).parameters)
-    source = inspect.getsource(function)
-    if found != parameters or expected_source not in source:
+    if found != parameters or expected_source not in inspect.getsource(function):
         raise VerlChangedError(
-            f"verl-mm-tools replaces {module_name}.{function_name} ({owner}), but that function changed in this "
-            f"verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
-            f"{found}. verl-mm-tools supports verl 0.9.1; install verl==0.9.1 or update {owner}."
+            f"verl-mm-tools replaces {name} ({owner}), but it changed in this verl version: expected parameters "
+            f"{parameters} and the line {expected_source!r}, found parameters {found}. verl-mm-tools supports verl "
+            f"0.9.1; install verl==0.9.1 or update {owner}."
         )
     return function
 
@@ -51,18 +55,8 @@ def install(module_name: str, function_name: str, original: Callable, replacemen
 def checked_method(module_name: str, class_name: str, method_name: str, expected_source: str,
                    parameters: tuple[str, ...], owner: str) -> Callable | None:
     """``checked_original`` for a method of a verl class."""
-    cls = getattr(importlib.import_module(module_name), class_name)
-    method = cls.__dict__[method_name]
-    if getattr(method, PATCHED_MARK, False):
-        return None
-    found = tuple(inspect.signature(method).parameters)
-    if found != parameters or expected_source not in inspect.getsource(method):
-        raise VerlChangedError(
-            f"verl-mm-tools replaces {module_name}.{class_name}.{method_name} ({owner}), but that method changed in "
-            f"this verl version: expected parameters {parameters} and the line {expected_source!r}, found parameters "
-            f"{found}. verl-mm-tools supports verl 0.9.1; install verl==0.9.1 or update {owner}."
-        )
-    return method
+    method = getattr(importlib.import_module(module_name), class_name).__dict__[method_name]
+    return _checked(method, f"{module_name}.{class_name}.{method_name}", expected_source, parameters, owner)
 
 
 def install_method(module_name: str, class_name: str, method_name: str, replacement: Callable) -> None:

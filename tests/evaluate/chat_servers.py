@@ -108,14 +108,8 @@ def transformers_server(model_dir: str | Path, log: Path):
     port = free_port()
     command = [str(Path(sys.executable).parent / "transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--device", "cpu", "--dtype", "float32"]
-    with open(log, "w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-        try:
-            _wait_until_up(f"http://127.0.0.1:{port}/health", 180, process, log)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            process.terminate()
-            process.wait(30)
+    with _serving(command, port, log, start_s=180):
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @contextlib.contextmanager
@@ -128,12 +122,19 @@ def vllm_server(model_dir: str | Path, log: Path, max_images: int = 8):
     command = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port",
                str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--seed", "0",
                "--limit-mm-per-prompt", json.dumps({"image": max_images})]
-    env = {**os.environ, **VLLM_CPU_ENVIRONMENT}
+    with _serving(command, port, log, start_s=420, env={**os.environ, **VLLM_CPU_ENVIRONMENT}):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], port: int, log: Path, start_s: float, env: dict | None = None):
+    """The server ``command`` running, its output in ``log``, until it answers ``/health`` on ``port``; stopped on
+    exit."""
     with open(log, "w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         try:
-            _wait_until_up(f"http://127.0.0.1:{port}/health", 420, process, log)
-            yield f"http://127.0.0.1:{port}/v1"
+            _wait_until_up(f"http://127.0.0.1:{port}/health", start_s, process, log)
+            yield
         finally:
             process.terminate()
             process.wait(60)

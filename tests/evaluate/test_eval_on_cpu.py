@@ -226,14 +226,7 @@ def test_transformers_server_renders_what_the_loop_rendered(tiny_model_dir, tool
         assert figures["endpoint"]["requests"] >= 4 and figures["endpoint"]["failed"] == 0
         assert figures["endpoint"]["prompt_token_mismatch"] == 0
     assert printed.startswith("verl_mm_tools/rotation\n") and "tools" in printed and "no_tools" in printed
-    # the same model as a checkpoint, in process: greedy, so the same answers, turns and rewards row by row
-    assert main(["eval", "--data", str(val), "--checkpoint", str(tiny_model_dir), "--tools", str(tools_yaml),
-                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", "64", "--out",
-                 str(tmp_path / "local")]) == 0
-    endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
-                        for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]
-                       for out in ("out", "local"))
-    assert endpoint == local
+    assert_rows_as_the_checkpoint_scores_them(val, tiny_model_dir, tools_yaml, tmp_path, "64")
 
 
 def images_sent(trajectories: Path) -> int:
@@ -276,9 +269,16 @@ def test_vllm_server_renders_what_the_loop_rendered(tiny_model_dir, tools_yaml, 
         assert figures["endpoint"]["prompt_token_mismatch"] == 0
     sent = sum(images_sent(tmp_path / "out" / mode / "trajectories") for mode in (TOOLS, NO_TOOLS))
     assert images_queried == sent and sent > 8  # more than the prompts' 8 pictures: tool images too
+    assert_rows_as_the_checkpoint_scores_them(val, model, tools_yaml, tmp_path, "256")
+
+
+def assert_rows_as_the_checkpoint_scores_them(val: Path, model, tools_yaml: Path, tmp_path: Path,
+                                              response_length: str) -> None:
+    """The same model as a checkpoint, in process, on the rows the endpoint answered (OUT ``tmp_path/out``): greedy,
+    so the same answers, turns and rewards row by row."""
     assert main(["eval", "--data", str(val), "--checkpoint", str(model), "--tools", str(tools_yaml),
-                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", "256", "--out",
-                 str(tmp_path / "local")]) == 0
+                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", response_length,
+                 "--out", str(tmp_path / "local")]) == 0
     endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
                         for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]
                        for out in ("out", "local"))
