@@ -83,7 +83,7 @@ def test_a_failed_load_stops_both_sides_with_vllms_error(transfer):
 
 # verl's own classes (the fix undone), in a process of their own: their sender never returns.
 ORIGINAL_SCENARIO = textwrap.dedent("""
-    import asyncio, os, sys, tempfile, threading, torch
+    import asyncio, os, tempfile, threading, torch
     import verl_mm_tools.plugin
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as module
     for cls, name in ((module.BucketedWeightReceiver, "receive_weights"),

@@ -11,11 +11,11 @@ import pytest
 
 from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo, run_processes
 
-# Rollout vs actor (FSDP2, fp32) probabilities of the same tokens on the first step (verl's
-# training/rollout_probs_diff_max, the largest over the step's tokens). The hf server runs the actor's own torch
-# kernels: 1e-6..3e-6. vLLM runs its own (oneDNN GEMMs, its CPU attention), fp32 too: over 170 steps of `learn` on
-# vLLM (docs/vllm_rollout.md) median 3e-6, 90th percentile 3.8e-5, largest 1.7e-4 (4 steps over 1e-4).
-LOGPROB_DIFF_BOUND = {"hf": 1e-4, "vllm": 5e-4}
+# Rollout (vLLM) vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
+# training/rollout_probs_diff_max, the largest over the step's tokens). vLLM runs its own CPU kernels (oneDNN GEMMs,
+# its attention): over 170 steps of `learn` on vLLM (docs/vllm_rollout.md) median 3e-6, 90th percentile 3.8e-5,
+# largest 1.7e-4 (4 steps over 1e-4). The hf server, which runs the actor's own torch kernels, stays at 1e-6..3e-6.
+LOGPROB_DIFF_BOUND = 5e-4
 PROMPT_IMAGE_TOKENS = 4  # a 56x56 picture is 2x2 merged tokens
 STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 
@@ -36,7 +36,7 @@ def demo(request, tmp_path_factory):
                           rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, trainer=trainer, rollout=rollout)
     returncode = run_demo(options, lines.append)
     metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return returncode, out, lines, metrics, rollout
+    return returncode, out, lines, metrics
 
 
 def stray_processes(metrics_path) -> list[str]:
@@ -46,7 +46,7 @@ def stray_processes(metrics_path) -> list[str]:
 
 @pytest.mark.slow
 def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
-    returncode, out, lines, metrics, _ = demo
+    returncode, out, lines, metrics = demo
     assert returncode == 0, "\n".join(lines[-30:])
     assert [record["step"] for record in metrics] == [1, 2]
     assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
@@ -58,7 +58,7 @@ def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
 def test_trajectories_called_the_tool_and_nothing_was_masked(demo):
     """The policy samples at temperature 1, so now and then it writes a wrong argument name; each such call is a tool
     error the model reads as its tool response (and is counted), never a lost trajectory."""
-    _, out, _, metrics, _ = demo
+    _, out, _, metrics = demo
     for record in metrics:
         data = record["data"]
         assert data["tool_call_counts/mean"] >= 0.5
@@ -76,7 +76,7 @@ def test_tool_images_reached_the_trainer(demo):
     """The trajectories hold more image tokens than their prompt picture; the actor then trained on them (verl's
     Qwen-VL forward raises unless every placeholder has its image feature) and its log-probs of the tokens after the
     tool images match the rollout's, which saw those images."""
-    _, _, _, metrics, rollout = demo
+    _, _, _, metrics = demo
     for record in metrics:
         data = record["data"]
         assert metric(data, "mm_tool/images/mean") > 1
@@ -84,12 +84,12 @@ def test_tool_images_reached_the_trainer(demo):
         assert data["actor/grad_norm"] > 0
         assert data["training/rollout_probs_diff_valid"] == 1
     # Async modes train on rollouts of the previous weights from step 2 on: the difference is then the update's.
-    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND[rollout]
+    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND
 
 
 @pytest.mark.slow
 def test_rewards_are_logged_and_dumped_per_trajectory(demo):
-    _, out, _, metrics, _ = demo
+    _, out, _, metrics = demo
     for record in metrics:
         assert 0.0 <= record["data"]["critic/score/mean"] <= 1.0
         assert metric(record["data"], "mm_tool/dump/written") == 8  # the demo's dump_max_per_step
@@ -113,7 +113,7 @@ def test_rewards_are_logged_and_dumped_per_trajectory(demo):
 def test_staleness_tags_are_consistent(demo):
     """v1 tags each trajectory with the weight versions it was generated on (min/max_global_steps): sync trains on
     the current weights only; the async modes may train on older ones, within verl's off-policy threshold."""
-    _, out, _, metrics, _ = demo
+    _, out, _, metrics = demo
     if "classic" in out.name:
         pytest.skip("the classic trainer has no staleness tags")
     for record in metrics:
