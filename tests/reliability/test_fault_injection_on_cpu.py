@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from PIL import Image
 from reliability_helpers import (
+    ABORTED,
     ENV_LOG,
     PicTool,
     ScriptedTool,
@@ -21,6 +22,7 @@ from reliability_helpers import (
     trajectory_violations,
 )
 from verl.tools.schemas import ToolResponse
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 
@@ -110,6 +112,11 @@ CASES = {
     "server raises": ([call("fine"), "SERVER FAILS", ANSWER], None, 1, "RuntimeError: inference server failed"),
     "server raises at once": (["SERVER FAILS"], None, 1, "RuntimeError: inference server failed"),
     "server request cancelled": ([call("fine"), "SERVER CANCELS"], None, 1, "CancelledError"),
+    "engine aborts a request": ([call("fine"), ABORTED + "<answer>"], None, 1,
+                                "EngineAbortedError: the rollout engine aborted generation 2 of the trajectory after 3 tokens"),
+    "engine aborts at once": ([ABORTED], None, 1,
+                              "EngineAbortedError: the rollout engine aborted generation 1 of the trajectory after 0 tokens"),
+    "engine dead": ([call("fine"), "ENGINE DIES"], None, 1, "EngineDeadError: EngineCore encountered an issue"),
 }
 
 
@@ -121,6 +128,8 @@ def script_for(names: list[str]):
             raise RuntimeError("inference server failed")
         if text == "SERVER CANCELS":  # e.g. a client whose request was aborted on the server side
             raise asyncio.CancelledError()
+        if text == "ENGINE DIES":  # what vLLM's AsyncLLM raises for every request once its engine process died
+            raise EngineDeadError()
         return text
 
     return script
@@ -178,3 +187,19 @@ def test_a_non_image_from_a_tool_is_dropped_with_a_note(faulty_batch):
     response = batch.worker.tokenizer.decode(batch.output.batch["responses"][index])
     assert "Note: the tool returned a str instead of an image; it was dropped." in response
     assert batch.field("mm_tool/images")[index] == 1
+
+
+def test_prefix_cache_hits_are_counted_from_the_second_generation(faulty_batch):
+    """The engine's per-request prefix-cache hits (verl's ``num_cached_tokens``) reach the trajectory's counters
+    from its second generation on, masked trajectories included (the engine did the work), and the step's hit rate
+    is their ratio."""
+    names, batch, _ = faulty_batch
+    prompt, cached = batch.field("mm_tool/later_prompt_tokens"), batch.field("mm_tool/later_cached_tokens")
+    for index, name in enumerate(names):
+        later = batch.server.generations[index][1:]
+        if name.startswith("engine aborts"):
+            later = later[:-1]  # the aborted generation raised before its reply was kept
+        assert (prompt[index], cached[index]) == (sum(g.prompt_tokens for g in later), sum(g.cached_tokens for g in later)), name
+    good = names.index("good")
+    assert prompt[good] > cached[good] > 0  # the history up to the last full 16-token block
+    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/prefix_cache_hit_rate"] == sum(cached) / sum(prompt)

@@ -35,6 +35,7 @@ from verl.utils.profiler import simple_timer
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import stage_trajectory
+from verl_mm_tools.agent_loop.engine import CheckedEngine, EngineAbortedError
 from verl_mm_tools.agent_loop.export import collapse_runs, history_view
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
@@ -122,6 +123,7 @@ class MMToolAgentLoop(ToolAgentLoop):
     def __init__(self, *args, **kwargs):
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)
+        self.server_manager = CheckedEngine(self.server_manager)  # aborted replies raise; prefix-cache hits kept
         # select, not .get: DictConfig.get costs ~0.1 ms, and verl builds a loop per trajectory
         limit_images = OmegaConf.select(self.rollout_config, "limit_images", default=None)
         self.mm_config = MMToolLoopConfig.from_options(options, limit_images=limit_images)
@@ -327,6 +329,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
         messages = len(agent_data.messages)
         next_state = await super()._handle_generating_state(agent_data, {**sampling_params, "max_tokens": limit})
+        turn.cached_tokens = self.server_manager.cached_tokens[-1]
         end = len(agent_data.response_mask)
         turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
         turn.text = self._generated_text(agent_data.response_ids)
@@ -689,7 +692,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         logger.warning(
             "mm_tool: masked the trajectory of sample %s (%s)", _sample_name(sample), state.stats.error,
             exc_info=not isinstance(
-                error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError, ImageInputError, FileAccessError)
+                error, (TrajectoryValidationError, ImageBudgetError, ToolCrashError, ImageInputError, FileAccessError,
+                        EngineAbortedError)
             ),
         )
         output = self._prompt_only_output(agent_data, state)

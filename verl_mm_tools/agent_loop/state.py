@@ -35,6 +35,10 @@ TURN_GAMMA_KEY = PREFIX + "turn_gamma"  # algorithm.gamma: the per-turn discount
 # statistics count once, on its final sample (``is_final_sample``)
 SAMPLE_KEY = PREFIX + "sample"
 REQUEST_ID_KEY = PREFIX + "request_id"  # verl's request id of the trajectory: what its server calls were sent as
+# from the second generation on, where the engine reports prefix-cache hits (``engine.CheckedEngine``): the prompt
+# tokens sent and those the engine's prefix cache held (0 and 0 where it does not report them)
+LATER_PROMPT_TOKENS_KEY = PREFIX + "later_prompt_tokens"
+LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
 
 
 class StopReason(str, Enum):
@@ -122,7 +126,8 @@ class Turn:
     rewards plus the environment's reward for this turn; ``sample``: the training sample holding the turn (its
     ``prompt_end`` and ``response_span`` are in that sample's tokens; ``export``); ``text``: what the model wrote,
     special tokens and reasoning included, its end-of-turn token excluded; ``message``: the index of the assistant
-    message the turn added (None when it added none: a turn cut by a limit).
+    message the turn added (None when it added none: a turn cut by a limit); ``cached_tokens``: the prompt tokens
+    the engine's prefix cache held for the turn's generation (None where the engine does not report them).
     """
 
     prompt_end: int
@@ -134,6 +139,7 @@ class Turn:
     sample: int = 0
     text: str = ""
     message: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass
@@ -199,7 +205,15 @@ class TrajectoryState:
             TURN_SPANS_KEY: spans,
             SAMPLE_KEY: [sample, samples],
             REQUEST_ID_KEY: self.request_id,
+            **self._later_turn_cache(),
         }
+
+    def _later_turn_cache(self) -> dict:
+        """Prompt tokens of the generations after the first, and how many of them the prefix cache held (where the
+        engine reported it): a multi-turn rollout should not recompute its history."""
+        later = [turn for turn in self.turns[1:] if turn.cached_tokens is not None]
+        return {LATER_PROMPT_TOKENS_KEY: sum(turn.prompt_end for turn in later),
+                LATER_CACHED_TOKENS_KEY: sum(turn.cached_tokens for turn in later)}
 
 
 def is_final_sample(sample) -> bool:

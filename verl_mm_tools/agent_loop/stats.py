@@ -6,10 +6,22 @@ from collections import defaultdict
 
 import numpy as np
 
-from verl_mm_tools.agent_loop.state import MASKED_KEY, PER_TOOL_KEY, PREFIX, STOP_REASON_KEY, StopReason, ToolStats
+from verl_mm_tools.agent_loop.state import (
+    LATER_CACHED_TOKENS_KEY,
+    LATER_PROMPT_TOKENS_KEY,
+    MASKED_KEY,
+    PER_TOOL_KEY,
+    PREFIX,
+    STOP_REASON_KEY,
+    StopReason,
+    ToolStats,
+)
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY
 
 CALL_RATE = PREFIX + "tool_call_rate"  # the share of a step's trajectories that called a tool at least once
+# the share of the prompt tokens of second and later generations that the engine's prefix cache held (engines that
+# report it: verl's vLLM server)
+PREFIX_CACHE_HIT_RATE = PREFIX + "prefix_cache_hit_rate"
 
 
 def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
@@ -37,6 +49,9 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     for reason in StopReason:
         metrics[f"{PREFIX}stop/{reason.value}"] = sum(stop[index] == reason.value for index in rows) / len(rows)
     metrics.update(_per_tool_metrics([non_tensor_batch[PER_TOOL_KEY][index] for index in rows]))
+    prompt_tokens = sum(non_tensor_batch[LATER_PROMPT_TOKENS_KEY][index] for index in rows)
+    if prompt_tokens:
+        metrics[PREFIX_CACHE_HIT_RATE] = sum(non_tensor_batch[LATER_CACHED_TOKENS_KEY][index] for index in rows) / prompt_tokens
     return metrics
 
 

