@@ -9,7 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
+from verl_mm_tools.cpu.hf_engine import nucleus
 from verl_mm_tools.cpu.server import HFRolloutServer
+from verl_mm_tools.errors import ConfigError
 
 # Batching pads prompts on the left; a padded row's log-probs differ from an unpadded forward by float32 rounding.
 LOGPROB_TOLERANCE = 1e-5
@@ -62,6 +64,55 @@ def test_concurrent_requests_are_batched_and_log_probs_equal_a_teacher_forced_fo
         assert output.stop_reason == "completed"
         forced = server.engine.score(ids, output.token_ids, images)
         assert max(abs(a - b) for a, b in zip(output.log_probs, forced)) < LOGPROB_TOLERANCE
+
+
+NUCLEUS = {"temperature": 0.7, "top_p": 0.6, "top_k": 20, "max_tokens": 12}
+
+
+@pytest.mark.parametrize("top_p, top_k", [(0.5, -1), (0.9, -1), (0.98, 5), (1.0, 3), (0.3, 40)])
+def test_the_nucleus_is_the_one_vllms_sampler_keeps(top_p, top_k):
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    logits = torch.randn(6, 9, 50, generator=torch.Generator().manual_seed(0)) * 3
+    rows = logits.reshape(-1, 50)
+    expected = apply_top_k_top_p_pytorch(rows.clone(), torch.full((len(rows),), top_k) if top_k > 0 else None,
+                                         torch.full((len(rows),), top_p) if top_p < 1 else None)
+    kept = torch.isfinite(nucleus(logits, top_p, top_k)).reshape(-1, 50)
+    assert torch.equal(kept, torch.isfinite(expected))
+    assert kept.sum(dim=-1).min() >= 1
+
+
+def teacher_forced_logits(engine, ids, images, token_ids, temperature):
+    with torch.no_grad():
+        logits = engine.model(**engine.model_inputs([*ids, *token_ids], images)).logits[0]
+    return logits[len(ids) - 1 : -1].float() / temperature
+
+
+def test_log_probs_are_those_of_the_sampled_distribution_as_vllm_reports_them(server):
+    """verl's default logprobs_mode (processed_logprobs): the log-prob of each sampled token after temperature,
+    top-k and top-p, renormalized over the nucleus, computed here with vLLM's own masking function."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    assert server.logprobs_mode == "processed_logprobs"
+    ids, images = requests(server.engine)[0]
+    (output,) = generate_all(server, [(ids, images)], dict(NUCLEUS))
+    logits = teacher_forced_logits(server.engine, ids, images, output.token_ids, NUCLEUS["temperature"])
+    count = len(output.token_ids)
+    masked = apply_top_k_top_p_pytorch(logits, torch.full((count,), NUCLEUS["top_k"]), torch.full((count,), NUCLEUS["top_p"]))
+    expected = masked.log_softmax(dim=-1).gather(-1, torch.tensor(output.token_ids).unsqueeze(-1)).squeeze(-1)
+    assert max(abs(a - b) for a, b in zip(output.log_probs, expected.tolist())) < LOGPROB_TOLERANCE
+    raw = server.engine.score(ids, output.token_ids, images, temperature=NUCLEUS["temperature"])
+    assert all(p >= r for p, r in zip(output.log_probs, raw)) and output.log_probs != raw
+
+
+def test_raw_logprobs_mode_reports_the_full_softmax_and_other_modes_are_refused(tiny_model_dir):
+    raw_server = HFRolloutServer(str(tiny_model_dir), response_length=24, seed=0, logprobs_mode="raw_logprobs")
+    ids, images = requests(raw_server.engine)[0]
+    (output,) = generate_all(raw_server, [(ids, images)], dict(NUCLEUS))
+    raw = raw_server.engine.score(ids, output.token_ids, images, temperature=NUCLEUS["temperature"])
+    assert max(abs(a - b) for a, b in zip(output.log_probs, raw)) < LOGPROB_TOLERANCE
+    with pytest.raises(ConfigError, match=r"logprobs_mode must be one of .* got 'processed_logits'"):
+        HFRolloutServer(str(tiny_model_dir), response_length=24, logprobs_mode="processed_logits")
 
 
 def test_a_batch_generates_what_each_request_generates_alone(server):

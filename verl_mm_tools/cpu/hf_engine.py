@@ -4,7 +4,12 @@ Two traps it handles (both seen with transformers 5 and Qwen-VL):
 - M-RoPE is applied only when ``mm_token_type_ids`` is passed; without it rollout and trainer log-probs differ by up
   to 0.19. We always pass it.
 - A degenerate policy samples vision placeholder tokens, which crashes verl's postprocess. We never sample them (they
-  are suppressed), while log-probs still come from the raw logits, as the trainer recomputes them.
+  are suppressed), while log-probs still come from the model's logits, as the trainer recomputes them.
+
+Log-probs follow verl's ``rollout.logprobs_mode`` as vLLM computes them: ``processed_logprobs`` (verl's default) are
+those of the distribution sampled from, after temperature, top-k and top-p (a token's probability renormalized over
+the nucleus); ``raw_logprobs`` those of the full softmax of the logits. With ``top_p`` < 1 the two differ, and so does
+the rollout's log-prob from the trainer's (verl's ``training/rollout_probs_diff_*``), on any engine.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from PIL import Image
 from verl_mm_tools.agent_loop.validation import vision_token_ids
 
 logger = logging.getLogger(__name__)
+
+PROCESSED_LOGPROBS, RAW_LOGPROBS = "processed_logprobs", "raw_logprobs"
+LOGPROBS_MODES = (PROCESSED_LOGPROBS, RAW_LOGPROBS)  # verl's rollout.logprobs_mode values that are log-probs
 
 
 class HFVisionLM:
@@ -73,6 +81,7 @@ class HFVisionLM:
         top_p: float = 1.0,
         top_k: int = -1,
         seed: int | None = None,
+        logprobs_mode: str = PROCESSED_LOGPROBS,
     ) -> tuple[list[int], list[float]]:
         """Sample (greedy when temperature is 0) up to ``max_new_tokens``; returns (token ids, log-probs)."""
         with torch.random.fork_rng(devices=[]):
@@ -80,7 +89,7 @@ class HFVisionLM:
                 torch.manual_seed(seed)
             (result,) = self.generate_batch(
                 [(prompt_ids, images)], max_new_tokens=[max_new_tokens], temperature=temperature, top_p=top_p,
-                top_k=top_k,
+                top_k=top_k, logprobs_mode=logprobs_mode,
             )
         return result
 
@@ -108,6 +117,7 @@ class HFVisionLM:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
+        logprobs_mode: str = PROCESSED_LOGPROBS,
     ) -> list[tuple[list[int], list[float]]]:
         """``generate`` for several (prompt ids, images) requests at once: one (token ids, log-probs) per request,
         each cut at its own ``max_new_tokens`` and after its first end-of-turn token. Sampling per step is
@@ -126,9 +136,11 @@ class HFVisionLM:
             **sampling,
         )
         generated = out.sequences[:, inputs["input_ids"].shape[1] :]
-        # Log-probs from the raw logits (before suppression), as the trainer recomputes them.
-        raw = torch.stack(out.logits, dim=1).float() / _positive(temperature)
-        log_probs = torch.log_softmax(raw, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        # Log-probs from the model's logits (before suppression), as the trainer recomputes them.
+        scaled = torch.stack(out.logits, dim=1).float() / _positive(temperature)
+        if logprobs_mode == PROCESSED_LOGPROBS and temperature > 0:
+            scaled = nucleus(scaled, top_p, top_k)
+        log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         return [
             self._cut(generated[row].tolist(), log_probs[row].tolist(), limit)
             for row, limit in enumerate(max_new_tokens)
@@ -161,6 +173,21 @@ class HFVisionLM:
                 f"(actor_rollout_ref.model.path). Known names look like {list(state)[:3]}"
             )
         return loaded
+
+
+def nucleus(logits: torch.Tensor, top_p: float = 1.0, top_k: int = -1) -> torch.Tensor:
+    """``logits`` with every token outside the top-k, then top-p, nucleus set to -inf, as vLLM's sampler masks them
+    (``apply_top_k_top_p``): top-p drops the least likely tokens while their summed probability stays <= 1 - top_p,
+    and keeps at least one."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ascending, order = logits.sort(dim=-1)
+        dropped = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+        dropped[..., -1] = False
+        logits = logits.masked_fill(torch.zeros_like(dropped).scatter(-1, order, dropped), float("-inf"))
+    return logits
 
 
 def _left_pad(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:

@@ -62,6 +62,7 @@ class HFReplica(RolloutReplica):
             response_length=self.config.response_length,
             seed=self.config.seed,
             num_threads=int(threads or 1),
+            logprobs_mode=self.config.logprobs_mode,
         )
         self.servers = [server]
         self._server_handle = server

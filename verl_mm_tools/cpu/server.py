@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.cpu.hf_engine import LOGPROBS_MODES, PROCESSED_LOGPROBS, HFVisionLM
+from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,12 @@ class HFRolloutServer:
     """Serves ``generate`` for one rollout replica. Wrapped with ``ray.remote`` by ``HFReplica``."""
 
     def __init__(self, model_path: str, *, response_length: int, seed: int = 0,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, num_threads: int | None = None):
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, num_threads: int | None = None,
+                 logprobs_mode: str = PROCESSED_LOGPROBS):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"the hf rollout server returns log-probs: actor_rollout_ref.rollout.logprobs_mode must be "
+                              f"one of {LOGPROBS_MODES}, got {logprobs_mode!r} (logits modes need rollout.name=vllm)")
+        self.logprobs_mode = logprobs_mode
         if num_threads:
             torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
@@ -100,7 +106,7 @@ class HFRolloutServer:
                 self.engine.generate_batch,
                 [(request.prompt_ids, request.images) for request in batch],
                 max_new_tokens=[request.max_new_tokens for request in batch],
-                temperature=temperature, top_p=top_p, top_k=top_k,
+                temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=self.logprobs_mode,
             )
         except Exception as error:  # every waiting trajectory gets the error, not a hang
             for request in batch:
