@@ -24,7 +24,9 @@ from reliability_helpers import (
 from verl.tools.schemas import ToolResponse
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from verl_mm_tools.agent_loop.manager import step_batch
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
+from verl_mm_tools.agent_loop.step import MaskedBatchError, process_step
 
 ANSWER = "<answer>3</answer><|im_end|>"
 TIMEOUT_S = 0.2
@@ -203,3 +205,21 @@ def test_prefix_cache_hits_are_counted_from_the_second_generation(faulty_batch):
     good = names.index("good")
     assert prompt[good] > cached[good] > 0  # the history up to the last full 16-token block
     assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/prefix_cache_hit_rate"] == sum(cached) / sum(prompt)
+
+
+def test_a_batch_whose_engine_died_stops_the_step_naming_the_engine(tiny_model_dir, tmp_path):
+    """Every trajectory's generation raises vLLM's EngineDeadError (its engine process died mid-step, as measured
+    in docs/vllm_rollout.md): every trajectory is masked, and the step hook stops the run with the engine's error
+    and where to read why, not advice about the data."""
+    names = ["engine dead"] * 4
+    prompts = [marked_prompt(index, name) for index, name in enumerate(names)]
+    batch = run_batch(tiny_model_dir, tmp_path, tools=[PicTool()], prompts=prompts, script=script_for(names),
+                      prompt_length=2048, response_length=512)
+    assert batch.field("mm_tool/masked") == [1, 1, 1, 1]
+    with pytest.raises(MaskedBatchError) as raised:
+        process_step(step_batch(batch.output, {"global_steps": 4, "validate": False}))
+    message = str(raised.value)
+    assert message.startswith("4 of 4 mm_tool trajectories of training step 4 were masked")
+    assert "EngineDeadError: EngineCore encountered an issue" in message
+    assert message.endswith("its own log (the rollout server's lines in the trainer's log: vLLMHttpServer, "
+                            "EngineCore) says why it died or aborted the requests.")

@@ -181,10 +181,19 @@ def check_masked_fraction(batch: StepBatch) -> None:
     raise MaskedBatchError(
         f"{len(errors)} of {len(rows)} mm_tool trajectories of {kind} step {batch.step} were masked (trained on "
         f"nothing), more than max_masked_fraction={min(limits):g}; the most common error ({count} of them): "
-        f"{example}. Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, "
-        "images over the mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool "
-        "agent-loop config."
+        f"{example}. {_advice(example)}"
     )
+
+
+ENGINE_ERRORS = ("EngineDeadError", "EngineAbortedError")  # vLLM's dead engine; a reply the engine aborted
+
+
+def _advice(error: str) -> str:
+    if any(name in error for name in ENGINE_ERRORS):
+        return ("The rollout engine failed, not the data: its own log (the rollout server's lines in the trainer's "
+                "log: vLLMHttpServer, EngineCore) says why it died or aborted the requests.")
+    return ("Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, images over the "
+            "mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool agent-loop config.")
 
 
 def _most_common(errors: list[str]) -> tuple[str, int]:
