@@ -386,8 +386,7 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
     return figures
 
 
-# Figure 5's trainer runs: name -> (agent loop, trainer, export)
-# name: (agent loop, trainer, export, rollout engine)
+# Figure 5's trainer runs: name -> (agent loop, trainer, export, rollout engine)
 STEP_RUNS = {"tool_agent": ("tool_agent", "sync", "per_trajectory", "hf"),
              "mm_tool": ("mm_tool", "sync", "per_trajectory", "hf"),
              "mm_tool_classic": ("mm_tool", "classic", "per_trajectory", "hf"),

