@@ -43,12 +43,16 @@ setup(
         "sglang": [f"verl[sglang]{VERL_VERSIONS}"],
         # openai: the request types of transformers' own OpenAI-compatible server (``transformers serve``), which the
         # eval tests run on the tiny model
-        "test": ["pytest>=8", "hypothesis>=6", "openai"],
+        # ruff and mypy: the lint, format and type checks (ruff.toml, mypy.ini)
+        "test": ["pytest>=8", "hypothesis>=6", "openai", "ruff>=0.17,<0.18", "mypy>=2.4,<2.5"],
     },
     entry_points={
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],
         "console_scripts": ["verl-mm-tools = verl_mm_tools.cli:main"],
-        # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU (verl_mm_tools/cpu/vllm_cpu.py)
-        "vllm.general_plugins": ["verl_mm_tools_cpu = verl_mm_tools.cpu.vllm_cpu:keep_linear_weights_loadable"],
+        # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU
+        # (verl_mm_tools/adaptations/vllm_cpu_weights.py)
+        "vllm.general_plugins": [
+            "verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_cpu_weights:keep_linear_weights_loadable"
+        ],
     },
 )

@@ -52,8 +52,14 @@ def check(model_dir: str) -> dict:
     ids = inputs["input_ids"][0].tolist()
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
 
-    engine = LLM(model=model_dir, dtype="float32", max_model_len=4096, limit_mm_per_prompt={"image": len(images)},
-                 enforce_eager=True, seed=0)
+    engine = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=4096,
+        limit_mm_per_prompt={"image": len(images)},
+        enforce_eager=True,
+        seed=0,
+    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=0, ignore_eos=True)
     prompt = TokensPrompt(prompt_token_ids=collapse(ids, pad), multi_modal_data={"image": images})
     result = engine.generate(prompt, params)[0]
@@ -63,8 +69,13 @@ def check(model_dir: str) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     full = torch.tensor([ids + generated])
     with torch.no_grad():
-        logits = model(input_ids=full, attention_mask=torch.ones_like(full), pixel_values=inputs["pixel_values"],
-                       image_grid_thw=inputs["image_grid_thw"], mm_token_type_ids=_mm_types(full, pad)).logits[0]
+        logits = model(
+            input_ids=full,
+            attention_mask=torch.ones_like(full),
+            pixel_values=inputs["pixel_values"],
+            image_grid_thw=inputs["image_grid_thw"],
+            mm_token_type_ids=_mm_types(full, pad),
+        ).logits[0]
     scores = torch.log_softmax(logits[len(ids) - 1 : -1].float(), dim=-1)
     hf_logprobs = scores.gather(-1, torch.tensor(generated).unsqueeze(-1)).squeeze(-1).tolist()
     difference = max(abs(a - b) for a, b in zip(vllm_logprobs, hf_logprobs))

@@ -28,10 +28,14 @@ def test_bench_quick_prints_every_figure_then_the_summary(capsys):
     matches = [LINE.match(line) for line in lines]
     assert all(matches), [line for line, match in zip(lines, matches) if not match]
     names = [match.group(1) for match in matches]
-    for expected in ("ops/rotate90_over_transpose", "loop/448px/16turns/ratio",
-                     "loop/56px/mm_tool_turns14-16_over_turns3-5", "memory/held_over_raw_image_bytes",
-                     "export/8turns/per_turn/tokens_per_trajectory",
-                     "export/8turns/per_turn_over_per_trajectory_loop_cpu"):
+    for expected in (
+        "ops/rotate90_over_transpose",
+        "loop/448px/16turns/ratio",
+        "loop/56px/mm_tool_turns14-16_over_turns3-5",
+        "memory/held_over_raw_image_bytes",
+        "export/8turns/per_turn/tokens_per_trajectory",
+        "export/8turns/per_turn_over_per_trajectory_loop_cpu",
+    ):
         assert expected in names
     for match in matches:  # a spread is min <= median <= max
         if match.group(2) is not None:
@@ -47,8 +51,11 @@ def test_bench_quick_prints_every_figure_then_the_summary(capsys):
 def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():
     figures = {each.name: each for each in bench.image_ops(repeats=3, processes=2)}
     ops_names = ["rotate90", "rotate37", "rotate37_nearest", "flip", "crop", "zoom_in", "draw_bbox", "draw_line"]
-    assert sorted(figures) == sorted(["ops/transpose_ms"] + [f"ops/{name}_over_transpose" for name in ops_names]
-                                     + [f"ops/default_cap/{name}_over_transpose1024" for name in ops_names])
+    assert sorted(figures) == sorted(
+        ["ops/transpose_ms"]
+        + [f"ops/{name}_over_transpose" for name in ops_names]
+        + [f"ops/default_cap/{name}_over_transpose1024" for name in ops_names]
+    )
     assert {len(each.samples) for each in figures.values()} == {4}  # 2 processes x ceil(3 / 2) samples
     assert all(each.target == "<= 3" for name, each in figures.items() if name.endswith("_over_transpose"))
 
@@ -60,13 +67,19 @@ def test_the_op_timing_process_refuses_a_bad_repeat_count():
 
 
 def test_figure_lines_checks_and_informational_figures():
-    assert bench.figure("x", [1.0, 1.04, 1.2], "<= 1.05").line() == \
-        "x: median 1.04 (min 1, max 1.2, n=3), target <= 1.05: met"
-    assert bench.figure("x", [1.1, 1.2], "<= 1.05").line() == \
-        "x: median 1.15 (min 1.1, max 1.2, n=2), target <= 1.05: MISSED"
+    assert (
+        bench.figure("x", [1.0, 1.04, 1.2], "<= 1.05").line()
+        == "x: median 1.04 (min 1, max 1.2, n=3), target <= 1.05: met"
+    )
+    assert (
+        bench.figure("x", [1.1, 1.2], "<= 1.05").line()
+        == "x: median 1.15 (min 1.1, max 1.2, n=2), target <= 1.05: MISSED"
+    )
     assert bench.figure("speedup", [1.5], ">= 2").line() == "speedup: 1.5, target >= 2: MISSED"
-    assert bench.figure("ops/transpose_ms", [4.2, 3.9, 4.03]).line() == \
-        "ops/transpose_ms: median 4.03 (min 3.9, max 4.2, n=3)"
+    assert (
+        bench.figure("ops/transpose_ms", [4.2, 3.9, 4.03]).line()
+        == "ops/transpose_ms: median 4.03 (min 3.9, max 4.2, n=3)"
+    )
     assert bench.figure("memory/held_MB", [12.41]).line() == "memory/held_MB: 12.41"
     assert not bench.figure("informational", [1e9]).missed
 
@@ -79,8 +92,12 @@ def test_a_figure_without_samples_or_with_a_bad_target_is_refused():
 
 
 def test_summary_counts_checks_only_and_names_each_miss_with_its_reason():
-    figures = [bench.figure("a", [1.0, 1.02, 1.04], "<= 1.05"), bench.figure("b", [1.1, 1.3, 1.2], "<= 1.05"),
-               bench.figure("c_ms", [9.0]), bench.figure("d", [1.5], ">= 2")]
+    figures = [
+        bench.figure("a", [1.0, 1.02, 1.04], "<= 1.05"),
+        bench.figure("b", [1.1, 1.3, 1.2], "<= 1.05"),
+        bench.figure("c_ms", [9.0]),
+        bench.figure("d", [1.5], ">= 2"),
+    ]
     assert bench.summary(figures) == "1 checks met, 2 missed: b (median 1.2 > 1.05), d (1.5 < 2)"
     assert bench.summary(figures[:1] + figures[2:3]) == "1 checks met, 0 missed"
 
@@ -115,10 +132,16 @@ def test_held_bytes_counts_pixels_and_storages_once_and_follows_plain_objects():
     array = np.zeros(1000, dtype=np.uint8)
     root = SimpleNamespace(images=[image, image, grey], tensors=(tensor, tensor[10:]), array=array)
     expected = (
-        sys.getsizeof(root) + sys.getsizeof(vars(root)["images"]) + sys.getsizeof(vars(root)["tensors"])
-        + sys.getsizeof(image) + 10 * 20 * 4  # RGB: Pillow stores 4 bytes a pixel; the same image once
-        + sys.getsizeof(grey) + 10 * 20
-        + sys.getsizeof(tensor) + sys.getsizeof(vars(root)["tensors"][1]) + 400  # the view shares the storage
+        sys.getsizeof(root)
+        + sys.getsizeof(vars(root)["images"])
+        + sys.getsizeof(vars(root)["tensors"])
+        + sys.getsizeof(image)
+        + 10 * 20 * 4  # RGB: Pillow stores 4 bytes a pixel; the same image once
+        + sys.getsizeof(grey)
+        + 10 * 20
+        + sys.getsizeof(tensor)
+        + sys.getsizeof(vars(root)["tensors"][1])
+        + 400  # the view shares the storage
         + sys.getsizeof(array)  # numpy's getsizeof holds its data (1000 bytes)
     )
     assert sys.getsizeof(array) >= 1000
@@ -156,9 +179,13 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
 
 def test_step_figures_of_the_vllm_run_compare_it_with_the_hf_server():
     def step(number, seconds, hit_rate=None):
-        return {"step": number, "timing_s/step": seconds, "timing_s/gen": 2.0,
-                "timing_s/agent_loop/generate_sequences/max": 1.0,
-                **({} if hit_rate is None else {"mm_tool/prefix_cache_hit_rate": hit_rate})}
+        return {
+            "step": number,
+            "timing_s/step": seconds,
+            "timing_s/gen": 2.0,
+            "timing_s/agent_loop/generate_sequences/max": 1.0,
+            **({} if hit_rate is None else {"mm_tool/prefix_cache_hit_rate": hit_rate}),
+        }
 
     runs = {name: [step(1, 60.0), step(3, 4.0), step(4, 4.0)] for name in bench.STEP_RUNS}
     vllm = [step(1, 110.0, 0.1), step(3, 5.0, 0.5), step(4, 7.0), step(5, 6.5, 0.25)]  # step 4: no second turns
@@ -195,5 +222,7 @@ def test_vllm_encodes_each_image_once_and_recomputes_only_the_tail_after_the_las
     assert [turn["images"] for turn in turns] == [1, 2, 3, 4]
     assert [turn["images_encoded"] for turn in turns] == [1, 1, 1, 1]
     previous = [0] + [turn["prompt_tokens"] for turn in turns[:-1]]
-    assert [turn["cached_tokens"] for turn in turns] == [p // CPU_KV_BLOCK_TOKENS * CPU_KV_BLOCK_TOKENS for p in previous]
+    assert [turn["cached_tokens"] for turn in turns] == [
+        p // CPU_KV_BLOCK_TOKENS * CPU_KV_BLOCK_TOKENS for p in previous
+    ]
     assert turns[-1]["cached_tokens"] > 0

@@ -11,14 +11,15 @@ import time
 
 import pytest
 
-from verl_mm_tools.agent_loop.export import EXPORTS
-from verl_mm_tools.cli import DEMO_EXPORTS, DEMO_ROLLOUTS, DEMO_TASKS, DEMO_TRAINERS, build_parser, main
+from verl_mm_tools.cli import DEMO_ROLLOUTS, DEMO_TASKS, DEMO_TRAINERS, build_parser, main
 
 HEAVY_PACKAGES = ("verl", "torch", "transformers", "ray", "numpy", "PIL", "pandas")
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verl_mm_tools.cli", *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "verl_mm_tools.cli", *argv], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_parsing_imports_nothing_heavy():
@@ -47,20 +48,35 @@ USAGE_ERRORS = [
     (["demo", "--steps", "-1"], "verl-mm-tools demo: error: argument --steps: must be a whole number >= 1, got -1"),
     (["demo", "--steps", "two"], "verl-mm-tools demo: error: argument --steps: must be a whole number >= 1, got 'two'"),
     (["demo", "--seed", "-3"], "verl-mm-tools demo: error: argument --seed: must be a whole number >= 0, got -3"),
-    (["demo", "--seeds", "0,-1"], "verl-mm-tools demo: error: argument --seeds: expected comma-separated whole "
-                                  "numbers such as 0,1,2, got '0,-1' (each >= 0)"),
-    (["tiny-model", "--seed", "x"], "verl-mm-tools tiny-model: error: argument --seed: must be a whole number >= 0, "
-                                    "got 'x'"),
-    (["view", "dir", "--serve", "70000"], "verl-mm-tools view: error: argument --serve: must be a whole number "
-                                          "between 0 and 65535, got 70000"),
-    (["make-data", "zoom", "--out", "x", "--target", "4"], "verl-mm-tools make-data zoom: error: argument --target: "
-                                                          "must be a whole number >= 8, got 4"),
-    (["make-data", "rotation", "--out", "x", "--side", "10"], "verl-mm-tools make-data rotation: error: argument "
-                                                             "--side: must be a whole number between 28 and 4096, got 10"),
-    (["make-data", "zoom", "--out", "x", "--train-size", "0"], "verl-mm-tools make-data zoom: error: argument "
-                                                              "--train-size: must be a whole number >= 1, got 0"),
-    (["make-data", "geo3k", "--source", "s", "--out", "x", "--max-attempts", "0"],
-     "verl-mm-tools make-data geo3k: error: argument --max-attempts: must be a whole number >= 1, got 0"),
+    (
+        ["demo", "--seeds", "0,-1"],
+        "verl-mm-tools demo: error: argument --seeds: expected comma-separated whole "
+        "numbers such as 0,1,2, got '0,-1' (each >= 0)",
+    ),
+    (
+        ["tiny-model", "--seed", "x"],
+        "verl-mm-tools tiny-model: error: argument --seed: must be a whole number >= 0, got 'x'",
+    ),
+    (
+        ["view", "dir", "--serve", "70000"],
+        "verl-mm-tools view: error: argument --serve: must be a whole number between 0 and 65535, got 70000",
+    ),
+    (
+        ["make-data", "zoom", "--out", "x", "--target", "4"],
+        "verl-mm-tools make-data zoom: error: argument --target: must be a whole number >= 8, got 4",
+    ),
+    (
+        ["make-data", "rotation", "--out", "x", "--side", "10"],
+        "verl-mm-tools make-data rotation: error: argument --side: must be a whole number between 28 and 4096, got 10",
+    ),
+    (
+        ["make-data", "zoom", "--out", "x", "--train-size", "0"],
+        "verl-mm-tools make-data zoom: error: argument --train-size: must be a whole number >= 1, got 0",
+    ),
+    (
+        ["make-data", "geo3k", "--source", "s", "--out", "x", "--max-attempts", "0"],
+        "verl-mm-tools make-data geo3k: error: argument --max-attempts: must be a whole number >= 1, got 0",
+    ),
 ]
 
 
@@ -81,7 +97,9 @@ def test_a_value_only_the_command_can_check_is_a_usage_error_too(tmp_path, capsy
 
 
 def test_the_valid_values_parse():
-    args = build_parser().parse_args(["demo", "--steps", "1", "--seed", "0", "--seeds", "0,1,2", "--trainer", "classic"])
+    args = build_parser().parse_args(
+        ["demo", "--steps", "1", "--seed", "0", "--seeds", "0,1,2", "--trainer", "classic"]
+    )
     assert (args.steps, args.seed, args.seeds, args.trainer) == (1, 0, [0, 1, 2], "classic")
     assert build_parser().parse_args(["view", "d", "--serve", "0"]).serve == 0
     assert build_parser().parse_args(["make-data", "rotation", "--out", "x", "--side", "4096"]).side == 4096
@@ -110,22 +128,26 @@ def test_the_top_level_help_says_what_the_tool_does_and_lists_the_commands():
         "Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).",
         "Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate.",
     ]
-    listed = [line.split()[0] for line in lines[lines.index("  COMMAND") + 1:] if line.startswith("    ") and
-              not line.startswith("     ")]
+    listed = [
+        line.split()[0]
+        for line in lines[lines.index("  COMMAND") + 1 :]
+        if line.startswith("    ") and not line.startswith("     ")
+    ]
     assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval"]
 
 
 def test_the_bench_help_documents_the_exit_status():
     result = run_cli("bench", "--help")
     assert result.returncode == 0
-    assert ("exit status: 0 when every figure was measured, checks met or not; 1 with\n--strict when a check was "
-            "missed; 2 on a usage error.") in result.stdout
+    assert (
+        "exit status: 0 when every figure was measured, checks met or not; 1 with\n--strict when a check was "
+        "missed; 2 on a usage error."
+    ) in result.stdout
 
 
 def test_the_demo_choices_are_the_demo_s_own():
-    from verl_mm_tools.cpu import demo
+    from verl_mm_tools.demo import run as demo
 
     assert DEMO_TASKS == tuple(sorted(demo.TASKS))
     assert DEMO_TRAINERS == demo.TRAINERS
     assert DEMO_ROLLOUTS == demo.ROLLOUTS
-    assert DEMO_EXPORTS == EXPORTS

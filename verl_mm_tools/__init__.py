@@ -1,45 +1,52 @@
 """verl-mm-tools: multimodal multi-turn tool use for verl, as a plugin."""
 
-from verl_mm_tools.import_order import import_first
+from verl_mm_tools.adaptations.import_order import import_first
 
 __version__ = "0.1.0"
 
 # Modules that never import verl: what the CLI needs to parse its arguments, the pure image ops, the trajectory
 # record and the viewer (tests/test_cli_on_cpu.py and tests/test_layers_on_cpu.py check it).
-LIGHT_MODULES = frozenset({
-    "verl_mm_tools.arguments",
-    "verl_mm_tools.bench_ops",
-    "verl_mm_tools.cli",
-    "verl_mm_tools.cpu",  # the package and its vLLM plugin: vLLM loads it in every engine process
-    "verl_mm_tools.cpu.vllm_cpu",
-    "verl_mm_tools.data",
-    "verl_mm_tools.data.command",
-    "verl_mm_tools.errors",
-    "verl_mm_tools.evaluate",
-    "verl_mm_tools.evaluate.command",
-    "verl_mm_tools.files",
-    "verl_mm_tools.import_order",
-    "verl_mm_tools.ops",
-    "verl_mm_tools.ops.checks",
-    "verl_mm_tools.ops.draw",
-    "verl_mm_tools.ops.geometry",
-    "verl_mm_tools.ops.transform",
-    "verl_mm_tools.record",
-    "verl_mm_tools.registry",
-    "verl_mm_tools.report",
-    "verl_mm_tools.tiny",
-    "verl_mm_tools.tiny.builder",
-    "verl_mm_tools.tiny.corpus",
-    "verl_mm_tools.verl_patch",
-    "verl_mm_tools.viewer",
-    "verl_mm_tools.viewer.chromium",
-    "verl_mm_tools.viewer.command",
-    "verl_mm_tools.viewer.curve",
-    "verl_mm_tools.viewer.html",
-    "verl_mm_tools.viewer.records",
-    "verl_mm_tools.viewer.site",
-    "verl_mm_tools.workspace",
-})
+LIGHT_MODULES = frozenset(
+    {
+        "verl_mm_tools.adaptations",  # the package, and the adaptations that must load without verl
+        "verl_mm_tools.adaptations.import_order",  # the import hooks themselves
+        "verl_mm_tools.adaptations.verl_patch",  # the checked-replacement mechanism
+        "verl_mm_tools.adaptations.vllm_cpu_weights",  # vLLM loads this plugin in every engine process
+        "verl_mm_tools.agent_loop",  # the package (its loop class is imported on first use) and the option values
+        "verl_mm_tools.agent_loop.options",
+        "verl_mm_tools.bench_ops",
+        "verl_mm_tools.check_report",
+        "verl_mm_tools.cli",
+        "verl_mm_tools.cli_types",
+        "verl_mm_tools.cpu",  # the package and its vLLM settings, which the vLLM plugin reads in every engine process
+        "verl_mm_tools.cpu.vllm_cpu",
+        "verl_mm_tools.data",
+        "verl_mm_tools.data.command",
+        "verl_mm_tools.errors",
+        "verl_mm_tools.evaluate",
+        "verl_mm_tools.evaluate.command",
+        "verl_mm_tools.files",
+        "verl_mm_tools.ops",
+        "verl_mm_tools.ops.argument_checks",
+        "verl_mm_tools.ops.draw",
+        "verl_mm_tools.ops.geometry",
+        "verl_mm_tools.ops.transform",
+        "verl_mm_tools.record",
+        "verl_mm_tools.tiny",
+        "verl_mm_tools.tiny.builder",
+        "verl_mm_tools.tiny.corpus",
+        "verl_mm_tools.verl_registry",
+        "verl_mm_tools.viewer",
+        "verl_mm_tools.viewer.chromium",
+        "verl_mm_tools.viewer.command",
+        "verl_mm_tools.viewer.curve",
+        "verl_mm_tools.viewer.html",
+        "verl_mm_tools.viewer.loading",
+        "verl_mm_tools.viewer.site",
+        "verl_mm_tools.workspace",
+    }
+)
 
-# Every other module of ours is run after verl has been imported (and has loaded our plugin): see import_order.py.
+# Every other module of ours is run after verl has been imported (and has loaded our plugin): see
+# adaptations/import_order.py.
 import_first("verl", "verl_mm_tools", LIGHT_MODULES)

@@ -64,9 +64,9 @@ from verl_mm_tools.agent_loop.harness import (
     restored_loop_registry,
     tool_call_text,
 )
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.stats import PREFIX_CACHE_HIT_RATE
-from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 LOOPS = ("tool_agent", "mm_tool")
 
@@ -101,8 +101,10 @@ class Figure:
         if len(self.samples) == 1:
             text = f"{self.name}: {self.value:.4g}"
         else:
-            text = (f"{self.name}: median {self.value:.4g} (min {min(self.samples):.4g}, max {max(self.samples):.4g}, "
-                    f"n={len(self.samples)})")
+            text = (
+                f"{self.name}: median {self.value:.4g} (min {min(self.samples):.4g}, max {max(self.samples):.4g}, "
+                f"n={len(self.samples)})"
+            )
         if self.target is not None:
             text += f", target {self.target}: {'MISSED' if self.missed else 'met'}"
         return text
@@ -156,7 +158,9 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: 
         extra += ["trainer.use_v1=true", MANAGER_TQ_OVERRIDE]
     response_length = turns * ((side // 28) ** 2 + 80) + 64
     config = LocalRollout(model_dir, tools_yaml, workdir).config(
-        prompt_length=(side // 28) ** 2 + 512, response_length=response_length, max_turns=turns + 1,
+        prompt_length=(side // 28) ** 2 + 512,
+        response_length=response_length,
+        max_turns=turns + 1,
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
         loop_options=None if export == "per_trajectory" else {"export": export},
     )
@@ -166,9 +170,15 @@ def _loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: 
 
     def make(name: str, server):
         return hydra.utils.instantiate(
-            config=entries[name], trainer_config=DictConfigWrap(config), server_manager=server,
-            tokenizer=worker.tokenizer, processor=worker.processor, hf_model_type=worker.hf_model_type,
-            dataset_cls=worker.dataset_cls, data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools),
+            config=entries[name],
+            trainer_config=DictConfigWrap(config),
+            server_manager=server,
+            tokenizer=worker.tokenizer,
+            processor=worker.processor,
+            hf_model_type=worker.hf_model_type,
+            dataset_cls=worker.dataset_cls,
+            data_config=DictConfigWrap(config.data),
+            tools=ToolListWrap(worker.tools),
         )
 
     return make, worker.tokenizer
@@ -262,8 +272,9 @@ def _growth(side: int, gaps: dict[str, list[list[float]]]) -> list[Figure]:
         late = [statistics.mean(run[LATE_TURNS]) for run in runs]
         figures.append(figure(f"loop/{side}px/{name}_turn_ms(turns3-5)", [seconds * 1e3 for seconds in early]))
         target = "<= 1.15" if name == "mm_tool" else None
-        figures.append(figure(f"loop/{side}px/{name}_turns14-16_over_turns3-5",
-                              [b / a for a, b in zip(early, late)], target))
+        figures.append(
+            figure(f"loop/{side}px/{name}_turns14-16_over_turns3-5", [b / a for a, b in zip(early, late)], target)
+        )
     return figures
 
 
@@ -285,8 +296,9 @@ def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
     ops_names = [name for name in seconds if name != BASELINE and not name.startswith("default_cap/")]
     figures = [figure(f"ops/{BASELINE}_ms", [t * 1e3 for t in seconds[BASELINE]])]
     figures += [figure(f"ops/{name}_over_{BASELINE}", ratios[name], "<= 3") for name in ops_names]
-    figures += [figure(f"ops/default_cap/{name}_over_{BASELINE}1024", ratios[f"default_cap/{name}"])
-                for name in ops_names]
+    figures += [
+        figure(f"ops/default_cap/{name}_over_{BASELINE}1024", ratios[f"default_cap/{name}"]) for name in ops_names
+    ]
     return figures
 
 
@@ -294,8 +306,9 @@ def _ops_in_fresh_process(repeats: int) -> dict[str, list[float]]:
     command = [sys.executable, "-m", "verl_mm_tools.bench_ops", str(repeats)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"the image-op timing process failed (exit {done.returncode}): {' '.join(command)}\n"
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the image-op timing process failed (exit {done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}"
+        )
     return json.loads(done.stdout)
 
 
@@ -307,8 +320,10 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list
         make, tokenizer = _loop_factory(model_dir, Path(workdir), side, images)
         _, _, (output,) = _one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
     held, raw = held_bytes(output), images * side * side * 3
-    return [figure(f"memory/{images}_images_held_MB", [held / 2**20]),
-            figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2")]
+    return [
+        figure(f"memory/{images}_images_held_MB", [held / 2**20]),
+        figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2"),
+    ]
 
 
 def held_bytes(root: object) -> int:
@@ -366,8 +381,10 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
 
     figures, loop = [], get_event_loop()
     with tempfile.TemporaryDirectory() as workdir, _one_torch_thread():
-        factories = {export: _loop_factory(model_dir, Path(workdir) / export, side, 8, export)
-                     for export in ("per_trajectory", "per_turn")}
+        factories = {
+            export: _loop_factory(model_dir, Path(workdir) / export, side, 8, export)
+            for export in ("per_trajectory", "per_turn")
+        }
         for turns in (4, 8):
             seconds, samples = {export: [] for export in factories}, {}
             for repeat in range(repeats + 1):  # the first pair warms up (first-call costs are not per-trajectory)
@@ -379,31 +396,49 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
                 figures.append(figure(f"export/{turns}turns/{export}/loop_ms", [t * 1e3 for t in seconds[export]]))
                 processed = sum(len(output.prompt_ids) + len(output.response_ids) for output in outputs)
                 figures.append(figure(f"export/{turns}turns/{export}/tokens_per_trajectory", [processed]))
-                figures.append(figure(f"export/{turns}turns/{export}/trained_tokens_per_trajectory",
-                                      [sum(sum(output.response_mask) for output in outputs)]))
+                figures.append(
+                    figure(
+                        f"export/{turns}turns/{export}/trained_tokens_per_trajectory",
+                        [sum(sum(output.response_mask) for output in outputs)],
+                    )
+                )
             ratios = [a / b for a, b in zip(seconds["per_turn"], seconds["per_trajectory"])]
             figures.append(figure(f"export/{turns}turns/per_turn_over_per_trajectory_loop_cpu", ratios))
     return figures
 
 
 # Figure 5's trainer runs: name -> (agent loop, trainer, export, rollout engine)
-STEP_RUNS = {"tool_agent": ("tool_agent", "sync", "per_trajectory", "hf"),
-             "mm_tool": ("mm_tool", "sync", "per_trajectory", "hf"),
-             "mm_tool_classic": ("mm_tool", "classic", "per_trajectory", "hf"),
-             "mm_tool_per_turn": ("mm_tool", "sync", "per_turn", "hf")}
+STEP_RUNS = {
+    "tool_agent": ("tool_agent", "sync", "per_trajectory", "hf"),
+    "mm_tool": ("mm_tool", "sync", "per_trajectory", "hf"),
+    "mm_tool_classic": ("mm_tool", "classic", "per_trajectory", "hf"),
+    "mm_tool_per_turn": ("mm_tool", "sync", "per_turn", "hf"),
+}
 VLLM_STEP_RUN = {"mm_tool_vllm": ("mm_tool", "sync", "per_trajectory", "vllm")}  # with ``--rollout vllm``
 
 
 def cpu_step(out_dir: Path, steps: int = 12, vllm: bool = False, say=lambda line: None) -> list[Figure]:
     """Figure 5: one short trainer run each (a subprocess each; they cannot share one process)."""
-    from verl_mm_tools.cpu.demo import DemoOptions, run_demo_result
+    from verl_mm_tools.demo.run import DemoOptions, run_demo_result
 
     metrics = {}
     for name, (loop, trainer, export, rollout) in {**STEP_RUNS, **(VLLM_STEP_RUN if vllm else {})}.items():
-        options = DemoOptions(out=out_dir / name, task="rotation", steps=steps, prompts_per_step=8,
-                              rollouts_per_prompt=4, dumps=False, trainer=trainer, export=export, rollout=rollout,
-                              overrides=(f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}",
-                                         "trainer.rollout_data_dir=null", "trainer.save_freq=-1"))
+        options = DemoOptions(
+            out=out_dir / name,
+            task="rotation",
+            steps=steps,
+            prompts_per_step=8,
+            rollouts_per_prompt=4,
+            dumps=False,
+            trainer=trainer,
+            export=export,
+            rollout=rollout,
+            overrides=(
+                f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}",
+                "trainer.rollout_data_dir=null",
+                "trainer.save_freq=-1",
+            ),
+        )
         result, _ = run_demo_result(options, say)
         if result.returncode != 0:
             raise RuntimeError(f"the {name} trainer run failed (exit {result.returncode}); see {out_dir / name}")
@@ -454,8 +489,10 @@ def engine_figures(model_dir: str) -> list[Figure]:
     later = turns[1:]
     hit_rate = sum(turn["cached_tokens"] for turn in later) / sum(turn["prompt_tokens"] for turn in later)
     encodings = sum(turn["images_encoded"] for turn in turns) / turns[-1]["images"]
-    return [figure("engine/vllm/prefix_cache_hit_rate_from_turn_2", [hit_rate]),
-            figure("engine/vllm/encoder_runs_per_image", [encodings], "<= 1")]
+    return [
+        figure("engine/vllm/prefix_cache_hit_rate_from_turn_2", [hit_rate]),
+        figure("engine/vllm/encoder_runs_per_image", [encodings], "<= 1"),
+    ]
 
 
 def engine_turns(model_dir: str) -> list[dict]:
@@ -463,8 +500,9 @@ def engine_turns(model_dir: str) -> list[dict]:
     command = [sys.executable, "-m", "verl_mm_tools.bench_engine", model_dir]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"the vLLM engine measurement failed (exit {done.returncode}): {' '.join(command)}\n"
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the vLLM engine measurement failed (exit {done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])  # vLLM logs to stdout too: the turns are the last line
 
 
@@ -481,8 +519,14 @@ def pillow_reusing_image_memory(blocks: int = 64):
         Image.core.set_blocks_max(previous)
 
 
-def run(model_dir: str, quick: bool = False, step_dir: Path | None = None, remote: bool = False,
-        vllm: bool = False, say=lambda line: None) -> list[Figure]:
+def run(
+    model_dir: str,
+    quick: bool = False,
+    step_dir: Path | None = None,
+    remote: bool = False,
+    vllm: bool = False,
+    say=lambda line: None,
+) -> list[Figure]:
     """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
     ``remote`` (``bench_remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``."""
     figures = image_ops(repeats=11 if quick else 31)

@@ -45,18 +45,32 @@ def conversation_turns(model_dir: str) -> list[dict]:
         return output
 
     Scheduler.schedule = counting_schedule
-    llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, enable_prefix_caching=True,
-              limit_mm_per_prompt={"image": TURNS}, max_model_len=4096, seed=0)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        limit_mm_per_prompt={"image": TURNS},
+        max_model_len=4096,
+        seed=0,
+    )
     messages, turns = [], []
     for turn in range(TURNS):
         image = Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), COLORS[turn])
         text = "What colour is the picture?" if turn == 0 else f"The tool's picture {turn}."
-        messages.append({"role": "user", "content": [{"type": "image_pil", "image_pil": image},
-                                                     {"type": "text", "text": text}]})
+        messages.append(
+            {"role": "user", "content": [{"type": "image_pil", "image_pil": image}, {"type": "text", "text": text}]}
+        )
         encoded.clear()
         output = llm.chat(messages, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
-        turns.append({"prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens or 0,
-                      "images": turn + 1, "images_encoded": sum(encoded)})
+        turns.append(
+            {
+                "prompt_tokens": len(output.prompt_token_ids),
+                "cached_tokens": output.num_cached_tokens or 0,
+                "images": turn + 1,
+                "images_encoded": sum(encoded),
+            }
+        )
         messages.append({"role": "assistant", "content": '<tool_call>{"name": "zoom_in"}</tool_call>'})
     return turns
 

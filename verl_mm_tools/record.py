@@ -83,8 +83,18 @@ class SampleRecord:
     images: int
 
 
-def build_record(*, messages, images, samples: list[SampleRecord], turns: list[TurnRecord], extra_fields, sample,
-                 model: str | None = None, request_id=None, timing=None) -> tuple[dict, list]:
+def build_record(
+    *,
+    messages,
+    images,
+    samples: list[SampleRecord],
+    turns: list[TurnRecord],
+    extra_fields,
+    sample,
+    model: str | None = None,
+    request_id=None,
+    timing=None,
+) -> tuple[dict, list]:
     """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
     record_messages, message_images = _messages(messages, [turn.text for turn in turns])
     image_entries, pixels = _images(record_messages, message_images, images)
@@ -132,8 +142,16 @@ def _messages(messages: list[dict], assistant_texts: list[str]) -> tuple[list[di
     # A turn cut by a length or turn limit never became a message (verl parses calls only below the limits).
     for text in assistant_texts[assistants:]:
         turn += 1
-        records.append({"role": "assistant", "turn": turn, "text": text, "image_ids": [], "tool_calls": [],
-                        "note": "generated at a length or turn limit: not parsed for tool calls"})
+        records.append(
+            {
+                "role": "assistant",
+                "turn": turn,
+                "text": text,
+                "image_ids": [],
+                "tool_calls": [],
+                "note": "generated at a length or turn limit: not parsed for tool calls",
+            }
+        )
         images_per_message.append([])
     return records, images_per_message
 
@@ -166,22 +184,25 @@ def _call(call: dict) -> dict:
 
 def _images(records: list[dict], message_images: list[list], images: list) -> tuple[list[dict], list]:
     """Number images in message order (the token order, so the ids tools use); pixels are what the model saw."""
-    entries, pixels = [], []
+    entries: list[dict] = []
+    pixels: list[Image.Image | None] = []
     for record, found in zip(records, message_images, strict=True):
         for item in found:
             image_id = len(entries) + 1
             image = images[image_id - 1] if image_id <= len(images) else item
             image = image if isinstance(image, Image.Image) else None
             record["image_ids"].append(image_id)
-            entries.append({
-                "id": image_id,
-                "source": _image_source(record),
-                "turn": record["turn"],
-                "width": image.width if image else None,
-                "height": image.height if image else None,
-                "file": None,
-                "thumb": None,
-            })
+            entries.append(
+                {
+                    "id": image_id,
+                    "source": _image_source(record),
+                    "turn": record["turn"],
+                    "width": image.width if image else None,
+                    "height": image.height if image else None,
+                    "file": None,
+                    "thumb": None,
+                }
+            )
             pixels.append(image)
     return entries, pixels
 
@@ -206,14 +227,16 @@ def _tool_calls(messages: list[dict]) -> list[dict]:
             answers.append(later)
         for position, call in enumerate(message["tool_calls"]):
             answer = answers[position] if position < len(answers) else None
-            calls.append({
-                "turn": message["turn"],
-                "name": call["name"],
-                "arguments": call["arguments"],
-                "result": answer["text"] if answer else None,
-                "error": bool(answer and answer["error"]),
-                "image_ids": list(answer["image_ids"]) if answer else [],
-            })
+            calls.append(
+                {
+                    "turn": message["turn"],
+                    "name": call["name"],
+                    "arguments": call["arguments"],
+                    "result": answer["text"] if answer else None,
+                    "error": bool(answer and answer["error"]),
+                    "image_ids": list(answer["image_ids"]) if answer else [],
+                }
+            )
     return calls
 
 
@@ -224,24 +247,44 @@ def _turns(turns: list[TurnRecord], samples: list[SampleRecord]) -> list[dict]:
         sample_end = len(samples[turn.sample].response_mask)
         next_start = following.span[0] if following is not None and following.sample == turn.sample else sample_end
         start, end = turn.span
-        records.append({"turn": index + 1, "prompt_tokens": turn.prompt_tokens, "trained_tokens": end - start,
-                        "context_tokens_after": next_start - end, "tool_calls": list(turn.tool_calls),
-                        "images_added": list(turn.images_added), "reward": turn.reward, "sample": turn.sample})
+        records.append(
+            {
+                "turn": index + 1,
+                "prompt_tokens": turn.prompt_tokens,
+                "trained_tokens": end - start,
+                "context_tokens_after": next_start - end,
+                "tool_calls": list(turn.tool_calls),
+                "images_added": list(turn.images_added),
+                "reward": turn.reward,
+                "sample": turn.sample,
+            }
+        )
     return records
 
 
 def _samples(samples: list[SampleRecord], turns: list[TurnRecord]) -> list[dict]:
-    return [{"sample": index, "turns": [number for number, turn in enumerate(turns, 1) if turn.sample == index],
-             "prompt_tokens": sample.prompt_tokens, "response_tokens": len(sample.response_mask),
-             "trained_tokens": int(sum(sample.response_mask)), "images": sample.images}
-            for index, sample in enumerate(samples)]
+    return [
+        {
+            "sample": index,
+            "turns": [number for number, turn in enumerate(turns, 1) if turn.sample == index],
+            "prompt_tokens": sample.prompt_tokens,
+            "response_tokens": len(sample.response_mask),
+            "trained_tokens": int(sum(sample.response_mask)),
+            "images": sample.images,
+        }
+        for index, sample in enumerate(samples)
+    ]
 
 
 def _mask_summary(samples: list[SampleRecord]) -> dict:
     response = sum(len(sample.response_mask) for sample in samples)
     trained = int(sum(sum(sample.response_mask) for sample in samples))
-    return {"prompt_tokens": sum(sample.prompt_tokens for sample in samples), "response_tokens": response,
-            "trained_tokens": trained, "context_tokens": response - trained}
+    return {
+        "prompt_tokens": sum(sample.prompt_tokens for sample in samples),
+        "response_tokens": response,
+        "trained_tokens": trained,
+        "context_tokens": response - trained,
+    }
 
 
 def _stats(extra_fields: dict) -> dict:
@@ -256,13 +299,15 @@ def sample_ids(sample: dict) -> dict:
     extra_info = sample.get("extra_info")
     extra_info = extra_info if isinstance(extra_info, dict) else {}
     reward_model = sample.get("reward_model")
-    return jsonable({
-        "index": sample.get("index", extra_info.get("index")),
-        "uid": sample.get("uid"),
-        "data_source": sample.get("data_source"),
-        "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
-        "extra_info": extra_info,
-    })
+    return jsonable(
+        {
+            "index": sample.get("index", extra_info.get("index")),
+            "uid": sample.get("uid"),
+            "data_source": sample.get("data_source"),
+            "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+            "extra_info": extra_info,
+        }
+    )
 
 
 def jsonable(value: Any) -> Any:
@@ -276,8 +321,6 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)[:200]
-
-
 
 
 def trajectory_name(record: dict) -> str:

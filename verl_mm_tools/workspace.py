@@ -7,11 +7,19 @@ placeholder tokens appear in the token stream. The workspace wraps the trajector
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError
 
-WORKSPACE_ATTR = "mm_workspace"
+if TYPE_CHECKING:
+    from verl_mm_tools.files import FileRoots
+
+# The one attribute the mm_tool loop sets on verl's AgentData: the trajectory's state (``TrajectoryState``), whose
+# ``workspace`` and ``files`` are what a tool may use (``workspace_of``, ``files.files_of``).
+STATE_ATTR = "mm_state"
 
 
 class ImageWorkspace:
@@ -53,10 +61,24 @@ class ImageWorkspace:
         return self.images[image_id - 1]
 
 
+@dataclass
+class ToolContext:
+    """What a tool may use of its trajectory, attached to an AgentData-like object where no mm_tool loop runs (a
+    remote tool's host, tests); the loop attaches its ``TrajectoryState``, which has the same two attributes."""
+
+    workspace: ImageWorkspace
+    files: FileRoots
+
+
+def attach_tool_context(agent_data: Any, context: Any) -> None:
+    """Attach a ``ToolContext`` (or the loop's ``TrajectoryState``) to verl's AgentData."""
+    setattr(agent_data, STATE_ATTR, context)
+
+
 def workspace_of(agent_data) -> ImageWorkspace:
     """The workspace of a verl AgentData: the mm_tool loop's own, or (under verl's plain ``tool_agent`` loop) a
     view over ``agent_data.image_data`` so tools still resolve ids there."""
-    workspace = getattr(agent_data, WORKSPACE_ATTR, None)
+    workspace = getattr(getattr(agent_data, STATE_ATTR, None), "workspace", None)
     if workspace is not None:
         return workspace
     images = getattr(agent_data, "image_data", None)

@@ -15,7 +15,7 @@ from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_ca
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 ROTATE = tool_call_text("rotate", degrees=90)
@@ -26,8 +26,18 @@ class SessionProbe(BaseTool):
     """Records its lifecycle. ``x == 13`` raises, ``x == 7`` sleeps for a second."""
 
     def __init__(self):
-        schema = {"type": "function", "function": {"name": "probe", "description": "Probe.", "parameters": {
-            "type": "object", "properties": {"x": {"type": "integer", "description": "Input."}}, "required": ["x"]}}}
+        schema = {
+            "type": "function",
+            "function": {
+                "name": "probe",
+                "description": "Probe.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer", "description": "Input."}},
+                    "required": ["x"],
+                },
+            },
+        }
         self.config, self.tool_schema, self.name = {}, OpenAIFunctionToolSchema.model_validate(schema), "probe"
         self.created, self.executed, self.released = [], [], []
 
@@ -126,7 +136,12 @@ def test_max_images_refuses_the_extra_image_with_a_text_response(rollout):
     ("over_budget", "grids", "runs", "note"),
     [
         ("downscale", [[1, 4, 6], [1, 6, 4], [1, 4, 2]], [6, 6, 2], "the image was downscaled to 28x56 px"),
-        ("refuse", [[1, 4, 6], [1, 6, 4]], [6, 6], "the image token budget is exhausted (4 image tokens left, the image needs 6)"),
+        (
+            "refuse",
+            [[1, 4, 6], [1, 6, 4]],
+            [6, 6],
+            "the image token budget is exhausted (4 image tokens left, the image needs 6)",
+        ),
     ],
 )
 def test_max_image_tokens_downscales_or_refuses(rollout, over_budget, grids, runs, note):
@@ -154,8 +169,12 @@ def test_over_budget_stop_ends_the_trajectory_without_the_refused_turn(rollout):
 
 def test_budget_larger_than_the_servers_image_limit_is_refused_at_start(rollout):
     # hydra wraps the ConfigError raised by the loop's constructor; the message is ours
-    with pytest.raises(Exception, match=r"ConfigError.*max_images=20 exceeds actor_rollout_ref.rollout.limit_images=8.*max_images <= 8"):
-        rollout.run([ANSWER], PROMPT, loop_options={"max_images": 20}, extra=["+actor_rollout_ref.rollout.limit_images=8"])
+    with pytest.raises(
+        Exception, match=r"ConfigError.*max_images=20 exceeds actor_rollout_ref.rollout.limit_images=8.*max_images <= 8"
+    ):
+        rollout.run(
+            [ANSWER], PROMPT, loop_options={"max_images": 20}, extra=["+actor_rollout_ref.rollout.limit_images=8"]
+        )
 
 
 def test_max_images_defaults_to_the_servers_limit(rollout):
@@ -185,7 +204,9 @@ def test_malformed_and_unknown_calls_get_model_readable_errors(rollout):
 
 def test_a_hanging_tool_is_cancelled_and_the_model_told(rollout):
     probe = SessionProbe()
-    output, server, worker = rollout.run([probe_call(7), ANSWER], PROMPT, tools=[probe], loop_options={"tool_timeout_s": 0.2})
+    output, server, worker = rollout.run(
+        [probe_call(7), ANSWER], PROMPT, tools=[probe], loop_options={"tool_timeout_s": 0.2}
+    )
     assert "Error: tool 'probe' took longer than 0.2 s and was cancelled" in tool_texts(server, worker.tokenizer)
     assert field(output, "mm_tool/tool_errors") == 1
     assert field(output, "mm_tool/masked") == 0
@@ -197,6 +218,7 @@ def test_a_hanging_tool_is_cancelled_and_the_model_told(rollout):
 
 def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
     """One good trajectory, one whose tool raises, one whose model samples <|image_pad|>, in one verl batch."""
+
     def script(turn, prompt_ids, images):
         question = server_tokenizer.decode(prompt_ids)
         if turn > 0:
@@ -208,7 +230,9 @@ def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
         return probe_call(1)
 
     probe = SessionProbe()
-    prompts = [image_prompt(f"{word}: how far is this rotated?", [marked_image()]) for word in ("fine", "crash", "degenerate")]
+    prompts = [
+        image_prompt(f"{word}: how far is this rotated?", [marked_image()]) for word in ("fine", "crash", "degenerate")
+    ]
     worker_config = rollout.config()
     from verl_mm_tools.agent_loop.harness import ScriptedServer, generate, make_batch, make_worker
 
@@ -227,7 +251,9 @@ def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
     assert output.batch["response_mask"][0].sum() > 0
     assert output.batch["response_mask"][1:].sum() == 0
     # masked samples keep their prompt and its image, so the batch's multimodal inputs stay aligned
-    assert [inputs["image_grid_thw"].tolist() for inputs in output.non_tensor_batch["multi_modal_inputs"]] == [[[1, 4, 6]]] * 3
+    assert [inputs["image_grid_thw"].tolist() for inputs in output.non_tensor_batch["multi_modal_inputs"]] == [
+        [[1, 4, 6]]
+    ] * 3
     assert sorted(instance for instance, _ in probe.created) == sorted(probe.released) == ["probe-0", "probe-1"]
 
     metrics = aggregate_metrics(output.non_tensor_batch)
@@ -244,7 +270,9 @@ def test_a_prompt_over_the_image_budget_is_masked_with_a_text_stand_in(rollout):
     prompt = [image_prompt("two images", [marked_image(), marked_image()])]
     output, server, _ = rollout.run([ANSWER], prompt, loop_options={"max_images": 1})
     assert field(output, "mm_tool/masked") == 1
-    assert field(output, "mm_tool/error").startswith("ImageBudgetError: the prompt holds 2 images, more than max_images=1")
+    assert field(output, "mm_tool/error").startswith(
+        "ImageBudgetError: the prompt holds 2 images, more than max_images=1"
+    )
     assert server.requests == []
     assert "image_grid_thw" not in output.non_tensor_batch["multi_modal_inputs"][0]
 
@@ -264,9 +292,15 @@ def test_a_cut_through_a_tool_image_breaks_the_forward_and_mm_tool_never_emits_o
     cut = row["response_ids"][: second_tool_image_end - 3]
     images = [marked_image(), marked_image().rotate(90, expand=True), marked_image().rotate(90, expand=True)]
     tokens = [processor_image_tokens(worker.processor, image) for image in images]
-    problems = trajectory_problems(prompt_ids=row["prompt_ids"], response_ids=cut, response_mask=[0] * len(cut),
-                                   response_logprobs=None, image_tokens=tokens, image_token_id=image_pad,
-                                   forbidden_generated=frozenset())
+    problems = trajectory_problems(
+        prompt_ids=row["prompt_ids"],
+        response_ids=cut,
+        response_mask=[0] * len(cut),
+        response_logprobs=None,
+        image_tokens=tokens,
+        image_token_id=image_pad,
+        forbidden_generated=frozenset(),
+    )
     assert problems == ["image placeholder runs [6, 6, 3] do not match the processor's tokens per image [6, 6, 6]"]
     with pytest.raises(ValueError, match="Image features and image tokens do not match"):
         model.model(**model.model_inputs(row["prompt_ids"] + cut, images))

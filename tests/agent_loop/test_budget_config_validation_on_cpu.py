@@ -85,15 +85,21 @@ def test_over_budget_stop_is_the_budgets_verdict():
     budget.count_prompt_images([Image.new("RGB", (28, 28))])
     stop = budget.admit(Image.new("RGB", (56, 56)))
     assert (stop.verdict, stop.image, budget.images) == (Verdict.STOP, None, 1)
-    assert stop.note == ("the image budget is exhausted (at most 1 image per conversation); no further images can be "
-                         "shown")
+    assert stop.note == (
+        "the image budget is exhausted (at most 1 image per conversation); no further images can be shown"
+    )
 
 
 def test_placeholder_runs_and_problems():
     assert placeholder_runs([5, 12, 12, 7, 12, 9, 12, 12, 12], 12) == [2, 1, 3]
     problems = trajectory_problems(
-        prompt_ids=[1, 12, 12], response_ids=[3, 12, 4], response_mask=[1, 1], response_logprobs=[0.0],
-        image_tokens=[2, 2], image_token_id=12, forbidden_generated=frozenset({12}),
+        prompt_ids=[1, 12, 12],
+        response_ids=[3, 12, 4],
+        response_mask=[1, 1],
+        response_logprobs=[0.0],
+        image_tokens=[2, 2],
+        image_token_id=12,
+        forbidden_generated=frozenset({12}),
     )
     assert problems == [
         "response_mask has 2 entries for 3 response tokens",

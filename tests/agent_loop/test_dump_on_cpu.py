@@ -13,12 +13,12 @@ from PIL import Image
 from verl_mm_tools.agent_loop import dump
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import folder_bytes
-from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
 from verl_mm_tools.agent_loop.harness import LocalRollout, unpadded_row
-from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.rewards.turn_credit import turn_spans
 from verl_mm_tools.agent_loop.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
+from verl_mm_tools.rewards.turn_credit import turn_spans
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 WORDS = list(SAMPLE_SCRIPTS)  # rotated, guess, typo, broken: batch rows 0..3
 
@@ -32,8 +32,15 @@ def rollout(tiny_model_dir, tmp_path):
 
 def dump_steps(rollout, dump_dir, steps=(1,), words=WORDS, validate=False, **options):
     prompts, columns = sample_rows(words)
-    return run_steps(rollout, scripted_by_word, prompts, columns, steps=steps, validate=validate,
-                     loop_options={"dump_dir": str(dump_dir), **options})
+    return run_steps(
+        rollout,
+        scripted_by_word,
+        prompts,
+        columns,
+        steps=steps,
+        validate=validate,
+        loop_options={"dump_dir": str(dump_dir), **options},
+    )
 
 
 def records(step_dir) -> list[dict]:
@@ -65,10 +72,22 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     assert [message["turn"] for message in record["messages"]] == [0, 1, 1, 2, 2, 3]
     assert record["messages"][-1]["text"] == "<answer>90</answer>"
     assert record["tool_calls"] == [
-        {"turn": 1, "name": "rotate", "arguments": {"degrees": 90}, "error": False, "image_ids": [2],
-         "result": "Image 2: Image 1 rotated by 90 degrees counter-clockwise, 84x56 px."},
-        {"turn": 2, "name": "rotate", "arguments": {"degrees": 90, "image_id": 1}, "error": False, "image_ids": [3],
-         "result": "Image 3: Image 1 rotated by 90 degrees counter-clockwise, 84x56 px."},
+        {
+            "turn": 1,
+            "name": "rotate",
+            "arguments": {"degrees": 90},
+            "error": False,
+            "image_ids": [2],
+            "result": "Image 2: Image 1 rotated by 90 degrees counter-clockwise, 84x56 px.",
+        },
+        {
+            "turn": 2,
+            "name": "rotate",
+            "arguments": {"degrees": 90, "image_id": 1},
+            "error": False,
+            "image_ids": [3],
+            "result": "Image 3: Image 1 rotated by 90 degrees counter-clockwise, 84x56 px.",
+        },
     ]
     assert record["tools_used"] == ["rotate"]
 
@@ -77,7 +96,10 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     seen = requests[-1]["images"]
     folder = dump_dir / "step_000007" / record["id"]
     assert [(image["id"], image["source"], image["turn"]) for image in record["images"]] == [
-        (1, "prompt", 0), (2, "tool", 1), (3, "tool", 2)]
+        (1, "prompt", 0),
+        (2, "tool", 1),
+        (3, "tool", 2),
+    ]
     for entry, expected in zip(record["images"], seen, strict=True):
         with Image.open(folder / entry["file"]) as png:
             assert png.size == expected.size
@@ -92,20 +114,31 @@ def test_the_rotate_trajectory_is_dumped_with_exact_messages_images_mask_and_rew
     scripted = [len(tiny_tokenizer.encode(text, add_special_tokens=False)) for text in SAMPLE_SCRIPTS["rotated"]]
     assert [turn["trained_tokens"] for turn in record["turns"]] == [end - start for start, end in spans] == scripted
     assert [turn["context_tokens_after"] for turn in record["turns"]] == [
-        spans[1][0] - spans[0][1], spans[2][0] - spans[1][1], len(row["response_mask"]) - spans[2][1]]
+        spans[1][0] - spans[0][1],
+        spans[2][0] - spans[1][1],
+        len(row["response_mask"]) - spans[2][1],
+    ]
     # the turns as the loop recorded them: each one's prompt is everything before its generated tokens
     prompt = len(row["prompt_ids"])
     assert [turn["prompt_tokens"] for turn in record["turns"]] == [prompt + start for start, _ in spans]
     assert [turn["tool_calls"] for turn in record["turns"]] == [["rotate"], ["rotate"], []]
     assert [turn["images_added"] for turn in record["turns"]] == [[2], [3], []]
     assert output.non_tensor_batch["mm_tool/turn_spans"][0] == [list(span) for span in spans]
-    assert record["mask"] == {"prompt_tokens": len(row["prompt_ids"]), "response_tokens": len(row["response_mask"]),
-                              "trained_tokens": sum(row["response_mask"]),
-                              "context_tokens": row["response_mask"].count(0)}
+    assert record["mask"] == {
+        "prompt_tokens": len(row["prompt_ids"]),
+        "response_tokens": len(row["response_mask"]),
+        "trained_tokens": sum(row["response_mask"]),
+        "context_tokens": row["response_mask"].count(0),
+    }
 
     assert (record["step"], record["validate"], record["rollout_n"]) == (7, False, 0)
-    assert record["sample"] == {"index": 0, "uid": None, "data_source": "verl_mm_tools/rotation",
-                                "ground_truth": "90", "extra_info": {"index": 0}}
+    assert record["sample"] == {
+        "index": 0,
+        "uid": None,
+        "data_source": "verl_mm_tools/rotation",
+        "ground_truth": "90",
+        "extra_info": {"index": 0},
+    }
     assert record["reward"]["score"] == pytest.approx(output.batch["rm_scores"][0].sum().item()) == pytest.approx(1.0)
     assert record["reward"]["extra"]["turn_discount"] == 1.0 and record["reward"]["extra"]["predicted_angle"] == 90.0
     assert record["reward"]["turn_rewards"] == [0.0, 0.0, 0.0] == [turn["reward"] for turn in record["turns"]]
@@ -125,8 +158,15 @@ def test_tool_errors_and_masked_trajectories_are_dumped_with_their_reasons(one_s
     assert broken["error"].startswith("TrajectoryValidationError: the model generated vision placeholder tokens")
     assert broken["mask"]["trained_tokens"] == 0 and broken["turns"] == []
     assert [image["id"] for image in broken["images"]] == [1]  # the prompt the masked output keeps
-    assert summary(dump_dir / "step_000007") == {"step": 7, "validate": False, "written": 4, "per_step_cap": 0,
-                                                 "disk_cap": 0, "error": 0, "not_found": 0}
+    assert summary(dump_dir / "step_000007") == {
+        "step": 7,
+        "validate": False,
+        "written": 4,
+        "per_step_cap": 0,
+        "disk_cap": 0,
+        "error": 0,
+        "not_found": 0,
+    }
     assert not any((dump_dir / STAGING_DIR).iterdir())
     assert output.meta_info["timing"]["mm_tool/dump/written"] == 4.0
 
@@ -138,8 +178,15 @@ def test_per_step_cap_keeps_the_first_trajectories_of_each_step_and_logs_once(ro
     for step in (1, 2):
         step_dir = dump_dir / f"step_{step:06d}"
         assert [record["sample"]["index"] for record in records(step_dir)] == [0, 1]
-        assert summary(step_dir) == {"step": step, "validate": False, "written": 2, "per_step_cap": 2, "disk_cap": 0,
-                                     "error": 0, "not_found": 0}
+        assert summary(step_dir) == {
+            "step": step,
+            "validate": False,
+            "written": 2,
+            "per_step_cap": 2,
+            "disk_cap": 0,
+            "error": 0,
+            "not_found": 0,
+        }
         assert outputs[step - 1].meta_info["timing"]["mm_tool/dump/skipped"] == 2.0
     assert not any((dump_dir / STAGING_DIR).iterdir())  # the skipped ones' images are gone too
     warnings = [record.getMessage() for record in caplog.records if "skipped" in record.getMessage()]
@@ -154,13 +201,22 @@ def test_disk_cap_stops_dumping_for_good_and_the_dump_stays_under_it(rollout, tm
 
     dump_dir = tmp_path / "dump"
     outputs, _ = dump_steps(rollout, dump_dir, steps=(1, 2), dump_max_mb=max_mb)
-    assert summary(dump_dir / "step_000001") == {"step": 1, "validate": False, "written": 1, "per_step_cap": 0,
-                                                 "disk_cap": 3, "error": 0, "not_found": 0}
+    assert summary(dump_dir / "step_000001") == {
+        "step": 1,
+        "validate": False,
+        "written": 1,
+        "per_step_cap": 0,
+        "disk_cap": 3,
+        "error": 0,
+        "not_found": 0,
+    }
     assert [record["sample"]["index"] for record in records(dump_dir / "step_000001")] == [0]
     assert (dump_dir / FULL_MARKER).exists()
     # step 2: the loops see the marker and write nothing at all
-    assert all(reference["skipped"] == "disk_cap" and "dir" not in reference
-               for reference in outputs[1].non_tensor_batch["mm_tool/dump"])
+    assert all(
+        reference["skipped"] == "disk_cap" and "dir" not in reference
+        for reference in outputs[1].non_tensor_batch["mm_tool/dump"]
+    )
     assert summary(dump_dir / "step_000002")["disk_cap"] == 4 and records(dump_dir / "step_000002") == []
     assert not any((dump_dir / STAGING_DIR).iterdir())
     assert folder_bytes(dump_dir) <= max_mb * 2**20
@@ -184,29 +240,48 @@ def test_a_failing_dump_never_costs_the_trajectory(rollout, tmp_path, monkeypatc
     assert summary(tmp_path / "dump" / "step_000001")["error"] == 1
 
 
-@pytest.mark.parametrize("trainer, what_to_set", [
-    ([], "v1 \\(trainer.use_v1=true, verl's default\\) trainer does not have: set "
-         "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer "
-         "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer"),
-    (["trainer.use_v1=false"], "classic trainer does not have: set \\+actor_rollout_ref.rollout.agent."
-                               "agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"),
-])
+@pytest.mark.parametrize(
+    "trainer, what_to_set",
+    [
+        (
+            [],
+            "v1 \\(trainer.use_v1=true, verl's default\\) trainer does not have: set "
+            "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer "
+            "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer",
+        ),
+        (
+            ["trainer.use_v1=false"],
+            "classic trainer does not have: set \\+actor_rollout_ref.rollout.agent."
+            "agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager",
+        ),
+    ],
+)
 def test_dump_dir_without_the_step_hook_is_refused_with_what_to_set(rollout, tmp_path, trainer, what_to_set):
     # hydra wraps the ConfigError raised by the loop's constructor; the message is ours
-    with pytest.raises(Exception, match=r"ConfigError\(\"mm_tool dump_dir needs verl-mm-tools' step hook, which this "
-                                        r"run's " + what_to_set):
-        rollout.run(["<answer>90</answer><|im_end|>"], sample_rows(["guess"])[0],
-                    loop_options={"dump_dir": str(tmp_path / "dump")}, extra=trainer)
+    with pytest.raises(
+        Exception,
+        match=r"ConfigError\(\"mm_tool dump_dir needs verl-mm-tools' step hook, which this "
+        r"run's " + what_to_set,
+    ):
+        rollout.run(
+            ["<answer>90</answer><|im_end|>"],
+            sample_rows(["guess"])[0],
+            loop_options={"dump_dir": str(tmp_path / "dump")},
+            extra=trainer,
+        )
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"dump_max_per_step": 0}, "dump_max_per_step must be a positive integer, got 0"),
-    ({"dump_max_per_step": 2.5}, "dump_max_per_step must be a positive integer, got 2.5"),
-    ({"dump_max_mb": -1}, "dump_max_mb must be a positive number, got -1"),
-    ({"dump_max_mb": float("nan")}, "dump_max_mb must be a positive number, got nan"),
-    ({"dump_dir": " "}, "dump_dir must be a directory path or null, got ' '"),
-    ({"dump_dri": "/tmp/x"}, "Did you mean 'dump_dir'?"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"dump_max_per_step": 0}, "dump_max_per_step must be a positive integer, got 0"),
+        ({"dump_max_per_step": 2.5}, "dump_max_per_step must be a positive integer, got 2.5"),
+        ({"dump_max_mb": -1}, "dump_max_mb must be a positive number, got -1"),
+        ({"dump_max_mb": float("nan")}, "dump_max_mb must be a positive number, got nan"),
+        ({"dump_dir": " "}, "dump_dir must be a directory path or null, got ' '"),
+        ({"dump_dri": "/tmp/x"}, "Did you mean 'dump_dir'?"),
+    ],
+)
 def test_invalid_dump_options_are_refused(options, message):
     with pytest.raises(ConfigError, match=__import__("re").escape(message)):
         MMToolLoopConfig.from_options(options, limit_images=None)

@@ -9,7 +9,7 @@ from verl_mm_tools.agent_loop.budget import ImageGeometry
 from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
 from verl_mm_tools.ops import rotate
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 REWARD = [
     "reward.reward_manager.name=mm_turn_discount",
@@ -46,7 +46,10 @@ def test_wrong_answer_feedback_right_answer_is_discounted_by_the_manager(rollout
     output, server, worker = rollout.run(turns, prompts, columns=columns, score=True, extra=REWARD)
 
     feedback = worker.tokenizer.decode(server.requests[1]["prompt_ids"]).rsplit("<|im_start|>user\n", 1)[1]
-    assert feedback == "Your answer is not correct. Please try again; 2 attempt(s) left.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        feedback
+        == "Your answer is not correct. Please try again; 2 attempt(s) left.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert output.non_tensor_batch["attempts"][0] == 2
     assert output.non_tensor_batch["turn_scores"][0] == [0.0, 1.0]
     assert output.non_tensor_batch["mm_tool/turn_rewards"][0] == [0.0, 1.0]
@@ -60,7 +63,11 @@ def test_wrong_answer_feedback_right_answer_is_discounted_by_the_manager(rollout
 
 def test_rotation_feedback_image_enters_the_workspace_with_its_id_and_token_count(rollout):
     prompts, columns = rotation_rows({"name": "rotation", "max_attempts": 2})
-    turns = ["<answer>45</answer><|im_end|>", tool_call_text("rotate", degrees=-45, image_id=2), "<answer>90</answer><|im_end|>"]
+    turns = [
+        "<answer>45</answer><|im_end|>",
+        tool_call_text("rotate", degrees=-45, image_id=2),
+        "<answer>90</answer><|im_end|>",
+    ]
     output, server, worker = rollout.run(turns, prompts, columns=columns, score=True, extra=REWARD)
 
     turned_back = rotate(server.requests[0]["images"][0], -45)
@@ -106,7 +113,14 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
 
 
 def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
-    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, InProcessActor, ScriptedServer, in_process_reward_worker, make_batch, make_worker
+    from verl_mm_tools.agent_loop.harness import (
+        CLASSIC_HOOK,
+        InProcessActor,
+        ScriptedServer,
+        in_process_reward_worker,
+        make_batch,
+        make_worker,
+    )
     from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
     from verl_mm_tools.rewards.turn_credit import turn_spans
 
@@ -114,7 +128,9 @@ def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
     config = rollout.config(extra=[*REWARD, *CLASSIC_HOOK, "algorithm.adv_estimator=mm_turn_grpo"])
     worker = make_worker(config, None)
     worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
-    worker.llm_client = ScriptedServer(worker.tokenizer, ["<answer>80</answer><|im_end|>", "<answer>90</answer><|im_end|>"])
+    worker.llm_client = ScriptedServer(
+        worker.tokenizer, ["<answer>80</answer><|im_end|>", "<answer>90</answer><|im_end|>"]
+    )
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)
     manager.config = config
     manager.agent_loop_workers = [InProcessActor(worker)]

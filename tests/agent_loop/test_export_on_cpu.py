@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, scripted_logprob, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
-from verl_mm_tools.agent_loop.step_hook import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)  # the v1 trainer, with the manager several samples need
 QUESTION = "How far is this image rotated?"
@@ -48,8 +48,9 @@ def reference_template(family: str, template: str) -> str:
 def render(worker, template: str, messages: list[dict], images: list) -> list[int]:
     """The chat template's render of a conversation at inference: one processor call, placeholders expanded."""
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]
-    text = worker.processor.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True,
-                                                chat_template=template)
+    text = worker.processor.apply_chat_template(
+        messages, tools=schemas, tokenize=False, add_generation_prompt=True, chat_template=template
+    )
     return worker.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
 
 
@@ -62,8 +63,11 @@ def test_per_turn_samples_are_the_templates_own_render(family, template, tmp_pat
     reasoning = REASONING if template == "thinking" else ""
     turns = [reasoning + text for text in [*CALLS, ANSWER]]
     output, server, worker = rollout_for(family, template, tmp_path).run(
-        turns, [image_prompt(QUESTION, [marked_image()])], per_sample=True,
-        loop_options={"export": "per_turn"}, extra=V1,
+        turns,
+        [image_prompt(QUESTION, [marked_image()])],
+        per_sample=True,
+        loop_options={"export": "per_turn"},
+        extra=V1,
     )
     tokenizer, samples = worker.tokenizer, rows(output)
     assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
@@ -87,8 +91,9 @@ def test_per_turn_samples_are_the_templates_own_render(family, template, tmp_pat
         conversation = [*conversation, {"role": "assistant", "content": turn.removesuffix("<|im_end|>")}]
         if k < 2:
             text = f"Image {k + 2}: Image 1 rotated by 90 degrees counter-clockwise, {width}x{height} px."
-            conversation.append({"role": "tool", "content": [{"type": "image", "image": rotated},
-                                                               {"type": "text", "text": text}]})
+            conversation.append(
+                {"role": "tool", "content": [{"type": "image", "image": rotated}, {"type": "text", "text": text}]}
+            )
             images = [*images, rotated]
     # the trajectory's statistics, on every sample (verl needs the same keys on each)
     assert list(output.non_tensor_batch["tool_call_counts"]) == [2, 2, 2]
@@ -111,17 +116,32 @@ def feedback_rollout(tmp_path, export: str):
     """An environment's user turn after a wrong answer, on the thinking template: the template then drops the first
     answer's reasoning from the history."""
     rollout = rollout_for("qwen3_vl", "thinking", tmp_path)
-    columns = {"data_source": ["verl_mm_tools/rotation"], "reward_model": [{"style": "rule", "ground_truth": "90"}],
-               "extra_info": [{"index": 0, "env": {"name": "answer_feedback", "reward_fn": "rotation_reward_45",
-                                                   "max_attempts": 3}}]}
-    turns = ["It looks like 45.\n</think>\n\n<answer>45</answer><|im_end|>",
-             "No, 90.\n</think>\n\n<answer>90</answer><|im_end|>"]
+    columns = {
+        "data_source": ["verl_mm_tools/rotation"],
+        "reward_model": [{"style": "rule", "ground_truth": "90"}],
+        "extra_info": [
+            {"index": 0, "env": {"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3}}
+        ],
+    }
+    turns = [
+        "It looks like 45.\n</think>\n\n<answer>45</answer><|im_end|>",
+        "No, 90.\n</think>\n\n<answer>90</answer><|im_end|>",
+    ]
     options = {} if export == "per_trajectory" else {"loop_options": {"export": export}}
-    output, server, worker = rollout.run(turns, [image_prompt(QUESTION, [marked_image()])], columns=columns,
-                                         per_sample=export != "per_trajectory", extra=V1, **options)
+    output, server, worker = rollout.run(
+        turns,
+        [image_prompt(QUESTION, [marked_image()])],
+        columns=columns,
+        per_sample=export != "per_trajectory",
+        extra=V1,
+        **options,
+    )
     image = server.requests[0]["images"][0]
-    conversation = [*image_prompt(QUESTION, [image]), {"role": "assistant", "content": turns[0].removesuffix("<|im_end|>")},
-                    {"role": "user", "content": "Your answer is not correct. Please try again; 2 attempt(s) left."}]
+    conversation = [
+        *image_prompt(QUESTION, [image]),
+        {"role": "assistant", "content": turns[0].removesuffix("<|im_end|>")},
+        {"role": "user", "content": "Your answer is not correct. Please try again; 2 attempt(s) left."},
+    ]
     return output, server, worker, render(worker, worker.processor.chat_template, conversation, [image])
 
 
@@ -153,11 +173,17 @@ def forward_logprobs(model: HFVisionLM, output, row: int) -> torch.Tensor:
     input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
     inputs = output.non_tensor_batch["multi_modal_inputs"][row]
     with torch.no_grad():
-        logits = model.model(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-            position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
-            pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
-        ).logits[0].float()
+        logits = (
+            model.model(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
+                pixel_values=inputs["pixel_values"],
+                image_grid_thw=inputs["image_grid_thw"],
+            )
+            .logits[0]
+            .float()
+        )
     prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
     logprobs = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1)
     return logprobs.gather(-1, input_ids[0, prompt_length:].unsqueeze(-1)).squeeze(-1)
@@ -166,8 +192,13 @@ def forward_logprobs(model: HFVisionLM, output, row: int) -> torch.Tensor:
 def test_each_per_turn_samples_rollout_logprobs_equal_a_full_forward(tiny_model_dir, tmp_path):
     model = HFVisionLM(str(tiny_model_dir))
     output, _, _ = rollout_for("qwen2_5_vl", "family", tmp_path).run(
-        [*CALLS, None], [image_prompt(QUESTION, [marked_image()])], model=model, per_sample=True,
-        loop_options={"export": "per_turn"}, extra=V1, response_length=256,
+        [*CALLS, None],
+        [image_prompt(QUESTION, [marked_image()])],
+        model=model,
+        per_sample=True,
+        loop_options={"export": "per_turn"},
+        extra=V1,
+        response_length=256,
     )
     assert len(output) == 3
     for row, sample in enumerate(rows(output)):
@@ -180,8 +211,12 @@ def test_per_turn_needs_the_v1_trainer(tiny_model_dir, tmp_path):
     rollout = rollout_for("qwen2_5_vl", "family", tmp_path)
     # verl builds loops through hydra, which wraps the ConfigError and keeps its message
     with pytest.raises(Exception, match=r"ConfigError.*export='per_turn'.*trainer.use_v1=false"):
-        rollout.run([ANSWER], [image_prompt(QUESTION, [marked_image()])], loop_options={"export": "per_turn"},
-                    extra=("trainer.use_v1=false",))
+        rollout.run(
+            [ANSWER],
+            [image_prompt(QUESTION, [marked_image()])],
+            loop_options={"export": "per_turn"},
+            extra=("trainer.use_v1=false",),
+        )
 
 
 def test_a_prefix_unstable_template_with_per_trajectory_warns_once_naming_per_turn(tmp_path, caplog):
@@ -193,14 +228,17 @@ def test_a_prefix_unstable_template_with_per_trajectory_warns_once_naming_per_tu
 
 
 def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
+    from verl_mm_tools.agent_loop.hook_config import hook_overrides
     from verl_mm_tools.agent_loop.manager import step_batch
     from verl_mm_tools.agent_loop.step import process_step
-    from verl_mm_tools.agent_loop.step_hook import hook_overrides
 
     turns = [*CALLS, ANSWER]
     output, _, worker = rollout_for("qwen2_5_vl", "family", tmp_path).run(
-        turns, [image_prompt(QUESTION, [marked_image()])], per_sample=True,
-        loop_options={"export": "per_turn", "dump_dir": str(tmp_path / "dump")}, extra=(*V1, *hook_overrides(v1=True)),
+        turns,
+        [image_prompt(QUESTION, [marked_image()])],
+        per_sample=True,
+        loop_options={"export": "per_turn", "dump_dir": str(tmp_path / "dump")},
+        extra=(*V1, *hook_overrides(v1=True)),
     )
     metrics = process_step(step_batch(output, {"global_steps": 2}))
     assert metrics["mm_tool/dump/written"] == 1.0  # one trajectory, three samples
@@ -210,12 +248,19 @@ def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
     record = json.loads(path.read_text())
     samples = rows(output)
     assert record["samples"] == [
-        {"sample": k, "turns": [k + 1], "prompt_tokens": len(sample["prompt_ids"]),
-         "response_tokens": len(sample["response_ids"]), "trained_tokens": len(sample["response_ids"]), "images": k + 1}
+        {
+            "sample": k,
+            "turns": [k + 1],
+            "prompt_tokens": len(sample["prompt_ids"]),
+            "response_tokens": len(sample["response_ids"]),
+            "trained_tokens": len(sample["response_ids"]),
+            "images": k + 1,
+        }
         for k, sample in enumerate(samples)
     ]
     assert [(turn["sample"], turn["prompt_tokens"], turn["context_tokens_after"]) for turn in record["turns"]] == [
-        (k, len(sample["prompt_ids"]), 0) for k, sample in enumerate(samples)]
+        (k, len(sample["prompt_ids"]), 0) for k, sample in enumerate(samples)
+    ]
     texts = [message["text"] for message in record["messages"] if message["role"] == "assistant"]
     assert texts == [worker.tokenizer.decode(sample["response_ids"], skip_special_tokens=True) for sample in samples]
     assert record["mask"]["trained_tokens"] == sum(len(sample["response_ids"]) for sample in samples)
@@ -224,5 +269,9 @@ def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
 def test_per_turn_needs_the_manager_that_scores_several_samples(tmp_path):
     rollout = rollout_for("qwen2_5_vl", "family", tmp_path)
     with pytest.raises(Exception, match=r"ConfigError.*crashes scoring several samples.*MMToolAgentLoopManagerTQ"):
-        rollout.run([ANSWER], [image_prompt(QUESTION, [marked_image()])], loop_options={"export": "auto"},
-                    extra=("trainer.use_v1=true",))
+        rollout.run(
+            [ANSWER],
+            [image_prompt(QUESTION, [marked_image()])],
+            loop_options={"export": "auto"},
+            extra=("trainer.use_v1=true",),
+        )

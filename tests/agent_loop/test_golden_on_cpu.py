@@ -17,9 +17,13 @@ from verl_mm_tools.agent_loop.harness import (
 )
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
-TURNS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1), "<answer>90</answer><|im_end|>"]
+TURNS = [
+    tool_call_text("rotate", degrees=90),
+    tool_call_text("rotate", degrees=90, image_id=1),
+    "<answer>90</answer><|im_end|>",
+]
 QUESTION = "How far is this image rotated?"
 
 
@@ -53,15 +57,28 @@ def expected_stream(worker, family, prompt_image, tool_texts):
     user = image_prompt(QUESTION, [prompt_image])
     conversation = [
         *user,
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "rotate", "arguments": {"degrees": 90}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "rotate", "arguments": {"degrees": 90}}}],
+        },
         {"role": "tool", "content": [{"type": "image", "image": rotated}, {"type": "text", "text": tool_texts[0]}]},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "rotate", "arguments": {"degrees": 90, "image_id": 1}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "rotate", "arguments": {"degrees": 90, "image_id": 1}}}
+            ],
+        },
         {"role": "tool", "content": [{"type": "image", "image": rotated}, {"type": "text", "text": tool_texts[1]}]},
         {"role": "assistant", "content": "<answer>90</answer>"},
     ]
     render = lambda messages, images, gen: processor(  # noqa: E731
-        text=[processor.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=gen,
-                                            chat_template=template)],
+        text=[
+            processor.apply_chat_template(
+                messages, tools=schemas, tokenize=False, add_generation_prompt=gen, chat_template=template
+            )
+        ],
         images=images,
         return_tensors="pt",
     )["input_ids"][0].tolist()
@@ -89,8 +106,10 @@ def test_golden_three_turn_trajectory_with_two_tool_images(tiny_family_dir, tmp_
     )
     row = unpadded_row(output)
     prompt_image = server.requests[0]["images"][0]
-    tool_texts = ["Image 2: Image 1 rotated by 90 degrees counter-clockwise, 56x84 px.",
-                  "Image 3: Image 1 rotated by 90 degrees counter-clockwise, 56x84 px."]
+    tool_texts = [
+        "Image 2: Image 1 rotated by 90 degrees counter-clockwise, 56x84 px.",
+        "Image 3: Image 1 rotated by 90 degrees counter-clockwise, 56x84 px.",
+    ]
     if prompt_image.size != (84, 56):  # Qwen3-VL's 32 px factor resizes the prompt image to 96x64
         tool_texts = [text.replace("56x84", "64x96") for text in tool_texts]
     prompt, stream, rotated = expected_stream(worker, family, prompt_image, tool_texts)
@@ -136,13 +155,17 @@ def full_forward_logprobs(model: HFVisionLM, output) -> torch.Tensor:
     position_ids = output.batch["position_ids"][0][:, attention].unsqueeze(1)  # (4, 1, L)
     inputs = output.non_tensor_batch["multi_modal_inputs"][0]
     with torch.no_grad():
-        logits = model.model(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            position_ids=position_ids,
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
-        ).logits[0].float()
+        logits = (
+            model.model(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                position_ids=position_ids,
+                pixel_values=inputs["pixel_values"],
+                image_grid_thw=inputs["image_grid_thw"],
+            )
+            .logits[0]
+            .float()
+        )
     prompt_length = int(output.batch["attention_mask"][0, : output.batch["prompts"].shape[1]].sum())
     targets = input_ids[0, prompt_length:]
     logprobs = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1)

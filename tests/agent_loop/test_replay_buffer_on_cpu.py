@@ -20,7 +20,9 @@ def transfer_queue():
     from omegaconf import OmegaConf
 
     ray.init(num_cpus=4, include_dashboard=False)
-    config = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml"))
+    config = OmegaConf.load(
+        os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml")
+    )
     config.backend.SimpleStorage.num_data_storage_units = 1
     tq.init(config)
     yield tq
@@ -32,8 +34,14 @@ def buffer(trainer_mode="sync", **sampler_kwargs):
     from verl_mm_tools.agent_loop.replay_buffer import MMToolReplayBuffer
 
     # the keyword arguments verl's PPOTrainer._build_replay_buffer passes a custom sampler
-    return MMToolReplayBuffer(trainer_mode=trainer_mode, trainer_config={}, max_off_policy_threshold=8,
-                              max_off_policy_strategy="drop", sampler_kwargs=sampler_kwargs, refill_fn=None)
+    return MMToolReplayBuffer(
+        trainer_mode=trainer_mode,
+        trainer_config={},
+        max_off_policy_threshold=8,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=sampler_kwargs,
+        refill_fn=None,
+    )
 
 
 def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict:
@@ -45,8 +53,14 @@ def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict
         state.start_turn(prompt_end=0, images_before=1).response_span, state.turns[-1].reward = span, reward
     if masked:
         state.mask("ValueError: broken")
-    return {**state.extra_fields(), "mm_tool/max_masked_fraction": 0.5, "mm_tool/turn_credit": turn_credit,
-            "reward_extra_info": {"score": 1.0}, "min_global_steps": 3, "max_global_steps": 3}
+    return {
+        **state.extra_fields(),
+        "mm_tool/max_masked_fraction": 0.5,
+        "mm_tool/turn_credit": turn_credit,
+        "reward_extra_info": {"score": 1.0},
+        "min_global_steps": 3,
+        "max_global_steps": 3,
+    }
 
 
 def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3, keys=None) -> None:
@@ -55,8 +69,10 @@ def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], ste
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     keys = keys or [f"{uid}_{session}_0" for session in range(len(rows))]
-    fields = [{"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra, "uid": uid}
-              for mask, scores, extra in rows]
+    fields = [
+        {"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra, "uid": uid}
+        for mask, scores, extra in rows
+    ]
     tags = [{"status": "success", "global_steps": step, "min_global_steps": step, "max_global_steps": step}] * len(rows)
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
     tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
@@ -64,10 +80,18 @@ def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], ste
 
 def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
     tq = transfer_queue
-    put_group(tq, "group1", [
-        ([1, 1, 0, 0, 1], [0, 0, 0, 0, 1.0], trajectory(2, turn_credit=True, turns=[((0, 2), 0.5), ((4, 5), 0.25)])),
-        ([1, 1, 1], [0, 0, 0.0], trajectory(0, turn_credit=True, turns=[((0, 3), 0.0)])),
-    ])
+    put_group(
+        tq,
+        "group1",
+        [
+            (
+                [1, 1, 0, 0, 1],
+                [0, 0, 0, 0, 1.0],
+                trajectory(2, turn_credit=True, turns=[((0, 2), 0.5), ((4, 5), 0.25)]),
+            ),
+            ([1, 1, 1], [0, 0, 0.0], trajectory(0, turn_credit=True, turns=[((0, 3), 0.0)])),
+        ],
+    )
     batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     assert sorted(batch.keys) == ["group1_0_0", "group1_1_0"]
     assert metrics["tool_call_counts/mean"] == 1.0 and metrics["tool_call_counts/max"] == 2.0
@@ -103,11 +127,14 @@ def test_async_modes_get_verls_async_buffer_and_the_poll_interval_is_an_option()
     assert buffer(poll_interval_s=0.5).poll_interval == 0.5
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"poll_interval_s": 0}, "poll_interval_s must be in (0, 60] seconds, got 0"),
-    ({"poll_interval_s": "1"}, "poll_interval_s must be in (0, 60] seconds, got '1'"),
-    ({"poll_intervals": 1}, "unknown trainer.v1.sampler.sampler_kwargs ['poll_intervals'] for MMToolReplayBuffer"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"poll_interval_s": 0}, "poll_interval_s must be in (0, 60] seconds, got 0"),
+        ({"poll_interval_s": "1"}, "poll_interval_s must be in (0, 60] seconds, got '1'"),
+        ({"poll_intervals": 1}, "unknown trainer.v1.sampler.sampler_kwargs ['poll_intervals'] for MMToolReplayBuffer"),
+    ],
+)
 def test_bad_sampler_options_are_refused(options, message):
     with pytest.raises(ConfigError, match=__import__("re").escape(message)):
         buffer(**options)
@@ -135,14 +162,24 @@ def test_a_trajectory_exported_as_samples_counts_once_and_its_turn_credit_is_cha
     def sample(index, count, turns, calls=2):
         fields = trajectory(calls, turn_credit=True, turns=[((0, 1), 0.0)] * count)
         spans, rewards = zip(*turns)
-        return {**fields, "mm_tool/sample": [index, count], "mm_tool/turn_spans": [list(span) for span in spans],
-                "mm_tool/turn_rewards": list(rewards), "mm_tool/turn_gamma": 0.5}
+        return {
+            **fields,
+            "mm_tool/sample": [index, count],
+            "mm_tool/turn_spans": [list(span) for span in spans],
+            "mm_tool/turn_rewards": list(rewards),
+            "mm_tool/turn_gamma": 0.5,
+        }
 
-    put_group(tq, "group3", [
-        ([1, 1, 1], [0, 0, 1.0], sample(0, 2, [((0, 3), 0.5)])),
-        ([1, 1], [0, 1.0], sample(1, 2, [((0, 2), 0.25)])),
-        ([1, 1, 1, 1], [0, 0, 0, 0.0], sample(0, 1, [((0, 4), 0.0)], calls=0)),
-    ], keys=["group3_0_0", "group3_0_1", "group3_1_0"])
+    put_group(
+        tq,
+        "group3",
+        [
+            ([1, 1, 1], [0, 0, 1.0], sample(0, 2, [((0, 3), 0.5)])),
+            ([1, 1], [0, 1.0], sample(1, 2, [((0, 2), 0.25)])),
+            ([1, 1, 1, 1], [0, 0, 0, 0.0], sample(0, 1, [((0, 4), 0.0)], calls=0)),
+        ],
+        keys=["group3_0_0", "group3_0_1", "group3_1_0"],
+    )
     batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
     assert sorted(batch.keys) == ["group3_0_0", "group3_0_1", "group3_1_0"]
     assert metrics["mm_tool/samples_per_trajectory"] == 1.5

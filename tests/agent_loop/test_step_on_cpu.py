@@ -9,11 +9,11 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.harness import LocalRollout, compose_trainer_config, image_prompt
+from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
 from verl_mm_tools.agent_loop.manager import step_batch
 from verl_mm_tools.agent_loop.step import MaskedBatchError, StepBatch, process_step
-from verl_mm_tools.agent_loop.step_hook import hook_overrides, step_hook_configured
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 CLASSIC = ["trainer.use_v1=false"]
@@ -35,8 +35,9 @@ def prompts(long: int, short: int = 1) -> list:
 
 
 def run_step(rollout, rows, *, validate=False, **loop_options):
-    output, _, _ = rollout.run([ANSWER], rows, prompt_length=PROMPT_LENGTH, loop_options=loop_options or None,
-                               extra=CLASSIC)
+    output, _, _ = rollout.run(
+        [ANSWER], rows, prompt_length=PROMPT_LENGTH, loop_options=loop_options or None, extra=CLASSIC
+    )
     return process_step(step_batch(output, {"global_steps": 7, "validate": validate}))
 
 
@@ -44,9 +45,11 @@ def test_a_batch_with_most_trajectories_masked_stops_the_run_with_the_most_commo
     with pytest.raises(MaskedBatchError) as raised:
         run_step(rollout, prompts(long=3))
     message = str(raised.value)
-    assert message.startswith("3 of 4 mm_tool trajectories of training step 7 were masked (trained on nothing), more "
-                              "than max_masked_fraction=0.5; the most common error (3 of them): ValueError: "
-                              "Multimodal prompt produced 414 tokens, exceeding rollout.prompt_length=400.")
+    assert message.startswith(
+        "3 of 4 mm_tool trajectories of training step 7 were masked (trained on nothing), more "
+        "than max_masked_fraction=0.5; the most common error (3 of them): ValueError: "
+        "Multimodal prompt produced 414 tokens, exceeding rollout.prompt_length=400."
+    )
     assert message.endswith("or raise max_masked_fraction in the mm_tool agent-loop config.")
 
 
@@ -76,29 +79,63 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
     scores = torch.zeros(3, 6)
     scores[:, 4] = 1.0
     batch = StepBatch(
-        columns={"mm_tool/turn_credit": [True, False, True], "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]],
-                 "mm_tool/turn_spans": [[[0, 2], [4, 5]], [[0, 2], [4, 5]], [[0, 1]]]},  # as the loop recorded them
-        response_mask=mask, rm_scores=scores, rollout_n=[0, 1, 2],
+        columns={
+            "mm_tool/turn_credit": [True, False, True],
+            "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]],
+            "mm_tool/turn_spans": [[[0, 2], [4, 5]], [[0, 2], [4, 5]], [[0, 1]]],
+        },  # as the loop recorded them
+        response_mask=mask,
+        rm_scores=scores,
+        rollout_n=[0, 1, 2],
     )
     metrics = process_step(batch)
     assert batch.rm_scores.tolist() == [[0, 0.25, 0, 0, 1.5, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 0]]
     assert metrics == {"mm_tool/turn_rewards/unplaced": 1.0}  # the third row has 1 turn but 2 rewards
 
 
-@pytest.mark.parametrize("overrides, configured", [
-    ([], False),
-    (["trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
-      "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer"], True),
-    (["trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
-      "trainer.v1.sampler.custom_sampler.name=MMToolReplayBufferAsync"], True),  # a subclass
-    (["trainer.v1.sampler.custom_sampler.path=pkg://verl.trainer.ppo.v1.replay_buffer",
-      "trainer.v1.sampler.custom_sampler.name=ReplayBuffer"], False),
-    (["+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-      "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"], False),  # the classic hook on the v1 trainer
-    (["trainer.use_v1=false", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-      "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"], True),
-    (["trainer.use_v1=false"], False),
-])
+@pytest.mark.parametrize(
+    "overrides, configured",
+    [
+        ([], False),
+        (
+            [
+                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer",
+            ],
+            True,
+        ),
+        (
+            [
+                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.name=MMToolReplayBufferAsync",
+            ],
+            True,
+        ),  # a subclass
+        (
+            [
+                "trainer.v1.sampler.custom_sampler.path=pkg://verl.trainer.ppo.v1.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.name=ReplayBuffer",
+            ],
+            False,
+        ),
+        (
+            [
+                "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
+            ],
+            False,
+        ),  # the classic hook on the v1 trainer
+        (
+            [
+                "trainer.use_v1=false",
+                "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager",
+            ],
+            True,
+        ),
+        (["trainer.use_v1=false"], False),
+    ],
+)
 def test_the_hook_of_the_trainer_in_use_is_recognised(tiny_model_dir, overrides, configured):
     config = compose_trainer_config(str(tiny_model_dir), overrides)
     assert step_hook_configured(config) is configured
@@ -109,15 +146,24 @@ def test_the_hook_of_the_trainer_in_use_is_recognised(tiny_model_dir, overrides,
 
 def test_dapo_group_filtering_with_the_v1_hook_is_refused_not_silently_dropped(rollout):
     hook = hook_overrides(v1=True)
-    with pytest.raises(Exception, match=r"algorithm.filter_groups.enable=true \(DAPO dynamic sampling\) does not "
-                                        r"work with verl-mm-tools' replay buffer"):
+    with pytest.raises(
+        Exception,
+        match=r"algorithm.filter_groups.enable=true \(DAPO dynamic sampling\) does not "
+        r"work with verl-mm-tools' replay buffer",
+    ):
         rollout.run([ANSWER], prompts(long=0), extra=[*hook, "algorithm.filter_groups.enable=true"])
 
 
 def call_rate_step(step: int, window, *, validate=False) -> StepBatch:
     """A training step's batch as the tool-call guard reads it: each row's loop option ``call_rate_window``."""
-    return StepBatch(columns={"mm_tool/call_rate_window": [window] * 4}, response_mask=torch.ones(4, 3),
-                     rm_scores=None, rollout_n=[0, 1, 2, 3], step=step, validate=validate)
+    return StepBatch(
+        columns={"mm_tool/call_rate_window": [window] * 4},
+        response_mask=torch.ones(4, 3),
+        rm_scores=None,
+        rollout_n=[0, 1, 2, 3],
+        step=step,
+        validate=validate,
+    )
 
 
 def test_the_tool_call_guard_warns_when_the_call_rate_falls_below_half_its_recent_peak(caplog):
@@ -135,7 +181,8 @@ def test_the_tool_call_guard_warns_when_the_call_rate_falls_below_half_its_recen
         "tool-use collapse: 39% of step 5's trajectories called a tool, against 80% at step 2 (within the last 3 "
         "steps, the mm_tool option call_rate_window). The policy is dropping its tools: check that calling can pay "
         "(the reward, the tools' errors: mm_tool/tool/*/error_rate), and consider a KL loss to the starting policy "
-        "or a lower learning rate.")
+        "or a lower learning rate."
+    )
     assert len(warnings) == 2 and warnings[1].startswith("tool-use collapse: 20% of step 6's trajectories")
 
 

@@ -21,7 +21,7 @@ from verl_mm_tools.agent_loop.tool_format import (
 )
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tiny import tiny_model_path
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 SCHEMA = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 BLOCK = (
@@ -44,14 +44,17 @@ def test_tool_block_is_the_hermes_block_of_qwens_tool_templates():
 def test_tool_block_joins_the_system_message_or_brings_the_default_one():
     user = {"role": "user", "content": "q"}
     assert with_tool_block([user], [SCHEMA]) == [
-        {"role": "system", "content": "You are a helpful assistant.\n\n" + BLOCK}, user
+        {"role": "system", "content": "You are a helpful assistant.\n\n" + BLOCK},
+        user,
     ]
     assert with_tool_block([{"role": "system", "content": "Be brief."}, user], [SCHEMA])[0] == {
-        "role": "system", "content": "Be brief.\n\n" + BLOCK
+        "role": "system",
+        "content": "Be brief.\n\n" + BLOCK,
     }
     listed = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
     assert with_tool_block([listed, user], [SCHEMA])[0]["content"] == [
-        {"type": "text", "text": "Be brief."}, {"type": "text", "text": "\n\n" + BLOCK}
+        {"type": "text", "text": "Be brief."},
+        {"type": "text", "text": "\n\n" + BLOCK},
     ]
 
 
@@ -67,11 +70,14 @@ def test_consecutive_tool_results_become_one_user_turn_with_images_in_place():
     ]
     assert tool_results_as_user_turns(messages) == [
         *messages[:2],
-        {"role": "user", "content": [
-            {"type": "text", "text": "<tool_response>\n"},
-            {"type": "image", "image": image},
-            {"type": "text", "text": "one\n</tool_response>\n<tool_response>\ntwo\n</tool_response>"},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<tool_response>\n"},
+                {"type": "image", "image": image},
+                {"type": "text", "text": "one\n</tool_response>\n<tool_response>\ntwo\n</tool_response>"},
+            ],
+        },
         messages[4],
         {"role": "user", "content": "<tool_response>\nthree\n</tool_response>"},
     ]
@@ -119,6 +125,7 @@ def test_settings_that_cannot_reach_the_model_are_refused():
 
 
 # ----- exact tokens through verl's real AgentLoopWorker ---------------------------------------------------------
+
 
 def rotate_block(worker) -> str:
     schema = worker.tools[0].tool_schema.model_dump(exclude_unset=True, exclude_none=True)
@@ -174,16 +181,21 @@ def test_tool_prompt_off_leaves_the_tools_to_the_dataset_prompt(tmp_path):
     question = f"{QUESTION} Call rotate with degrees if needed."
     output, server, worker = run_rotation("qwen2_5_vl", tmp_path, question=question, tool_prompt="off")
     row = unpadded_row(output)
-    text = (f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{VISION}{question}"
-            "<|im_end|>\n<|im_start|>assistant\n")
+    text = (
+        f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{VISION}{question}"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     images = server.requests[0]["images"]
     assert row["prompt_ids"] == worker.processor(text=[text], images=images)["input_ids"][0]
     assert "<tool_response>" in worker.tokenizer.decode(row["response_ids"])
 
 
 def test_a_tool_the_first_prompt_never_names_stops_the_run(tmp_path):
-    with pytest.raises(ConfigError, match=r"the tools \['rotate'\] are configured but appear nowhere in the first "
-                                          r"prompt.*tool_prompt='off'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the tools \['rotate'\] are configured but appear nowhere in the first "
+        r"prompt.*tool_prompt='off'",
+    ):
         run_rotation("qwen2_5_vl", tmp_path, tool_prompt="off")
 
 

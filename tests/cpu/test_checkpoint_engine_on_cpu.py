@@ -66,10 +66,16 @@ def sync(actors, rollouts, sent, global_steps: int) -> tuple[list, list[dict]]:
     what each actor's send returned."""
     metadata = ray.get([host.call.remote("prepare") for host in actors + rollouts])
     actor_kwargs, rollout_kwargs = CPUObjectStoreCheckpointEngine.build_topology(len(actors), len(rollouts), metadata)
-    ray.get([host.call.remote("init_process_group", **{key: values[rank] for key, values in actor_kwargs.items()})
-             for rank, host in enumerate(actors)]
-            + [host.call.remote("init_process_group", **{key: values[rank] for key, values in rollout_kwargs.items()})
-               for rank, host in enumerate(rollouts)])
+    ray.get(
+        [
+            host.call.remote("init_process_group", **{key: values[rank] for key, values in actor_kwargs.items()})
+            for rank, host in enumerate(actors)
+        ]
+        + [
+            host.call.remote("init_process_group", **{key: values[rank] for key, values in rollout_kwargs.items()})
+            for rank, host in enumerate(rollouts)
+        ]
+    )
     sends = [host.send.remote(sent, global_steps) for host in actors]
     received = ray.get([host.receive.remote(global_steps) for host in rollouts])
     results = ray.get(sends)
@@ -139,14 +145,14 @@ def save_pi_old_then_step() -> dict[str, bool]:
     from torch.distributed.fsdp import fully_shard
     from verl.utils import fsdp_utils
 
-    from verl_mm_tools.cpu import patches
+    from verl_mm_tools.adaptations import cpu_patches
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
         model = torch.nn.Linear(3, 2)
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
         unpatched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
-        patches.patch_sharded_save_to_cpu()
+        cpu_patches.patch_sharded_save_to_cpu()
         patched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
         before = {name: param.full_tensor().clone() for name, param in model.named_parameters()}
         with torch.no_grad():
@@ -163,5 +169,7 @@ def save_pi_old_then_step() -> dict[str, bool]:
 def test_separate_async_keeps_a_real_copy_of_pi_old_on_cpu(local_ray):
     """DetachActorWorker saves pi_old with verl's fsdp2_sharded_save_to_cpu, whose ``.cpu()`` returns the live shard
     on CPU; with the CPU patch the saved state is a copy that the next update does not reach."""
-    assert ray.get(save_pi_old_then_step.remote()) == {"verl's save follows the update": True,
-                                                       "the patched save keeps pi_old": True}
+    assert ray.get(save_pi_old_then_step.remote()) == {
+        "verl's save follows the update": True,
+        "the patched save keeps pi_old": True,
+    }

@@ -19,8 +19,9 @@ def run_python(code: str, platform: str | None) -> dict:
     env = {key: value for key, value in os.environ.items() if key != "VERL_PLATFORM"}
     if platform is not None:
         env["VERL_PLATFORM"] = platform
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -66,7 +67,9 @@ PATCH_STATE = """
         "device": get_device_name(),
         "backend": get_nccl_backend(),
         "device_module": get_torch_device().__name__,
-        "gloo": [patched(m.initialize_global_process_group_ray) for m in (distributed, engine_workers, checkpoint_base)],
+        "gloo": [
+            patched(m.initialize_global_process_group_ray) for m in (distributed, engine_workers, checkpoint_base)
+        ],
         "padding": [patched(m.left_right_2_no_padding) for m in (padding, ray_trainer)],
     }))
 """
@@ -96,7 +99,9 @@ def test_the_cpu_platform_is_never_auto_detected():
 def test_platform_answers_what_verl_asks():
     platform = PlatformCPU()
     assert (platform.device_name, platform.communication_backend_name(), platform.ray_resource_name()) == (
-        "cpu", "gloo", "GPU"
+        "cpu",
+        "gloo",
+        "GPU",
     )
     # verl passes current_device() straight to .to(): it must name the CPU, not a CUDA index.
     assert torch.zeros(1).to(platform.current_device()).device.type == "cpu"
@@ -119,8 +124,23 @@ def test_device_module_memory_and_rng_calls():
     assert DEVICE_MODULE.is_available() is True
 
 
-@pytest.mark.parametrize("name", ["synchronize", "current_stream", "Stream", "device_count", "set_device",
-                                  "ipc_collect", "memory_reserved", "max_memory_reserved", "memory_allocated",
-                                  "set_per_process_memory_fraction", "get_device_name", "Event", "stream"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "synchronize",
+        "current_stream",
+        "Stream",
+        "device_count",
+        "set_device",
+        "ipc_collect",
+        "memory_reserved",
+        "max_memory_reserved",
+        "memory_allocated",
+        "set_per_process_memory_fraction",
+        "get_device_name",
+        "Event",
+        "stream",
+    ],
+)
 def test_device_module_has_every_function_verl_calls(name):
     assert callable(getattr(DEVICE_MODULE, name))

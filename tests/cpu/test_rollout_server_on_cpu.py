@@ -30,24 +30,32 @@ def picture(angle: int, side: int = 56) -> Image.Image:
 
 def prompt(engine, text: str, images: list[Image.Image]) -> list[int]:
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    rendered = engine.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                                    tokenize=False)
+    rendered = engine.processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
     return engine.processor(text=[rendered], images=images or None, return_tensors="pt")["input_ids"][0].tolist()
 
 
 def requests(engine) -> list[tuple[list[int], list[Image.Image]]]:
     """Different prompt lengths and image counts, so a batch needs padding and concatenated images."""
-    specs = [("How far is it turned?", [picture(0)]), ("No image here, just a longer question to pad.", []),
-             ("Two pictures.", [picture(90), picture(180, side=84)]), ("Again?", [picture(270)])]
+    specs = [
+        ("How far is it turned?", [picture(0)]),
+        ("No image here, just a longer question to pad.", []),
+        ("Two pictures.", [picture(90), picture(180, side=84)]),
+        ("Again?", [picture(270)]),
+    ]
     return [(prompt(engine, text, images), images) for text, images in specs]
 
 
 def generate_all(server, batch, sampling_params) -> list:
     async def run():
-        return await asyncio.gather(*[
-            server.generate(f"request-{index}", prompt_ids=ids, sampling_params=sampling_params, image_data=images)
-            for index, (ids, images) in enumerate(batch)
-        ])
+        return await asyncio.gather(
+            *[
+                server.generate(f"request-{index}", prompt_ids=ids, sampling_params=sampling_params, image_data=images)
+                for index, (ids, images) in enumerate(batch)
+            ]
+        )
+
     return asyncio.run(run())
 
 
@@ -75,8 +83,11 @@ def test_the_nucleus_is_the_one_vllms_sampler_keeps(top_p, top_k):
 
     logits = torch.randn(6, 9, 50, generator=torch.Generator().manual_seed(0)) * 3
     rows = logits.reshape(-1, 50)
-    expected = apply_top_k_top_p_pytorch(rows.clone(), torch.full((len(rows),), top_k) if top_k > 0 else None,
-                                         torch.full((len(rows),), top_p) if top_p < 1 else None)
+    expected = apply_top_k_top_p_pytorch(
+        rows.clone(),
+        torch.full((len(rows),), top_k) if top_k > 0 else None,
+        torch.full((len(rows),), top_p) if top_p < 1 else None,
+    )
     kept = torch.isfinite(nucleus(logits, top_p, top_k)).reshape(-1, 50)
     assert torch.equal(kept, torch.isfinite(expected))
     assert kept.sum(dim=-1).min() >= 1
@@ -98,7 +109,9 @@ def test_log_probs_are_those_of_the_sampled_distribution_as_vllm_reports_them(se
     (output,) = generate_all(server, [(ids, images)], dict(NUCLEUS))
     logits = teacher_forced_logits(server.engine, ids, images, output.token_ids, NUCLEUS["temperature"])
     count = len(output.token_ids)
-    masked = apply_top_k_top_p_pytorch(logits, torch.full((count,), NUCLEUS["top_k"]), torch.full((count,), NUCLEUS["top_p"]))
+    masked = apply_top_k_top_p_pytorch(
+        logits, torch.full((count,), NUCLEUS["top_k"]), torch.full((count,), NUCLEUS["top_p"])
+    )
     expected = masked.log_softmax(dim=-1).gather(-1, torch.tensor(output.token_ids).unsqueeze(-1)).squeeze(-1)
     assert max(abs(a - b) for a, b in zip(output.log_probs, expected.tolist())) < LOGPROB_TOLERANCE
     raw = server.engine.score(ids, output.token_ids, images, temperature=NUCLEUS["temperature"])
@@ -127,11 +140,17 @@ def test_each_request_stops_at_its_own_max_tokens(server):
     ids, images = requests(server.engine)[0]
 
     async def run():
-        return await asyncio.gather(*[
-            server.generate(f"limit-{limit}", prompt_ids=ids, sampling_params={"temperature": 0.0, "max_tokens": limit},
-                            image_data=images)
-            for limit in (1, 3, 24)
-        ])
+        return await asyncio.gather(
+            *[
+                server.generate(
+                    f"limit-{limit}",
+                    prompt_ids=ids,
+                    sampling_params={"temperature": 0.0, "max_tokens": limit},
+                    image_data=images,
+                )
+                for limit in (1, 3, 24)
+            ]
+        )
 
     short, middle, full = asyncio.run(run())
     assert (len(short.token_ids), len(middle.token_ids)) == (1, 3)
@@ -152,8 +171,11 @@ def test_a_weight_update_changes_the_outputs_and_loads_exactly_the_sent_tensors(
     before = generate_all(server, batch, greedy)[0]
     generator = torch.Generator().manual_seed(1)
     state = server.engine.model.state_dict()
-    update = [(name, tensor + 0.05 * torch.randn(tensor.shape, generator=generator)) for name, tensor in state.items()
-              if tensor.is_floating_point()]
+    update = [
+        (name, tensor + 0.05 * torch.randn(tensor.shape, generator=generator))
+        for name, tensor in state.items()
+        if tensor.is_floating_point()
+    ]
     loaded = asyncio.run(server.update_weights(update, global_steps=7))
     assert loaded == len(update)
     assert all(torch.equal(server.engine.model.state_dict()[name], tensor) for name, tensor in update)
@@ -179,9 +201,17 @@ def test_a_cancelled_request_does_not_break_its_batch(server):
     batch = requests(server.engine)
 
     async def run():
-        tasks = [asyncio.create_task(server.generate(f"cancel-{index}", prompt_ids=ids, image_data=images,
-                                                     sampling_params={"temperature": 0.0, "max_tokens": 6}))
-                 for index, (ids, images) in enumerate(batch)]
+        tasks = [
+            asyncio.create_task(
+                server.generate(
+                    f"cancel-{index}",
+                    prompt_ids=ids,
+                    image_data=images,
+                    sampling_params={"temperature": 0.0, "max_tokens": 6},
+                )
+            )
+            for index, (ids, images) in enumerate(batch)
+        ]
         await asyncio.sleep(0)  # all four queued
         tasks[0].cancel()
         return await asyncio.wait_for(asyncio.gather(*tasks[1:]), timeout=60)  # a broken batch would hang

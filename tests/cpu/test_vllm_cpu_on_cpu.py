@@ -1,80 +1,27 @@
-"""The vLLM plugin of the CPU backend (``cpu/vllm_cpu.py``) on vllm-cpu's real linear method: a layer keeps a
-loadable weight after vLLM packs it, and a weight loaded later (what verl's weight sync does) is what the layer
-computes with once verl re-runs ``process_weights_after_loading``."""
+"""The vllm-cpu stack of the CPU backend (``cpu/vllm_cpu.py``): the installed one runs verl's vLLM rollout, and a
+wrong one is named with the way to fix it. The vLLM plugin itself:
+``tests/adaptations/test_vllm_cpu_weights_on_cpu.py``."""
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
 import pytest
-import torch
 
-from verl_mm_tools.cpu.vllm_cpu import keep_linear_weights_loadable, vllm_cpu_problem
-
-
-def linear_layer(seed: int) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(96, 32, generator=generator), requires_grad=False)
-    layer.bias = torch.nn.Parameter(torch.randn(96, generator=generator), requires_grad=False)
-    return layer
-
-
-@pytest.fixture(scope="module")
-def method():
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-
-    keep_linear_weights_loadable()
-    return UnquantizedLinearMethod()
-
-
-def test_vllm_loads_the_plugin_in_its_processes():
-    (plugin,) = [point for point in entry_points(group="vllm.general_plugins") if point.value.startswith("verl_mm")]
-    assert plugin.load() is keep_linear_weights_loadable
-
-
-def test_vllms_own_method_leaves_nothing_to_load_into(method):
-    """The bug (vllm-cpu 0.24.0). When this stops failing, vLLM keeps the weight itself: drop the plugin."""
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-
-    layer = linear_layer(0)
-    UnquantizedLinearMethod.process_weights_after_loading.__wrapped__(UnquantizedLinearMethod(), layer)
-    assert layer.weight.shape == (0,)
-
-
-def test_the_weight_stays_loadable_and_a_sync_changes_what_the_layer_computes(method):
-    layer, update = linear_layer(0), linear_layer(1)
-    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(2))
-    method.process_weights_after_loading(layer)
-    assert layer.weight.shape == (96, 32)
-    torch.testing.assert_close(method.apply(layer, x, layer.bias), torch.nn.functional.linear(x, layer.weight,
-                                                                                              layer.bias))
-    layer.weight.data.copy_(update.weight)  # what vLLM's weight loader does with verl's tensors
-    layer.bias.data.copy_(update.bias)
-    method.process_weights_after_loading(layer)  # verl runs it after the last bucket
-    torch.testing.assert_close(method.apply(layer, x, layer.bias), torch.nn.functional.linear(x, update.weight,
-                                                                                              update.bias))
-
-
-def test_applying_twice_changes_nothing(method):
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-
-    patched = UnquantizedLinearMethod.process_weights_after_loading
-    keep_linear_weights_loadable()
-    assert UnquantizedLinearMethod.process_weights_after_loading is patched
+from verl_mm_tools.cpu.vllm_cpu import vllm_cpu_problem
 
 
 def test_the_installed_stack_runs_verls_vllm_rollout_and_a_wrong_one_is_named(monkeypatch):
     import importlib.metadata
 
-    from verl_mm_tools.cpu.demo import DemoOptions
+    from verl_mm_tools.demo.run import DemoOptions
     from verl_mm_tools.errors import ConfigError
 
     assert vllm_cpu_problem() is None  # scripts/install_cpu.sh installed it
     installed = {"vllm-cpu": "0.24.0", "vllm": "0.24.0+cpu"}
-    cases = [({"vllm-cpu": None}, "the distribution 'vllm-cpu' is not installed"),
-             ({"vllm-cpu": "0.23.1"}, "vllm-cpu 0.23.1 is installed; verl 0.9.1 pins vLLM 0.24.0"),
-             ({"vllm": "0.24.0"}, "the installed 'vllm' is version 0.24.0, not vllm-cpu's name 0.24.0+cpu")]
+    cases = [
+        ({"vllm-cpu": None}, "the distribution 'vllm-cpu' is not installed"),
+        ({"vllm-cpu": "0.23.1"}, "vllm-cpu 0.23.1 is installed; verl 0.9.1 pins vLLM 0.24.0"),
+        ({"vllm": "0.24.0"}, "the installed 'vllm' is version 0.24.0, not vllm-cpu's name 0.24.0+cpu"),
+    ]
     for change, problem in cases:
         versions = {**installed, **change}
 
@@ -85,6 +32,9 @@ def test_the_installed_stack_runs_verls_vllm_rollout_and_a_wrong_one_is_named(mo
 
         monkeypatch.setattr(importlib.metadata, "version", version)
         assert vllm_cpu_problem() == problem
-        with pytest.raises(ConfigError, match=r"^--rollout vllm \(the default\) needs vllm-cpu 0\.24\.0, but .*"
-                                              r"scripts/install_cpu\.sh .* --rollout hf$"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^--rollout vllm \(the default\) needs vllm-cpu 0\.24\.0, but .*"
+            r"scripts/install_cpu\.sh .* --rollout hf$",
+        ):
             DemoOptions(out="unused", task="learn")

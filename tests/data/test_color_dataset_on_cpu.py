@@ -59,15 +59,23 @@ def test_verls_dataset_builds_a_64_token_image_prompt(written, tiny_tokenizer, t
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     out, _, _ = written
-    config = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 1024,
-                               "filter_overlong_prompts": False, "return_raw_chat": True,
-                               "cache_dir": str(out / "cache")})
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "image_key": "images",
+            "max_prompt_length": 1024,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "cache_dir": str(out / "cache"),
+        }
+    )
     item = RLHFDataset(str(out / "train.parquet"), tiny_tokenizer, config, tiny_processor)[0]
     content = item["raw_prompt"][0]["content"]
     assert [part["type"] for part in content] == ["image", "text"] and content[1]["text"] == QUESTION
     assert written[1].iloc[0]["data_source"] == DATA_SOURCE
-    inputs = tiny_processor(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[picture(written[1].iloc[0])],
-                            return_tensors="pt")
+    inputs = tiny_processor(
+        text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[picture(written[1].iloc[0])], return_tensors="pt"
+    )
     assert inputs["image_grid_thw"].tolist() == [[1, 16, 16]]  # 16x16 patches of 14 px = 8x8 merged tokens
     assert int((inputs["input_ids"] == tiny_tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()) == 64
 

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.data.common import png_bytes
-from verl_mm_tools.data.geo3k import DATA_SOURCE as GEO3K, convert_geo3k
+from verl_mm_tools.data.geo3k import DATA_SOURCE as GEO3K
+from verl_mm_tools.data.geo3k import convert_geo3k
 from verl_mm_tools.data.zoom import write_zoom_dataset
 from verl_mm_tools.errors import ConfigError
 
@@ -35,9 +36,16 @@ def rlhf_dataset(path, tokenizer, processor):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    config = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 1024,
-                               "filter_overlong_prompts": False, "return_raw_chat": True,
-                               "cache_dir": str(path.parent / "cache")})
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "image_key": "images",
+            "max_prompt_length": 1024,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "cache_dir": str(path.parent / "cache"),
+        }
+    )
     return RLHFDataset(str(path), tokenizer, config, processor)
 
 
@@ -55,7 +63,11 @@ def test_geo3k_converts_the_hub_layout_and_loads_in_verls_dataset(tmp_path, tiny
     first = frame.iloc[1]
     assert first["data_source"] == GEO3K and first["reward_model"]["ground_truth"] == "4"
     assert first["prompt"][0]["content"].startswith("<image>Find x in triangle 1. You FIRST think")
-    assert dict(first["extra_info"]["env"]) == {"name": "answer_feedback", "reward_fn": "geo3k_reward", "max_attempts": 2}
+    assert dict(first["extra_info"]["env"]) == {
+        "name": "answer_feedback",
+        "reward_fn": "geo3k_reward",
+        "max_attempts": 2,
+    }
     dataset = rlhf_dataset(written["train"], tiny_tokenizer, tiny_processor)
     assert len(dataset) == 3
     row = dataset[1]
@@ -99,21 +111,72 @@ def test_zoom_sizes_are_checked(tmp_path):
 def test_make_data_cli_writes_the_splits(tmp_path, capsys):
     from verl_mm_tools.cli import main
 
-    assert main(["make-data", "zoom", "--out", str(tmp_path / "z"), "--train-size", "2", "--val-size", "1",
-                 "--side", "256", "--target", "16"]) == 0
-    assert main(["make-data", "geo3k", "--source", str(hub_layout_geo3k(tmp_path / "hub", rows=2)),
-                 "--out", str(tmp_path / "g")]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                "zoom",
+                "--out",
+                str(tmp_path / "z"),
+                "--train-size",
+                "2",
+                "--val-size",
+                "1",
+                "--side",
+                "256",
+                "--target",
+                "16",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "make-data",
+                "geo3k",
+                "--source",
+                str(hub_layout_geo3k(tmp_path / "hub", rows=2)),
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.split()
-    assert printed == [str(tmp_path / "z" / "train.parquet"), str(tmp_path / "z" / "val.parquet"),
-                       str(tmp_path / "g" / "train.parquet"), str(tmp_path / "g" / "test.parquet")]
+    assert printed == [
+        str(tmp_path / "z" / "train.parquet"),
+        str(tmp_path / "z" / "val.parquet"),
+        str(tmp_path / "g" / "train.parquet"),
+        str(tmp_path / "g" / "test.parquet"),
+    ]
     assert len(pd.read_parquet(tmp_path / "g" / "test.parquet")) == 2
 
 
 def test_uniform_rotation_pictures_of_text_and_shapes(tmp_path, tiny_tokenizer, tiny_processor):
     from verl_mm_tools.cli import main
 
-    assert main(["make-data", "rotation", "--out", str(tmp_path), "--angles", "uniform", "--side", "112",
-                 "--train-size", "12", "--val-size", "3", "--seed", "5"]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                "rotation",
+                "--out",
+                str(tmp_path),
+                "--angles",
+                "uniform",
+                "--side",
+                "112",
+                "--train-size",
+                "12",
+                "--val-size",
+                "3",
+                "--seed",
+                "5",
+            ]
+        )
+        == 0
+    )
     frame = pd.read_parquet(tmp_path / "train.parquet")
     angles = [int(row["reward_model"]["ground_truth"]) for row in frame.to_dict("records")]
     assert len(set(angles)) > 4 and all(0 <= angle < 360 for angle in angles)
@@ -121,6 +184,7 @@ def test_uniform_rotation_pictures_of_text_and_shapes(tmp_path, tiny_tokenizer, 
     assert "between 0 and 359 degrees" in frame.iloc[0]["prompt"][0]["content"]
     val = pd.read_parquet(tmp_path / "val.parquet")
     assert not set(val["extra_info"].map(lambda info: info["image_sha256"])) & set(
-        frame["extra_info"].map(lambda info: info["image_sha256"]))
+        frame["extra_info"].map(lambda info: info["image_sha256"])
+    )
     [image] = images_of(rlhf_dataset(tmp_path / "train.parquet", tiny_tokenizer, tiny_processor)[0], tiny_processor)
     assert image.mode == "RGB" and min(image.size) >= 112

@@ -65,9 +65,16 @@ def test_verls_dataset_builds_an_image_prompt_from_a_row(written, tiny_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     out, _, _ = written
-    config = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 1024,
-                               "filter_overlong_prompts": False, "return_raw_chat": True,
-                               "cache_dir": str(out / "cache")})
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "image_key": "images",
+            "max_prompt_length": 1024,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "cache_dir": str(out / "cache"),
+        }
+    )
     dataset = RLHFDataset(str(out / "val.parquet"), tiny_tokenizer, config, tiny_processor)
     item = dataset[0]
     content = item["raw_prompt"][0]["content"]

@@ -85,7 +85,7 @@ def test_zoom_in_on_the_box_shows_the_checkerboard_at_224_px(tiny_processor, tmp
     bicubic blur at its edges: 55 levels, against the 180 between the two colours of a pattern)."""
     from verl.tools.tool_registry import initialize_tools_from_config
 
-    from verl_mm_tools.tools.configs import ZOOM_TOOLS_YAML
+    from verl_mm_tools.tools.tool_yaml import ZOOM_TOOLS_YAML
 
     path = tmp_path / "tools.yaml"
     path.write_text(ZOOM_TOOLS_YAML)
@@ -108,9 +108,16 @@ def test_verls_dataset_reads_the_rows_with_the_question(written, tiny_tokenizer,
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     out, _, _ = written
-    config = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 1024,
-                               "filter_overlong_prompts": False, "return_raw_chat": True,
-                               "cache_dir": str(out / "cache")})
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "image_key": "images",
+            "max_prompt_length": 1024,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "cache_dir": str(out / "cache"),
+        }
+    )
     dataset = RLHFDataset(str(out / "train.parquet"), tiny_tokenizer, config, tiny_processor)
     content = dataset[0]["raw_prompt"][0]["content"]
     assert [part["type"] for part in content] == ["image", "text"] and content[1]["text"] == QUESTION

@@ -73,8 +73,14 @@ class ScriptedChatServer:
             if "tool_calls" in step:
                 message["tool_calls"] = step["tool_calls"]
             finish = "tool_calls" if "tool_calls" in step else "stop"
-            return JSONResponse({"id": "x", "object": "chat.completion", "model": body["model"],
-                                 "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                }
+            )
 
         return app
 
@@ -106,8 +112,19 @@ def transformers_server(model_dir: str | Path, log: Path):
     """``transformers serve`` (transformers' own OpenAI-compatible server) on the model, on CPU; yields the base
     URL. The model name its API takes is the folder path."""
     port = free_port()
-    command = [str(Path(sys.executable).parent / "transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
-               "--port", str(port), "--device", "cpu", "--dtype", "float32"]
+    command = [
+        str(Path(sys.executable).parent / "transformers"),
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
     with _serving(command, port, log, start_s=180):
         yield f"http://127.0.0.1:{port}/v1"
 
@@ -119,9 +136,24 @@ def vllm_server(model_dir: str | Path, log: Path, max_images: int = 8):
     from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
 
     port = free_port()
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port",
-               str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--seed", "0",
-               "--limit-mm-per-prompt", json.dumps({"image": max_images})]
+    command = [
+        str(Path(sys.executable).parent / "vllm"),
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "4096",
+        "--seed",
+        "0",
+        "--limit-mm-per-prompt",
+        json.dumps({"image": max_images}),
+    ]
     with _serving(command, port, log, start_s=420, env={**os.environ, **VLLM_CPU_ENVIRONMENT}):
         yield f"http://127.0.0.1:{port}/v1"
 
@@ -143,8 +175,11 @@ def _serving(command: list[str], port: int, log: Path, start_s: float, env: dict
 def prometheus_counter(base_url: str, name: str) -> float:
     """A counter of the server's Prometheus metrics (``/metrics``), summed over its labels."""
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def _wait_until_up(url: str, timeout_s: float, process=None, log: Path | None = None) -> None:

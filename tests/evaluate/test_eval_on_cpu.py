@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
 from verl_mm_tools.agent_loop.sample_dump import sample_image
 from verl_mm_tools.cli import main
@@ -16,11 +17,9 @@ from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
 from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
-from verl_mm_tools.viewer.records import load_trajectories
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
+from verl_mm_tools.viewer.loading import load_trajectories
 from verl_mm_tools.viewer.site import build_site
-
-from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
 SOURCE = "eval_test"
 RIGHT, WRONG = answer("<answer>90</answer>"), answer("<answer>45</answer>")
@@ -36,8 +35,16 @@ SCRIPTS = {
     6: [[api_call("rotate", '{"degrees": 90}')], [RIGHT]],  # a structured call (a server's tool parser), the answer
     7: [[WRONG]],
 }
-NO_FAULTS = {"requests": 1, "http_errors": 0, "timeouts": 0, "connection_errors": 0, "malformed": 0, "retries": 0,
-             "failed": 0, "prompt_token_mismatch": 0}
+NO_FAULTS = {
+    "requests": 1,
+    "http_errors": 0,
+    "timeouts": 0,
+    "connection_errors": 0,
+    "malformed": 0,
+    "retries": 0,
+    "failed": 0,
+    "prompt_token_mismatch": 0,
+}
 
 
 def faults(**counts) -> dict:
@@ -46,9 +53,18 @@ def faults(**counts) -> dict:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    rows = [image_row(SOURCE, f"row {row}: <image>By how many degrees was this picture turned? You may call the rotate "
-                      "tool. Answer as <answer>90</answer>.", sample_image(), "90", {"index": row}, "mm_tool")
-            for row in SCRIPTS]
+    rows = [
+        image_row(
+            SOURCE,
+            f"row {row}: <image>By how many degrees was this picture turned? You may call the rotate "
+            "tool. Answer as <answer>90</answer>.",
+            sample_image(),
+            "90",
+            {"index": row},
+            "mm_tool",
+        )
+        for row in SCRIPTS
+    ]
     return write_parquet(rows, tmp_path_factory.mktemp("data") / "rows.parquet")
 
 
@@ -63,8 +79,16 @@ def tools_yaml(tmp_path_factory) -> Path:
 def scripted_eval(data, tools_yaml, tiny_model_dir, tmp_path_factory):
     server = ScriptedChatServer(SCRIPTS)
     out = tmp_path_factory.mktemp("eval")
-    options = EvalOptions(data=data, out=out, model_path=str(tiny_model_dir), tools_yaml=tools_yaml,
-                          reward_fn="exact_answer_reward", batch_size=4, max_turns=3, response_length=256)
+    options = EvalOptions(
+        data=data,
+        out=out,
+        model_path=str(tiny_model_dir),
+        tools_yaml=tools_yaml,
+        reward_fn="exact_answer_reward",
+        batch_size=4,
+        max_turns=3,
+        response_length=256,
+    )
     with server.running() as url:
         settings = EndpointSettings(url=url, model="tiny", concurrency=3, timeout_s=0.5, retries=3, backoff_s=0)
         report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
@@ -75,15 +99,30 @@ def test_every_row_is_scored_and_its_faults_counted(scripted_eval):
     _, out, _ = scripted_eval
     rows = {row["index"]: row for row in map(json.loads, (out / TOOLS / "rows.jsonl").read_text().splitlines())}
     assert sorted(rows) == list(SCRIPTS)  # no row lost
-    assert {index: row["reward"] for index, row in rows.items()} == \
-        {0: 1.0, 1: 1.0, 2: 0.0, 3: 1.0, 4: 0.0, 5: 1.0, 6: 1.0, 7: 0.0}
+    assert {index: row["reward"] for index, row in rows.items()} == {
+        0: 1.0,
+        1: 1.0,
+        2: 0.0,
+        3: 1.0,
+        4: 0.0,
+        5: 1.0,
+        6: 1.0,
+        7: 0.0,
+    }
     assert {index: row["endpoint"] for index, row in rows.items()} == {
-        0: NO_FAULTS, 1: faults(http_errors=1, retries=1), 2: faults(http_errors=4, retries=3, failed=1),
-        3: faults(timeouts=1, retries=1), 4: faults(malformed=4, retries=3, failed=1), 5: faults(requests=2),
-        6: faults(requests=2), 7: NO_FAULTS}
+        0: NO_FAULTS,
+        1: faults(http_errors=1, retries=1),
+        2: faults(http_errors=4, retries=3, failed=1),
+        3: faults(timeouts=1, retries=1),
+        4: faults(malformed=4, retries=3, failed=1),
+        5: faults(requests=2),
+        6: faults(requests=2),
+        7: NO_FAULTS,
+    }
     assert [index for index, row in rows.items() if row["masked"]] == [2, 4]
     assert rows[2]["stop_reason"] == "error" and rows[2]["error"].endswith(
-        "failed 4 tries; the last: HTTP 500: overloaded")
+        "failed 4 tries; the last: HTTP 500: overloaded"
+    )
     assert "not a chat completion" in rows[4]["error"]
     assert (rows[5]["tool_calls"], rows[5]["invalid_actions"], rows[5]["turns"]) == (0, 1, 2)
     assert (rows[6]["tool_calls"], rows[6]["tool_errors"], rows[6]["images"], rows[6]["turns"]) == (1, 0, 2, 2)
@@ -96,11 +135,20 @@ def test_the_report_per_data_source(scripted_eval):
     assert figures["rows"] == 8 and figures["reward_mean"] == 0.625 and figures["masked"] == 2
     low, high = figures["reward_ci95"]
     assert low == pytest.approx(0.625 - 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5) and high == pytest.approx(
-        0.625 + 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5)
+        0.625 + 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5
+    )
     assert figures["stop_reasons"] == {"answered": 6, "turn_limit": 0, "length_limit": 0, "budget": 0, "error": 2}
     assert figures["tools"] == {"rotate": {"calls_per_trajectory": 0.125, "error_rate": 0.0}}
-    assert figures["endpoint"] == {"connection_errors": 0, "failed": 2, "http_errors": 5, "malformed": 4,
-                                   "prompt_token_mismatch": 0, "requests": 10, "retries": 8, "timeouts": 1}
+    assert figures["endpoint"] == {
+        "connection_errors": 0,
+        "failed": 2,
+        "http_errors": 5,
+        "malformed": 4,
+        "prompt_token_mismatch": 0,
+        "requests": 10,
+        "retries": 8,
+        "timeouts": 1,
+    }
     assert json.loads((out / "report.json").read_text())["modes"] == report["modes"]
     text = (out / "report.txt").read_text()
     assert text.startswith(f"{SOURCE}\n") and "reward_mean" in text and "0.625" in text
@@ -113,8 +161,13 @@ def test_what_the_endpoint_was_sent(scripted_eval):
         assert [message["role"] for message in request["messages"]][:2] == ["system", "user"]
         assert "rotate" in request["messages"][0]["content"]  # the tool schemas, as the loop renders them
     second = [r for r in server.requests if "row 6" in json.dumps(r) and len(r["messages"]) > 2][0]
-    images = [part for message in second["messages"] if isinstance(message["content"], list)
-              for part in message["content"] if part["type"] == "image_url"]
+    images = [
+        part
+        for message in second["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "image_url"
+    ]
     assert len(images) == 2 and all(part["image_url"]["url"].startswith("data:image/png;base64,") for part in images)
 
 
@@ -129,11 +182,15 @@ def test_the_viewer_shows_every_trajectory(scripted_eval):
 def test_chat_messages_from_a_rendered_prompt(tiny_processor):
     image = sample_image()
     rendered = tiny_processor.apply_chat_template(
-        [{"role": "system", "content": "sys"},
-         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "look"}]},
-         {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"},
-         {"role": "user", "content": [{"type": "text", "text": "<tool_response>"}, {"type": "image"}]}],
-        add_generation_prompt=True, tokenize=False)
+        [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "look"}]},
+            {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"},
+            {"role": "user", "content": [{"type": "text", "text": "<tool_response>"}, {"type": "image"}]},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     messages = chat_messages(rendered.replace("<|image_pad|>", "<|image_pad|>" * 3), [image, image])
     assert [message["role"] for message in messages] == ["system", "user", "assistant", "user"]
     assert messages[0]["content"] == "sys" and messages[2]["content"] == "<tool_call>\n{}\n</tool_call>"
@@ -147,28 +204,43 @@ def test_chat_messages_from_a_rendered_prompt(tiny_processor):
 
 def test_the_training_runs_loop_options_apply_with_dumps_for_every_row(data, tmp_path):
     loops = tmp_path / "agent_loops.yaml"
-    loops.write_text("- {name: other, _target_: my.Loop}\n"
-                     "- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, tool_prompt: auto,\n"
-                     "   dump_dir: /train/dumps, dump_max_per_step: 2}\n")
-    options = EvalOptions(data=data, out=tmp_path / "out", model_path="m", loop_config=loops, modes=(NO_TOOLS,),
-                          batch_size=5)
+    loops.write_text(
+        "- {name: other, _target_: my.Loop}\n"
+        "- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, tool_prompt: auto,\n"
+        "   dump_dir: /train/dumps, dump_max_per_step: 2}\n"
+    )
+    options = EvalOptions(
+        data=data, out=tmp_path / "out", model_path="m", loop_config=loops, modes=(NO_TOOLS,), batch_size=5
+    )
     assert loop_entries(options, NO_TOOLS) == [
         {"name": "other", "_target_": "my.Loop"},
-        {"name": "mm_tool", "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop", "tool_prompt": "auto",
-         "dump_dir": str(tmp_path / "out" / NO_TOOLS / "trajectories"), "dump_max_per_step": 5,
-         "max_masked_fraction": 1.0}]
+        {
+            "name": "mm_tool",
+            "_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop",
+            "tool_prompt": "auto",
+            "dump_dir": str(tmp_path / "out" / NO_TOOLS / "trajectories"),
+            "dump_max_per_step": 5,
+            "max_masked_fraction": 1.0,
+        },
+    ]
     loops.write_text("name: mm_tool\n")
     with pytest.raises(ConfigError, match="expected verl's agent-loop YAML, a list of entries"):
         loop_entries(options, NO_TOOLS)
 
 
 def test_structured_tool_calls_become_hermes_text():
-    message = {"content": "let me look", "tool_calls": [
-        {"function": {"name": "rotate", "arguments": '{"degrees": 90}'}},
-        {"function": {"name": "zoom_in", "arguments": '{"box": [1, 2'}}]}
-    assert answer_text(message) == ('let me look\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n'
-                                    '</tool_call>\n<tool_call>\n{"name": "zoom_in", "arguments": {"box": [1, 2}\n'
-                                    '</tool_call>')
+    message = {
+        "content": "let me look",
+        "tool_calls": [
+            {"function": {"name": "rotate", "arguments": '{"degrees": 90}'}},
+            {"function": {"name": "zoom_in", "arguments": '{"box": [1, 2'}},
+        ],
+    }
+    assert answer_text(message) == (
+        'let me look\n<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "zoom_in", "arguments": {"box": [1, 2}\n'
+        "</tool_call>"
+    )
     assert answer_text({"content": None, "tool_calls": []}) == ""
 
 
@@ -185,8 +257,14 @@ def test_bad_settings_are_refused(data, tmp_path):
 
 
 def test_an_unreachable_endpoint_masks_rows_and_loses_none(data, tiny_model_dir, tmp_path):
-    options = EvalOptions(data=data, out=tmp_path, model_path=str(tiny_model_dir), modes=(NO_TOOLS,), batch_size=8,
-                          reward_fn="exact_answer_reward")
+    options = EvalOptions(
+        data=data,
+        out=tmp_path,
+        model_path=str(tiny_model_dir),
+        modes=(NO_TOOLS,),
+        batch_size=8,
+        reward_fn="exact_answer_reward",
+    )
     settings = EndpointSettings(url="http://127.0.0.1:9/v1", model="m", retries=1, backoff_s=0, timeout_s=2)
     report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
     figures = report["modes"][NO_TOOLS][SOURCE]
@@ -196,8 +274,16 @@ def test_an_unreachable_endpoint_masks_rows_and_loses_none(data, tiny_model_dir,
 
 def test_a_checkpoint_folder_answers_on_verls_validation_path(data, tools_yaml, tiny_model_dir, tmp_path):
     assert model_dir(tiny_model_dir, tmp_path) == Path(tiny_model_dir)  # a Hugging Face folder is used as is
-    options = EvalOptions(data=data, out=tmp_path, model_path=str(tiny_model_dir), tools_yaml=tools_yaml,
-                          reward_fn="exact_answer_reward", batch_size=8, max_turns=2, response_length=48)
+    options = EvalOptions(
+        data=data,
+        out=tmp_path,
+        model_path=str(tiny_model_dir),
+        tools_yaml=tools_yaml,
+        reward_fn="exact_answer_reward",
+        batch_size=8,
+        max_turns=2,
+        response_length=48,
+    )
     clients = []
     report = evaluate(options, lambda tokenizer: clients.append(CheckpointClient(tiny_model_dir)) or clients[0])
     figures = report["modes"][TOOLS][SOURCE]
@@ -214,9 +300,28 @@ def test_transformers_server_renders_what_the_loop_rendered(tiny_model_dir, tool
 
     _, val = write_rotation_dataset(tmp_path / "data", train_size=1, val_size=4)
     with transformers_server(tiny_model_dir, tmp_path / "server.log") as url:
-        status = main(["eval", "--data", str(val), "--endpoint", url, "--model", str(tiny_model_dir), "--tools",
-                       str(tools_yaml), "--with-and-without-tools", "--reward-fn", "rotation_reward_180",
-                       "--max-turns", "2", "--response-length", "64", "--out", str(tmp_path / "out")])
+        status = main(
+            [
+                "eval",
+                "--data",
+                str(val),
+                "--endpoint",
+                url,
+                "--model",
+                str(tiny_model_dir),
+                "--tools",
+                str(tools_yaml),
+                "--with-and-without-tools",
+                "--reward-fn",
+                "rotation_reward_180",
+                "--max-turns",
+                "2",
+                "--response-length",
+                "64",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     printed = capsys.readouterr().out
     assert status == 0, printed
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -248,16 +353,35 @@ def test_vllm_server_renders_what_the_loop_rendered(tiny_model_dir, tools_yaml, 
     every prompt vLLM renders from the chat messages has exactly the loop's tokens, every image the loop sent (tool
     images included) reached vLLM's multimodal processor, and greedy answers score row by row as the same model
     does as a checkpoint. The model is the demo's warm start, which calls the rotate tool."""
-    from verl_mm_tools.cpu.warm_start import warm_started_model
     from verl_mm_tools.data.rotation import write_rotation_dataset
+    from verl_mm_tools.demo.warm_start import warm_started_model
 
     model = warm_started_model(tiny_model_dir, tools_yaml)
 
     _, val = write_rotation_dataset(tmp_path / "data", train_size=1, val_size=4)
     with vllm_server(model, tmp_path / "server.log") as url:
-        status = main(["eval", "--data", str(val), "--endpoint", url, "--model", str(model), "--tools",
-                       str(tools_yaml), "--with-and-without-tools", "--reward-fn", "rotation_reward_180",
-                       "--max-turns", "2", "--response-length", "256", "--out", str(tmp_path / "out")])
+        status = main(
+            [
+                "eval",
+                "--data",
+                str(val),
+                "--endpoint",
+                url,
+                "--model",
+                str(model),
+                "--tools",
+                str(tools_yaml),
+                "--with-and-without-tools",
+                "--reward-fn",
+                "rotation_reward_180",
+                "--max-turns",
+                "2",
+                "--response-length",
+                "256",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
         images_queried = prometheus_counter(url, "vllm:mm_cache_queries_total")
     printed = capsys.readouterr().out
     assert status == 0, printed + (tmp_path / "server.log").read_text()[-3000:]
@@ -272,14 +396,38 @@ def test_vllm_server_renders_what_the_loop_rendered(tiny_model_dir, tools_yaml, 
     assert_rows_as_the_checkpoint_scores_them(val, model, tools_yaml, tmp_path, "256")
 
 
-def assert_rows_as_the_checkpoint_scores_them(val: Path, model, tools_yaml: Path, tmp_path: Path,
-                                              response_length: str) -> None:
+def assert_rows_as_the_checkpoint_scores_them(
+    val: Path, model, tools_yaml: Path, tmp_path: Path, response_length: str
+) -> None:
     """The same model as a checkpoint, in process, on the rows the endpoint answered (OUT ``tmp_path/out``): greedy,
     so the same answers, turns and rewards row by row."""
-    assert main(["eval", "--data", str(val), "--checkpoint", str(model), "--tools", str(tools_yaml),
-                 "--reward-fn", "rotation_reward_180", "--max-turns", "2", "--response-length", response_length,
-                 "--out", str(tmp_path / "local")]) == 0
-    endpoint, local = ([{key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
-                        for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())]
-                       for out in ("out", "local"))
+    assert (
+        main(
+            [
+                "eval",
+                "--data",
+                str(val),
+                "--checkpoint",
+                str(model),
+                "--tools",
+                str(tools_yaml),
+                "--reward-fn",
+                "rotation_reward_180",
+                "--max-turns",
+                "2",
+                "--response-length",
+                response_length,
+                "--out",
+                str(tmp_path / "local"),
+            ]
+        )
+        == 0
+    )
+    endpoint, local = (
+        [
+            {key: row[key] for key in ("index", "reward", "turns", "tool_calls", "stop_reason")}
+            for row in map(json.loads, (tmp_path / out / TOOLS / "rows.jsonl").read_text().splitlines())
+        ]
+        for out in ("out", "local")
+    )
     assert endpoint == local

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 import verl_mm_tools.plugin  # noqa: F401  (registers our names, as `import verl` does through the entry point)
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.hook_config import step_hook_configured
 from verl_mm_tools.agent_loop.mm_tool_loop import VERL_LOOP_KWARGS
-from verl_mm_tools.agent_loop.step_hook import step_hook_configured
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"
@@ -61,8 +61,11 @@ def _check_agent_loops(rollout):
     assert rollout.agent.default_agent_loop in names
     for entry in entries:
         _check_class(entry._target_)
-        options = {key: value for key, value in OmegaConf.to_container(entry).items()
-                   if key != "_target_" and key not in VERL_LOOP_KWARGS}
+        options = {
+            key: value
+            for key, value in OmegaConf.to_container(entry).items()
+            if key != "_target_" and key not in VERL_LOOP_KWARGS
+        }
         MMToolLoopConfig.from_options(options, limit_images=rollout.get("limit_images"))
 
 
@@ -115,11 +118,16 @@ def test_rotation_recipe_first_prompt_shows_the_real_qwen2_5_vl_every_tool_schem
     config = compose_recipe("rotation_45", "vllm")
     entry = OmegaConf.to_container(OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)[0])
     options = {key: value for key, value in entry.items() if key not in ("name", "_target_")}
-    rollout = LocalRollout(tiny_model_path(family="qwen2_5_vl"), config.actor_rollout_ref.rollout.multi_turn.tool_config_path,
-                           tmp_path)
+    rollout = LocalRollout(
+        tiny_model_path(family="qwen2_5_vl"), config.actor_rollout_ref.rollout.multi_turn.tool_config_path, tmp_path
+    )
     question = UNIFORM_PROMPT.removeprefix("<image>")
-    output, _, worker = rollout.run(["<answer>0</answer><|im_end|>"], [image_prompt(question, [Image.new("RGB", (56, 56))])],
-                                    loop_options=options, max_turns=4)
+    output, _, worker = rollout.run(
+        ["<answer>0</answer><|im_end|>"],
+        [image_prompt(question, [Image.new("RGB", (56, 56))])],
+        loop_options=options,
+        max_turns=4,
+    )
     prompt = worker.tokenizer.decode(unpadded_row(output)["prompt_ids"])
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]
     assert [schema["function"]["name"] for schema in schemas] == ["rotate", "flip"]
@@ -139,7 +147,7 @@ def test_the_readme_command_composes_and_every_name_resolves(monkeypatch):
     monkeypatch.chdir(ROOT)
     readme = (ROOT / "README_VLMRL.md").read_text()
     block = readme.split("## Using it with verl", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    command = block[block.index("python -m verl.trainer.main_ppo"):].replace("\\\n", " ")
+    command = block[block.index("python -m verl.trainer.main_ppo") :].replace("\\\n", " ")
     overrides = [part for part in shlex.split(command)[3:] if not re.match(r"data\.(train|val)_files=", part)]
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):

@@ -8,7 +8,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError
 from verl_mm_tools.ops import MAX_COORDINATE, MIN_MAX_PIXELS, clip_box, clip_segment, fit_pixels, scaled_size
-from verl_mm_tools.ops.checks import check_int, check_number, show
+from verl_mm_tools.ops.argument_checks import check_int, check_number, show
 
 W, H = 64, 48
 
@@ -140,7 +140,8 @@ def test_check_number_refuses(value, message):
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(3, 3), (3.0, 3), (32, 32)],
+    ("value", "expected"),
+    [(3, 3), (3.0, 3), (32, 32)],
 )
 def test_check_int_accepts(value, expected):
     assert check_int("width", value, 1, 32) == expected

@@ -109,13 +109,18 @@ def test_rotate_accepts_any_mode_and_returns_rgb():
 
 def test_rotate_resampling_trades_blended_edges_for_speed():
     """nearest copies pixels (no new colors), bicubic blends the square's edges; right angles never interpolate."""
-    colors = {name: {tuple(c) for c in np.asarray(ops.rotate(square_image(), 30, resample=name)).reshape(-1, 3)}
-              for name in ops.ROTATE_RESAMPLING}
+    colors = {
+        name: {tuple(c) for c in np.asarray(ops.rotate(square_image(), 30, resample=name)).reshape(-1, 3)}
+        for name in ops.ROTATE_RESAMPLING
+    }
     assert colors["nearest"] == {RED, (0, 0, 0)}  # the square and the black background and corners
     assert len(colors["bilinear"]) > 3 and len(colors["bicubic"]) > 3
     assert ops.rotate(square_image(), 90, resample="nearest").tobytes() == ops.rotate(square_image(), 90).tobytes()
-    with pytest.raises(ToolInputError, match=r"resample must be one of \['bicubic', 'bilinear', 'nearest'\], "
-                                             r"got 'cubic'. Did you mean 'bicubic'\?"):
+    with pytest.raises(
+        ToolInputError,
+        match=r"resample must be one of \['bicubic', 'bilinear', 'nearest'\], "
+        r"got 'cubic'. Did you mean 'bicubic'\?",
+    ):
         ops.rotate(square_image(), 30, resample="cubic")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: test modules cannot import conftest
 
-from reliability_helpers import run_batch  # noqa: E402
+from reliability_helpers import run_batch
 
 
 @pytest.fixture

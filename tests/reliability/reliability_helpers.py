@@ -38,9 +38,16 @@ PATCH = 14
 def short_schema(name: str, parameters: dict[str, str], required: Sequence[str]) -> OpenAIFunctionToolSchema:
     """A schema with one-word descriptions: the tools' real descriptions would triple every prompt."""
     properties = {key: {"type": kind, "description": key} for key, kind in parameters.items()}
-    return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
-        "name": name, "description": name, "parameters": {"type": "object", "properties": properties,
-                                                          "required": list(required)}}})
+    return OpenAIFunctionToolSchema.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": name,
+                "parameters": {"type": "object", "properties": properties, "required": list(required)},
+            },
+        }
+    )
 
 
 def image_tools(max_pixels: int = 39200) -> list[BaseTool]:
@@ -49,8 +56,11 @@ def image_tools(max_pixels: int = 39200) -> list[BaseTool]:
     for tool_cls in BUILTIN_TOOLS:
         full = build_schema(tool_cls.schema_fn).function
         kinds = {key: prop.type for key, prop in full.parameters.properties.items()}
-        tools.append(tool_cls({"type": "native", "max_pixels": max_pixels},
-                              short_schema(full.name, kinds, full.parameters.required)))
+        tools.append(
+            tool_cls(
+                {"type": "native", "max_pixels": max_pixels}, short_schema(full.name, kinds, full.parameters.required)
+            )
+        )
     return tools
 
 
@@ -98,7 +108,9 @@ class Lifecycle:
     def leaks(self) -> list[str]:
         """Every instance not released exactly once (empty when sessions are sound)."""
         created = [(tool, instance) for tool, instance, _ in self.created]
-        problems = [f"{key} released {self.released.count(key)} times" for key in created if self.released.count(key) != 1]
+        problems = [
+            f"{key} released {self.released.count(key)} times" for key in created if self.released.count(key) != 1
+        ]
         problems += [f"{key} released but never created" for key in set(self.released) - set(created)]
         if len(set(created)) != len(created):
             problems.append("an instance id was created twice")
@@ -229,7 +241,8 @@ def server_logprob(position: int) -> float:
 class RecordingServer:
     """Answers turn k of sample s with ``script(s, k, images)`` (text; raising makes the server raise; ``ABORTED``
     then text: an aborted request that generated that text) and records what it generated per sample, with the
-    prefix-cache hits a block cache would report. A sample is recognized by the ``[sample N]`` marker in its first prompt."""
+    prefix-cache hits a block cache would report. A sample is recognized by the ``[sample N]`` marker in its first
+    prompt."""
 
     def __init__(self, tokenizer, script: Callable[[int, int, list], str]):
         self.tokenizer, self.script = tokenizer, script
@@ -245,21 +258,28 @@ class RecordingServer:
         text = self.script(sample, len(self.generations[sample]), images)
         stop_reason = "completed"
         if text.startswith(ABORTED):  # what verl's vLLM server returns for a request vLLM aborted mid-generation
-            text, stop_reason = text[len(ABORTED):], "aborted"
+            text, stop_reason = text[len(ABORTED) :], "aborted"
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling_params.get("max_tokens")]
         log_probs = [server_logprob(i) for i in range(len(token_ids))]
         cached = self._cached_tokens(request_id, list(prompt_ids))
         self.generations[sample].append(Generation(token_ids, log_probs, images, len(prompt_ids), cached))
         await asyncio.sleep(0)
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason=stop_reason,
-                           extra_fields={"num_cached_tokens": cached})
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            num_preempted=0,
+            stop_reason=stop_reason,
+            extra_fields={"num_cached_tokens": cached},
+        )
 
     def _cached_tokens(self, request_id: str, prompt_ids: list[int]) -> int:
         """What a prefix cache of CACHE_BLOCK-token blocks holds of this prompt: the full blocks it shares with the
         trajectory's previous prompt (vLLM's per-request ``num_cached_tokens``)."""
         previous = self.last_prompt.get(request_id, [])
         self.last_prompt[request_id] = prompt_ids
-        shared = next((i for i, (a, b) in enumerate(zip(previous, prompt_ids)) if a != b), min(len(previous), len(prompt_ids)))
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(previous, prompt_ids)) if a != b), min(len(previous), len(prompt_ids))
+        )
         return shared // CACHE_BLOCK * CACHE_BLOCK
 
 
@@ -284,7 +304,9 @@ class Batch:
 def run_batch(model_dir, workdir, *, tools, prompts, script, columns=None, loop_options=None, **config_kwargs) -> Batch:
     """One batch through verl's AgentLoopWorker.generate_sequences with a RecordingServer."""
     with restored_loop_registry():  # the worker registers the YAML's loop options process-wide
-        worker = make_worker(LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None)
+        worker = make_worker(
+            LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None
+        )
         worker.tools = list(tools)
         server = RecordingServer(worker.tokenizer, script)
         worker.llm_client = server
@@ -298,7 +320,9 @@ def make_loop(model_dir, workdir, *, tools, loop_options=None, **config_kwargs):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
     with restored_loop_registry():
-        worker = make_worker(LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None)
+        worker = make_worker(
+            LocalRollout(model_dir, None, workdir).config(loop_options=loop_options, **config_kwargs), None
+        )
         return hydra.utils.instantiate(
             config=_agent_loop_registry["mm_tool"],
             trainer_config=DictConfigWrap(config=worker.config),
@@ -387,7 +411,9 @@ def trajectory_violations(batch: Batch, index: int, sample: int | None = None) -
     if output.non_tensor_batch["mm_tool/images"][index] != len(row.grid):
         problems.append(f"mm_tool/images={output.non_tensor_batch['mm_tool/images'][index]}, grid has {len(row.grid)}")
     if output.non_tensor_batch["mm_tool/image_tokens"][index] != sum(tokens):
-        problems.append(f"mm_tool/image_tokens={output.non_tensor_batch['mm_tool/image_tokens'][index]} != {sum(tokens)}")
+        problems.append(
+            f"mm_tool/image_tokens={output.non_tensor_batch['mm_tool/image_tokens'][index]} != {sum(tokens)}"
+        )
     return problems
 
 

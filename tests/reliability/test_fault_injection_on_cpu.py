@@ -98,26 +98,64 @@ FAULTY_TOOLS = [
 # sample: (script, env spec or None, masked, error prefix)
 CASES = {
     "good": ([call("fine"), call("pic", w=60, h=40), ANSWER], None, 0, ""),
-    "tool raises": ([call("fine"), call("raises")], None, 1, "ToolCrashError: tool 'raises' raised RuntimeError: tool exploded"),
+    "tool raises": (
+        [call("fine"), call("raises")],
+        None,
+        1,
+        "ToolCrashError: tool 'raises' raised RuntimeError: tool exploded",
+    ),
     "tool hangs": ([call("hangs"), ANSWER], None, 0, ""),
     "tool ignores cancellation": ([call("stubborn"), ANSWER], None, 0, ""),
     "tool cancels itself": ([call("cancels"), ANSWER], None, 1, "ToolCrashError: tool 'cancels' raised CancelledError"),
-    "tool times out itself": ([call("times_out"), ANSWER], None, 1, "ToolCrashError: tool 'times_out' raised TimeoutError: backend timed out"),
+    "tool times out itself": (
+        [call("times_out"), ANSWER],
+        None,
+        1,
+        "ToolCrashError: tool 'times_out' raised TimeoutError: backend timed out",
+    ),
     "tool answers garbage": ([call("garbage"), ANSWER], None, 1, "ToolCrashError: tool 'garbage' raised ValueError"),
     "tool answers a non-image": ([call("non_image"), ANSWER], None, 0, ""),
-    "tool create raises": ([call("create_fails"), ANSWER], None, 1, "ToolCrashError: tool 'create_fails' raised RuntimeError: create_fails: create failed"),
+    "tool create raises": (
+        [call("create_fails"), ANSWER],
+        None,
+        1,
+        "ToolCrashError: tool 'create_fails' raised RuntimeError: create_fails: create failed",
+    ),
     "tool release raises": ([call("release_fails"), call("fine"), ANSWER], None, 0, ""),
-    "env init raises": ([ANSWER], {"name": "reliability_faulty", "fail_in": "init"}, 1, "RuntimeError: environment failed in init"),
-    "env reset raises": ([ANSWER], {"name": "reliability_faulty", "fail_in": "reset"}, 1, "RuntimeError: environment failed in reset"),
-    "env step raises": ([call("fine"), ANSWER], {"name": "reliability_faulty", "fail_in": "step"}, 1, "RuntimeError: environment failed in step"),
+    "env init raises": (
+        [ANSWER],
+        {"name": "reliability_faulty", "fail_in": "init"},
+        1,
+        "RuntimeError: environment failed in init",
+    ),
+    "env reset raises": (
+        [ANSWER],
+        {"name": "reliability_faulty", "fail_in": "reset"},
+        1,
+        "RuntimeError: environment failed in reset",
+    ),
+    "env step raises": (
+        [call("fine"), ANSWER],
+        {"name": "reliability_faulty", "fail_in": "step"},
+        1,
+        "RuntimeError: environment failed in step",
+    ),
     "env close raises": ([ANSWER, ANSWER], {"name": "reliability_faulty", "fail_in": "close", "answers": 2}, 0, ""),
     "server raises": ([call("fine"), "SERVER FAILS", ANSWER], None, 1, "RuntimeError: inference server failed"),
     "server raises at once": (["SERVER FAILS"], None, 1, "RuntimeError: inference server failed"),
     "server request cancelled": ([call("fine"), "SERVER CANCELS"], None, 1, "CancelledError"),
-    "engine aborts a request": ([call("fine"), ABORTED + "<answer>"], None, 1,
-                                "EngineAbortedError: the rollout engine aborted generation 2 of the trajectory after 3 tokens"),
-    "engine aborts at once": ([ABORTED], None, 1,
-                              "EngineAbortedError: the rollout engine aborted generation 1 of the trajectory after 0 tokens"),
+    "engine aborts a request": (
+        [call("fine"), ABORTED + "<answer>"],
+        None,
+        1,
+        "EngineAbortedError: the rollout engine aborted generation 2 of the trajectory after 3 tokens",
+    ),
+    "engine aborts at once": (
+        [ABORTED],
+        None,
+        1,
+        "EngineAbortedError: the rollout engine aborted generation 1 of the trajectory after 0 tokens",
+    ),
     "engine dead": ([call("fine"), "ENGINE DIES"], None, 1, "EngineDeadError: EngineCore encountered an issue"),
 }
 
@@ -148,9 +186,17 @@ def faulty_batch(tiny_model_dir, tmp_path_factory):
         "extra_info": [{"index": index, "env": CASES[name][1]} for index, name in enumerate(names)],
     }
     prompts = [marked_prompt(index, name, [Image.new("RGB", (56, 56), "gray")]) for index, name in enumerate(names)]
-    batch = run_batch(tiny_model_dir, tmp_path_factory.mktemp("faults"), tools=tools, prompts=prompts,
-                      script=script_for(names), columns=columns, loop_options={"tool_timeout_s": TIMEOUT_S},
-                      prompt_length=2048, response_length=512)
+    batch = run_batch(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("faults"),
+        tools=tools,
+        prompts=prompts,
+        script=script_for(names),
+        columns=columns,
+        loop_options={"tool_timeout_s": TIMEOUT_S},
+        prompt_length=2048,
+        response_length=512,
+    )
     return names, batch, lifecycle
 
 
@@ -159,7 +205,10 @@ def test_the_batch_completes_with_exactly_the_affected_samples_masked(faulty_bat
     assert len(batch.output) == len(names)
     assert batch.field("mm_tool/masked") == [CASES[name][2] for name in names]
     for index, name in enumerate(names):
-        assert batch.field("mm_tool/error")[index].startswith(CASES[name][3]), (name, batch.field("mm_tool/error")[index])
+        assert batch.field("mm_tool/error")[index].startswith(CASES[name][3]), (
+            name,
+            batch.field("mm_tool/error")[index],
+        )
         assert trajectory_violations(batch, index) == [], name
     masked = sum(CASES[name][2] for name in names)
     assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/masked/count"] == float(masked)
@@ -201,10 +250,15 @@ def test_prefix_cache_hits_are_counted_from_the_second_generation(faulty_batch):
         later = batch.server.generations[index][1:]
         if name.startswith("engine aborts"):
             later = later[:-1]  # the aborted generation raised before its reply was kept
-        assert (prompt[index], cached[index]) == (sum(g.prompt_tokens for g in later), sum(g.cached_tokens for g in later)), name
+        assert (prompt[index], cached[index]) == (
+            sum(g.prompt_tokens for g in later),
+            sum(g.cached_tokens for g in later),
+        ), name
     good = names.index("good")
     assert prompt[good] > cached[good] > 0  # the history up to the last full 16-token block
-    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/prefix_cache_hit_rate"] == sum(cached) / sum(prompt)
+    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/prefix_cache_hit_rate"] == sum(cached) / sum(
+        prompt
+    )
 
 
 def test_a_batch_whose_engine_died_stops_the_step_naming_the_engine(tiny_model_dir, tmp_path):
@@ -213,13 +267,22 @@ def test_a_batch_whose_engine_died_stops_the_step_naming_the_engine(tiny_model_d
     and where to read why, not advice about the data."""
     names = ["engine dead"] * 4
     prompts = [marked_prompt(index, name) for index, name in enumerate(names)]
-    batch = run_batch(tiny_model_dir, tmp_path, tools=[PicTool()], prompts=prompts, script=script_for(names),
-                      prompt_length=2048, response_length=512)
+    batch = run_batch(
+        tiny_model_dir,
+        tmp_path,
+        tools=[PicTool()],
+        prompts=prompts,
+        script=script_for(names),
+        prompt_length=2048,
+        response_length=512,
+    )
     assert batch.field("mm_tool/masked") == [1, 1, 1, 1]
     with pytest.raises(MaskedBatchError) as raised:
         process_step(step_batch(batch.output, {"global_steps": 4, "validate": False}))
     message = str(raised.value)
     assert message.startswith("4 of 4 mm_tool trajectories of training step 4 were masked")
     assert "EngineDeadError: EngineCore encountered an issue" in message
-    assert message.endswith("its own log (the rollout server's lines in the trainer's log: vLLMHttpServer, "
-                            "EngineCore) says why it died or aborted the requests.")
+    assert message.endswith(
+        "its own log (the rollout server's lines in the trainer's log: vLLMHttpServer, "
+        "EngineCore) says why it died or aborted the requests."
+    )

@@ -91,10 +91,13 @@ def test_refusals_say_what_was_asked_why_and_what_to_do(tree):
         roots.read_bytes(b"a.png")
 
 
-@pytest.mark.parametrize(("roots", "message"), [
-    (["relative/dir"], r"file_roots entries must be absolute directory paths, got 'relative/dir'"),
-    (["/no/such/dir"], r"file root '/no/such/dir' is not an existing directory"),
-])
+@pytest.mark.parametrize(
+    ("roots", "message"),
+    [
+        (["relative/dir"], r"file_roots entries must be absolute directory paths, got 'relative/dir'"),
+        (["/no/such/dir"], r"file root '/no/such/dir' is not an existing directory"),
+    ],
+)
 def test_bad_roots_are_configuration_errors(roots, message):
     with pytest.raises(ConfigError, match=message):
         MMToolLoopConfig.from_options({"file_roots": roots}, limit_images=None)
@@ -129,18 +132,41 @@ class ReadImageTool(ScriptedTool):
 
 def loop_cases(root, outside):
     """name: (prompt image entry, model's first turn, masked error or None)."""
-    read = lambda path: f"<tool_call>\n{json.dumps({'name': 'read_image', 'arguments': {'path': path}})}\n</tool_call><|im_end|>"  # noqa: E731
+
+    def read(path):
+        return f"<tool_call>\n{json.dumps({'name': 'read_image', 'arguments': {'path': path}})}\n</tool_call><|im_end|>"
+
     return {
         "dataset path inside": (image_item(str(root / "a.png")), ANSWER, None),
         "dataset file:// inside": (image_item(f"file://{root}/sub/b.png"), ANSWER, None),
         "dataset relative inside": (image_item("sub/b.png"), ANSWER, None),
-        "dataset .. escape": (image_item("../outside/secret.png"), ANSWER, "FileAccessError: sample 3, prompt image 1: refused to read '../outside/secret.png'"),
-        "dataset symlink escape": (image_item(str(root / "link_out.png")), ANSWER, "FileAccessError: sample 4, prompt image 1: refused to read"),
-        "dataset URL": (image_item("https://example.com/a.png"), ANSWER, "FileAccessError: sample 5, prompt image 1: refused to fetch"),
-        "dataset image_url form": ({"type": "image_url", "image_url": {"url": str(outside / "secret.png")}}, ANSWER, "FileAccessError: sample 6"),
+        "dataset .. escape": (
+            image_item("../outside/secret.png"),
+            ANSWER,
+            "FileAccessError: sample 3, prompt image 1: refused to read '../outside/secret.png'",
+        ),
+        "dataset symlink escape": (
+            image_item(str(root / "link_out.png")),
+            ANSWER,
+            "FileAccessError: sample 4, prompt image 1: refused to read",
+        ),
+        "dataset URL": (
+            image_item("https://example.com/a.png"),
+            ANSWER,
+            "FileAccessError: sample 5, prompt image 1: refused to fetch",
+        ),
+        "dataset image_url form": (
+            {"type": "image_url", "image_url": {"url": str(outside / "secret.png")}},
+            ANSWER,
+            "FileAccessError: sample 6",
+        ),
         "tool reads inside": (image_item(Image.new("RGB", (28, 28))), read("sub/b.png"), None),
         "tool reads outside": (image_item(Image.new("RGB", (28, 28))), read("../outside/secret.png"), None),
-        "environment reads outside": (image_item(Image.new("RGB", (28, 28))), ANSWER, "FileAccessError: refused to read"),
+        "environment reads outside": (
+            image_item(Image.new("RGB", (28, 28))),
+            ANSWER,
+            "FileAccessError: refused to read",
+        ),
     }
 
 
@@ -150,14 +176,26 @@ def loop_batch(tiny_model_dir, tree, tmp_path):
     root, outside = tree
     cases = loop_cases(root, outside)
     names = list(cases)
-    prompts = [[{"role": "user", "content": [cases[name][0], {"type": "text", "text": f"[sample {i}] {name}"}]}]
-               for i, name in enumerate(names)]
+    prompts = [
+        [{"role": "user", "content": [cases[name][0], {"type": "text", "text": f"[sample {i}] {name}"}]}]
+        for i, name in enumerate(names)
+    ]
     env = {"name": "reliability_reader", "path": "../outside/secret.png"}
-    columns = {"extra_info": [{"index": i, "env": env if name.startswith("environment") else None}
-                              for i, name in enumerate(names)]}
-    batch = run_batch(tiny_model_dir, tmp_path, tools=[ReadImageTool()], prompts=prompts, columns=columns,
-                      script=lambda sample, turn, images: [cases[names[sample]][1], ANSWER][min(turn, 1)],
-                      loop_options={"file_roots": [str(root)]}, prompt_length=1024)
+    columns = {
+        "extra_info": [
+            {"index": i, "env": env if name.startswith("environment") else None} for i, name in enumerate(names)
+        ]
+    }
+    batch = run_batch(
+        tiny_model_dir,
+        tmp_path,
+        tools=[ReadImageTool()],
+        prompts=prompts,
+        columns=columns,
+        script=lambda sample, turn, images: [cases[names[sample]][1], ANSWER][min(turn, 1)],
+        loop_options={"file_roots": [str(root)]},
+        prompt_length=1024,
+    )
     return cases, names, batch
 
 
@@ -165,9 +203,15 @@ def test_the_loop_reads_dataset_tool_and_environment_paths_only_inside_the_roots
     cases, names, batch = loop_batch
     for index, name in enumerate(names):
         expected_error = cases[name][2]
-        assert batch.field("mm_tool/masked")[index] == int(expected_error is not None), (name, batch.field("mm_tool/error")[index])
+        assert batch.field("mm_tool/masked")[index] == int(expected_error is not None), (
+            name,
+            batch.field("mm_tool/error")[index],
+        )
         if expected_error:
-            assert batch.field("mm_tool/error")[index].startswith(expected_error), (name, batch.field("mm_tool/error")[index])
+            assert batch.field("mm_tool/error")[index].startswith(expected_error), (
+                name,
+                batch.field("mm_tool/error")[index],
+            )
     shown = batch.server.generations[names.index("tool reads inside")][1].images
     assert len(shown) == 2 and shown[1].getpixel((0, 0)) == (0, 0, 255)  # sub/b.png is blue
     refused = names.index("tool reads outside")
@@ -198,13 +242,15 @@ def sample_dump(tiny_model_dir, tmp_path_factory):
     return workdir / "dump"
 
 
-@pytest.mark.parametrize("name", ["../../../outside/secret.png", "{outside}/secret.png", "images/../../../outside/secret.png",
-                                  "images/link.png"])
+@pytest.mark.parametrize(
+    "name",
+    ["../../../outside/secret.png", "{outside}/secret.png", "images/../../../outside/secret.png", "images/link.png"],
+)
 def test_a_dump_record_cannot_make_the_viewer_publish_files_outside_its_folder(sample_dump, tmp_path, name):
     import shutil
 
     from verl_mm_tools.record import RECORD_FILE
-    from verl_mm_tools.viewer.records import ViewerError
+    from verl_mm_tools.viewer.loading import ViewerError
     from verl_mm_tools.viewer.site import build_site
 
     outside, dump = tmp_path / "outside", tmp_path / "dump"

@@ -25,9 +25,9 @@ from reliability_helpers import (
     sample_tools_kwargs,
     trajectory_violations,
 )
-
 from verl.utils.ray_utils import get_event_loop
 
+from verl_mm_tools.agent_loop.prompt import new_agent_data
 from verl_mm_tools.agent_loop.state import TrajectoryState
 
 TOOLS = image_tools()
@@ -42,8 +42,12 @@ CALLS_PER_TURN = 10
 TOOL_LAYER_TURNS = 1000  # x CALLS_PER_TURN = 10,000 fuzzed calls
 FUZZ_BATCHES, TRAJECTORIES_PER_BATCH = 30, 10  # 300 fuzzed trajectories
 # No shrinking: a failing example is printed whole, and shrinking ten-call turns can take minutes of CI time.
-SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck),
-                phases=[Phase.explicit, Phase.reuse, Phase.generate])
+SETTINGS = dict(  # noqa: C408 - hypothesis settings read as keyword arguments
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 
 
 nasty_numbers = st.one_of(
@@ -52,12 +56,16 @@ nasty_numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
 )
 wrong_types = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=8), st.lists(st.integers(-9, 9), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=8),
+    st.lists(st.integers(-9, 9), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 unknown_names = st.one_of(
-    st.sampled_from(["Rotate", "rotate ", "zoom", "crop_image", "", "image_zoom_in_tool", "python", "ROTATE",
-                     "rotate" * 60]),
+    st.sampled_from(
+        ["Rotate", "rotate ", "zoom", "crop_image", "", "image_zoom_in_tool", "python", "ROTATE", "rotate" * 60]
+    ),
     st.text(max_size=12).filter(lambda name: name not in PARAMETERS),
 )
 prose = st.text(st.sampled_from("abc xyz 0123456789.,:;!?{}[]\"'\n\u00e9\u4e2d"), max_size=30)
@@ -133,17 +141,37 @@ def call_body(draw) -> str:
     if shape == 13:
         return json.dumps({"name": name, "arguments": json.dumps(arguments)})  # arguments as a JSON string
     if shape == 14:
-        return json.dumps({"name": name, "arguments": draw(st.one_of(st.lists(st.integers(), max_size=3), st.floats(), st.none()))})
+        return json.dumps(
+            {"name": name, "arguments": draw(st.one_of(st.lists(st.integers(), max_size=3), st.floats(), st.none()))}
+        )
     if shape == 15:
-        return json.dumps({"name": draw(st.one_of(st.integers(), st.none(), st.lists(st.text(max_size=3)))), "arguments": {}})
+        return json.dumps(
+            {"name": draw(st.one_of(st.integers(), st.none(), st.lists(st.text(max_size=3)))), "arguments": {}}
+        )
     if shape == 16:
         full = json.dumps({"name": name, "arguments": arguments})
         return full[: draw(st.integers(0, max(0, len(full) - 1)))]  # truncated
     if shape == 17:
         return repr({"name": name, "arguments": arguments})  # Python, not JSON
     if shape == 18:
-        return '{"name": "rotate", "arguments": {"degrees": ' + draw(st.sampled_from(["1" * 5000, "[" * 3000, "NaN", "1e999"])) + "}}"
-    return draw(st.sampled_from(["", "{", "[]", "null", '{"name": "rotate", "arguments": {"degrees": 90},}', "<tool_call>", '{"name": "flip"}']))
+        return (
+            '{"name": "rotate", "arguments": {"degrees": '
+            + draw(st.sampled_from(["1" * 5000, "[" * 3000, "NaN", "1e999"]))
+            + "}}"
+        )
+    return draw(
+        st.sampled_from(
+            [
+                "",
+                "{",
+                "[]",
+                "null",
+                '{"name": "rotate", "arguments": {"degrees": 90},}',
+                "<tool_call>",
+                '{"name": "flip"}',
+            ]
+        )
+    )
 
 
 def turn_text(bodies: list[str], words: str, unterminated: bool) -> str:
@@ -201,7 +229,9 @@ def _degenerate_geometry(name: str, arguments: dict) -> bool:
 def tool_layer(tiny_model_dir, tmp_path_factory):
     # right-side truncation: an error must say what matters first, whatever the model wrote
     extra = ["actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right"]
-    return make_loop(tiny_model_dir, tmp_path_factory.mktemp("tool_layer"), tools=TOOLS, prompt_length=4096, extra=extra)
+    return make_loop(
+        tiny_model_dir, tmp_path_factory.mktemp("tool_layer"), tools=TOOLS, prompt_length=4096, extra=extra
+    )
 
 
 def run_sync(coroutine):
@@ -216,13 +246,14 @@ def answer_text(message: dict) -> str:
 async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[object, str, dict | None]]:
     """Parse one assistant turn and run its calls: (call, response, message) per parsed call, and the count of
     malformed calls the loop will answer with its notice."""
-    agent_data = await loop._new_agent_data({"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, TrajectoryState())
+    state = TrajectoryState(files=loop.files)
+    agent_data = await new_agent_data(loop, {"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, state)
     token_ids = loop.tokenizer.encode(text, add_special_tokens=False)
     _, calls = await loop.tool_parser.extract_tool_calls(token_ids, agent_data._active_tool_schemas)
     answered = []
     for call in calls:
-        response, _ = await loop._execute(call, agent_data)
-        answered.append((call, response, loop._tool_message(call, response, agent_data)))
+        response, _ = await loop.tool_runner.execute(call, state, agent_data)
+        answered.append((call, response, loop.tool_runner.tool_message(call, response, state)))
     return answered
 
 
@@ -271,7 +302,9 @@ def fuzz_worker(tiny_model_dir, tmp_path_factory):
     from reliability_helpers import LocalRollout, make_worker
 
     config = LocalRollout(tiny_model_dir, None, tmp_path_factory.mktemp("fuzz")).config(
-        prompt_length=1024, response_length=1024, extra=[f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={MAX_PARALLEL_CALLS}"]
+        prompt_length=1024,
+        response_length=1024,
+        extra=[f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={MAX_PARALLEL_CALLS}"],
     )
     return make_worker(config, None)
 
@@ -287,17 +320,24 @@ def test_three_hundred_fuzzed_trajectories_complete_unmasked_with_every_call_ans
     count = {"trajectories": 0, "responses": 0}
 
     @settings(max_examples=FUZZ_BATCHES, **SETTINGS)
-    @given(scripts=st.lists(st.lists(st.integers(1, 3).flatmap(fuzzed_turn), min_size=1, max_size=2),
-                            min_size=TRAJECTORIES_PER_BATCH, max_size=TRAJECTORIES_PER_BATCH),
-           selections=st.lists(TOOL_SELECTION, min_size=TRAJECTORIES_PER_BATCH, max_size=TRAJECTORIES_PER_BATCH))
+    @given(
+        scripts=st.lists(
+            st.lists(st.integers(1, 3).flatmap(fuzzed_turn), min_size=1, max_size=2),
+            min_size=TRAJECTORIES_PER_BATCH,
+            max_size=TRAJECTORIES_PER_BATCH,
+        ),
+        selections=st.lists(TOOL_SELECTION, min_size=TRAJECTORIES_PER_BATCH, max_size=TRAJECTORIES_PER_BATCH),
+    )
     def check(scripts, selections):
         tools, lifecycle = recorded(TOOLS)
         fuzz_worker.tools = tools
         server = RecordingServer(fuzz_worker.tokenizer, lambda sample, turn, images: (scripts[sample] + [ANSWER])[turn])
         fuzz_worker.llm_client = server
         prompts = [marked_prompt(index, "fuzz", [Image.new("RGB", (64, 48), "gray")]) for index in range(len(scripts))]
-        columns = {"tools_kwargs": sample_tools_kwargs(tools, len(scripts)),
-                   "extra_info": [{"tool_selection": selection} for selection in selections]}
+        columns = {
+            "tools_kwargs": sample_tools_kwargs(tools, len(scripts)),
+            "extra_info": [{"tool_selection": selection} for selection in selections],
+        }
         batch = Batch(generate(fuzz_worker, make_batch(prompts, **columns)), server, fuzz_worker)
         assert list(batch.field("mm_tool/masked")) == [0] * len(scripts), batch.field("mm_tool/error")
         assert lifecycle.leaks() == []

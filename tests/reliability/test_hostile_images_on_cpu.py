@@ -47,8 +47,12 @@ def zlib_bomb(side: int) -> bytes:
     """A complete, valid side x side grayscale PNG of zeros: ~80 KB that decode to side**2 bytes."""
     compressor, row = zlib.compressobj(9), b"\0" * (side + 1)
     data = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)) + \
-        _chunk(b"IDAT", data) + _chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+        + _chunk(b"IDAT", data)
+        + _chunk(b"IEND", b"")
+    )
 
 
 def encoded(image: Image.Image, fmt: str = "PNG") -> bytes:
@@ -90,9 +94,15 @@ BOMB = zlib_bomb(9000)  # 81 Mpx: over the 64 Mpx cap, under PIL's own 89 Mpx wa
 # name: (image entry of the prompt, refusal error prefix or None when normalized)
 PROMPT_CASES = {
     "bomb header 30000x30000": ({"bytes": png_claiming(30000, 30000)}, "refused as a decompression bomb"),
-    "bomb header 10000x10000, opened": ({"image": lazily_opened(png_claiming(10000, 10000))}, "10000x10000 px is outside"),
+    "bomb header 10000x10000, opened": (
+        {"image": lazily_opened(png_claiming(10000, 10000))},
+        "10000x10000 px is outside",
+    ),
     "zlib bomb 9000x9000": ({"bytes": BOMB}, "9000x9000 px is outside"),
-    "zlib bomb as data URI": ({"image": "data:image/png;base64," + base64.b64encode(BOMB).decode()}, "9000x9000 px is outside"),
+    "zlib bomb as data URI": (
+        {"image": "data:image/png;base64," + base64.b64encode(BOMB).decode()},
+        "9000x9000 px is outside",
+    ),
     "truncated PNG": ({"bytes": encoded(noise())[:300]}, "cannot be decoded"),
     "truncated JPEG, opened": ({"image": lazily_opened(half(encoded(noise(), "JPEG")))}, "cannot be decoded"),
     "garbage bytes": ({"bytes": b"\x00\x01not an image" * 20}, "cannot be decoded"),
@@ -119,8 +129,13 @@ def prompt_batch(tiny_model_dir, tmp_path_factory):
         entry = {"type": "image", **PROMPT_CASES[name][0]}
         prompts.append([{"role": "user", "content": [entry, {"type": "text", "text": f"[sample {index}] {name}"}]}])
     started = time.perf_counter()
-    batch = run_batch(tiny_model_dir, tmp_path_factory.mktemp("hostile"), tools=[], prompts=prompts,
-                      script=lambda sample, turn, images: ANSWER)
+    batch = run_batch(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("hostile"),
+        tools=[],
+        prompts=prompts,
+        script=lambda sample, turn, images: ANSWER,
+    )
     return names, batch, time.perf_counter() - started
 
 
@@ -154,9 +169,15 @@ def test_normalized_prompt_images_reach_the_model_in_rgb_sized_by_smart_resize(p
 # ----- tool outputs -------------------------------------------------------------------------------------------------
 
 TOOL_CASES = {
-    "zlib bomb": (lambda: lazily_opened(BOMB), f"more than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded"),
+    "zlib bomb": (
+        lambda: lazily_opened(BOMB),
+        f"more than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded",
+    ),
     "bomb header": (lambda: lazily_opened(png_claiming(10000, 10000)), "more than the"),
-    "truncated PNG": (lambda: lazily_opened(encoded(noise())[:300]), "the tool produced an image that cannot be decoded"),
+    "truncated PNG": (
+        lambda: lazily_opened(encoded(noise())[:300]),
+        "the tool produced an image that cannot be decoded",
+    ),
     "20000x20": (lambda: Image.new("RGB", (20000, 20)), "absolute aspect ratio must be smaller than 200"),
     "1x1": (lambda: Image.new("RGB", (1, 1)), None),
     "I;16": (sixteen_bit, None),
@@ -172,11 +193,19 @@ async def hostile_image(parameters):
 @pytest.fixture(scope="module")
 def tool_batch(tiny_model_dir, tmp_path_factory):
     names = list(TOOL_CASES)
-    call = lambda index: f"<tool_call>\n{json.dumps({'name': 'hostile', 'arguments': {'x': index}})}\n</tool_call><|im_end|>"  # noqa: E731
+
+    def call(index):
+        return f"<tool_call>\n{json.dumps({'name': 'hostile', 'arguments': {'x': index}})}\n</tool_call><|im_end|>"
+
     prompts = [marked_prompt(index, name, [noise()]) for index, name in enumerate(names)]
-    batch = run_batch(tiny_model_dir, tmp_path_factory.mktemp("hostile_tools"), tools=[ScriptedTool("hostile", hostile_image)],
-                      prompts=prompts, script=lambda sample, turn, images: [call(sample), ANSWER][turn],
-                      prompt_length=1024)
+    batch = run_batch(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("hostile_tools"),
+        tools=[ScriptedTool("hostile", hostile_image)],
+        prompts=prompts,
+        script=lambda sample, turn, images: [call(sample), ANSWER][turn],
+        prompt_length=1024,
+    )
     return names, batch
 
 

@@ -62,14 +62,18 @@ class Limits:
 
 def draw_limits(rng: random.Random, batch_index: int) -> Limits:
     """Random limits; the over-budget policies take turns, so each meets exhausted budgets."""
-    options = {"max_images": rng.randint(2, 6), "over_budget": ("downscale", "refuse", "stop")[batch_index % 3],
-               "annotate_image_ids": rng.random() < 0.7}
+    options = {
+        "max_images": rng.randint(2, 6),
+        "over_budget": ("downscale", "refuse", "stop")[batch_index % 3],
+        "annotate_image_ids": rng.random() < 0.7,
+    }
     if rng.random() < 0.5:
         options["max_pixels"] = rng.randint(2 * 784, PROCESSOR_MAX_PIXELS)
     if rng.random() < 0.3:
         options["min_pixels"] = rng.randint(784, min(8 * 784, options.get("max_pixels", PROCESSOR_MAX_PIXELS)))
-    return Limits(rng.choice([96, 384, 768, 1024, 1536]), rng.randint(1, 8), rng.randint(1, 3),
-                  rng.choice([24, 80, 256]), options)
+    return Limits(
+        rng.choice([96, 384, 768, 1024, 1536]), rng.randint(1, 8), rng.randint(1, 3), rng.choice([24, 80, 256]), options
+    )
 
 
 # ----- random samples ----------------------------------------------------------------------------------------------
@@ -180,28 +184,41 @@ def run_random_batch(tiny_model_dir, workdir, batch_index: int):
         "tools_kwargs": [{tool.name: {"create_kwargs": {"sample": i}} for tool in tools} for i in range(PER_BATCH)],
         "extra_info": [{"index": i, "env": s.env, "tool_selection": s.tools} for i, s in enumerate(samples)],
     }
-    extra = [f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={limits.max_parallel_calls}",
-             f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={limits.max_tool_response_length}"]
-    batch = run_batch(tiny_model_dir, workdir, tools=tools, prompts=[s.prompt for s in samples],
-                      script=lambda sample, turn, images: samples[sample].turns[min(turn, limits.max_turns)],
-                      columns=columns,
-                      loop_options=limits.loop_options, prompt_length=1024, response_length=limits.response_length,
-                      max_turns=limits.max_turns, extra=extra)
+    extra = [
+        f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={limits.max_parallel_calls}",
+        f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={limits.max_tool_response_length}",
+    ]
+    batch = run_batch(
+        tiny_model_dir,
+        workdir,
+        tools=tools,
+        prompts=[s.prompt for s in samples],
+        script=lambda sample, turn, images: samples[sample].turns[min(turn, limits.max_turns)],
+        columns=columns,
+        loop_options=limits.loop_options,
+        prompt_length=1024,
+        response_length=limits.response_length,
+        max_turns=limits.max_turns,
+        extra=extra,
+    )
     return limits, samples, batch, lifecycle
 
 
 def budget_violations(batch, index: int, sample: Sample, limits: Limits) -> list[str]:
     row = row_of(batch.output, index)
     low, high = limits.pixel_bounds
-    problems = [f"tool image of {pixels} px outside [{low}, {high}]"
-                for pixels in tool_image_pixels(row, sample.prompt_images) if not low <= pixels <= high]
+    problems = [
+        f"tool image of {pixels} px outside [{low}, {high}]"
+        for pixels in tool_image_pixels(row, sample.prompt_images)
+        if not low <= pixels <= high
+    ]
     if len(row.grid) > limits.loop_options["max_images"]:
         problems.append(f"{len(row.grid)} images, more than max_images={limits.loop_options['max_images']}")
     budget = limits.loop_options.get("max_image_tokens")
     if budget is not None and sum(grid_tokens(row.grid)) > budget:
         problems.append(f"{sum(grid_tokens(row.grid))} image tokens, more than max_image_tokens={budget}")
     shown = batch.server.generations[index][-1].images if batch.server.generations[index] else []
-    for (_, h, w), image in list(zip(row.grid, shown))[sample.prompt_images:]:
+    for (_, h, w), image in list(zip(row.grid, shown))[sample.prompt_images :]:
         if image.size != (w * PATCH, h * PATCH) or image.width % FACTOR or image.height % FACTOR:
             problems.append(f"tool image of {image.size} was resized again by the processor to {w * PATCH}x{h * PATCH}")
     return problems
@@ -220,8 +237,10 @@ def batch_violations(limits: Limits, samples: list[Sample], batch, lifecycle) ->
         if len(batch.server.generations[index]) > limits.max_turns:
             problems.append(f"{len(batch.server.generations[index])} assistant turns, max_turns={limits.max_turns}")
         if batch.field("tool_call_counts")[index] != lifecycle.executed.get(index, 0):
-            problems.append(f"tool_call_counts={batch.field('tool_call_counts')[index]}, executed "
-                            f"{lifecycle.executed.get(index, 0)}")
+            problems.append(
+                f"tool_call_counts={batch.field('tool_call_counts')[index]}, executed "
+                f"{lifecycle.executed.get(index, 0)}"
+            )
         if problems:
             found[index] = problems
     return found
@@ -233,7 +252,9 @@ def random_batches(tiny_model_dir, tmp_path_factory):
     results = []
     for batch_index in range(BATCHES):
         ENV_LOG.reset.clear(), ENV_LOG.closed.clear()
-        limits, samples, batch, lifecycle = run_random_batch(tiny_model_dir, tmp_path_factory.mktemp("random"), batch_index)
+        limits, samples, batch, lifecycle = run_random_batch(
+            tiny_model_dir, tmp_path_factory.mktemp("random"), batch_index
+        )
         envs = (sorted(ENV_LOG.reset), sorted(ENV_LOG.closed))
         results.append((limits, samples, batch, lifecycle, envs))
     return results

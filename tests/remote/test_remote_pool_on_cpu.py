@@ -12,7 +12,6 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
-from verl_mm_tools.errors import RemoteError
 
 ANSWER = "<answer>90</answer><|im_end|>"
 
@@ -46,8 +45,10 @@ def rotate_entry(remote: str = "") -> str:
 
 def wait_entry(remote: str, seconds: float, tag: str) -> str:
     """The blocking tool; ``tag`` gives each test its own pool (the config is part of the pool's identity)."""
-    entry = (f"  - class_name: verl_mm_tools.remote.probe.BlockingTool\n"
-             f"    config: {{type: native, seconds: {seconds}, tag: {tag}}}\n")
+    entry = (
+        f"  - class_name: verl_mm_tools.remote.probe.BlockingTool\n"
+        f"    config: {{type: native, seconds: {seconds}, tag: {tag}}}\n"
+    )
     return entry + (f"    remote: {remote}\n" if remote else "")
 
 
@@ -90,9 +91,12 @@ def test_a_remote_tool_gives_the_same_tokens_and_images_as_in_process(ray_cluste
     assert list(remote.non_tensor_batch["mm_tool/error"]) == [""] * 3
     for index in range(3):
         assert unpadded_row(remote, index) == unpadded_row(local, index)
+
     def images_by_prompt(server) -> dict:
-        return {tuple(request["prompt_ids"]): [image.tobytes() for image in request["images"]]
-                for request in server.requests}
+        return {
+            tuple(request["prompt_ids"]): [image.tobytes() for image in request["images"]]
+            for request in server.requests
+        }
 
     assert sorted(len(request["images"]) for request in remote_server.requests) == [1] * 3 + [2] * 3 + [3] * 3
     assert images_by_prompt(remote_server) == images_by_prompt(local_server)
@@ -104,8 +108,12 @@ def test_a_remote_tool_gives_the_same_tokens_and_images_as_in_process(ray_cluste
 
 def test_a_session_stays_on_its_actor_and_sees_the_trajectorys_images(ray_cluster, rollout, tmp_path):
     tools = load_tools(tmp_path, rotate_entry("{actors: 2}") + wait_entry("{actors: 2}", 0.05, "affinity"))
-    turns = [tool_call_text("wait", note="a"), tool_call_text("rotate", degrees=90), tool_call_text("wait", note="b"),
-             ANSWER]
+    turns = [
+        tool_call_text("wait", note="a"),
+        tool_call_text("rotate", degrees=90),
+        tool_call_text("wait", note="b"),
+        ANSWER,
+    ]
     output, _, worker = rollout.run(turns, pictures(4), tools=tools, max_turns=4)
 
     pids = set()
@@ -128,8 +136,9 @@ def test_a_call_past_timeout_s_is_answered_as_text_and_the_trajectory_goes_on(ra
 
     pool = tools[0].pool
     (text,) = tool_texts(output, worker, 0)
-    assert text == (f"Error: tool 'wait': execute on actor {pool.slots[0].name} took longer than 0.5 s and was "
-                    "cancelled")
+    assert text == (
+        f"Error: tool 'wait': execute on actor {pool.slots[0].name} took longer than 0.5 s and was cancelled"
+    )
     assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "answered"
     assert output.non_tensor_batch["mm_tool/error"][0] == ""
     assert output.non_tensor_batch["mm_tool/tool_errors"][0] == 1
@@ -232,7 +241,6 @@ def test_a_remote_environment_answers_as_the_local_one(ray_cluster, rollout, tmp
     assert sorted(slot.assigned for slot in pool.slots) == [1, 1]
 
 
-
 def test_fractional_gpus_share_a_gpu_and_an_actor_ray_cannot_place_says_why(ray_cluster, rollout, tmp_path):
     """Resource requests reach Ray: two actors asking half a GPU each share GPU 0 (CUDA_VISIBLE_DEVICES set by Ray);
     one asking a whole GPU more than is free is not left pending: its trajectory is masked with what it asked."""
@@ -244,8 +252,10 @@ def test_fractional_gpus_share_a_gpu_and_an_actor_ray_cannot_place_says_why(ray_
     unplaceable = load_tools(tmp_path, wait_entry("{num_gpus: 1, startup_timeout_s: 3}", 0.01, "no_gpu_left"))
     output, _, _ = rollout.run([tool_call_text("wait"), ANSWER], pictures(1), tools=unplaceable)
     error = output.non_tensor_batch["mm_tool/error"][0]
-    assert f"tool 'wait': actor {unplaceable[0].pool.slots[0].name} did not start within 3 s; it asks Ray for " \
-           "{'max_concurrency': 1, 'max_restarts': 3, 'num_gpus': 1} and Ray has" in error
+    assert (
+        f"tool 'wait': actor {unplaceable[0].pool.slots[0].name} did not start within 3 s; it asks Ray for "
+        "{'max_concurrency': 1, 'max_restarts': 3, 'num_gpus': 1} and Ray has" in error
+    )
     assert "Lower num_cpus / num_gpus, give Ray more resources, or raise startup_timeout_s" in error
     for actor in shared[0].pool.slots:
         ray_cluster.kill(ray_cluster.get_actor(actor.name))  # the logical GPU back for the tests after this one

@@ -15,16 +15,22 @@ def test_defaults_and_true():
     assert spec.actor_options() == {"max_concurrency": 2, "max_restarts": 3, "num_gpus": 0.25, "num_cpus": 0.5}
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"actor": 2}, "tool x: unknown remote option 'actor'. Did you mean 'actors'?"),
-    ({"actors": 0}, "tool x: remote actors must be an integer >= 1, got 0"),
-    ({"actors": 1.5}, "tool x: remote actors must be an integer >= 1, got 1.5"),
-    ({"num_gpus": -1}, "tool x: remote num_gpus must be a number >= 0 (a fraction shares a GPU), got -1"),
-    ({"timeout_s": 0}, "tool x: remote timeout_s must be a number of seconds > 0 or null, got 0"),
-    ({"max_concurrency": True}, "tool x: remote max_concurrency must be an integer >= 1, got True"),
-    ("yes", "tool x: remote must be a mapping such as {actors: 2, max_concurrency: 1} (or true for one actor), "
-            "got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"actor": 2}, "tool x: unknown remote option 'actor'. Did you mean 'actors'?"),
+        ({"actors": 0}, "tool x: remote actors must be an integer >= 1, got 0"),
+        ({"actors": 1.5}, "tool x: remote actors must be an integer >= 1, got 1.5"),
+        ({"num_gpus": -1}, "tool x: remote num_gpus must be a number >= 0 (a fraction shares a GPU), got -1"),
+        ({"timeout_s": 0}, "tool x: remote timeout_s must be a number of seconds > 0 or null, got 0"),
+        ({"max_concurrency": True}, "tool x: remote max_concurrency must be an integer >= 1, got True"),
+        (
+            "yes",
+            "tool x: remote must be a mapping such as {actors: 2, max_concurrency: 1} (or true for one actor), "
+            "got 'yes'",
+        ),
+    ],
+)
 def test_bad_options_name_the_owner_and_what_was_received(config, message):
     with pytest.raises(ConfigError) as caught:
         RemoteSpec.from_config(config, "tool x")
@@ -75,8 +81,10 @@ def test_a_remote_class_without_a_schema_needs_tool_schema(tmp_path):
     from verl.tools.tool_registry import load_all_tools
 
     yaml = "tools:\n  - class_name: verl.tools.base_tool.BaseTool\n    config: {type: native}\n    remote: true\n"
-    with pytest.raises(ConfigError, match="runs remotely, so it is not built here to ask for its schema: give its "
-                                          "tool_schema in the YAML entry"):
+    with pytest.raises(
+        ConfigError,
+        match="runs remotely, so it is not built here to ask for its schema: give its tool_schema in the YAML entry",
+    ):
         load_all_tools(write_yaml(tmp_path, yaml), None)
 
 
@@ -92,7 +100,7 @@ def test_without_remote_keeps_the_tools_and_drops_only_remote():
     from omegaconf import OmegaConf
 
     from verl_mm_tools.remote.tool import without_remote
-    from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+    from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
     assert without_remote(ROTATE_TOOLS_YAML) is ROTATE_TOOLS_YAML  # warm-start caches keyed on it stay valid
     local = OmegaConf.create(without_remote(MIXED_YAML))

@@ -95,7 +95,7 @@ def score_through_agent_loop(worker, tokenizer, response: str, extra_fields: dic
 
 
 def expected_extra_info(**values: Any) -> dict[str, Any]:
-    return {key: None for key in REWARD_EXTRA_KEYS} | values
+    return dict.fromkeys(REWARD_EXTRA_KEYS) | values
 
 
 # (gamma, attempts, final answer, tolerance preset, discounted reward)

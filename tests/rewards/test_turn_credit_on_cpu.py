@@ -68,8 +68,9 @@ def test_single_turn_or_final_reward_only_equals_verls_grpo():
 
 
 def test_selected_by_name_through_verls_compute_advantage():
-    import verl_mm_tools.plugin  # noqa: F401  (registers mm_turn_grpo)
     from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    import verl_mm_tools.plugin  # noqa: F401  (registers mm_turn_grpo)
 
     data = DataProto(
         batch=TensorDict({"token_level_rewards": REWARDS.clone(), "response_mask": MASK.clone()}, batch_size=2),
@@ -109,7 +110,10 @@ def test_a_trajectory_exported_as_samples_gets_its_per_trajectory_advantages_thr
         non_tensor_batch={"uid": np.array(["a", "a" + CONTINUATION_MARK, "a"], dtype=object)},
     )
     out = compute_advantage_for_multi_trajectories(
-        data, batch_keys=["a_0_0", "a_0_1", "a_1_0"], adv_estimator="mm_turn_grpo", gamma=0.5,
+        data,
+        batch_keys=["a_0_0", "a_0_1", "a_1_0"],
+        adv_estimator="mm_turn_grpo",
+        gamma=0.5,
         config=AlgoConfig(adv_estimator="mm_turn_grpo", gamma=0.5),
     )
     s = 0.5**0.5 + 1e-6  # b = 0.5 and s = std([1, 0]) over the trajectories' whole returns, as for A and B above

@@ -220,7 +220,11 @@ def test_families_load_generate_and_round_trip_through_continuous_tokens(tiny_fa
     merged = builder.merge_context_tokens(conversation[:2], conversation, after_call, tools=[ROTATE_SCHEMA])
 
     # the history as the model saw it: its own call text (the Qwen2/2.5-VL templates drop ``tool_calls``)
-    history = [conversation[0], {"role": "assistant", "content": TOOL_CALL_TEXT.removesuffix("<|im_end|>")}, conversation[2]]
+    history = [
+        conversation[0],
+        {"role": "assistant", "content": TOOL_CALL_TEXT.removesuffix("<|im_end|>")},
+        conversation[2],
+    ]
     text = processor.apply_chat_template(history, tools=[ROTATE_SCHEMA], tokenize=False, add_generation_prompt=True)
     full = processor(text=[text], images=[first, second], return_tensors="pt")
     assert merged.token_ids == full["input_ids"][0].tolist()

@@ -10,8 +10,9 @@ from importlib.resources import files
 
 import pytest
 
-TEMPLATE_FILES = sorted(path.name for path in files("verl_mm_tools.tiny").joinpath("templates").iterdir()
-                        if path.name.endswith(".jinja"))
+TEMPLATE_FILES = sorted(
+    path.name for path in files("verl_mm_tools.tiny").joinpath("templates").iterdir() if path.name.endswith(".jinja")
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,6 @@ def test_vllm_reads_the_tiny_template_as_a_content_list_template(detect, name):
 
 def test_the_detection_is_real_a_guarded_loop_reads_as_string(detect):
     """What the tiny templates did before: iterating ``message.content or []`` hides the loop from vLLM."""
-    loop = "{%- for message in messages -%}{%- for item in message.content {} -%}{{ item.text }}{%- endfor -%}{%- endfor -%}"
+    loop = "{%- for message in messages -%}{%- for item in message.content {} -%}{{ item.text }}{%- endfor -%}{%- endfor -%}"  # noqa: E501
     assert detect(loop.replace("{}", "or []")) == "string"
     assert detect(loop.replace("{}", "")) == "openai"

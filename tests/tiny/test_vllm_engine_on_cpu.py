@@ -23,8 +23,13 @@ VLLM_PYTHON = os.environ.get("VERL_MM_TOOLS_VLLM_PYTHON", sys.executable)
 @pytest.mark.slow
 def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
     models = [str(tiny_model_path(family=family)) for family in sorted(FAMILIES)]
-    done = subprocess.run([VLLM_PYTHON, str(SCRIPT), *models], capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, **VLLM_CPU_ENVIRONMENT})
+    done = subprocess.run(
+        [VLLM_PYTHON, str(SCRIPT), *models],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, **VLLM_CPU_ENVIRONMENT},
+    )
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"model"')]
     sys.stderr.write(done.stderr[-3000:])
     assert [report["model_type"] for report in reports] == sorted(FAMILIES)

@@ -172,6 +172,8 @@ def test_check_tool_inside_a_running_loop_points_to_acheck_tool():
 def test_the_readme_tool_passes_and_the_report_lists_what_was_checked():
     lines = str(check_tool(GrayscaleTool())).splitlines()
     assert lines[0] == "tool 'to_grayscale': 16 checks passed"
-    assert lines[2] == ("  ok  a valid call {} on a 64x48 image returns images within max_pixels and a text starting "
-                        "'Image 2:', leaving the workspace to the loop")
+    assert lines[2] == (
+        "  ok  a valid call {} on a 64x48 image returns images within max_pixels and a text starting "
+        "'Image 2:', leaving the workspace to the loop"
+    )
     assert "  ok  bad input answered as text: image_id 99 of 1 image" in lines

@@ -10,6 +10,7 @@ from verl.tools.schemas import ToolResponse
 
 from verl_mm_tools import ops
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.files import FileRoots
 from verl_mm_tools.tools import (
     CropTool,
     DrawBBoxTool,
@@ -21,7 +22,7 @@ from verl_mm_tools.tools import (
     ZoomInConfig,
     ZoomInTool,
 )
-from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
+from verl_mm_tools.workspace import ImageWorkspace, ToolContext, attach_tool_context
 
 RED = (255, 0, 0)
 
@@ -114,7 +115,9 @@ def test_fractional_boxes_are_reported_as_rounded(make_agent_data, two_images, e
 
 def test_ids_follow_the_mm_tool_workspace(make_agent_data, two_images, execute):
     agent_data = make_agent_data([])
-    setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(list(two_images) + [Image.new("RGB", (30, 30))]))
+    attach_tool_context(
+        agent_data, ToolContext(ImageWorkspace(list(two_images) + [Image.new("RGB", (30, 30))]), FileRoots())
+    )
     response, _, _ = execute(FlipTool(), {"direction": "vertical", "image_id": 1}, agent_data)
     assert response.text == "Image 4: Image 1 flipped vertically (top and bottom swapped), 64x48 px."
 
@@ -182,7 +185,9 @@ def test_tools_never_modify_workspace_images(make_agent_data, two_images, execut
     agent_data = make_agent_data(two_images)
     execute(DrawBBoxTool(), {"x1": 0, "y1": 0, "x2": 30, "y2": 30, "label": "x"}, agent_data)
     execute(DrawLineTool(), {"x1": 0, "y1": 0, "x2": 30, "y2": 30, "image_id": 1}, agent_data)
-    assert all(np.array_equal(np.asarray(a), b) for a, b in zip(agent_data.image_data, before))
+    assert all(
+        np.array_equal(np.asarray(a), b) for a, b in zip(agent_data.image_data, before, strict=False)
+    )  # new images follow
 
 
 def test_output_never_exceeds_max_pixels(make_agent_data, execute):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.viewer.chromium import Chromium, ChromiumError, find_chromium
 from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
+from verl_mm_tools.viewer.chromium import Chromium, ChromiumError, find_chromium
 from verl_mm_tools.viewer.site import build_site, make_server
 
 REPO_OUTPUTS = Path(__file__).resolve().parents[2] / "outputs"

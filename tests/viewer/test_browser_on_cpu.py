@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.tiny.builder import BUILDER_VERSION
-from verl_mm_tools.viewer.records import load_trajectories
+from verl_mm_tools.viewer.loading import load_trajectories
 
 ROWS = "Array.from(document.querySelectorAll('#trajectories tbody tr'))"
 VISIBLE_IDS = f"{ROWS}.filter(row => !row.hidden).map(row => row.dataset.id)"
@@ -41,25 +41,34 @@ def ids_where(trajectories, predicate) -> list[str]:
 
 
 def test_the_index_lists_every_trajectory_with_its_step_reward_and_link(index, trajectories, keep_screenshot):
-    rows = index.evaluate(f"{ROWS}.map(row => [row.dataset.id, row.dataset.step, row.dataset.reward,"
-                          " row.querySelector('a').getAttribute('href'), row.hidden])")
+    rows = index.evaluate(
+        f"{ROWS}.map(row => [row.dataset.id, row.dataset.step, row.dataset.reward,"
+        " row.querySelector('a').getAttribute('href'), row.hidden])"
+    )
     assert sorted(row[0] for row in rows) == sorted(trajectories) and len(rows) == 8
     for trajectory_id, step, reward, link, hidden in rows:
         record = trajectories[trajectory_id].record
-        assert (step, float(reward), link, hidden) == (str(record["step"]), record["reward"]["score"],
-                                                       f"t/{trajectory_id}.html", False)
+        assert (step, float(reward), link, hidden) == (
+            str(record["step"]),
+            record["reward"]["score"],
+            f"t/{trajectory_id}.html",
+            False,
+        )
     assert index.evaluate("document.getElementById('shown').textContent") == "8"
     thumbnails = index.evaluate("Array.from(document.querySelectorAll('td.thumbs img')).map(img => img.naturalWidth)")
     assert len(thumbnails) == 2 * (1 + 1 + 1 + 3) and all(width > 0 for width in thumbnails)  # per step: 6 images
     keep_screenshot(index, "viewer-index.png")
 
 
-def test_every_trajectory_page_shows_every_image_at_its_size(browser, site_url, trajectories, sample_site,
-                                                            keep_screenshot):
+def test_every_trajectory_page_shows_every_image_at_its_size(
+    browser, site_url, trajectories, sample_site, keep_screenshot
+):
     for trajectory_id, trajectory in trajectories.items():
         page = browser.open(f"{site_url}t/{trajectory_id}.html")
-        shown = page.evaluate("Array.from(document.querySelectorAll('#chat img')).map(img => "
-                              "[Number(img.dataset.imageId), img.complete, img.naturalWidth, img.naturalHeight])")
+        shown = page.evaluate(
+            "Array.from(document.querySelectorAll('#chat img')).map(img => "
+            "[Number(img.dataset.imageId), img.complete, img.naturalWidth, img.naturalHeight])"
+        )
         expected = [(image["id"], image["width"], image["height"]) for image in trajectory.record["images"]]
         assert [(image_id, width, height) for image_id, _, width, height in shown] == expected
         assert all(complete and width > 0 for _, complete, width, _ in shown)
@@ -72,24 +81,28 @@ def test_every_trajectory_page_shows_every_image_at_its_size(browser, site_url, 
             keep_screenshot(page, "viewer-trajectory.png")
             score = page.evaluate("document.getElementById('score').textContent")
             assert score == "1"
-            turns = page.evaluate("Array.from(document.querySelectorAll('#turns tbody tr'))"
-                                  ".map(row => row.cells[1].textContent)")
+            turns = page.evaluate(
+                "Array.from(document.querySelectorAll('#turns tbody tr')).map(row => row.cells[1].textContent)"
+            )
             assert turns == [str(turn["trained_tokens"]) for turn in trajectory.record["turns"]]
             calls = page.evaluate("Array.from(document.querySelectorAll('.call b')).map(b => b.textContent)")
             assert calls == ["rotate", "rotate"]
 
 
-@pytest.mark.parametrize("control, value, predicate", [
-    ("f-masked", "1", lambda record: record["masked"]),
-    ("f-masked", "0", lambda record: not record["masked"]),
-    ("f-step", "2", lambda record: record["step"] == 2),
-    ("f-tool", "rotate", lambda record: "rotate" in record["tools_used"]),
-    ("f-tool", "(none)", lambda record: not record["tools_used"]),
-    ("f-reward-min", "0.5", lambda record: record["reward"]["score"] >= 0.5),
-    ("f-reward-max", "0.5", lambda record: record["reward"]["score"] <= 0.5),
-    ("f-turns-min", "2", lambda record: len(record["turns"]) >= 2),
-    ("f-stop", "error", lambda record: record["stop_reason"] == "error"),
-])
+@pytest.mark.parametrize(
+    "control, value, predicate",
+    [
+        ("f-masked", "1", lambda record: record["masked"]),
+        ("f-masked", "0", lambda record: not record["masked"]),
+        ("f-step", "2", lambda record: record["step"] == 2),
+        ("f-tool", "rotate", lambda record: "rotate" in record["tools_used"]),
+        ("f-tool", "(none)", lambda record: not record["tools_used"]),
+        ("f-reward-min", "0.5", lambda record: record["reward"]["score"] >= 0.5),
+        ("f-reward-max", "0.5", lambda record: record["reward"]["score"] <= 0.5),
+        ("f-turns-min", "2", lambda record: len(record["turns"]) >= 2),
+        ("f-stop", "error", lambda record: record["stop_reason"] == "error"),
+    ],
+)
 def test_each_filter_hides_exactly_the_rows_that_do_not_match(index, trajectories, control, value, predicate):
     index.click("#f-reset")
     set_control(index, control, value)

@@ -8,9 +8,17 @@ import xml.etree.ElementTree as ElementTree
 from verl_mm_tools.viewer.curve import HEIGHT, LEFT, TOP, curve_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
-CURVE = {"task": "learn_zoom", "target": 0.9, "chance": 0.5, "learned": True, "trainer_seconds": 60.0,
-         "steps": [1, 2, 3, 4], "reward": [0.5, 0.625, 0.875, 1.0], "call_rate": [0.5, 0.5, 0.75, 1.0],
-         "validation": {"0": 0.5, "4": 1.0}}
+CURVE = {
+    "task": "learn_zoom",
+    "target": 0.9,
+    "chance": 0.5,
+    "learned": True,
+    "trainer_seconds": 60.0,
+    "steps": [1, 2, 3, 4],
+    "reward": [0.5, 0.625, 0.875, 1.0],
+    "call_rate": [0.5, 0.5, 0.75, 1.0],
+    "validation": {"0": 0.5, "4": 1.0},
+}
 
 
 def test_the_picture_plots_reward_call_rate_validation_target_and_chance():

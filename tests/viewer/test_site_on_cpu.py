@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -17,10 +17,10 @@ import urllib.request
 
 import pytest
 
-from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR
 from verl_mm_tools.cli import main
+from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR
 from verl_mm_tools.viewer.chromium import ENV_EXECUTABLE, ChromiumError, find_chromium
-from verl_mm_tools.viewer.records import ViewerError, load_trajectories
+from verl_mm_tools.viewer.loading import ViewerError, load_trajectories
 from verl_mm_tools.viewer.site import build_site
 
 REMOTE_REFERENCE = re.compile(r"""(?:src|href|action)\s*=\s*["']?\s*(?:[a-z]+:)?//""", re.IGNORECASE)
@@ -82,7 +82,7 @@ def test_a_trajectory_exported_per_turn_shows_which_turns_each_sample_trains_on(
     ]
     path.write_text(json.dumps(record))
     html = build_site(dump_copy, tmp_path / "site").pages[record["id"]].read_text()
-    table = html[html.index('<table id="samples">'):]
+    table = html[html.index('<table id="samples">') :]
     table = table[: table.index("</table>")]
     rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
@@ -97,11 +97,22 @@ def test_verl_rollout_data_dir_jsonl_is_shown_as_text_only_trajectories(tmp_path
     rollout_dir = tmp_path / "rollouts"
     rollout_dir.mkdir()
     rows = [  # what verl's trainer writes to trainer.rollout_data_dir/<step>.jsonl
-        {"input": "user\nHow far is it rotated?",
-         "output": '<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call>\n<answer>90</answer>',
-         "gts": "90", "score": 1.0, "step": 3, "acc": True},
-        {"input": "user\nAnd this one?", "output": "<answer>0</answer>", "gts": "90", "score": 0.0, "step": 3,
-         "acc": False},
+        {
+            "input": "user\nHow far is it rotated?",
+            "output": '<tool_call>\n{"name": "rotate", "arguments": {"degrees": 90}}\n</tool_call>\n<answer>90</answer>',  # noqa: E501
+            "gts": "90",
+            "score": 1.0,
+            "step": 3,
+            "acc": True,
+        },
+        {
+            "input": "user\nAnd this one?",
+            "output": "<answer>0</answer>",
+            "gts": "90",
+            "score": 0.0,
+            "step": 3,
+            "acc": False,
+        },
     ]
     (rollout_dir / "3.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     site = build_site(rollout_dir, tmp_path / "site")
@@ -129,13 +140,24 @@ def test_unpublished_staged_trajectories_are_shown_and_reported(dump_copy, tmp_p
     assert 'data-id="unpublished" data-step="" data-reward=""' in site.index.read_text()
 
 
-@pytest.mark.parametrize("prepare, message", [
-    (lambda path: None, r"no trajectories under .*: expected step_\*/<id>/trajectory.json \(the mm_tool loop's "
-                        r"dump_dir option\) or <step>.jsonl files"),
-    (lambda path: (path / "3.jsonl").write_text("not json\n"), r"3.jsonl:1 is not a JSON line"),
-    (lambda path: (path / "step_000001" / "x").mkdir(parents=True) or (path / "step_000001" / "x" / RECORD_FILE)
-     .write_text('{"format": "something-else"}'), r"holds format 'something-else'.*upgrade verl-mm-tools"),
-])
+@pytest.mark.parametrize(
+    "prepare, message",
+    [
+        (
+            lambda path: None,
+            r"no trajectories under .*: expected step_\*/<id>/trajectory.json \(the mm_tool loop's "
+            r"dump_dir option\) or <step>.jsonl files",
+        ),
+        (lambda path: (path / "3.jsonl").write_text("not json\n"), r"3.jsonl:1 is not a JSON line"),
+        (
+            lambda path: (
+                (path / "step_000001" / "x").mkdir(parents=True)
+                or (path / "step_000001" / "x" / RECORD_FILE).write_text('{"format": "something-else"}')
+            ),
+            r"holds format 'something-else'.*upgrade verl-mm-tools",
+        ),
+    ],
+)
 def test_what_cannot_be_shown_is_refused_with_what_to_do(tmp_path, prepare, message):
     source = tmp_path / "source"
     source.mkdir()
@@ -173,12 +195,26 @@ def test_a_missing_chromium_is_an_error_that_says_how_to_install_it(monkeypatch,
 
 
 def test_serve_answers_on_127_0_0_1_until_interrupted(sample_dump, tmp_path):
-    command = [sys.executable, "-m", "verl_mm_tools.cli", "view", str(sample_dump), "--out", str(tmp_path / "site"),
-               "--serve", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_mm_tools.cli",
+        "view",
+        str(sample_dump),
+        "--out",
+        str(tmp_path / "site"),
+        "--serve",
+        "0",
+    ]
     # A shell that starts jobs in the background (CI under nohup ... &) ignores SIGINT, and its children inherit that:
     # give the server the disposition an interactive Ctrl-C meets.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     try:
@@ -211,8 +247,16 @@ def test_the_index_shows_the_demos_learning_curve_above_the_trajectories(dump_co
     """The demo writes learning_curve.svg next to learning_curve.json, in the folder above its trajectory dumps."""
     from verl_mm_tools.viewer.curve import curve_svg
 
-    curve = {"task": "learn_zoom", "target": 0.9, "chance": 0.5, "learned": True, "steps": [1, 2, 3],
-             "reward": [0.5, 0.75, 1.0], "call_rate": [0.5, 0.8, 1.0], "validation": {"0": 0.5, "3": 1.0}}
+    curve = {
+        "task": "learn_zoom",
+        "target": 0.9,
+        "chance": 0.5,
+        "learned": True,
+        "steps": [1, 2, 3],
+        "reward": [0.5, 0.75, 1.0],
+        "call_rate": [0.5, 0.8, 1.0],
+        "validation": {"0": 0.5, "3": 1.0},
+    }
     (tmp_path / "learning_curve.svg").write_text(curve_svg(curve))
     site = build_site(dump_copy, tmp_path / "site")
     index = site.index.read_text()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from PIL import Image
 from qwen_vl_utils import smart_resize
 
+from verl_mm_tools.agent_loop.options import OverBudget
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
@@ -70,8 +71,10 @@ class ImageGeometry:
             if best is None or distortion < best[0]:
                 best = (distortion, columns * self.factor, rows * self.factor)
         if best is None or best[0] > math.log(2):
-            raise ValueError(f"no size of whole {self.factor} px tokens between {min_pixels} and {max_pixels} px keeps "
-                             "its aspect ratio within 2x")
+            raise ValueError(
+                f"no size of whole {self.factor} px tokens between {min_pixels} and {max_pixels} px keeps "
+                "its aspect ratio within 2x"
+            )
         return best[1], best[2]
 
     def tokens(self, width: int, height: int) -> int:
@@ -81,17 +84,6 @@ class ImageGeometry:
             height, width, self.factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
         )
         return max(1, new_width // self.factor) * max(1, new_height // self.factor)
-
-
-class OverBudget(str, Enum):
-    """The ``over_budget`` option: what happens to a tool image that does not fit the image token budget."""
-
-    DOWNSCALE = "downscale"  # shrink it to the tokens left; refuse it when even the smallest size does not fit
-    REFUSE = "refuse"  # refuse it: the model reads why
-    STOP = "stop"  # end the trajectory (stop reason ``budget``)
-
-
-OVER_BUDGET_POLICIES = tuple(policy.value for policy in OverBudget)
 
 
 class Verdict(str, Enum):
@@ -137,8 +129,10 @@ class ImageBudget:
         if self.images > self.config.max_images:
             return f"the prompt holds {self.images} images, more than max_images={self.config.max_images}"
         if self.config.max_image_tokens is not None and self.tokens > self.config.max_image_tokens:
-            return (f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens="
-                    f"{self.config.max_image_tokens}")
+            return (
+                f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens="
+                f"{self.config.max_image_tokens}"
+            )
         return None
 
     def admit(self, image: Image.Image) -> Admission:
@@ -146,22 +140,31 @@ class ImageBudget:
         whole or absent."""
         if self.images >= self.config.max_images:
             limit = self.config.max_images
-            return self._over_budget(f"the image budget is exhausted (at most {limit} image{'s' * (limit != 1)} per "
-                                     "conversation); no further images can be shown")
+            return self._over_budget(
+                f"the image budget is exhausted (at most {limit} image{'s' * (limit != 1)} per "
+                "conversation); no further images can be shown"
+            )
         if image.width * image.height > MAX_DECODE_PIXELS:  # judged from the header: a bomb is never decoded
-            return Admission(Verdict.REFUSED, note=f"the tool produced an image of {image.width}x{image.height} px, "
-                             f"more than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded")
+            return Admission(
+                Verdict.REFUSED,
+                note=f"the tool produced an image of {image.width}x{image.height} px, "
+                f"more than the {MAX_DECODE_PIXELS} px any image may have; it was not decoded",
+            )
         try:
             width, height = self.geometry.resized(*image.size, self.min_pixels, self.max_pixels)
         except ValueError as error:
-            return Admission(Verdict.REFUSED, note=f"the tool produced an image of {image.size[0]}x{image.size[1]} px "
-                             f"that cannot be shown ({error})")
+            return Admission(
+                Verdict.REFUSED,
+                note=f"the tool produced an image of {image.size[0]}x{image.size[1]} px that cannot be shown ({error})",
+            )
         tokens, left, verdict = self._tokens_of(width, height), self._tokens_left(), Verdict.ADMITTED
         if tokens > left:
             fitted = self._downscaled(image, left)
             if fitted is None:
-                return self._over_budget(f"the image token budget is exhausted ({left} image tokens left, the image "
-                                         f"needs {tokens}); no further images can be shown")
+                return self._over_budget(
+                    f"the image token budget is exhausted ({left} image tokens left, the image "
+                    f"needs {tokens}); no further images can be shown"
+                )
             (width, height), verdict = fitted, Verdict.DOWNSCALED
             tokens = self._tokens_of(width, height)
         try:
@@ -170,13 +173,16 @@ class ImageBudget:
             return Admission(Verdict.REFUSED, note=f"the tool produced an image that cannot be decoded ({error})")
         self.images += 1
         self.tokens += tokens
-        note = f"the image was downscaled to {width}x{height} px to fit the image token budget" if verdict == \
-            Verdict.DOWNSCALED else None
+        note = (
+            f"the image was downscaled to {width}x{height} px to fit the image token budget"
+            if verdict == Verdict.DOWNSCALED
+            else None
+        )
         return Admission(verdict, admitted, tokens, note)
 
     def _over_budget(self, reason: str) -> Admission:
         """The verdict on an image the budget has no room for, by the over-budget policy."""
-        if OverBudget(self.config.over_budget) is OverBudget.STOP:
+        if self.config.over_budget is OverBudget.STOP:
             return Admission(Verdict.STOP, note=reason)
         return Admission(Verdict.REFUSED, note=reason)
 
@@ -189,7 +195,7 @@ class ImageBudget:
         return self.config.max_image_tokens - self.tokens
 
     def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
-        if OverBudget(self.config.over_budget) is not OverBudget.DOWNSCALE or tokens_left < 1:
+        if self.config.over_budget is not OverBudget.DOWNSCALE or tokens_left < 1:
             return None
         max_pixels = tokens_left * self.geometry.factor**2
         if max_pixels < self.min_pixels:

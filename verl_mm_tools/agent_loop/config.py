@@ -11,13 +11,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_mm_tools.agent_loop.budget import OVER_BUDGET_POLICIES
-from verl_mm_tools.agent_loop.export import EXPORTS
-from verl_mm_tools.agent_loop.tool_format import TOOL_PROMPTS, TOOL_RESPONSE_ROLES
+from verl_mm_tools.agent_loop.options import Choice, Export, OverBudget, ToolPrompt, ToolResponseRole
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
 
 DEFAULT_MAX_IMAGES = 16
+# the options whose values are a ``Choice``: ``verl_mm_tools.agent_loop.options``
+CHOICES: dict[str, type[Choice]] = {
+    "over_budget": OverBudget,
+    "tool_prompt": ToolPrompt,
+    "tool_response_role": ToolResponseRole,
+    "export": Export,
+}
 
 
 @dataclass(frozen=True)
@@ -41,9 +46,9 @@ class MMToolLoopConfig:
             or ``{"name": ..., <kwargs>}`` (see ``verl_mm_tools.envs``). None: no environment turns.
         dump_dir: Directory to dump trajectories to, for ``verl-mm-tools view`` (None: no dumps). Needs the
             trainer-side step hook (``step``: the replay buffer on verl's v1 trainer, the agent-loop manager on the
-            classic one), which adds the step and rewards and enforces the caps. Relative paths resolve against the rollout worker's working
-            directory; on several nodes, use a file system shared with the driver. Layout and record keys:
-            ``verl_mm_tools.agent_loop.dump``.
+            classic one), which adds the step and rewards and enforces the caps. Relative paths resolve
+            against the rollout worker's working directory; on several nodes, use a file system shared with the
+            driver. Layout and record keys: ``verl_mm_tools.agent_loop.dump``.
         dump_max_per_step: Most trajectories dumped per step (the first ones of the batch, so GRPO groups stay
             whole); the others are deleted and counted as skipped.
         dump_max_mb: Most megabytes (MiB) the dump directory may hold; once reached, dumping stops for the rest of
@@ -78,7 +83,7 @@ class MMToolLoopConfig:
     min_pixels: int | None = None
     max_pixels: int | None = None
     max_image_tokens: int | None = None
-    over_budget: str = "downscale"
+    over_budget: OverBudget = OverBudget.DOWNSCALE
     tool_timeout_s: float = 60.0
     annotate_image_ids: bool = True
     env: str | dict | None = None
@@ -88,9 +93,9 @@ class MMToolLoopConfig:
     file_roots: tuple[str, ...] | str | None = None
     max_masked_fraction: float = 0.5
     call_rate_window: int = 10
-    tool_prompt: str = "auto"
-    tool_response_role: str = "auto"
-    export: str = "per_trajectory"
+    tool_prompt: ToolPrompt = ToolPrompt.AUTO
+    tool_response_role: ToolResponseRole = ToolResponseRole.AUTO
+    export: Export = Export.PER_TRAJECTORY
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -115,12 +120,15 @@ class MMToolLoopConfig:
                 _require_positive_int(name, getattr(self, name))
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ConfigError(f"mm_tool min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
-        _require_choice("over_budget", self.over_budget, OVER_BUDGET_POLICIES)
-        _require_choice("tool_prompt", self.tool_prompt, TOOL_PROMPTS)
-        _require_choice("tool_response_role", self.tool_response_role, TOOL_RESPONSE_ROLES)
-        _require_choice("export", self.export, EXPORTS)
+        for name, choice in CHOICES.items():  # the YAML's strings become members
+            object.__setattr__(self, name, choice.parse(name, getattr(self, name)))
         timeout = self.tool_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
             raise ConfigError(f"mm_tool tool_timeout_s must be a positive number of seconds, got {timeout!r}")
         _require_positive_int("dump_max_per_step", self.dump_max_per_step)
         _require_positive_number("dump_max_mb", self.dump_max_mb)
@@ -142,11 +150,6 @@ class MMToolLoopConfig:
                 f"(the inference server's limit_mm_per_prompt): a trajectory could be rejected by the server. Set "
                 f"max_images <= {limit_images} in the mm_tool agent-loop config, or raise rollout.limit_images."
             )
-
-
-def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"mm_tool {name} must be one of {choices}, got {value!r}." + did_you_mean(str(value), choices))
 
 
 def _require_positive_int(name: str, value: Any) -> None:

@@ -71,15 +71,19 @@ async def stage_trajectory(loop, agent_data, outputs: list, sample: dict) -> dic
     config = loop.mm_config
     # Absolute, so the manager (another process, maybe another working directory) finds the same folder.
     dump_dir = Path(config.dump_dir).expanduser().resolve()
-    reference = {"dump_dir": str(dump_dir), "max_per_step": config.dump_max_per_step,
-                 "max_mb": config.dump_max_mb, "sample_index": sample_ids(sample)["index"]}
+    reference = {
+        "dump_dir": str(dump_dir),
+        "max_per_step": config.dump_max_per_step,
+        "max_mb": config.dump_max_mb,
+        "sample_index": sample_ids(sample)["index"],
+    }
     if (dump_dir / FULL_MARKER).exists():
         return {**reference, "skipped": "disk_cap"}
     try:
         record, images = _loop_record(loop, agent_data, outputs, sample)
         # Encoding images is the slow part: off the event loop, which other trajectories share.
         written = await asyncio.to_thread(write_staged, dump_dir, record, images)
-    except Exception as error:  # noqa: BLE001 - see docstring
+    except Exception as error:
         logger.warning("mm_tool dump: could not stage a trajectory under %s", dump_dir, exc_info=True)
         return {**reference, "skipped": "error", "error": f"{type(error).__name__}: {error}"}
     return {**reference, **written}
@@ -92,8 +96,10 @@ def _loop_record(loop, agent_data, outputs: list, sample: dict) -> tuple[dict, l
     return build_record(
         messages=messages,
         images=images,
-        samples=[SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len(o.multi_modal_data.get("images") or []))
-                 for o in outputs],
+        samples=[
+            SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len(o.multi_modal_data.get("images") or []))
+            for o in outputs
+        ],
         turns=_turn_records(agent_data, outputs, lambda ids: loop.tokenizer.decode(ids, skip_special_tokens=True)),
         extra_fields=output.extra_fields,
         sample=sample,
@@ -111,9 +117,17 @@ def _turn_records(agent_data, outputs: list, decode) -> list[TurnRecord]:
     for index, output in enumerate(outputs):
         spans = output.extra_fields.get(TURN_SPANS_KEY) or []
         for turn, (start, end) in zip([turn for turn in turns if turn.sample == index], spans, strict=True):
-            records.append(TurnRecord((start, end), len(output.prompt_ids) + start, tuple(turn.tool_calls),
-                                      tuple(turn.images_added), turn.reward, index,
-                                      decode(output.response_ids[start:end])))
+            records.append(
+                TurnRecord(
+                    (start, end),
+                    len(output.prompt_ids) + start,
+                    tuple(turn.tool_calls),
+                    tuple(turn.images_added),
+                    turn.reward,
+                    index,
+                    decode(output.response_ids[start:end]),
+                )
+            )
     return records
 
 
@@ -187,8 +201,11 @@ def _finalize(batch: StepBatch, references: list) -> dict[str, float]:
         totals.update(counts)
         used += dir_bytes
     skipped = sum(count for reason, count in totals.items() if reason != "written")
-    return {"mm_tool/dump/written": float(totals["written"]), "mm_tool/dump/skipped": float(skipped),
-            "mm_tool/dump/mb": used / 2**20}
+    return {
+        "mm_tool/dump/written": float(totals["written"]),
+        "mm_tool/dump/skipped": float(skipped),
+        "mm_tool/dump/mb": used / 2**20,
+    }
 
 
 def _final_fields(batch: StepBatch) -> list[dict]:
@@ -196,16 +213,19 @@ def _final_fields(batch: StepBatch) -> list[dict]:
     scores = batch.rm_scores.sum(dim=-1).tolist() if batch.rm_scores is not None else None
     turn_rewards = batch.column("mm_tool/turn_rewards")
     extras = batch.reward_extra or [{}] * len(turn_rewards)
-    return [{
-        "step": batch.step,
-        "validate": batch.validate,
-        "rollout_n": batch.rollout_n[row],
-        "reward": {
-            "score": scores[row] if scores is not None else None,
-            "turn_rewards": jsonable(list(turn_rewards[row] or [])),
-            "extra": jsonable(extras[row]),
-        },
-    } for row in range(len(turn_rewards))]
+    return [
+        {
+            "step": batch.step,
+            "validate": batch.validate,
+            "rollout_n": batch.rollout_n[row],
+            "reward": {
+                "score": scores[row] if scores is not None else None,
+                "turn_rewards": jsonable(list(turn_rewards[row] or [])),
+                "extra": jsonable(extras[row]),
+            },
+        }
+        for row in range(len(turn_rewards))
+    ]
 
 
 def _publish_rows(dump_dir: Path, rows: list[tuple[dict, dict]], step: int, validate: bool) -> tuple[Counter, int]:
@@ -268,12 +288,17 @@ def _log_skips_once(dump_dir: Path, counts: Counter, step: int, reference: dict)
         "disk_cap": f"dump_max_mb={reference['max_mb']} (free space, then delete {dump_dir / FULL_MARKER} to resume)",
         "error": "staging failed; see the earlier warning",
         "not_found": "their staged folders are not visible here: dump_dir must be on a file system that the rollout "
-                     "workers and the trainer's driver share",
+        "workers and the trainer's driver share",
     }
     for reason, limit in limits.items():
         if counts[reason] and (str(dump_dir), reason) not in _warned:
             _warned.add((str(dump_dir), reason))
             logger.warning(
                 "mm_tool dump %s: step %d skipped %d trajectories because of %s; later skips are only counted "
-                "(step_*/%s, metric mm_tool/dump/skipped)", dump_dir, step, counts[reason], limit, STEP_SUMMARY,
+                "(step_*/%s, metric mm_tool/dump/skipped)",
+                dump_dir,
+                step,
+                counts[reason],
+                limit,
+                STEP_SUMMARY,
             )

@@ -17,8 +17,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
+from verl_mm_tools.record import DUMP_KEY
 
 
 class MMToolAgentLoopManager(AgentLoopManager):
@@ -51,8 +51,10 @@ def step_batch(output: DataProto, meta_info: dict) -> StepBatch:
 
 def _rollout_numbers(references, rows: int) -> list[int]:
     """verl's own rule (``get_trajectory_info``): consecutive rows of one sample index are its rollouts 0, 1, ..."""
-    indexes = [(reference or {}).get("sample_index") if isinstance(reference, dict) else None
-               for reference in (references if references is not None else [None] * rows)]
+    indexes = [
+        (reference or {}).get("sample_index") if isinstance(reference, dict) else None
+        for reference in (references if references is not None else [None] * rows)
+    ]
     numbers, current = [], 0
     for row, index in enumerate(indexes):
         current = current + 1 if row and index is not None and index == indexes[row - 1] else 0

@@ -74,8 +74,10 @@ def _safe_item(item: dict, files: FileRoots, name: str) -> dict:
     image = _decoded(source, files, name)
     width, height = image.size
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-        raise ImageInputError(f"{name}: {width}x{height} px is more elongated than the {MAX_ASPECT_RATIO}:1 Qwen-VL "
-                              "processors accept; crop or pad it in the dataset")
+        raise ImageInputError(
+            f"{name}: {width}x{height} px is more elongated than the {MAX_ASPECT_RATIO}:1 Qwen-VL "
+            "processors accept; crop or pad it in the dataset"
+        )
     safe = {key: value for key, value in item.items() if key not in ("image_url", "bytes")}
     return {**safe, "type": "image", "image": image}
 

@@ -78,19 +78,25 @@ def tool_call_counts(batch: StepBatch) -> dict[str, float]:
     if not counts:
         return {}
     values = np.asarray(counts, dtype=np.float64)
-    return {"tool_call_counts/min": float(values.min()), "tool_call_counts/max": float(values.max()),
-            "tool_call_counts/mean": float(values.mean())}
+    return {
+        "tool_call_counts/min": float(values.min()),
+        "tool_call_counts/max": float(values.max()),
+        "tool_call_counts/mean": float(values.mean()),
+    }
 
 
 def _poll_interval(options: Mapping) -> float:
     unknown = sorted(set(options) - set(SAMPLER_OPTIONS))
     if unknown:
-        raise ConfigError(f"unknown trainer.v1.sampler.sampler_kwargs {unknown} for MMToolReplayBuffer; it takes "
-                          f"{list(SAMPLER_OPTIONS)}")
+        raise ConfigError(
+            f"unknown trainer.v1.sampler.sampler_kwargs {unknown} for MMToolReplayBuffer; it takes "
+            f"{list(SAMPLER_OPTIONS)}"
+        )
     value = options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 60:
-        raise ConfigError(f"trainer.v1.sampler.sampler_kwargs.poll_interval_s must be in (0, 60] seconds, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"trainer.v1.sampler.sampler_kwargs.poll_interval_s must be in (0, 60] seconds, got {value!r}"
+        )
     return float(value)
 
 
@@ -120,8 +126,11 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
 def mark_continuations(keys: list[str], partition_id: str, step: StepBatch) -> None:
     """mm_turn_grpo: the uid of every sample after a turn-credit trajectory's first gets ``CONTINUATION_MARK``, so
     the estimator takes its group baseline over trajectories (``rewards.turn_credit``)."""
-    rows = [row for row, (sample, credit) in enumerate(zip(step.column(SAMPLE_KEY), step.column(TURN_CREDIT_KEY)))
-            if credit and sample is not None and sample[0] > 0]
+    rows = [
+        row
+        for row, (sample, credit) in enumerate(zip(step.column(SAMPLE_KEY), step.column(TURN_CREDIT_KEY)))
+        if credit and sample is not None and sample[0] > 0
+    ]
     if not rows:
         return
     uids = [keys[row].rsplit("_", 2)[0] + CONTINUATION_MARK for row in rows]
@@ -138,4 +147,6 @@ def write_rm_scores(keys: list[str], partition_id: str, rm_scores: torch.Tensor,
     """Write (turn-reward-placed) padded scores back to TransferQueue, each row at its own response length."""
     rows = [rm_scores[row, :length] for row, length in enumerate(lengths)]
     scores = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-    tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict({"rm_scores": scores}, batch_size=len(keys)))
+    tq.kv_batch_put(
+        keys=keys, partition_id=partition_id, fields=TensorDict({"rm_scores": scores}, batch_size=len(keys))
+    )

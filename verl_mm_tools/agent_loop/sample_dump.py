@@ -22,7 +22,7 @@ from verl_mm_tools.agent_loop.harness import (
     restored_loop_registry,
     tool_call_text,
 )
-from verl_mm_tools.tools.configs import ROTATE_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 REWARD_OVERRIDES = (
     "reward.reward_manager.name=mm_turn_discount",
@@ -70,8 +70,17 @@ def scripted_by_word(tokenizer, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) 
     return script
 
 
-def run_steps(rollout: LocalRollout, turns_for: Callable, prompts, columns: dict, *, steps: Sequence[int],
-              loop_options: dict, extra: Sequence[str] = (), validate: bool = False) -> tuple[list, ScriptedServer]:
+def run_steps(
+    rollout: LocalRollout,
+    turns_for: Callable,
+    prompts,
+    columns: dict,
+    *,
+    steps: Sequence[int],
+    loop_options: dict,
+    extra: Sequence[str] = (),
+    validate: bool = False,
+) -> tuple[list, ScriptedServer]:
     """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
     server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
     turns (a list of texts or a script function)."""
@@ -92,8 +101,14 @@ def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, step
     return outputs, server
 
 
-def write_sample_dump(dump_dir: str | os.PathLike, workdir: str | os.PathLike, *, model_dir: str | None = None,
-                      steps: Sequence[int] = (1, 2), **loop_options) -> list:
+def write_sample_dump(
+    dump_dir: str | os.PathLike,
+    workdir: str | os.PathLike,
+    *,
+    model_dir: str | None = None,
+    steps: Sequence[int] = (1, 2),
+    **loop_options,
+) -> list:
     """Dump the four sample scripts for each step into ``dump_dir``; returns the generated outputs."""
     from verl_mm_tools.tiny import tiny_model_path
 

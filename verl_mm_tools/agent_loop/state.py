@@ -7,14 +7,23 @@ every member); a per-turn fact is a ``Turn`` field, filled where the loop runs t
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from verl_mm_tools.envs.base import call as call_env
+from verl_mm_tools.files import FileRoots
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, TOOL_CALLS_KEY
+from verl_mm_tools.workspace import STATE_ATTR, ImageWorkspace, attach_tool_context
 
-STATE_ATTR = "mm_state"  # the attribute of verl's AgentData that holds the TrajectoryState
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.budget import ImageBudget
+    from verl_mm_tools.agent_loop.sessions import ToolSessions
+    from verl_mm_tools.envs.base import Environment
+
+logger = logging.getLogger(__name__)
 # The trajectory's extra_fields: the same keys for every trajectory (verl concatenates per-key arrays across
 # workers). ``tool_call_counts`` is the key verl's own ``compute_data_metrics`` reads; ``attempts`` and
 # ``last_assistant_text`` are read by the reward managers; the ``mm_tool/*`` keys are aggregated per step by
@@ -39,6 +48,17 @@ REQUEST_ID_KEY = PREFIX + "request_id"  # verl's request id of the trajectory: w
 # tokens sent and those the engine's prefix cache held (0 and 0 where it does not report them)
 LATER_PROMPT_TOKENS_KEY = PREFIX + "later_prompt_tokens"
 LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
+
+
+class LoopState(Enum):
+    """The mm_tool loop's states: verl's ``AgentState`` with its tool state split by what answers the model."""
+
+    PENDING = "pending"  # render the first prompt
+    GENERATING = "generating"  # the model writes a turn
+    TOOL_CALLS = "tool_calls"  # run the turn's tool calls (and answer its unparsable ones)
+    MALFORMED_CALLS = "malformed_calls"  # no call of the turn parsed: answer each with how to write one
+    ENV_TURN = "env_turn"  # the environment reacts to the model's answer
+    TERMINATED = "terminated"
 
 
 class StopReason(str, Enum):
@@ -140,6 +160,8 @@ class Turn:
     text: str = ""
     message: int | None = None
     cached_tokens: int | None = None
+    malformed_calls: int = 0
+    routed_experts: Any = None
 
 
 @dataclass
@@ -151,20 +173,22 @@ class SampleCut:
     response_mask: list[int]  # over the tokens after the trajectory's first prompt length (the loop's convention)
     response_logprobs: list[float]
     images: int  # how many of the trajectory's images the tokens hold
+    routed_experts: Any = None  # the engine's MoE routing over the tokens (None unless it returns it)
 
 
 @dataclass
 class TrajectoryState:
-    """Everything mm_tool tracks for one trajectory, attached once to verl's ``AgentData`` (``state_of``)."""
+    """Everything mm_tool tracks for one trajectory: the one thing the loop attaches to verl's ``AgentData``
+    (``attach``, ``state_of``). Its ``workspace`` and ``files`` are what tools use (``workspace.ToolContext``)."""
 
     stats: TrajectoryStats = field(default_factory=TrajectoryStats)
     stop_reason: StopReason = StopReason.ANSWERED
     turns: list[Turn] = field(default_factory=list)
-    sessions: Any = None  # ToolSessions, once the trajectory's tools are known
-    budget: Any = None  # ImageBudget; None for a model that cannot see images
-    env: Any = None  # the trajectory's Environment, until closed
-    env_pending: bool = False  # the environment has yet to react to the last answer
-    malformed_calls: int = 0  # tool calls of the last turn that could not be parsed
+    sessions: ToolSessions | None = None  # once the trajectory's tools are known
+    budget: ImageBudget | None = None  # None for a model that cannot see images
+    env: Environment | None = None  # the trajectory's environment, until closed
+    workspace: ImageWorkspace = field(default_factory=ImageWorkspace)  # ids over the trajectory's images
+    files: FileRoots = field(default_factory=FileRoots)  # what tools and environments may read
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
@@ -173,6 +197,24 @@ class TrajectoryState:
     @property
     def prompt_length(self) -> int:
         return len(self.prompt_ids)
+
+    def attach(self, agent_data: Any) -> None:
+        attach_tool_context(agent_data, self)
+
+    async def release(self) -> None:
+        """Release the tool sessions and close the environment, once, however the trajectory ended."""
+        if self.sessions is not None:
+            await self.sessions.release_all()
+        env, self.env = self.env, None
+        if env is not None:
+            try:
+                await call_env(env.close)
+            except Exception:
+                logger.warning("closing environment %r failed", type(env).__name__, exc_info=True)
+
+    def stop(self, reason: StopReason) -> LoopState:
+        self.stop_reason = reason
+        return LoopState.TERMINATED
 
     def start_turn(self, prompt_end: int, images_before: int) -> Turn:
         turn = Turn(prompt_end=prompt_end, images_before=images_before, sample=len(self.samples))
@@ -212,8 +254,10 @@ class TrajectoryState:
         """Prompt tokens of the generations after the first, and how many of them the prefix cache held (where the
         engine reported it): a multi-turn rollout should not recompute its history."""
         later = [turn for turn in self.turns[1:] if turn.cached_tokens is not None]
-        return {LATER_PROMPT_TOKENS_KEY: sum(turn.prompt_end for turn in later),
-                LATER_CACHED_TOKENS_KEY: sum(turn.cached_tokens for turn in later)}
+        return {
+            LATER_PROMPT_TOKENS_KEY: sum(turn.prompt_end for turn in later),
+            LATER_CACHED_TOKENS_KEY: sum(turn.cached_tokens for turn in later),
+        }
 
 
 def is_final_sample(sample) -> bool:
@@ -221,5 +265,26 @@ def is_final_sample(sample) -> bool:
     return sample is None or sample[0] == sample[1] - 1
 
 
-def state_of(agent_data) -> TrajectoryState | None:
-    return getattr(agent_data, STATE_ATTR, None)
+def state_of(agent_data: Any) -> TrajectoryState | None:
+    state = getattr(agent_data, STATE_ATTR, None)
+    return state if isinstance(state, TrajectoryState) else None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a tool or environment turn started: a dropped turn is rolled back to it, images and budget included."""
+
+    messages: int
+    images: int
+    budget: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, agent_data: Any, state: TrajectoryState) -> Checkpoint:
+        budget = (state.budget.images, state.budget.tokens) if state.budget else None
+        return cls(len(agent_data.messages), len(agent_data.image_data), budget)
+
+    def restore(self, agent_data: Any, state: TrajectoryState) -> None:
+        del agent_data.messages[self.messages :]
+        state.workspace.truncate(self.images)
+        if state.budget is not None and self.budget is not None:
+            state.budget.images, state.budget.tokens = self.budget

@@ -35,8 +35,20 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     metrics = {}
     attempts = np.asarray([non_tensor_batch[ATTEMPTS_KEY][index] for index in rows], dtype=np.float64)
     metrics[PREFIX + "attempts/mean"] = float(attempts.mean())
-    for key in ("turns", "tool_calls", "tool_errors", "tool_time_s", "images", "image_tokens", "budget_refusals",
-                "budget_downscales", "dropped_turns", "masked", "invalid_actions", "ignored_calls"):
+    for key in (
+        "turns",
+        "tool_calls",
+        "tool_errors",
+        "tool_time_s",
+        "images",
+        "image_tokens",
+        "budget_refusals",
+        "budget_downscales",
+        "dropped_turns",
+        "masked",
+        "invalid_actions",
+        "ignored_calls",
+    ):
         values = np.asarray([non_tensor_batch[PREFIX + key][index] for index in rows], dtype=np.float64)
         metrics[f"{PREFIX}{key}/mean"] = float(values.mean())
     # tool-use collapse shows here first: the share of trajectories that call at all (``CallRateWatch``)
@@ -51,7 +63,9 @@ def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
     metrics.update(_per_tool_metrics([non_tensor_batch[PER_TOOL_KEY][index] for index in rows]))
     prompt_tokens = sum(non_tensor_batch[LATER_PROMPT_TOKENS_KEY][index] for index in rows)
     if prompt_tokens:
-        metrics[PREFIX_CACHE_HIT_RATE] = sum(non_tensor_batch[LATER_CACHED_TOKENS_KEY][index] for index in rows) / prompt_tokens
+        metrics[PREFIX_CACHE_HIT_RATE] = (
+            sum(non_tensor_batch[LATER_CACHED_TOKENS_KEY][index] for index in rows) / prompt_tokens
+        )
     return metrics
 
 

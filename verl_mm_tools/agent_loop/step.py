@@ -126,8 +126,13 @@ class CallRateWatch:
                 "tool-use collapse: %.0f%% of step %d's trajectories called a tool, against %.0f%% at step %d (within "
                 "the last %d steps, the mm_tool option call_rate_window). The policy is dropping its tools: check "
                 "that calling can pay (the reward, the tools' errors: mm_tool/tool/*/error_rate), and consider a KL "
-                "loss to the starting policy or a lower learning rate.", 100 * rate, batch.step, 100 * peak,
-                peak_step, window)
+                "loss to the starting policy or a lower learning rate.",
+                100 * rate,
+                batch.step,
+                100 * peak,
+                peak_step,
+                window,
+            )
 
 
 def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[str, float]:
@@ -169,9 +174,13 @@ def _reward_by_tool_use(batch: StepBatch, rows: list[int]) -> dict[str, float]:
 
 def check_masked_fraction(batch: StepBatch) -> None:
     """Raise MaskedBatchError when the mm_tool trajectories masked in this batch exceed their loop's limit."""
-    rows = [(masked, error, limit) for masked, error, limit in
-            zip(batch.column(MASKED_KEY), batch.column(ERROR_KEY), batch.column(MASKED_LIMIT_KEY))
-            if masked is not None]
+    rows = [
+        (masked, error, limit)
+        for masked, error, limit in zip(
+            batch.column(MASKED_KEY), batch.column(ERROR_KEY), batch.column(MASKED_LIMIT_KEY)
+        )
+        if masked is not None
+    ]
     limits = [float(limit) for _, _, limit in rows if limit is not None]
     errors = [str(error) for masked, error, _ in rows if masked]
     if not rows or len(errors) / len(rows) <= min(limits, default=1.0):
@@ -190,10 +199,14 @@ ENGINE_ERRORS = ("EngineDeadError", "EngineAbortedError")  # vLLM's dead engine;
 
 def _advice(error: str) -> str:
     if any(name in error for name in ENGINE_ERRORS):
-        return ("The rollout engine failed, not the data: its own log (the rollout server's lines in the trainer's "
-                "log: vLLMHttpServer, EngineCore) says why it died or aborted the requests.")
-    return ("Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, images over the "
-            "mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool agent-loop config.")
+        return (
+            "The rollout engine failed, not the data: its own log (the rollout server's lines in the trainer's "
+            "log: vLLMHttpServer, EngineCore) says why it died or aborted the requests."
+        )
+    return (
+        "Fix the cause (often the data or the config: prompts longer than data.max_prompt_length, images over the "
+        "mm_tool budget, unreadable image files), or raise max_masked_fraction in the mm_tool agent-loop config."
+    )
 
 
 def _most_common(errors: list[str]) -> tuple[str, int]:
@@ -211,8 +224,11 @@ def _place_turn_rewards(batch: StepBatch) -> int | None:
     if not rows:
         return None
     if batch.rm_scores is None:
-        logger.warning("mm_turn_grpo: no rewards at this point (reward not computed during rollout); per-turn rewards "
-                       "of %d trajectories were not placed", len(rows))
+        logger.warning(
+            "mm_turn_grpo: no rewards at this point (reward not computed during rollout); per-turn rewards "
+            "of %d trajectories were not placed",
+            len(rows),
+        )
         return len(rows)
     turn_rewards, turn_spans = batch.column(TURN_REWARDS_KEY), batch.column(TURN_SPANS_KEY)
     # verl copies the final reward to every sample of a trajectory: it belongs to the final one only

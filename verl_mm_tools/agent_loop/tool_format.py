@@ -24,10 +24,9 @@ import os
 import weakref
 from dataclasses import dataclass
 
+from verl_mm_tools.agent_loop.options import ToolPrompt, ToolResponseRole
 from verl_mm_tools.errors import ConfigError
 
-TOOL_PROMPTS = ("auto", "template", "system", "off")
-TOOL_RESPONSE_ROLES = ("auto", "tool", "user")
 # The Qwen2-VL / Qwen2.5-VL templates' default system prompt, used when the tool block needs a system message.
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 HERMES = "hermes"
@@ -55,46 +54,54 @@ class TemplateTraits:
 class ToolFormat:
     """The resolved format: where the schemas go and which role carries tool results."""
 
-    tool_prompt: str  # "template" | "system" | "off"
-    response_role: str  # "tool" | "user"
+    tool_prompt: ToolPrompt  # never AUTO
+    response_role: ToolResponseRole  # never AUTO
+
+    def __post_init__(self):
+        object.__setattr__(self, "tool_prompt", ToolPrompt(self.tool_prompt))
+        object.__setattr__(self, "response_role", ToolResponseRole(self.response_role))
 
     def template_tools(self, schemas: list[dict]) -> list[dict] | None:
         """The ``tools`` argument of the chat template."""
-        return schemas if self.tool_prompt == "template" and schemas else None
+        return schemas if self.tool_prompt is ToolPrompt.TEMPLATE and schemas else None
 
     def view(self, messages: list[dict], schemas: list[dict]) -> list[dict]:
         """The conversation as the chat template renders it."""
-        if self.tool_prompt == "system" and schemas:
+        if self.tool_prompt is ToolPrompt.SYSTEM and schemas:
             messages = with_tool_block(messages, schemas)
-        if self.response_role == "user":
+        if self.response_role is ToolResponseRole.USER:
             messages = tool_results_as_user_turns(messages)
         return messages
 
 
-def resolve_tool_format(tool_prompt: str, response_role: str, traits: TemplateTraits, parser: str) -> ToolFormat:
+def resolve_tool_format(
+    tool_prompt: ToolPrompt, response_role: ToolResponseRole, traits: TemplateTraits, parser: str
+) -> ToolFormat:
     """The format for the configured options on this template (with tools configured); a ConfigError when they
     cannot work."""
-    if tool_prompt == "auto":
-        tool_prompt = "template" if traits.renders_tools else "system"
-        if tool_prompt == "system" and parser != HERMES:
+    tool_prompt, response_role = ToolPrompt(tool_prompt), ToolResponseRole(response_role)
+    if tool_prompt is ToolPrompt.AUTO:
+        tool_prompt = ToolPrompt.TEMPLATE if traits.renders_tools else ToolPrompt.SYSTEM
+        if tool_prompt is ToolPrompt.SYSTEM and parser != HERMES:
             raise ConfigError(
                 f"the chat template ignores tool schemas, and mm_tool tool_prompt=auto can only add the hermes tool "
                 f"block, but actor_rollout_ref.rollout.multi_turn.format={parser!r}. Set multi_turn.format=hermes, a "
                 "custom chat template that renders tools (actor_rollout_ref.model.custom_chat_template), or mm_tool "
                 "tool_prompt: off and describe the tools in the dataset's prompt."
             )
-    elif tool_prompt == "template" and not traits.renders_tools:
+    elif tool_prompt is ToolPrompt.TEMPLATE and not traits.renders_tools:
         raise ConfigError(
             "mm_tool tool_prompt=template, but the chat template ignores the tool schemas (the official Qwen2-VL and "
             "Qwen2.5-VL templates do): the model would never see them. Set tool_prompt: auto or system (mm_tool adds "
             "them to the system message), or a chat template that renders tools."
         )
-    if response_role == "auto":
-        response_role = "tool" if traits.tool_role_convention else "user"
+    if response_role is ToolResponseRole.AUTO:
+        response_role = ToolResponseRole.TOOL if traits.tool_role_convention else ToolResponseRole.USER
     return ToolFormat(tool_prompt, response_role)
 
 
 # ----- the tool block and tool results as user turns -----------------------------------------------------------
+
 
 def system_tool_block(schemas: list[dict]) -> str:
     """The hermes tool block of Qwen's tool-aware templates."""
@@ -139,8 +146,11 @@ def tool_results_as_user_turns(messages: list[dict]) -> list[dict]:
 def _tool_results_turn(tool_messages: list[dict]) -> dict:
     items: list[dict] = []
     for index, message in enumerate(tool_messages):
-        items += [_text("\n<tool_response>\n" if index else "<tool_response>\n"), *_items(message.get("content")),
-                  _text("\n</tool_response>")]
+        items += [
+            _text("\n<tool_response>\n" if index else "<tool_response>\n"),
+            *_items(message.get("content")),
+            _text("\n</tool_response>"),
+        ]
     joined: list[dict] = []
     for item in items:  # adjacent texts joined: a text-only turn becomes a plain string
         if item.get("type") == "text" and joined and joined[-1].get("type") == "text":
@@ -184,8 +194,9 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     from verl.utils.tokenizer.chat_template import apply_chat_template
 
     def render(messages, tools=None, generation=True) -> str:
-        return apply_chat_template(renderer, messages, tokenize=False, add_generation_prompt=generation, tools=tools,
-                                   **kwargs)
+        return apply_chat_template(
+            renderer, messages, tokenize=False, add_generation_prompt=generation, tools=tools, **kwargs
+        )
 
     user = [{"role": "user", "content": _PROBE_TEXT}]
     renders_tools = _PROBE_TOOL in render(user, tools=[_PROBE_SCHEMA])
@@ -194,7 +205,7 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     history = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
     try:
         as_tool = render([*history, {"role": "tool", "content": _PROBE_TEXT}], generation=False)
-    except Exception:  # a template that refuses the tool role has no convention for it
+    except Exception:  # noqa: BLE001 - a template that refuses the tool role has no convention for it
         return TemplateTraits(renders_tools, tool_role_convention=False, prefix_stable=prefix_stable)
     as_user = render([*history, {"role": "user", "content": _PROBE_TEXT}], generation=False)
     shared = len(os.path.commonprefix([as_tool, as_user]))

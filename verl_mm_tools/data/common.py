@@ -25,8 +25,9 @@ def png_bytes(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def image_row(data_source: str, prompt: str, image: Image.Image, ground_truth: str, extra_info: dict,
-              agent_name: str) -> dict:
+def image_row(
+    data_source: str, prompt: str, image: Image.Image, ground_truth: str, extra_info: dict, agent_name: str
+) -> dict:
     """One row in verl's RL layout: a user prompt holding ``<image>``, the image as PNG bytes, a rule reward."""
     return {
         "data_source": data_source,
@@ -58,9 +59,14 @@ class LabelledPicture:
     digest: str  # sha256 of the pixels: equal digests mean the same picture
 
 
-def alternating_pictures(count: int, seed: int, labels: Sequence[str],
-                         draw: Callable[[random.Random, str], Image.Image], *,
-                         exclude: frozenset[str] = frozenset()) -> list[LabelledPicture]:
+def alternating_pictures(
+    count: int,
+    seed: int,
+    labels: Sequence[str],
+    draw: Callable[[random.Random, str], Image.Image],
+    *,
+    exclude: frozenset[str] = frozenset(),
+) -> list[LabelledPicture]:
     """``count`` distinct pictures drawn by ``draw(rng, label)``, none in ``exclude``, labels alternating in order
     (every batch of an even size holds each of two labels equally often)."""
     rng = random.Random(seed)
@@ -77,9 +83,17 @@ def alternating_pictures(count: int, seed: int, labels: Sequence[str],
     raise ConfigError(f"could not draw {count} distinct pictures (seed {seed}); ask for fewer samples")
 
 
-def write_two_splits(out_dir: str | Path, name: str, pictures: Callable[..., list],
-                     row: Callable[[Any, str, int], dict], *, train_size: int, val_size: int, seed: int,
-                     val_seed_offset: int) -> tuple[Path, Path]:
+def write_two_splits(
+    out_dir: str | Path,
+    name: str,
+    pictures: Callable[..., list],
+    row: Callable[[Any, str, int], dict],
+    *,
+    train_size: int,
+    val_size: int,
+    seed: int,
+    val_seed_offset: int,
+) -> tuple[Path, Path]:
     """``train.parquet`` and ``val.parquet`` under ``out_dir`` for the ``name`` dataset, from ``pictures(count, seed,
     exclude=...)`` (samples with a pixel ``digest``): the validation split draws from its own seed stream and holds no
     training picture. ``row(sample, split, index)`` is a sample's parquet row."""
@@ -87,6 +101,10 @@ def write_two_splits(out_dir: str | Path, name: str, pictures: Callable[..., lis
         raise ConfigError(f"{name} dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     train = pictures(train_size, seed)
     val = pictures(val_size, seed + val_seed_offset, exclude=frozenset(picture.digest for picture in train))
-    return tuple(write_parquet((row(picture, split, index) for index, picture in enumerate(split_pictures)),
-                               Path(out_dir) / f"{split}.parquet")
-                 for split, split_pictures in (("train", train), ("val", val)))
+    return tuple(
+        write_parquet(
+            (row(picture, split, index) for index, picture in enumerate(split_pictures)),
+            Path(out_dir) / f"{split}.parquet",
+        )
+        for split, split_pictures in (("train", train), ("val", val))
+    )

@@ -67,15 +67,19 @@ def geo3k_rows(frame, split: str, *, max_attempts: int, agent_name: str) -> Iter
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": answer},
             "extra_info": {
-                "split": split, "index": index, "answer": answer, "question": record["problem"],
+                "split": split,
+                "index": index,
+                "answer": answer,
+                "question": record["problem"],
                 "env": {"name": "answer_feedback", "reward_fn": "geo3k_reward", "max_attempts": max_attempts},
             },
             "agent_name": agent_name,
         }
 
 
-def convert_geo3k(source: str | Path, out_dir: str | Path, *, max_attempts: int = 3,
-                  agent_name: str = "mm_tool") -> dict[str, Path]:
+def convert_geo3k(
+    source: str | Path, out_dir: str | Path, *, max_attempts: int = 3, agent_name: str = "mm_tool"
+) -> dict[str, Path]:
     """Convert every split found under ``source``; returns {split: parquet path}."""
     written = {}
     for split in SPLITS:

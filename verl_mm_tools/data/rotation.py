@@ -87,9 +87,15 @@ def _digest(image: Image.Image) -> str:
     return hashlib.sha256(image.tobytes()).hexdigest()
 
 
-def rotation_samples(count: int, seed: int, *, exclude: frozenset[str] = frozenset(),
-                     angles: tuple[int, ...] = ANGLES, kind: str = "quarter", side: int | None = None
-                     ) -> list[RotationSample]:
+def rotation_samples(
+    count: int,
+    seed: int,
+    *,
+    exclude: frozenset[str] = frozenset(),
+    angles: tuple[int, ...] = ANGLES,
+    kind: str = "quarter",
+    side: int | None = None,
+) -> list[RotationSample]:
     """``count`` samples with distinct pictures, none of whose digests is in ``exclude``."""
     rng = random.Random(seed)
     samples, seen = [], set(exclude)
@@ -114,15 +120,29 @@ def _row(sample: RotationSample, split: str, index: int, agent_name: str, prompt
     return image_row(DATA_SOURCE, prompt, sample.image, str(sample.angle), extra_info, agent_name)
 
 
-def write_rotation_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
-                           agent_name: str = "mm_tool", angles: str = "quarter", side: int | None = None
-                           ) -> tuple[Path, Path]:
+def write_rotation_dataset(
+    out_dir: str | Path,
+    *,
+    train_size: int = 64,
+    val_size: int = 16,
+    seed: int = 0,
+    agent_name: str = "mm_tool",
+    angles: str = "quarter",
+    side: int | None = None,
+) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
     if angles not in ANGLE_KINDS:
         raise ConfigError(f"rotation angles must be one of {ANGLE_KINDS}, got {angles!r}")
     if side is not None and not 28 <= side <= 4096:
         raise ConfigError(f"rotation picture side must be between 28 and 4096 px, got {side}")
     prompt = UNIFORM_PROMPT if angles == "uniform" else PROMPT
-    return write_two_splits(out_dir, "rotation", functools.partial(rotation_samples, kind=angles, side=side),
-                            lambda *place: _row(*place, agent_name, prompt), train_size=train_size,
-                            val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)
+    return write_two_splits(
+        out_dir,
+        "rotation",
+        functools.partial(rotation_samples, kind=angles, side=side),
+        lambda *place: _row(*place, agent_name, prompt),
+        train_size=train_size,
+        val_size=val_size,
+        seed=seed,
+        val_seed_offset=VAL_SEED_OFFSET,
+    )

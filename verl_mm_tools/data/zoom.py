@@ -54,13 +54,26 @@ def _rows(samples: list[ZoomSample], split: str, agent_name: str) -> Iterator[di
     for index, sample in enumerate(samples):
         width, height = sample.image.size
         prompt = PROMPT.format(color=sample.color, width=width, height=height)
-        extra_info = {"split": split, "index": index, "target_box": list(sample.box), "color": sample.color,
-                      "reward_fn": "exact_answer_reward"}
+        extra_info = {
+            "split": split,
+            "index": index,
+            "target_box": list(sample.box),
+            "color": sample.color,
+            "reward_fn": "exact_answer_reward",
+        }
         yield image_row(DATA_SOURCE, prompt, sample.image, str(sample.digit), extra_info, agent_name)
 
 
-def write_zoom_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
-                       side: int = 1024, target: int = 24, agent_name: str = "mm_tool") -> tuple[Path, Path]:
+def write_zoom_dataset(
+    out_dir: str | Path,
+    *,
+    train_size: int = 64,
+    val_size: int = 16,
+    seed: int = 0,
+    side: int = 1024,
+    target: int = 24,
+    agent_name: str = "mm_tool",
+) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` (disjoint seeds, so no image is shared)."""
     if train_size < 1 or val_size < 1:
         raise ConfigError(f"zoom dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")

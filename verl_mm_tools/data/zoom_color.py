@@ -29,7 +29,7 @@ ANSWER_TILES = (432, 432, 464, 464)  # the centre 2x2 tiles draw the answer's pa
 # The box the question names and zoom_in is called on: the centre 16 px, at even pixels (the checkerboard's phase).
 # zoom_in to 224 px scales it 14x, so each 1 px square becomes one 14 px patch of the vision tower, a patch of one
 # colour; a 32 px box (7x) put 2x2 squares in every patch, whose mean is the same grey for both answers, and RL
-# never learned to read that (docs/learn_zoom.md)
+# never learned to read that (docs/experiments/learn_zoom.md)
 BOX = (440, 440, 456, 456)
 BOX_ARGUMENTS = dict(zip(("x1", "y1", "x2", "y2"), BOX))  # zoom_in's arguments for it
 # the answer's colour (on even x + y) and its partner: each pair sums to (260, 260, 260), mean grey (130, 130, 130)
@@ -76,13 +76,27 @@ def zoom_color_samples(count: int, seed: int, *, exclude: frozenset[str] = froze
 
 
 def _row(picture: LabelledPicture, split: str, index: int, agent_name: str) -> dict:
-    extra_info = {"split": split, "index": index, "color": picture.label, "target_box": list(BOX),
-                  "image_sha256": picture.digest}
+    extra_info = {
+        "split": split,
+        "index": index,
+        "color": picture.label,
+        "target_box": list(BOX),
+        "image_sha256": picture.digest,
+    }
     return image_row(DATA_SOURCE, PROMPT, picture.image, picture.label, extra_info, agent_name)
 
 
-def write_zoom_color_dataset(out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0,
-                             agent_name: str = "mm_tool") -> tuple[Path, Path]:
+def write_zoom_color_dataset(
+    out_dir: str | Path, *, train_size: int = 64, val_size: int = 16, seed: int = 0, agent_name: str = "mm_tool"
+) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    return write_two_splits(out_dir, "zoom_color", zoom_color_samples, lambda *place: _row(*place, agent_name),
-                            train_size=train_size, val_size=val_size, seed=seed, val_seed_offset=VAL_SEED_OFFSET)
+    return write_two_splits(
+        out_dir,
+        "zoom_color",
+        zoom_color_samples,
+        lambda *place: _row(*place, agent_name),
+        train_size=train_size,
+        val_size=val_size,
+        seed=seed,
+        val_seed_offset=VAL_SEED_OFFSET,
+    )

@@ -1,6 +1,13 @@
 """Environments for the mm_tool loop's feedback turns (see ``base`` for the API)."""
 
-from verl_mm_tools.envs.base import ENVIRONMENTS, Environment, Observation, Sample, make_environment, register_environment
+from verl_mm_tools.envs.base import (
+    ENVIRONMENTS,
+    Environment,
+    Observation,
+    Sample,
+    make_environment,
+    register_environment,
+)
 from verl_mm_tools.envs.check import EnvironmentCheckError, acheck_environment, check_environment
 from verl_mm_tools.envs.feedback import AnswerFeedbackEnv, RotationFeedbackEnv
 

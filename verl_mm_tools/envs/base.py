@@ -24,7 +24,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
-from verl_mm_tools.registry import register_unique
+from verl_mm_tools.verl_registry import register_unique
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,10 @@ def register_environment(cls: type[Environment]) -> type[Environment]:
     if not cls.name:
         raise ConfigError(f"environment class {cls.__qualname__} needs a non-empty `name` class attribute")
     if cls.step is Environment.step:
-        raise ConfigError(f"environment class {cls.__qualname__} does not implement step(assistant_text) -> "
-                          "(Observation, reward, done, info); an environment without it cannot react to an answer")
+        raise ConfigError(
+            f"environment class {cls.__qualname__} does not implement step(assistant_text) -> "
+            "(Observation, reward, done, info); an environment without it cannot react to an answer"
+        )
     register_unique(ENVIRONMENTS, cls.name, cls, "environment")
     return cls
 
@@ -126,13 +128,17 @@ def _imported_environment(path: str) -> type[Environment]:
     """An Environment subclass by its class path (``package.module.Class``)."""
     module_name, _, class_name = path.rpartition(".")
     if not module_name:
-        raise ConfigError(f"unknown environment {path!r}; registered: {sorted(ENVIRONMENTS)} (or give a class path, "
-                          "package.module.Class)." + did_you_mean(path, ENVIRONMENTS))
+        raise ConfigError(
+            f"unknown environment {path!r}; registered: {sorted(ENVIRONMENTS)} (or give a class path, "
+            "package.module.Class)." + did_you_mean(path, ENVIRONMENTS)
+        )
     try:
         found = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
-        raise ConfigError(f"environment {path!r} cannot be imported ({type(error).__name__}: {error}); check the class "
-                          "path and that its module is importable where verl's rollout workers run") from error
+        raise ConfigError(
+            f"environment {path!r} cannot be imported ({type(error).__name__}: {error}); check the class "
+            "path and that its module is importable where verl's rollout workers run"
+        ) from error
     if not (isinstance(found, type) and issubclass(found, Environment)):
         raise ConfigError(f"environment {path!r} is a {type(found).__name__}, not an Environment subclass")
     if found.step is Environment.step:

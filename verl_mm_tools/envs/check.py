@@ -19,9 +19,9 @@ from typing import Any
 
 from PIL import Image
 
+from verl_mm_tools.check_report import CheckReport
 from verl_mm_tools.envs.base import Environment, Observation, Sample, call, make_environment
 from verl_mm_tools.errors import VerlMMToolsError
-from verl_mm_tools.report import CheckReport
 
 PROBE_ANSWERS = ("", "x" * 10_000)
 
@@ -30,8 +30,13 @@ class EnvironmentCheckError(VerlMMToolsError, AssertionError):
     """An environment does not keep the contract; the message lists every problem."""
 
 
-def check_environment(spec: str | dict | type[Environment], *, ground_truth: Any = "1", answer: str = "<answer>1</answer>",
-                      extra_info: dict | None = None) -> CheckReport:
+def check_environment(
+    spec: str | dict | type[Environment],
+    *,
+    ground_truth: Any = "1",
+    answer: str = "<answer>1</answer>",
+    extra_info: dict | None = None,
+) -> CheckReport:
     """Check an environment (a registered name, a class path, ``{"name": ..., **kwargs}``, or the class itself);
     raise EnvironmentCheckError unless it keeps the contract (see the module docstring). Synchronous: inside a running
     event loop use ``await acheck_environment(...)``."""
@@ -39,18 +44,24 @@ def check_environment(spec: str | dict | type[Environment], *, ground_truth: Any
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(acheck_environment(spec, ground_truth=ground_truth, answer=answer, extra_info=extra_info))
-    raise RuntimeError("check_environment() runs its own event loop; inside async code use 'await "
-                       "acheck_environment(...)'")
+    raise RuntimeError(
+        "check_environment() runs its own event loop; inside async code use 'await acheck_environment(...)'"
+    )
 
 
-async def acheck_environment(spec, *, ground_truth: Any = "1", answer: str = "<answer>1</answer>",
-                             extra_info: dict | None = None) -> CheckReport:
+async def acheck_environment(
+    spec, *, ground_truth: Any = "1", answer: str = "<answer>1</answer>", extra_info: dict | None = None
+) -> CheckReport:
     environment = spec() if isinstance(spec, type) else make_environment(spec)
     name = type(environment).__qualname__
     report, problems = CheckReport(f"environment {name}"), []
     report.passed(f"{name} is an Environment with a step method")
-    sample = Sample(data_source="check_environment", ground_truth=ground_truth, extra_info=dict(extra_info or {}),
-                    images=[Image.new("RGB", (64, 48), (90, 140, 200))])
+    sample = Sample(
+        data_source="check_environment",
+        ground_truth=ground_truth,
+        extra_info=dict(extra_info or {}),
+        images=[Image.new("RGB", (64, 48), (90, 140, 200))],
+    )
     problems += _checked(report, "reset(sample)", await _outcome(environment.reset, sample), _reset_problem)
     for probe in (answer, *PROBE_ANSWERS):
         label = f"step({probe[:30]!r}{'...' if len(probe) > 30 else ''})"

@@ -26,8 +26,13 @@ class AnswerFeedbackEnv(Environment):
 
     name = "answer_feedback"
 
-    def __init__(self, reward_fn: str | None = None, reward_fn_kwargs: dict | None = None, max_attempts: int = 3,
-                 success_threshold: float = 1.0):
+    def __init__(
+        self,
+        reward_fn: str | None = None,
+        reward_fn_kwargs: dict | None = None,
+        max_attempts: int = 3,
+        success_threshold: float = 1.0,
+    ):
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigError(f"{self.name}: max_attempts must be a positive integer, got {max_attempts!r}")
         self.reward_fn = get_reward_function(reward_fn) if reward_fn else _verl_default_score
@@ -41,10 +46,17 @@ class AnswerFeedbackEnv(Environment):
         self.sample, self.attempts = sample, 0
         return None
 
+    def current_sample(self) -> Sample:
+        """The sample of the last ``reset``; a RuntimeError before the first one."""
+        if self.sample is None:
+            raise RuntimeError(f"environment {self.name!r}: step() before reset(sample)")
+        return self.sample
+
     def score(self, assistant_text: str) -> dict[str, Any]:
-        sample = self.sample
-        result = self.reward_fn(sample.data_source, assistant_text, sample.ground_truth, sample.extra_info,
-                                **self.reward_fn_kwargs)
+        sample = self.current_sample()
+        result = self.reward_fn(
+            sample.data_source, assistant_text, sample.ground_truth, sample.extra_info, **self.reward_fn_kwargs
+        )
         return as_result_dict(result)
 
     def step(self, assistant_text: str) -> tuple[Observation, float, bool, dict[str, Any]]:
@@ -79,10 +91,10 @@ class RotationFeedbackEnv(AnswerFeedbackEnv):
     def feedback(self, assistant_text: str, result: dict[str, Any]) -> Observation:
         text = super().feedback(assistant_text, result).text
         angle, _ = parse_angle_answer(assistant_text)
-        if not self.show_image or angle is None or not math.isfinite(angle) or not self.sample.images:
+        if not self.show_image or angle is None or not math.isfinite(angle) or not self.current_sample().images:
             return Observation(text=text)
         estimate = math.fmod(angle, 360.0)
-        turned_back = rotate(self.sample.images[0], -estimate)
+        turned_back = rotate(self.current_sample().images[0], -estimate)
         return Observation(
             text=f"Image 1 turned back by your estimate of {estimate:g} degrees; it is upright only if the estimate "
             f"is right. {text}",

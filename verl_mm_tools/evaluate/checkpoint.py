@@ -58,8 +58,13 @@ def _merge(actor: Path, target: Path) -> None:
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     logger.info("merging the FSDP checkpoint %s into %s with verl's model merger", actor, target)
-    config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(actor), target_dir=str(target),
-                               hf_model_config_path=str(actor / "huggingface"))
+    config = ModelMergerConfig(
+        operation="merge",
+        backend="fsdp",
+        local_dir=str(actor),
+        target_dir=str(target),
+        hf_model_config_path=str(actor / "huggingface"),
+    )
     with contextlib.redirect_stdout(sys.stderr):  # the merger prints its progress; stdout is the report's
         FSDPModelMerger(config).merge_and_save()
 
@@ -78,10 +83,14 @@ class CheckpointClient:
 
         if self._lock is None:
             self._lock = asyncio.Lock()
-        settings = {"max_new_tokens": sampling_params.get("max_tokens") or 256,
-                    "temperature": float(sampling_params.get("temperature", 0.0)),
-                    "top_p": float(sampling_params.get("top_p", 1.0)), "top_k": int(sampling_params.get("top_k", -1))}
+        settings = {
+            "max_new_tokens": sampling_params.get("max_tokens") or 256,
+            "temperature": float(sampling_params.get("temperature", 0.0)),
+            "top_p": float(sampling_params.get("top_p", 1.0)),
+            "top_k": int(sampling_params.get("top_k", -1)),
+        }
         async with self._lock:  # the model runs in a thread; the event loop keeps running the tools
             token_ids, log_probs = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=0, **settings))
+                None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=0, **settings)
+            )
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from verl_mm_tools.arguments import whole_number
+from verl_mm_tools.cli_types import whole_number
 from verl_mm_tools.errors import ConfigError
 
 DESCRIPTION = """\
@@ -20,39 +20,65 @@ faults) and OUT/<mode>/trajectories (verl-mm-tools view shows them).
 
 
 def add_eval_command(commands) -> None:
-    command = commands.add_parser("eval", help="score a model through the mm_tool loop: an endpoint or a checkpoint",
-                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    command = commands.add_parser(
+        "eval",
+        help="score a model through the mm_tool loop: an endpoint or a checkpoint",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     command.add_argument("--data", type=Path, required=True, help="a parquet file verl's RLHFDataset reads")
     source = command.add_mutually_exclusive_group(required=True)
     source.add_argument("--endpoint", help="an OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1")
-    source.add_argument("--checkpoint", type=Path,
-                        help="a Hugging Face model folder or a verl FSDP checkpoint (trainer.default_local_dir, a "
-                        "global_step_N folder or its actor folder)")
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a Hugging Face model folder or a verl FSDP checkpoint (trainer.default_local_dir, a "
+        "global_step_N folder or its actor folder)",
+    )
     command.add_argument("--model", help="the endpoint's model name (--endpoint)")
-    command.add_argument("--model-path", help="the model's processor and tokenizer, a local folder (default: --model "
-                         "with an endpoint; the checkpoint's own with --checkpoint)")
+    command.add_argument(
+        "--model-path",
+        help="the model's processor and tokenizer, a local folder (default: --model "
+        "with an endpoint; the checkpoint's own with --checkpoint)",
+    )
     command.add_argument("--tools", type=Path, help="verl's tool YAML (required unless --no-tools)")
     modes = command.add_mutually_exclusive_group()
     modes.add_argument("--no-tools", action="store_true", help="run without tools only")
-    modes.add_argument("--with-and-without-tools", action="store_true",
-                       help="run both and report them side by side")
-    command.add_argument("--loop-config", type=Path,
-                         help="the training run's agent-loop YAML (actor_rollout_ref.rollout.agent.agent_loop_config_path): "
-                         "its mm_tool options apply; eval adds dumps for every row")
+    modes.add_argument("--with-and-without-tools", action="store_true", help="run both and report them side by side")
+    command.add_argument(
+        "--loop-config",
+        type=Path,
+        help="the training run's agent-loop YAML (actor_rollout_ref.rollout.agent.agent_loop_config_path): "
+        "its mm_tool options apply; eval adds dumps for every row",
+    )
     command.add_argument("--reward-fn", help="a built-in reward function for rows whose extra_info names none")
     command.add_argument("--concurrency", type=whole_number(1), default=8, help="requests at once (default 8)")
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    command.add_argument("--retries", type=whole_number(0), default=3,
-                         help="tries after a timeout, connection failure, HTTP 429/5xx or malformed answer (default 3)")
-    command.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                         help="the environment variable holding the API key (default OPENAI_API_KEY; unset: none)")
+    command.add_argument(
+        "--retries",
+        type=whole_number(0),
+        default=3,
+        help="tries after a timeout, connection failure, HTTP 429/5xx or malformed answer (default 3)",
+    )
+    command.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="the environment variable holding the API key (default OPENAI_API_KEY; unset: none)",
+    )
     command.add_argument("--batch-size", type=whole_number(1), default=32, help="rows per batch (default 32)")
     command.add_argument("--max-turns", type=whole_number(1), default=4, help="assistant turns per row (default 4)")
-    command.add_argument("--response-length", type=whole_number(1), default=1024,
-                         help="tokens a trajectory may generate, tool answers included (default 1024)")
+    command.add_argument(
+        "--response-length",
+        type=whole_number(1),
+        default=1024,
+        help="tokens a trajectory may generate, tool answers included (default 1024)",
+    )
     command.add_argument("--out", type=Path, default=Path("verl_mm_tools_eval"), help="output folder")
-    command.add_argument("overrides", nargs="*",
-                         help="hydra overrides of verl's trainer config, as in training (reward, loop options, ...)")
+    command.add_argument(
+        "overrides",
+        nargs="*",
+        help="hydra overrides of verl's trainer config, as in training (reward, loop options, ...)",
+    )
     command.set_defaults(run=run_eval)
 
 
@@ -61,17 +87,28 @@ def run_eval(args: argparse.Namespace) -> int:
 
     make_client, model_path = _client(args)
     modes = (TOOLS, NO_TOOLS) if args.with_and_without_tools else (NO_TOOLS,) if args.no_tools else (TOOLS,)
-    options = EvalOptions(data=args.data, out=args.out, model_path=model_path, tools_yaml=args.tools, loop_config=args.loop_config, modes=modes,
-                          reward_fn=args.reward_fn, batch_size=args.batch_size, max_turns=args.max_turns,
-                          response_length=args.response_length, overrides=tuple(args.overrides))
+    options = EvalOptions(
+        data=args.data,
+        out=args.out,
+        model_path=model_path,
+        tools_yaml=args.tools,
+        loop_config=args.loop_config,
+        modes=modes,
+        reward_fn=args.reward_fn,
+        batch_size=args.batch_size,
+        max_turns=args.max_turns,
+        response_length=args.response_length,
+        overrides=tuple(args.overrides),
+    )
     bar = _progress_bar(args.data, len(modes))
     try:
         report = evaluate(options, make_client, progress=bar.update)
     finally:
         bar.close()
     sys.stdout.write(report["table"] + "\n")
-    sys.stdout.write(f"report: {args.out / 'report.json'}; trajectories: verl-mm-tools view "
-                     f"{args.out / modes[0] / 'trajectories'}\n")
+    sys.stdout.write(
+        f"report: {args.out / 'report.json'}; trajectories: verl-mm-tools view {args.out / modes[0] / 'trajectories'}\n"
+    )
     return 0
 
 
@@ -85,8 +122,14 @@ def _client(args: argparse.Namespace):
 
     if not args.model:
         raise ConfigError("--endpoint needs --model (the name the endpoint serves the model under)")
-    settings = EndpointSettings(url=args.endpoint, model=args.model, concurrency=args.concurrency,
-                                timeout_s=args.timeout, retries=args.retries, api_key_env=args.api_key_env)
+    settings = EndpointSettings(
+        url=args.endpoint,
+        model=args.model,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        retries=args.retries,
+        api_key_env=args.api_key_env,
+    )
     return (lambda tokenizer: EndpointClient(settings, tokenizer)), args.model_path or args.model
 
 

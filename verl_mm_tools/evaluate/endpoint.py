@@ -93,9 +93,13 @@ class EndpointClient:
         prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         limit = sampling_params.get("max_tokens")
         # verl's validation sampling (actor_rollout_ref.rollout.val_kwargs: greedy unless overridden)
-        body = {"model": self.settings.model, "messages": chat_messages(prompt_text, list(image_data or [])),
-                "temperature": sampling_params.get("temperature", 0.0), "top_p": sampling_params.get("top_p", 1.0),
-                "max_tokens": limit}
+        body = {
+            "model": self.settings.model,
+            "messages": chat_messages(prompt_text, list(image_data or [])),
+            "temperature": sampling_params.get("temperature", 0.0),
+            "top_p": sampling_params.get("top_p", 1.0),
+            "max_tokens": limit,
+        }
         choice, usage = await self._complete(body, faults)
         if usage.get("prompt_tokens") not in (None, len(prompt_ids)):
             faults.prompt_token_mismatch += 1
@@ -104,8 +108,12 @@ class EndpointClient:
         finished = choice.get("finish_reason") in ("stop", "tool_calls")
         if finished:  # a chat server strips the end-of-turn token; the loop's rollouts hold it
             token_ids.append(self.tokenizer.eos_token_id)
-        return TokenOutput(token_ids=token_ids[:limit] if limit else token_ids, log_probs=None,
-                           stop_reason="completed", num_preempted=0)
+        return TokenOutput(
+            token_ids=token_ids[:limit] if limit else token_ids,
+            log_probs=None,
+            stop_reason="completed",
+            num_preempted=0,
+        )
 
     async def _complete(self, body: dict, faults: RequestFaults) -> tuple[dict, dict]:
         attempts = self.settings.retries + 1
@@ -117,8 +125,9 @@ class EndpointClient:
                 setattr(faults, fault.kind, getattr(faults, fault.kind) + 1)
                 if attempt + 1 == attempts:
                     faults.failed += 1
-                    raise EndpointError(f"the endpoint {self.settings.completions_url} failed {attempts} tries; "
-                                        f"the last: {fault}") from None
+                    raise EndpointError(
+                        f"the endpoint {self.settings.completions_url} failed {attempts} tries; the last: {fault}"
+                    ) from None
                 faults.retries += 1
                 await asyncio.sleep(min(MAX_BACKOFF_S, self.settings.backoff_s * 2**attempt))
         raise AssertionError("unreachable")
@@ -127,8 +136,12 @@ class EndpointClient:
         import httpx
 
         try:
-            response = await self._http().post(self.settings.completions_url, json=body,
-                                               headers=self.settings.headers(), timeout=self.settings.timeout_s)
+            response = await self._http().post(
+                self.settings.completions_url,
+                json=body,
+                headers=self.settings.headers(),
+                timeout=self.settings.timeout_s,
+            )
         except httpx.TimeoutException:
             raise _Retry("timeouts", f"no answer within {self.settings.timeout_s} s") from None
         except httpx.TransportError as error:
@@ -136,8 +149,10 @@ class EndpointClient:
         if response.status_code in RETRIED_STATUS:
             raise _Retry("http_errors", f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code != 200:
-            raise EndpointError(f"the endpoint {self.settings.completions_url} refused the request: HTTP "
-                                f"{response.status_code}: {response.text[:500]}")
+            raise EndpointError(
+                f"the endpoint {self.settings.completions_url} refused the request: HTTP "
+                f"{response.status_code}: {response.text[:500]}"
+            )
         try:
             answer = response.json()
             choice = answer["choices"][0]
@@ -175,4 +190,7 @@ def _warn_mismatch_once(endpoint_tokens: int, loop_tokens: int) -> None:
         logger.warning(
             "the endpoint counted %d prompt tokens where the loop rendered %d: it renders the conversation with "
             "another chat template or image processor settings than the model given to eval, so the model sees "
-            "something else than in training (counted per row as prompt_token_mismatch)", endpoint_tokens, loop_tokens)
+            "something else than in training (counted per row as prompt_token_mismatch)",
+            endpoint_tokens,
+            loop_tokens,
+        )

@@ -20,27 +20,31 @@ def row_records(output, faults: dict) -> list[dict]:
     stops = columns.get(STOP_REASON_KEY)
     if stops is None or any(stop is None for stop in stops):
         names = sorted({str(name) for name in columns.get("agent_name", ["?"])})
-        raise ConfigError(f"eval reads what the mm_tool loop records; rows ran the agent loops {names}: set the "
-                          "dataset's agent_name to mm_tool (or a loop built on it)")
+        raise ConfigError(
+            f"eval reads what the mm_tool loop records; rows ran the agent loops {names}: set the "
+            "dataset's agent_name to mm_tool (or a loop built on it)"
+        )
     scores = output.batch["rm_scores"].sum(dim=-1).tolist()
     records = []
     for row, score in enumerate(scores):
         extra_info = columns["extra_info"][row] if "extra_info" in columns else None
         request_faults = faults.get(columns[REQUEST_ID_KEY][row])
-        records.append({
-            "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
-            "index": extra_info.get("index", row) if isinstance(extra_info, dict) else row,
-            "reward": float(score),
-            "stop_reason": columns[STOP_REASON_KEY][row],
-            "turns": int(columns[PREFIX + "turns"][row]),
-            "tool_calls": int(columns[PREFIX + "tool_calls"][row]),
-            "tool_errors": int(columns[PREFIX + "tool_errors"][row]),
-            "invalid_actions": int(columns[PREFIX + "invalid_actions"][row]),
-            "images": int(columns[PREFIX + "images"][row]),
-            "masked": bool(columns[MASKED_KEY][row]),
-            "error": str(columns[ERROR_KEY][row]),
-            "endpoint": request_faults.as_dict() if request_faults is not None else {},
-        })
+        records.append(
+            {
+                "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
+                "index": extra_info.get("index", row) if isinstance(extra_info, dict) else row,
+                "reward": float(score),
+                "stop_reason": columns[STOP_REASON_KEY][row],
+                "turns": int(columns[PREFIX + "turns"][row]),
+                "tool_calls": int(columns[PREFIX + "tool_calls"][row]),
+                "tool_errors": int(columns[PREFIX + "tool_errors"][row]),
+                "invalid_actions": int(columns[PREFIX + "invalid_actions"][row]),
+                "images": int(columns[PREFIX + "images"][row]),
+                "masked": bool(columns[MASKED_KEY][row]),
+                "error": str(columns[ERROR_KEY][row]),
+                "endpoint": request_faults.as_dict() if request_faults is not None else {},
+            }
+        )
     return records
 
 
@@ -62,10 +66,16 @@ def source_report(output, rows: list[int], records: list[dict]) -> dict:
         "images_per_trajectory": metrics[PREFIX + "images/mean"],
         "invalid_actions_per_trajectory": metrics[PREFIX + "invalid_actions/mean"],
         "masked": int(metrics[MASKED_KEY + "/count"]),
-        "stop_reasons": {reason.value: sum(records[row]["stop_reason"] == reason.value for row in rows)
-                         for reason in StopReason},
-        "tools": {name: {"calls_per_trajectory": metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"],
-                         "error_rate": metrics[f"{PREFIX}tool/{name}/error_rate"]} for name in tools},
+        "stop_reasons": {
+            reason.value: sum(records[row]["stop_reason"] == reason.value for row in rows) for reason in StopReason
+        },
+        "tools": {
+            name: {
+                "calls_per_trajectory": metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"],
+                "error_rate": metrics[f"{PREFIX}tool/{name}/error_rate"],
+            }
+            for name in tools
+        },
         "endpoint": dict(sorted(faults.items())),
     }
 
@@ -119,8 +129,13 @@ def table(reports: dict[str, dict]) -> str:
         for mode in modes:
             figures = reports[mode][source]
             stops = ", ".join(f"{reason} {count}" for reason, count in figures["stop_reasons"].items() if count)
-            tools = ", ".join(f"{name} {tool['calls_per_trajectory']:.2f} calls per row, {tool['error_rate']:.0%} failed"
-                              for name, tool in figures["tools"].items()) or "no calls"
+            tools = (
+                ", ".join(
+                    f"{name} {tool['calls_per_trajectory']:.2f} calls per row, {tool['error_rate']:.0%} failed"
+                    for name, tool in figures["tools"].items()
+                )
+                or "no calls"
+            )
             faults = ", ".join(f"{kind} {count}" for kind, count in figures["endpoint"].items() if count) or "none"
             lines.append(f"  [{mode}] stop: {stops}; tools: {tools}; endpoint: {faults}")
     return "\n".join(lines)

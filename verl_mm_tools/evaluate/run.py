@@ -67,9 +67,11 @@ def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={options.max_turns}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
         # the rollout's lengths follow these, as in training
-        f"data.max_prompt_length={options.prompt_length}", f"data.max_response_length={options.response_length}",
+        f"data.max_prompt_length={options.prompt_length}",
+        f"data.max_response_length={options.response_length}",
         "data.return_raw_chat=true",
-        "reward.reward_manager.name=mm_turn_discount", *CLASSIC_HOOK,
+        "reward.reward_manager.name=mm_turn_discount",
+        *CLASSIC_HOOK,
     ]
     if options.reward_fn:
         overrides.append(f"+reward.reward_kwargs.reward_fn={options.reward_fn}")
@@ -87,14 +89,17 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
 
     entries = yaml.safe_load(options.loop_config.read_text()) if options.loop_config else []
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        raise ConfigError(f"--loop-config {options.loop_config}: expected verl's agent-loop YAML, a list of entries "
-                          f"with name and _target_; got {type(entries).__name__}")
+        raise ConfigError(
+            f"--loop-config {options.loop_config}: expected verl's agent-loop YAML, a list of entries "
+            f"with name and _target_; got {type(entries).__name__}"
+        )
     ours = [entry for entry in entries if entry.get("name") == LOOP_NAME]
     if not ours:
         ours = [{"name": LOOP_NAME, "_target_": LOOP_TARGET}]
         entries.append(ours[0])
-    ours[0].update(dump_dir=str(options.out / mode / DUMP_FOLDER), dump_max_per_step=options.batch_size,
-                   max_masked_fraction=1.0)
+    ours[0].update(
+        dump_dir=str(options.out / mode / DUMP_FOLDER), dump_max_per_step=options.batch_size, max_masked_fraction=1.0
+    )
     return entries
 
 
@@ -121,8 +126,12 @@ def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: 
     from verl.protocol import DataProto
     from verl.utils.ray_utils import get_event_loop
 
-    from verl_mm_tools.agent_loop.harness import compose_trainer_config, generate, in_process_manager, \
-        restored_loop_registry
+    from verl_mm_tools.agent_loop.harness import (
+        compose_trainer_config,
+        generate,
+        in_process_manager,
+        restored_loop_registry,
+    )
 
     config = compose_trainer_config(options.model_path, trainer_overrides(options, mode))
     with restored_loop_registry():
@@ -145,8 +154,10 @@ def _with_row_columns(output, batch):
     """The generated rows with their dataset columns (the trainer unions them the same way), without the batch's
     timings and step metrics (the report reads the rows)."""
     if len(output) != len(batch):
-        raise ConfigError(f"{len(batch)} rows gave {len(output)} outputs: eval scores whole trajectories, leave the "
-                          "mm_tool loop's export at per_trajectory")
+        raise ConfigError(
+            f"{len(batch)} rows gave {len(output)} outputs: eval scores whole trajectories, leave the "
+            "mm_tool loop's export at per_trajectory"
+        )
     for key in ROW_COLUMNS:
         if key in batch.non_tensor_batch:
             output.non_tensor_batch[key] = batch.non_tensor_batch[key]

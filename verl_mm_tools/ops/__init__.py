@@ -37,7 +37,15 @@ from verl_mm_tools.ops.geometry import (
     fit_pixels,
     scaled_size,
 )
-from verl_mm_tools.ops.transform import DEFAULT_ZOOM_SIDE, FLIP_DIRECTIONS, ROTATE_RESAMPLING, crop, flip, rotate, zoom_in
+from verl_mm_tools.ops.transform import (
+    DEFAULT_ZOOM_SIDE,
+    FLIP_DIRECTIONS,
+    ROTATE_RESAMPLING,
+    crop,
+    flip,
+    rotate,
+    zoom_in,
+)
 
 __all__ = [
     "COLOR_NAMES",

@@ -9,7 +9,7 @@ from typing import Literal, get_args
 from PIL import Image, ImageDraw, ImageFont
 
 from verl_mm_tools.errors import ToolInputError, did_you_mean
-from verl_mm_tools.ops.checks import check_int, kind_of, show
+from verl_mm_tools.ops.argument_checks import check_int, kind_of, show
 from verl_mm_tools.ops.geometry import DEFAULT_MAX_PIXELS, clip_box, clip_segment, fit_pixels
 
 Color = Literal["red", "green", "blue", "yellow", "cyan", "magenta", "orange", "purple", "white", "black"]

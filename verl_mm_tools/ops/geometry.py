@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError
-from verl_mm_tools.ops.checks import check_number, check_quad
+from verl_mm_tools.ops.argument_checks import check_number, check_quad
 
 MIN_SIDE = 28
 """Shortest side of a crop or zoom result: two 14 px patches, so the processor always gets at least one patch."""
@@ -27,7 +27,9 @@ _BOX_NAMES = ("x1", "y1", "x2", "y2")
 
 def _coordinates(values: Sequence[float], name: str) -> tuple[float, float, float, float]:
     quad = check_quad(name, values)
-    x1, y1, x2, y2 = (check_number(n, v, -MAX_COORDINATE, MAX_COORDINATE) for n, v in zip(_BOX_NAMES, quad))
+    x1, y1, x2, y2 = (
+        check_number(n, v, -MAX_COORDINATE, MAX_COORDINATE) for n, v in zip(_BOX_NAMES, quad, strict=True)
+    )
     return x1, y1, x2, y2
 
 

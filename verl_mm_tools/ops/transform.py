@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError, did_you_mean
-from verl_mm_tools.ops.checks import check_int, check_number, show
+from verl_mm_tools.ops.argument_checks import check_int, check_number, show
 from verl_mm_tools.ops.geometry import (
     DEFAULT_MAX_PIXELS,
     MIN_SIDE,
@@ -23,8 +23,11 @@ FLIP_DIRECTIONS: tuple[str, ...] = ("horizontal", "vertical")
 DEFAULT_ZOOM_SIDE = 448
 """Default longer side of a zoom result (16 patches of 28 px)."""
 MAX_ZOOM_SIDE = 8192
-ROTATE_RESAMPLING = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
-                     "bicubic": Image.Resampling.BICUBIC}
+ROTATE_RESAMPLING = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+}
 
 
 def as_rgb(image: Image.Image) -> Image.Image:
@@ -47,8 +50,10 @@ def rotate(
     """
     degrees = check_number("degrees", degrees, -360, 360)
     if resample not in ROTATE_RESAMPLING:
-        raise ToolInputError(f"resample must be one of {sorted(ROTATE_RESAMPLING)}, got {resample!r}."
-                             f"{did_you_mean(str(resample), ROTATE_RESAMPLING)}")
+        raise ToolInputError(
+            f"resample must be one of {sorted(ROTATE_RESAMPLING)}, got {resample!r}."
+            f"{did_you_mean(str(resample), ROTATE_RESAMPLING)}"
+        )
     image = as_rgb(image)
     radians = math.radians(degrees)
     cos, sin = abs(math.cos(radians)), abs(math.sin(radians))

@@ -48,7 +48,8 @@ class RemoteEnvironment:
         if key is None:
             return
         try:
-            await self.pool.call(self.pool.slot_of(key), "close", key, timeout_s=self.spec.timeout_s,
-                                 cancel_on_timeout=False)
+            await self.pool.call(
+                self.pool.slot_of(key), "close", key, timeout_s=self.spec.timeout_s, cancel_on_timeout=False
+            )
         finally:
             self.pool.close(key)

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from verl_mm_tools.errors import RemoteError
-from verl_mm_tools.files import FILES_ATTR, FileRoots
-from verl_mm_tools.workspace import WORKSPACE_ATTR, ImageWorkspace
+from verl_mm_tools.files import FileRoots
+from verl_mm_tools.workspace import ImageWorkspace, ToolContext, attach_tool_context
 
 TOOL, ENVIRONMENT = "tool", "environment"
 
@@ -43,8 +43,12 @@ class RemoteHost:
         """Who answers: the incarnation, the process and the GPUs Ray gave this actor."""
         import ray
 
-        return {"incarnation": self.incarnation, "pid": os.getpid(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def open_sessions(self) -> int:
         with self.lock:
@@ -64,8 +68,7 @@ class RemoteHost:
         del session.images[keep:]
         session.images.extend(new_images)
         agent_data = SimpleNamespace(image_data=session.images)
-        setattr(agent_data, WORKSPACE_ATTR, ImageWorkspace(session.images))
-        setattr(agent_data, FILES_ATTR, files)
+        attach_tool_context(agent_data, ToolContext(ImageWorkspace(session.images), files))
         return self._run(self.tool.execute(session.instance_id, parameters, agent_data=agent_data))
 
     def release(self, key: str, kwargs: dict[str, Any]) -> None:

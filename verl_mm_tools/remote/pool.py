@@ -69,14 +69,17 @@ class ActorPool:
     def slot_of(self, key: str) -> Slot:
         slot = self.sessions.get(key)
         if slot is None:
-            raise RemoteError(f"{self.label}: no open session {key!r} in this process (it was released, or never "
-                              "created: call create / reset first)")
+            raise RemoteError(
+                f"{self.label}: no open session {key!r} in this process (it was released, or never "
+                "created: call create / reset first)"
+            )
         return slot
 
     # ----- calls ----------------------------------------------------------------------------------------------
 
-    async def call(self, slot: Slot, method: str, *args: Any, timeout_s: float | None = None,
-                   cancel_on_timeout: bool = True) -> Any:
+    async def call(
+        self, slot: Slot, method: str, *args: Any, timeout_s: float | None = None, cancel_on_timeout: bool = True
+    ) -> Any:
         """``method(*args)`` on the slot's actor. Raises RemoteTimeoutError past ``timeout_s``, RemoteError when the
         actor or the session is lost, and the hosted class's own exception when it raised. A release or close is
         not cancelled past its timeout (``cancel_on_timeout=False``): it still runs once the actor gets to it."""
@@ -86,15 +89,17 @@ class ActorPool:
         self.counts["calls"] += 1
         ref = getattr(handle, method).remote(*args)
         try:
-            return await asyncio.wait_for(awaited(ref) if cancel_on_timeout else asyncio.shield(awaited(ref)),
-                                          timeout_s)
+            return await asyncio.wait_for(
+                awaited(ref) if cancel_on_timeout else asyncio.shield(awaited(ref)), timeout_s
+            )
         except asyncio.TimeoutError:
             if cancel_on_timeout:
                 _cancel(ref)
             self.counts["timeouts"] += 1
             outcome = "was cancelled" if cancel_on_timeout else "still runs there"
-            raise RemoteTimeoutError(f"{self.label}: {method} on actor {slot.name} took longer than {timeout_s:g} s "
-                                     f"and {outcome}") from None
+            raise RemoteTimeoutError(
+                f"{self.label}: {method} on actor {slot.name} took longer than {timeout_s:g} s and {outcome}"
+            ) from None
         except asyncio.CancelledError:  # the caller gave up (the loop's tool_timeout_s, a cancelled trajectory)
             if cancel_on_timeout:
                 _cancel(ref)
@@ -102,8 +107,10 @@ class ActorPool:
         except ray.exceptions.RayActorError as error:
             slot.handle, slot.started = None, False
             self.counts["lost"] += 1
-            raise RemoteError(f"{self.label}: actor {slot.name} was lost during {method} "
-                              f"({type(error).__name__}: {_first_line(error)}); its sessions are gone") from error
+            raise RemoteError(
+                f"{self.label}: actor {slot.name} was lost during {method} "
+                f"({type(error).__name__}: {_first_line(error)}); its sessions are gone"
+            ) from error
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             if isinstance(cause, RemoteError):
@@ -114,14 +121,19 @@ class ActorPool:
         import ray
 
         if not ray.is_initialized():
-            raise RemoteError(f"{self.label} runs in Ray actors (remote:), but Ray is not initialized in this "
-                              "process: verl's workers always are; elsewhere call ray.init() first")
+            raise RemoteError(
+                f"{self.label} runs in Ray actors (remote:), but Ray is not initialized in this "
+                "process: verl's workers always are; elsewhere call ray.init() first"
+            )
         job = ray.get_runtime_context().get_job_id()
         if slot.job != job:  # a new Ray session (ray.init again in this process): its actors are not ours
             slot.handle, slot.started, slot.incarnation, slot.job = None, False, None, job
         if slot.handle is None:
-            slot.handle = _actor_class().options(name=slot.name, get_if_exists=True, **self.spec.actor_options()
-                                                 ).remote(self.kind, self.target, self.init_kwargs)
+            slot.handle = (
+                _actor_class()
+                .options(name=slot.name, get_if_exists=True, **self.spec.actor_options())
+                .remote(self.kind, self.target, self.init_kwargs)
+            )
         if not slot.started:
             await self._wait_started(slot, ray)
         return slot.handle
@@ -135,14 +147,19 @@ class ActorPool:
             raise RemoteError(
                 f"{self.label}: actor {slot.name} did not start within {self.spec.startup_timeout_s:g} s; it asks Ray "
                 f"for {self.spec.actor_options()} and Ray has {ray.available_resources()} free. Lower num_cpus / "
-                "num_gpus, give Ray more resources, or raise startup_timeout_s (a slow constructor)") from None
+                "num_gpus, give Ray more resources, or raise startup_timeout_s (a slow constructor)"
+            ) from None
         except ray.exceptions.RayActorError as error:
             slot.handle = None
             raise RemoteError(f"{self.label}: actor {slot.name} failed to start ({_first_line(error)})") from error
         if slot.incarnation is not None and info["incarnation"] != slot.incarnation:
             self.counts["restarted"] += 1
-            logger.warning("%s: actor %s was restarted (pid %s now); sessions it held were masked", self.label,
-                           slot.name, info["pid"])
+            logger.warning(
+                "%s: actor %s was restarted (pid %s now); sessions it held were masked",
+                self.label,
+                slot.name,
+                info["pid"],
+            )
         slot.incarnation, slot.started = info["incarnation"], True
 
     async def start(self) -> None:
@@ -184,7 +201,7 @@ def _cancel(ref) -> None:
 
     try:
         ray.cancel(ref)
-    except Exception:  # noqa: BLE001 - a task that already finished, or an actor that is gone: nothing to cancel
+    except Exception:
         logger.debug("cancelling a remote call failed", exc_info=True)
 
 

@@ -40,6 +40,8 @@ class BlockingTool(BaseTool):
         time.sleep(self.seconds)  # blocking on purpose: the event loop it runs on is stuck meanwhile
         images = len(workspace_of(kwargs.get("agent_data")).images)
         note = str(parameters.get("note", ""))[:100]
-        text = (f"waited {self.seconds:g} s in pid {os.getpid()} from {began:.3f} to {time.time():.3f}; "
-                f"{images} images; {note}")
+        text = (
+            f"waited {self.seconds:g} s in pid {os.getpid()} from {began:.3f} to {time.time():.3f}; "
+            f"{images} images; {note}"
+        )
         return ToolResponse(text=text), 0.0, {}

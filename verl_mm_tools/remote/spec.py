@@ -37,20 +37,47 @@ class RemoteSpec:
     startup_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.actors, int) and not isinstance(self.actors, bool) and self.actors >= 1,
-                 "actors", "an integer >= 1", self.actors)
-        _require(isinstance(self.max_concurrency, int) and not isinstance(self.max_concurrency, bool)
-                 and self.max_concurrency >= 1, "max_concurrency", "an integer >= 1", self.max_concurrency)
-        _require(isinstance(self.max_restarts, int) and not isinstance(self.max_restarts, bool)
-                 and self.max_restarts >= 0, "max_restarts", "an integer >= 0", self.max_restarts)
-        _require(self.num_cpus is None or _number(self.num_cpus, minimum=0), "num_cpus", "a number >= 0 or null",
-                 self.num_cpus)
-        _require(_number(self.num_gpus, minimum=0), "num_gpus", "a number >= 0 (a fraction shares a GPU)",
-                 self.num_gpus)
-        _require(self.timeout_s is None or _number(self.timeout_s, minimum=0, strict=True), "timeout_s",
-                 "a number of seconds > 0 or null", self.timeout_s)
-        _require(_number(self.startup_timeout_s, minimum=0, strict=True), "startup_timeout_s",
-                 "a number of seconds > 0", self.startup_timeout_s)
+        _require(
+            isinstance(self.actors, int) and not isinstance(self.actors, bool) and self.actors >= 1,
+            "actors",
+            "an integer >= 1",
+            self.actors,
+        )
+        _require(
+            isinstance(self.max_concurrency, int)
+            and not isinstance(self.max_concurrency, bool)
+            and self.max_concurrency >= 1,
+            "max_concurrency",
+            "an integer >= 1",
+            self.max_concurrency,
+        )
+        _require(
+            isinstance(self.max_restarts, int) and not isinstance(self.max_restarts, bool) and self.max_restarts >= 0,
+            "max_restarts",
+            "an integer >= 0",
+            self.max_restarts,
+        )
+        _require(
+            self.num_cpus is None or _number(self.num_cpus, minimum=0),
+            "num_cpus",
+            "a number >= 0 or null",
+            self.num_cpus,
+        )
+        _require(
+            _number(self.num_gpus, minimum=0), "num_gpus", "a number >= 0 (a fraction shares a GPU)", self.num_gpus
+        )
+        _require(
+            self.timeout_s is None or _number(self.timeout_s, minimum=0, strict=True),
+            "timeout_s",
+            "a number of seconds > 0 or null",
+            self.timeout_s,
+        )
+        _require(
+            _number(self.startup_timeout_s, minimum=0, strict=True),
+            "startup_timeout_s",
+            "a number of seconds > 0",
+            self.startup_timeout_s,
+        )
 
     @classmethod
     def from_config(cls, config: Any, owner: str) -> RemoteSpec:
@@ -58,13 +85,17 @@ class RemoteSpec:
         if config is True:
             return cls()
         if not isinstance(config, Mapping):
-            raise ConfigError(f"{owner}: remote must be a mapping such as {{actors: 2, max_concurrency: 1}} (or true "
-                              f"for one actor), got {config!r}")
+            raise ConfigError(
+                f"{owner}: remote must be a mapping such as {{actors: 2, max_concurrency: 1}} (or true "
+                f"for one actor), got {config!r}"
+            )
         fields = {field.name for field in dataclasses.fields(cls)}
         for key in config:
             if key not in fields:
-                raise ConfigError(f"{owner}: unknown remote option {key!r}.{did_you_mean(str(key), fields)} "
-                                  f"Known options: {sorted(fields)}")
+                raise ConfigError(
+                    f"{owner}: unknown remote option {key!r}.{did_you_mean(str(key), fields)} "
+                    f"Known options: {sorted(fields)}"
+                )
         try:
             return cls(**dict(config))
         except ConfigError as error:

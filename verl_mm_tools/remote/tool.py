@@ -42,8 +42,9 @@ REMOTE_KEY = "remote"
 class RemoteTool(BaseTool):
     """Forwards create / execute / release of ``tool_class`` to a session on one actor of its pool."""
 
-    def __init__(self, tool_class: type, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema,
-                 spec: RemoteSpec):
+    def __init__(
+        self, tool_class: type, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema, spec: RemoteSpec
+    ):
         # BaseTool.__init__ is not called on purpose: it print()s the schema.
         self.config, self.tool_schema, self.spec = config, tool_schema, spec
         self.name = tool_schema.function.name
@@ -54,8 +55,9 @@ class RemoteTool(BaseTool):
     @property
     def pool(self) -> ActorPool:
         if self._pool is None:
-            self._pool = pool_for(TOOL, self.name, self.tool_class,
-                                  {"config": self.config, "tool_schema": self.tool_schema}, self.spec)
+            self._pool = pool_for(
+                TOOL, self.name, self.tool_class, {"config": self.config, "tool_schema": self.tool_schema}, self.spec
+            )
         return self._pool
 
     async def start(self) -> None:
@@ -74,8 +76,9 @@ class RemoteTool(BaseTool):
         self.sent_images[key] = []
         return key, response
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
-                      ) -> tuple[ToolResponse, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
         agent_data = kwargs.get("agent_data")
         slot = self.pool.slot_of(instance_id)
         images = workspace_of(agent_data).images
@@ -83,8 +86,16 @@ class RemoteTool(BaseTool):
         keep = _common_prefix(sent, images)
         new_images = images[keep:]
         try:
-            result = await self.pool.call(slot, "execute", instance_id, parameters, keep, new_images,
-                                          files_of(agent_data), timeout_s=self.spec.timeout_s)
+            result = await self.pool.call(
+                slot,
+                "execute",
+                instance_id,
+                parameters,
+                keep,
+                new_images,
+                files_of(agent_data),
+                timeout_s=self.spec.timeout_s,
+            )
         except RemoteTimeoutError as error:
             sent[:] = []  # the actor may or may not have taken the new images: send them all next time
             return ToolResponse(text=f"Error: {error}"), 0.0, {"error": str(error), REMOTE_ACTOR_METRIC: slot.name}
@@ -100,9 +111,10 @@ class RemoteTool(BaseTool):
         took the session with it)."""
         self.sent_images.pop(key, None)
         try:
-            await self.pool.call(self.pool.slot_of(key), "release", key, kwargs, timeout_s=self.spec.timeout_s,
-                                 cancel_on_timeout=False)
-        except Exception:  # noqa: BLE001 - released or lost either way
+            await self.pool.call(
+                self.pool.slot_of(key), "release", key, kwargs, timeout_s=self.spec.timeout_s, cancel_on_timeout=False
+            )
+        except Exception:
             logger.warning("%s: releasing session %s failed", self.pool.label, key, exc_info=True)
         finally:
             self.pool.close(key)
@@ -128,13 +140,19 @@ def remote_tool(entry: Any) -> RemoteTool:
 
     class_name = entry.class_name
     owner = f"tool {class_name}"
-    spec = RemoteSpec.from_config(OmegaConf.to_container(entry[REMOTE_KEY], resolve=True)
-                                  if OmegaConf.is_config(entry[REMOTE_KEY]) else entry[REMOTE_KEY], owner)
+    spec = RemoteSpec.from_config(
+        OmegaConf.to_container(entry[REMOTE_KEY], resolve=True)
+        if OmegaConf.is_config(entry[REMOTE_KEY])
+        else entry[REMOTE_KEY],
+        owner,
+    )
     try:
         tool_class = get_tool_class(class_name)
     except (ImportError, AttributeError, ValueError) as error:
-        raise ConfigError(f"{owner}: cannot import the class ({type(error).__name__}: {error}); check class_name and "
-                          "that its module is importable where verl's workers run") from error
+        raise ConfigError(
+            f"{owner}: cannot import the class ({type(error).__name__}: {error}); check class_name and "
+            "that its module is importable where verl's workers run"
+        ) from error
     config = OmegaConf.to_container(entry.config, resolve=True) if entry.get("config") is not None else {}
     return RemoteTool(tool_class, config, _schema(entry, tool_class, owner), spec)
 
@@ -149,8 +167,9 @@ def _schema(entry: Any, tool_class: type, owner: str) -> OpenAIFunctionToolSchem
         from verl_mm_tools.tools.base import build_schema
 
         return build_schema(schema_fn)
-    raise ConfigError(f"{owner} runs remotely, so it is not built here to ask for its schema: give its tool_schema "
-                      "in the YAML entry")
+    raise ConfigError(
+        f"{owner} runs remotely, so it is not built here to ask for its schema: give its tool_schema in the YAML entry"
+    )
 
 
 def without_remote(yaml_text: str) -> str:

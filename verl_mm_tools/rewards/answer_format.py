@@ -58,7 +58,7 @@ def check_answer_format(
 
 def _has_think_before(prefix: str) -> bool:
     thoughts = find_tag_blocks(prefix, "think")
-    return bool(thoughts) and bool(thoughts[-1].strip())
+    return bool(thoughts and thoughts[-1].strip())
 
 
 def format_reward(

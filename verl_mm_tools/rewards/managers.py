@@ -36,7 +36,7 @@ import logging
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from verl import DataProto
@@ -53,6 +53,9 @@ from verl_mm_tools.rewards.common import (
 )
 from verl_mm_tools.rewards.registry import RewardFunction, get_reward_function
 from verl_mm_tools.rewards.shaping import ToolShaping
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -222,9 +225,9 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
         response_ids = item.batch["responses"]
         valid_length = item.batch["attention_mask"][-response_ids.shape[-1] :].sum()
         valid_ids = response_ids[:valid_length]
-        return await self.loop.run_in_executor(
-            None, functools.partial(self.tokenizer.decode, valid_ids, skip_special_tokens=True)
-        )
+        # verl annotates RewardManagerBase.tokenizer as the AutoTokenizer factory class; it holds a tokenizer instance
+        decode = cast("PreTrainedTokenizerBase", self.tokenizer).decode
+        return await self.loop.run_in_executor(None, functools.partial(decode, valid_ids, skip_special_tokens=True))
 
     async def _call(self, function: RewardFunction, kwargs: dict[str, Any]) -> Any:
         if self.reward_router_address is not None:
@@ -247,7 +250,7 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
         discount = float(self.settings.gamma) ** (attempts - 1)
         score = result["score"] * discount
         recorded_calls = read_tool_calls(extra_info) if extra_info.get(TOOL_CALLS_KEY) is not None else None
-        reward_extra_info = {key: None for key in REWARD_EXTRA_KEYS}
+        reward_extra_info: dict[str, Any] = dict.fromkeys(REWARD_EXTRA_KEYS)
         if not isinstance(raw, Mapping):
             reward_extra_info["acc"] = result["score"]  # as verl's naive manager does for a bare number
         reward_extra_info.update(result)

@@ -58,6 +58,7 @@ def parse_angle_answer(solution_str: str, *, require_tag: bool = False) -> tuple
 
 
 def _ground_truth_angle(ground_truth: Any) -> float:
+    angle: float | None
     if isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool):
         angle = float(ground_truth)
     else:

@@ -63,7 +63,8 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
 def _turn_returns(rewards_row: torch.Tensor, spans: list[tuple[int, int]], gamma: float) -> list[float]:
     """``G_ij`` of each turn of one row (its rewards up to the next turn's start, the last turn's to the row's end)."""
     bounds = [start for start, _ in spans[1:]] + [rewards_row.shape[0]]
-    turn_rewards = [float(rewards_row[start:bound].sum()) for (start, _), bound in zip(spans, bounds)]
+    # strict=False: without spans, bounds still holds the row's end
+    turn_rewards = [float(rewards_row[start:bound].sum()) for (start, _), bound in zip(spans, bounds, strict=False)]
     returns, running = [], 0.0
     for reward in reversed(turn_rewards):
         running = reward + gamma * running
@@ -90,13 +91,13 @@ def compute_turn_grpo_advantage(
         groups = [str(uid).split(CONTINUATION_MARK)[0] for uid in index]
         starts = [CONTINUATION_MARK not in str(uid) for uid in index]
         baseline, scale = _group_statistics(
-            [group for group, start in zip(groups, starts) if start],
-            [row[0] if row else 0.0 for row, start in zip(returns, starts) if start],
+            [group for group, start in zip(groups, starts, strict=True) if start],
+            [row[0] if row else 0.0 for row, start in zip(returns, starts, strict=True) if start],
         )
         advantages = torch.zeros_like(token_level_rewards, dtype=torch.float32)
-        for i, (row_spans, row_returns) in enumerate(zip(spans, returns)):
+        for i, (row_spans, row_returns) in enumerate(zip(spans, returns, strict=True)):
             b, s = baseline.get(groups[i], 0.0), scale.get(groups[i], 1.0)
-            for (start, end), value in zip(row_spans, row_returns):
+            for (start, end), value in zip(row_spans, row_returns, strict=True):
                 advantage = (value - b) / (s + epsilon) if norm_adv_by_std_in_grpo else value - b
                 advantages[i, start:end] = advantage
         advantages = advantages * response_mask
@@ -105,7 +106,7 @@ def compute_turn_grpo_advantage(
 
 def _group_statistics(index, whole_returns: list[float]) -> tuple[dict, dict]:
     groups: dict = defaultdict(list)
-    for uid, value in zip(index, whole_returns):
+    for uid, value in zip(index, whole_returns, strict=True):
         groups[uid].append(value)
     baseline, scale = {}, {}
     for uid, values in groups.items():
@@ -145,6 +146,6 @@ def place_turn_rewards(rm_scores: torch.Tensor, turn_spans_per_row, turn_rewards
         if len(spans) != len(rewards) or any(end <= start for start, end in spans):
             skipped += 1
             continue
-        for (_, end), reward in zip(spans, rewards):
+        for (_, end), reward in zip(spans, rewards, strict=True):
             rm_scores[i, end - 1] += float(reward)
     return skipped

@@ -152,8 +152,9 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl_mm_tools"
 
 
-def tiny_model_path(family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None,
-                    template: str = "family") -> Path:
+def tiny_model_path(
+    family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None, template: str = "family"
+) -> Path:
     """The directory of the tiny model, built on first use (seconds) and reused afterwards."""
     spec = TinyModelSpec(family=family, seed=seed, template=template)
     target = Path(out) if out is not None else default_cache_root() / spec.cache_name()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from verl_mm_tools.errors import ToolInputError, did_you_mean
-from verl_mm_tools.ops.checks import check_int, kind_of, show
+from verl_mm_tools.ops.argument_checks import check_int, kind_of, show
 
 _JSON_KIND = {int: "integer", float: "number", str: "string", bool: "boolean"}
 

@@ -27,7 +27,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_mm_tools.errors import ConfigError, ToolInputError, did_you_mean
-from verl_mm_tools.ops.checks import show
+from verl_mm_tools.ops.argument_checks import show
 from verl_mm_tools.ops.geometry import DEFAULT_MAX_PIXELS, MIN_MAX_PIXELS, fit_pixels
 from verl_mm_tools.ops.transform import as_rgb
 from verl_mm_tools.tools.arguments import ArgumentSpec
@@ -106,7 +106,9 @@ class ImageTool(BaseTool):
         self.name = self.tool_schema.function.name
         self.arguments = ArgumentSpec(type(self).schema_fn)
 
-    def apply(self, image: Image.Image, **arguments: Any) -> tuple[Image.Image, str]:
+    # *args: Any, **arguments: Any: each subclass names its own arguments (those of its schema_fn), so
+    # type checkers accept any override's keyword parameters; execute() passes them by name only.
+    def apply(self, image: Image.Image, *args: Any, **arguments: Any) -> tuple[Image.Image, str]:
         """The new image and what was done to the input, e.g. ``(rotated, "rotated by 90 degrees")``."""
         raise NotImplementedError(f"{type(self).__name__} must implement apply(image, **arguments)")
 
@@ -118,7 +120,7 @@ class ImageTool(BaseTool):
             return self._run(parameters, kwargs.get("agent_data"))
         except ToolInputError as error:
             return self._refuse(str(error))
-        except Exception as error:  # noqa: BLE001 - the model must get an answer, never an exception
+        except Exception as error:  # logged; the model must get an answer, never an exception
             logger.exception("%s failed on arguments %s", self.name, show(parameters))
             return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
 

@@ -26,8 +26,8 @@ from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from verl_mm_tools.check_report import CheckReport
 from verl_mm_tools.errors import VerlMMToolsError
-from verl_mm_tools.report import CheckReport
 
 PROBE_SIZE = (64, 48)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -154,8 +154,10 @@ async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -
         raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
     report = CheckReport(f"tool {name!r}")
     report.passed("schema: an OpenAI function schema named like the tool, with a description and typed parameters")
-    report.passed(f"a valid call {arguments} on a {PROBE_SIZE[0]}x{PROBE_SIZE[1]} image returns images within "
-                  "max_pixels and a text starting 'Image 2:', leaving the workspace to the loop")
+    report.passed(
+        f"a valid call {arguments} on a {PROBE_SIZE[0]}x{PROBE_SIZE[1]} image returns images within "
+        "max_pixels and a text starting 'Image 2:', leaving the workspace to the loop"
+    )
     for what, *_ in _bad_calls(tool, arguments):
         report.passed(f"bad input answered as text: {what}")
     return report

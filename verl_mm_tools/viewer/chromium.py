@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_mm_tools.viewer.records import ViewerError
+from verl_mm_tools.viewer.loading import ViewerError
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,19 @@ ENV_EXECUTABLE = "VERL_MM_TOOLS_CHROMIUM"
 EXECUTABLES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Headless as root on a machine without network or GPU: no sandbox (root), and nothing that phones home.
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--remote-debugging-pipe",
 )
 INSTALL_HINT = (
     "install Chromium (Debian/Ubuntu: `apt-get install -y chromium`), or point the environment variable "
@@ -70,8 +80,9 @@ def find_chromium() -> str:
 class Chromium:
     """One headless browser process with a fresh profile; a context manager that always ends the process."""
 
-    def __init__(self, executable: str | None = None, *, timeout_s: float = 60.0,
-                 window: tuple[int, int] = (1280, 900)):
+    def __init__(
+        self, executable: str | None = None, *, timeout_s: float = 60.0, window: tuple[int, int] = (1280, 900)
+    ):
         self.executable = executable or find_chromium()
         self.timeout_s = timeout_s
         self.window = window
@@ -84,19 +95,29 @@ class Chromium:
         self._stderr = tempfile.TemporaryFile()
         to_browser_read, self._to_browser = _pipe_above(10)
         self._from_browser, from_browser_write = _pipe_above(10)
-        command = [self.executable, *FLAGS, f"--user-data-dir={self._profile}",
-                   f"--window-size={self.window[0]},{self.window[1]}", "about:blank"]
+        command = [
+            self.executable,
+            *FLAGS,
+            f"--user-data-dir={self._profile}",
+            f"--window-size={self.window[0]},{self.window[1]}",
+            "about:blank",
+        ]
         # posix_spawn, not Popen(preexec_fn=...): remapping fds in a forked child of a threaded process may deadlock.
         # Chromium reads commands from fd 3 and writes answers to fd 4; the pipe ends sit above fd 10, so placing
         # one cannot overwrite the other.
         with open(os.devnull, "rb") as devnull:
-            self._pid = os.posix_spawn(self.executable, command, dict(os.environ), file_actions=[
-                (os.POSIX_SPAWN_DUP2, devnull.fileno(), 0),
-                (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 1),
-                (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 2),
-                (os.POSIX_SPAWN_DUP2, to_browser_read, 3),
-                (os.POSIX_SPAWN_DUP2, from_browser_write, 4),
-            ])
+            self._pid = os.posix_spawn(
+                self.executable,
+                command,
+                dict(os.environ),
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, devnull.fileno(), 0),
+                    (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 1),
+                    (os.POSIX_SPAWN_DUP2, self._stderr.fileno(), 2),
+                    (os.POSIX_SPAWN_DUP2, to_browser_read, 3),
+                    (os.POSIX_SPAWN_DUP2, from_browser_write, 4),
+                ],
+            )
         os.close(to_browser_read)
         os.close(from_browser_write)
         return self
@@ -204,8 +225,11 @@ class Page:
     def _forget_loads(self) -> None:
         """Drop load events already received, so the next wait is for the next load."""
         events = self.browser._events
-        events[:] = [event for event in events if not (event.get("method") == "Page.loadEventFired"
-                                                       and event.get("sessionId") == self.session)]
+        events[:] = [
+            event
+            for event in events
+            if not (event.get("method") == "Page.loadEventFired" and event.get("sessionId") == self.session)
+        ]
 
     def evaluate(self, expression: str) -> Any:
         """The JSON value of a JavaScript expression (promises are awaited); page exceptions raise."""
@@ -230,16 +254,20 @@ class Page:
         if box is None:
             raise ChromiumError(f"no element matches {selector!r}")
         for kind in ("mousePressed", "mouseReleased"):
-            self.browser.command("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1],
-                                                              "button": "left", "clickCount": 1}, self.session)
+            self.browser.command(
+                "Input.dispatchMouseEvent",
+                {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
+                self.session,
+            )
         if wait_for_load:
             self.browser.wait_event("Page.loadEventFired", self.session)
 
     def screenshot(self, path: str | os.PathLike, full_page: bool = True) -> Path:
         params: dict[str, Any] = {"format": "png", "captureBeyondViewport": full_page}
         if full_page:
-            width, height = self.evaluate("[document.documentElement.scrollWidth,"
-                                          " document.documentElement.scrollHeight]")
+            width, height = self.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+            )
             params["clip"] = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
         data = self.browser.command("Page.captureScreenshot", params, self.session)["data"]
         path = Path(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from verl_mm_tools.arguments import whole_number
+from verl_mm_tools.cli_types import whole_number
 
 VIEW_HELP = "write a static HTML site of dumped trajectories (and optionally serve it on localhost)"
 
@@ -15,13 +15,17 @@ def add_view_command(commands) -> None:
     view = commands.add_parser("view", help=VIEW_HELP, description=VIEW_HELP)
     view.add_argument("dir", help="the mm_tool loop's dump_dir, or verl's trainer.rollout_data_dir (JSONL, text only)")
     view.add_argument("--out", help="directory of the site (default: DIR/_site; replaced on every run)")
-    view.add_argument("--serve", type=whole_number(0, 65535), metavar="PORT",
-                      help="then serve the site on http://127.0.0.1:PORT/ until Ctrl-C (0: any free port)")
+    view.add_argument(
+        "--serve",
+        type=whole_number(0, 65535),
+        metavar="PORT",
+        help="then serve the site on http://127.0.0.1:PORT/ until Ctrl-C (0: any free port)",
+    )
     view.set_defaults(run=run_view)
 
 
 def run_view(args: argparse.Namespace) -> int:
-    from verl_mm_tools.viewer.records import ViewerError
+    from verl_mm_tools.viewer.loading import ViewerError
     from verl_mm_tools.viewer.site import build_site, make_server
 
     try:

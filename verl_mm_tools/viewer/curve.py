@@ -29,13 +29,16 @@ def curve_svg(curve: dict) -> str:
     def y(value: float) -> float:
         return TOP + plot_h * (1 - min(max(value, 0.0), 1.0))
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-             f'<text x="{LEFT}" y="18" font-size="13">{escape(_title(curve))}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{LEFT}" y="18" font-size="13">{escape(_title(curve))}</text>',
+    ]
     for value in (0.0, 0.25, 0.5, 0.75, 1.0):
-        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
-                     'stroke="#e5e5e5"/>')
+        parts.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#e5e5e5"/>'
+        )
         parts.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:g}</text>')
     for step in _ticks(last):
         parts.append(f'<text x="{x(step):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{step}</text>')
@@ -43,8 +46,10 @@ def curve_svg(curve: dict) -> str:
     legend = []
     for key, dash, label in (("target", "6 4", "target"), ("chance", "2 3", "chance")):
         if curve.get(key) is not None:
-            parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(curve[key]):.1f}" y2="{y(curve[key]):.1f}" '
-                         f'stroke="#777" stroke-dasharray="{dash}"/>')
+            parts.append(
+                f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(curve[key]):.1f}" y2="{y(curve[key]):.1f}" '
+                f'stroke="#777" stroke-dasharray="{dash}"/>'
+            )
             legend.append((f"{label} {curve[key]:g}", f'stroke="#777" stroke-dasharray="{dash}"'))
     for key, label, colour in SERIES:
         values = curve.get(key) or []

@@ -140,8 +140,8 @@ class IndexRow:
 def page(title: str, body: str, script: str = "") -> str:
     scripts = f"<script>{script}</script>" if script else ""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>{body}{scripts}</body></html>\n"
     )
 
@@ -160,13 +160,17 @@ def model_note(model: str | None) -> str:
 def index_page(rows: list[IndexRow], source: str, curve: str | None = None) -> str:
     """The table of trajectories, under the run's learning curve (``curve``: the picture's file name) when given."""
     models = sorted({model_note(row.model) for row in rows})
-    header = (f"<header><h1>Trajectories</h1><div class=\"note\">{len(rows)} trajectories from "
-              f"{escape(source)}; {escape('; '.join(models))}. Turns: the model's generations.</div></header>")
+    header = (
+        f'<header><h1>Trajectories</h1><div class="note">{len(rows)} trajectories from '
+        f"{escape(source)}; {escape('; '.join(models))}. Turns: the model's generations.</div></header>"
+    )
     if curve:
-        header += (f"<figure class=\"curve\"><img src=\"{escape(curve)}\" alt=\"learning curve: training reward, "
-                   "tool-call rate and validation reward per step\"></figure>")
+        header += (
+            f'<figure class="curve"><img src="{escape(curve)}" alt="learning curve: training reward, '
+            'tool-call rate and validation reward per step"></figure>'
+        )
     table = (
-        "<table id=\"trajectories\"><thead><tr><th>Step</th><th>Sample</th><th>Question</th><th>Images</th>"
+        '<table id="trajectories"><thead><tr><th>Step</th><th>Sample</th><th>Question</th><th>Images</th>'
         "<th>Reward</th><th>Turns</th><th>Tools</th><th>Stop</th><th>Masked</th></tr></thead><tbody>"
         + "".join(_index_row(row) for row in rows)
         + "</tbody></table>"
@@ -175,53 +179,60 @@ def index_page(rows: list[IndexRow], source: str, curve: str | None = None) -> s
 
 
 def _filters(rows: list[IndexRow]) -> str:
-    steps = sorted({row.step_key for row in rows if row.step_key},
-                   key=lambda key: (key.startswith("val"), int(key.split()[-1])))
+    steps = sorted(
+        {row.step_key for row in rows if row.step_key}, key=lambda key: (key.startswith("val"), int(key.split()[-1]))
+    )
     tools = sorted({tool for row in rows for tool in row.tools})
     stops = sorted({row.stop_reason for row in rows if row.stop_reason})
     return (
-        "<form class=\"filters\" id=\"filters\" onsubmit=\"return false\">"
+        '<form class="filters" id="filters" onsubmit="return false">'
         + _select("f-step", "Step", [("", "all")] + [(step, step) for step in steps])
-        + _number("f-reward-min", "Reward ≥") + _number("f-reward-max", "Reward ≤")
+        + _number("f-reward-min", "Reward ≥")
+        + _number("f-reward-max", "Reward ≤")
         + _select("f-tool", "Tool used", [("", "any"), ("(none)", "no tool")] + [(tool, tool) for tool in tools])
         + _select("f-masked", "Masked", [("", "any"), ("1", "masked"), ("0", "not masked")])
-        + _number("f-turns-min", "Turns ≥", step="1") + _number("f-turns-max", "Turns ≤", step="1")
+        + _number("f-turns-min", "Turns ≥", step="1")
+        + _number("f-turns-max", "Turns ≤", step="1")
         + _select("f-stop", "Stop reason", [("", "any")] + [(stop, stop) for stop in stops])
-        + "<button type=\"button\" id=\"f-reset\">Reset</button>"
-        + f"<span class=\"count\"><span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</span></form>"
+        + '<button type="button" id="f-reset">Reset</button>'
+        + f'<span class="count"><span id="shown">{len(rows)}</span> of {len(rows)} shown</span></form>'
     )
 
 
 def _select(control_id: str, label: str, options: list[tuple[str, str]]) -> str:
-    items = "".join(f"<option value=\"{escape(value)}\">{escape(text)}</option>" for value, text in options)
-    return f"<label>{escape(label)}<select id=\"{control_id}\">{items}</select></label>"
+    items = "".join(f'<option value="{escape(value)}">{escape(text)}</option>' for value, text in options)
+    return f'<label>{escape(label)}<select id="{control_id}">{items}</select></label>'
 
 
 def _number(control_id: str, label: str, step: str = "any") -> str:
-    return f"<label>{escape(label)}<input type=\"number\" step=\"{step}\" id=\"{control_id}\"></label>"
+    return f'<label>{escape(label)}<input type="number" step="{step}" id="{control_id}"></label>'
 
 
 def _index_row(row: IndexRow) -> str:
     data = {
-        "id": row.id, "step": row.step_key, "reward": "" if row.reward is None else repr(float(row.reward)),
-        "tools": " ".join(row.tools), "masked": "" if row.masked is None else str(int(row.masked)),
-        "turns": "" if row.turns is None else str(row.turns), "stop": row.stop_reason or "",
+        "id": row.id,
+        "step": row.step_key,
+        "reward": "" if row.reward is None else repr(float(row.reward)),
+        "tools": " ".join(row.tools),
+        "masked": "" if row.masked is None else str(int(row.masked)),
+        "turns": "" if row.turns is None else str(row.turns),
+        "stop": row.stop_reason or "",
     }
-    attributes = " ".join(f"data-{key}=\"{escape(value)}\"" for key, value in data.items())
-    thumbs = "".join(f"<img src=\"{escape(src)}\" alt=\"{escape(alt)}\">" for src, alt in row.thumbnails)
+    attributes = " ".join(f'data-{key}="{escape(value)}"' for key, value in data.items())
+    thumbs = "".join(f'<img src="{escape(src)}" alt="{escape(alt)}">' for src, alt in row.thumbnails)
     masked = "" if row.masked is None else _badge("masked", "bad") if row.masked else _badge("no", "ok")
     return (
         f"<tr {attributes}><td>{escape(row.step_key or '—')}</td>"
-        f"<td><a href=\"{escape(row.page)}\">{escape(row.name)}</a></td>"
-        f"<td class=\"question\" title=\"{escape(row.question)}\">{escape(row.question)}</td>"
-        f"<td class=\"thumbs\">{thumbs}</td><td class=\"num\">{escape(_number_text(row.reward))}</td>"
-        f"<td class=\"num\">{escape(str(row.turns) if row.turns is not None else '—')}</td>"
+        f'<td><a href="{escape(row.page)}">{escape(row.name)}</a></td>'
+        f'<td class="question" title="{escape(row.question)}">{escape(row.question)}</td>'
+        f'<td class="thumbs">{thumbs}</td><td class="num">{escape(_number_text(row.reward))}</td>'
+        f'<td class="num">{escape(str(row.turns) if row.turns is not None else "—")}</td>'
         f"<td>{escape(', '.join(row.tools))}</td><td>{escape(row.stop_reason or '—')}</td><td>{masked}</td></tr>"
     )
 
 
 def _badge(text: str, kind: str) -> str:
-    return f"<span class=\"badge {kind}\">{escape(text)}</span>"
+    return f'<span class="badge {kind}">{escape(text)}</span>'
 
 
 def _number_text(value) -> str:
@@ -233,22 +244,24 @@ def _number_text(value) -> str:
 # ----- trajectory page ------------------------------------------------------------------------------------------
 
 
-def trajectory_page(record: dict, image_base: str | None, index_link: str,
-                    neighbours: tuple[str | None, str | None]) -> str:
+def trajectory_page(
+    record: dict, image_base: str | None, index_link: str, neighbours: tuple[str | None, str | None]
+) -> str:
     """``image_base``: the URL prefix of the record's image files (None: the record has no image files)."""
     previous, following = neighbours
-    nav = f"<a href=\"{escape(index_link)}\">← all trajectories</a>"
-    nav += f"<a href=\"{escape(previous)}\">‹ previous</a>" if previous else ""
-    nav += f"<a href=\"{escape(following)}\">next ›</a>" if following else ""
+    nav = f'<a href="{escape(index_link)}">← all trajectories</a>'
+    nav += f'<a href="{escape(previous)}">‹ previous</a>' if previous else ""
+    nav += f'<a href="{escape(following)}">next ›</a>' if following else ""
     name = trajectory_name(record)
-    header = (f"<header><nav>{nav}</nav><h1>{escape(name)}</h1>"
-              f"<div class=\"note\">{escape(model_note(record.get('model')))}</div></header>")
+    header = (
+        f"<header><nav>{nav}</nav><h1>{escape(name)}</h1>"
+        f'<div class="note">{escape(model_note(record.get("model")))}</div></header>'
+    )
     cards = _summary_card(record) + _reward_card(record)
     chat = "".join(_message(message, record, image_base) for message in record.get("messages", []))
     details = _details("Statistics (mm_tool extra fields)", record.get("stats"))
     details += _details("Timing (s)", record.get("timing"))
-    body = (f"{header}<main><div class=\"grid\">{cards}</div><div class=\"chat\" id=\"chat\">{chat}</div>"
-            f"{details}</main>")
+    body = f'{header}<main><div class="grid">{cards}</div><div class="chat" id="chat">{chat}</div>{details}</main>'
     return page(f"Trajectory: {name}", body)
 
 
@@ -258,25 +271,33 @@ def _summary_card(record: dict) -> str:
     fields = [
         ("Step", "—" if step is None else f"{step} (validation)" if record.get("validate") else str(step)),
         ("Dump id", record.get("id")),
-        ("Sample index", sample.get("index")), ("Rollout", record.get("rollout_n")), ("uid", sample.get("uid")),
-        ("Data source", sample.get("data_source")), ("Ground truth", sample.get("ground_truth")),
-        ("Request id", record.get("request_id")), ("Stop reason", record.get("stop_reason")),
-        ("Masked", record.get("masked")), ("Error", record.get("error") or None),
-        ("Images", len(record.get("images") or [])), ("Tools used", ", ".join(record.get("tools_used") or []) or None),
+        ("Sample index", sample.get("index")),
+        ("Rollout", record.get("rollout_n")),
+        ("uid", sample.get("uid")),
+        ("Data source", sample.get("data_source")),
+        ("Ground truth", sample.get("ground_truth")),
+        ("Request id", record.get("request_id")),
+        ("Stop reason", record.get("stop_reason")),
+        ("Masked", record.get("masked")),
+        ("Error", record.get("error") or None),
+        ("Images", len(record.get("images") or [])),
+        ("Tools used", ", ".join(record.get("tools_used") or []) or None),
     ]
     known = [(name, value) for name, value in fields if value is not None]
-    return f"<section class=\"card\" id=\"summary\"><h2>Trajectory</h2><dl>{_items(known)}</dl></section>"
+    return f'<section class="card" id="summary"><h2>Trajectory</h2><dl>{_items(known)}</dl></section>'
 
 
 def _reward_card(record: dict) -> str:
     reward = record.get("reward") or {}
-    score = (f"<dt title=\"sum of rm_scores\">Score (rm_scores)</dt>"
-             f"<dd id=\"score\">{escape(_number_text(reward.get('score')))}</dd>")
+    score = (
+        f'<dt title="sum of rm_scores">Score (rm_scores)</dt>'
+        f'<dd id="score">{escape(_number_text(reward.get("score")))}</dd>'
+    )
     extra = _items([(key, value) for key, value in (reward.get("extra") or {}).items() if value is not None])
     totals = _items([(key.replace("_", " "), value) for key, value in (record.get("mask") or {}).items()])
     return (
-        f"<section class=\"card\" id=\"reward\"><h2>Reward</h2><dl>{score}{extra}</dl>"
-        f"<h2 style=\"margin-top:10px\">Turns and mask</h2>{_turns_table(record.get('turns') or [])}"
+        f'<section class="card" id="reward"><h2>Reward</h2><dl>{score}{extra}</dl>'
+        f'<h2 style="margin-top:10px">Turns and mask</h2>{_turns_table(record.get("turns") or [])}'
         f"{_samples_table(record.get('samples') or [])}<dl>{totals}</dl></section>"
     )
 
@@ -288,27 +309,31 @@ def _samples_table(samples: list[dict]) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{sample['sample'] + 1}</td><td>{', '.join(map(str, sample['turns']))}</td>"
-        f"<td class=\"num\">{sample['prompt_tokens']}</td><td class=\"num\">{sample['trained_tokens']}</td>"
-        f"<td class=\"num\">{sample['response_tokens'] - sample['trained_tokens']}</td>"
-        f"<td class=\"num\">{sample['images']}</td></tr>"
+        f'<td class="num">{sample["prompt_tokens"]}</td><td class="num">{sample["trained_tokens"]}</td>'
+        f'<td class="num">{sample["response_tokens"] - sample["trained_tokens"]}</td>'
+        f'<td class="num">{sample["images"]}</td></tr>'
         for sample in samples
     )
-    return ("<table id=\"samples\"><thead><tr><th>Sample</th><th>Trains on turns</th><th>Prompt tokens</th>"
-            "<th>Trained tokens</th><th>Context tokens</th><th>Images</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+    return (
+        '<table id="samples"><thead><tr><th>Sample</th><th>Trains on turns</th><th>Prompt tokens</th>'
+        "<th>Trained tokens</th><th>Context tokens</th><th>Images</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
 
 
 def _turns_table(turns: list[dict]) -> str:
     if not turns:
         return ""
     rows = "".join(
-        f"<tr><td>{turn['turn']}</td><td class=\"num\">{turn['trained_tokens']}</td>"
-        f"<td class=\"num\">{turn['context_tokens_after']}</td>"
-        f"<td class=\"num\">{escape(_number_text(turn.get('reward')))}</td></tr>"
+        f'<tr><td>{turn["turn"]}</td><td class="num">{turn["trained_tokens"]}</td>'
+        f'<td class="num">{turn["context_tokens_after"]}</td>'
+        f'<td class="num">{escape(_number_text(turn.get("reward")))}</td></tr>'
         for turn in turns
     )
-    return ("<table id=\"turns\"><thead><tr><th>Turn</th><th>Trained tokens</th><th>Context tokens after</th>"
-            f"<th>Turn reward</th></tr></thead><tbody>{rows}</tbody></table>")
+    return (
+        '<table id="turns"><thead><tr><th>Turn</th><th>Trained tokens</th><th>Context tokens after</th>'
+        f"<th>Turn reward</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
 
 
 def _items(fields: list[tuple[str, object]]) -> str:
@@ -325,13 +350,13 @@ def _message(message: dict, record: dict, image_base: str | None) -> str:
     image_ids = message.get("image_ids") or []
     figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
     calls = "".join(
-        f"<div class=\"call\"><b>{escape(str(call.get('name')))}</b>"
+        f'<div class="call"><b>{escape(str(call.get("name")))}</b>'
         f"<pre>{escape(_json(call.get('arguments')))}</pre></div>"
         for call in message.get("tool_calls") or []
     )
-    note = f"<div class=\"note\">{escape(message['note'])}</div>" if message.get("note") else ""
-    text = f"<pre class=\"text\">{escape(message.get('text') or '')}</pre>" if message.get("text") else ""
-    return f"<section class=\"{classes}\"><div class=\"who\">{escape(who)}</div>{figures}{text}{calls}{note}</section>"
+    note = f'<div class="note">{escape(message["note"])}</div>' if message.get("note") else ""
+    text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
+    return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
 
 
 def _figure(image: dict | None, image_id: int, image_base: str | None) -> str:
@@ -340,17 +365,19 @@ def _figure(image: dict | None, image_id: int, image_base: str | None) -> str:
         caption += f" · {image['source']} · {image['width']}×{image['height']}"
     caption = f"<figcaption>{escape(caption)}</figcaption>"
     if not image or not image.get("file") or image_base is None:
-        return f"<figure id=\"image-{image_id}\"><span class=\"missing\">pixels not dumped</span>{caption}</figure>"
+        return f'<figure id="image-{image_id}"><span class="missing">pixels not dumped</span>{caption}</figure>'
     src = escape(f"{image_base}/{image['file']}")
-    picture = f"<img src=\"{src}\" alt=\"Image {image_id}\" data-image-id=\"{image_id}\">"
-    return f"<figure id=\"image-{image_id}\"><a href=\"{src}\">{picture}</a>{caption}</figure>"
+    picture = f'<img src="{src}" alt="Image {image_id}" data-image-id="{image_id}">'
+    return f'<figure id="image-{image_id}"><a href="{src}">{picture}</a>{caption}</figure>'
 
 
 def _details(title: str, values: dict | None) -> str:
     if not values:
         return ""
-    return (f"<details class=\"card\" style=\"margin-top:12px\"><summary>{escape(title)}</summary>"
-            f"<pre>{escape(_json(values))}</pre></details>")
+    return (
+        f'<details class="card" style="margin-top:12px"><summary>{escape(title)}</summary>'
+        f"<pre>{escape(_json(values))}</pre></details>"
+    )
 
 
 def _json(value) -> str:

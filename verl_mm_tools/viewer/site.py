@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from verl_mm_tools.record import SITE_DIR, trajectory_name
 from verl_mm_tools.errors import FileAccessError
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.record import SITE_DIR, trajectory_name
 from verl_mm_tools.viewer.curve import CURVE_PICTURE
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
-from verl_mm_tools.viewer.records import Trajectory, ViewerError, load_trajectories
+from verl_mm_tools.viewer.loading import Trajectory, ViewerError, load_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,9 @@ def _prepare(out: Path) -> None:
     """Replace a site this viewer wrote; refuse to write into any other non-empty directory."""
     if out.exists() and any(out.iterdir()):
         if not (out / SITE_MARKER).exists():
-            raise ViewerError(f"{out} exists and is not a site written by verl-mm-tools view; pass an empty or new "
-                              f"directory to --out")
+            raise ViewerError(
+                f"{out} exists and is not a site written by verl-mm-tools view; pass an empty or new directory to --out"
+            )
         shutil.rmtree(out)
     (out / "t").mkdir(parents=True)
     (out / "img").mkdir()
@@ -111,8 +112,10 @@ def _record_file(folder: Path, name: str) -> Path:
 
 def _link_or_copy(source: Path, target: Path) -> None:
     if not source.is_file():
-        raise ViewerError(f"{source} is listed in its trajectory record but missing; the dump is incomplete "
-                          f"(was it copied partially or cleaned while running?)")
+        raise ViewerError(
+            f"{source} is listed in its trajectory record but missing; the dump is incomplete "
+            f"(was it copied partially or cleaned while running?)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(source, target)  # no extra disk for the site

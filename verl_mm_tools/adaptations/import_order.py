@@ -1,0 +1,104 @@
+"""Two import hooks that keep ``import verl_mm_tools`` (and so the CLI's parser) free of verl's ~5 s import.
+
+verl imports our plugin (its ``verl.plugins`` entry point) while verl itself is being imported, and the plugin
+imports our modules to register them. Had a user's ``import verl_mm_tools.rewards`` reached verl first, the plugin
+would find that module half-initialised: an import cycle. ``import_first`` imports verl just before Python runs
+the first of our modules that may need it, so none of ours is half-initialised when the plugin runs (what an
+``import verl`` at the top of the package did, at a cost every light import paid).
+
+``call_after_import`` runs a function right after a module's own code ran: verl's agent-loop registry is a plain
+dict in a module that costs seconds to import, so the plugin fills it when something imports that module.
+
+Both wrap the module's real loader for that one import (``_HookedLoader``) and put it back afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from collections.abc import Callable, Collection
+from types import ModuleType
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """The real loader, plus ``before()`` (runs before the module exists) and ``after(module)`` (after its code)."""
+
+    def __init__(
+        self, loader, before: Callable[[], None] | None = None, after: Callable[[ModuleType], None] | None = None
+    ):
+        self.loader, self.before, self.after = loader, before, after
+        self.imported_by_before: ModuleType | None = None
+        self.own_spec = None
+
+    def __getattr__(self, name):  # get_code, get_source, get_resource_reader, ...: the real loader's (runpy uses them)
+        if name == "loader":  # not set yet (a copy in the making): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        if self.before is not None:
+            self.before()
+            # before() (importing verl, which loads our plugin) may have imported this very module: reuse it rather
+            # than run its code a second time
+            self.imported_by_before = sys.modules.get(spec.name)
+            if self.imported_by_before is not None:
+                self.own_spec = self.imported_by_before.__spec__
+                return self.imported_by_before
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__spec__.loader = module.__loader__ = self.loader  # the wrapper was for this one import only
+        if module is self.imported_by_before:
+            module.__spec__ = self.own_spec
+            return
+        self.loader.exec_module(module)
+        if self.after is not None:
+            self.after(module)
+
+
+class _HookFinder(importlib.abc.MetaPathFinder):
+    """Finds modules with the other finders and hooks the loader of those ``wants(name)`` selects."""
+
+    def __init__(self, wants: Callable[[str], bool], hook: Callable[[object], _HookedLoader]):
+        self.wants, self.hook = wants, hook
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not self.wants(fullname):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = self.hook(spec.loader)
+                return spec
+        return None
+
+
+def import_first(dependency: str, package: str, light: Collection[str]) -> None:
+    """Import ``dependency`` (verl) before running any module of ``package`` except the ``light`` ones, which must
+    never import it, directly or not (tests/test_cli_on_cpu.py checks the CLI's)."""
+
+    def wants(name: str) -> bool:
+        return name.startswith(package + ".") and name not in light and dependency not in sys.modules
+
+    def import_dependency() -> None:
+        importlib.import_module(dependency)  # verl's plugin loader imports our plugin, which registers us
+
+    sys.meta_path.insert(0, _HookFinder(wants, lambda loader: _HookedLoader(loader, before=import_dependency)))
+
+
+def call_after_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
+    """``callback(module)`` right after ``module_name``'s code ran; at once if it is imported already."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        callback(module)
+        return
+
+    def wants(name: str) -> bool:
+        # once imported, the module is in sys.modules and never looked for again
+        return name == module_name and name not in sys.modules
+
+    sys.meta_path.insert(0, _HookFinder(wants, lambda loader: _HookedLoader(loader, after=callback)))

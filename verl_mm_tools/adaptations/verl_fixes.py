@@ -1,0 +1,231 @@
+"""Fixes for verl 0.9.1 bugs that any verl-mm-tools run can hit (CPU or GPU), applied by the plugin.
+
+1. Qwen2-VL / Qwen2.5-VL, a micro-batch without images. ``verl.models.transformers.qwen2_vl._get_input_embeds``
+   runs the vision tower on a dummy image when a micro-batch has no pixels (so every parameter gets a gradient) and
+   calls ``.mean()`` on what the tower returns, which transformers >= 5 returns as a ``BaseModelOutputWithPooling``:
+   "AttributeError: 'BaseModelOutputWithPooling' object has no attribute 'mean'". verl's v1 trainer pads a batch
+   whose size is not a multiple of the mini-batch with text-only samples (``upsample_batch_to_divisible_size``); with
+   mm_tool's ``export: per_turn`` the number of samples varies, so a micro-batch of padding samples comes often and
+   the run stops. The fixed function treats that branch as verl's Qwen3-VL code does (``unpack_visual_output``) and
+   leaves every other case to verl's. Applied when verl imports the module; it checks the module still looks the way
+   the fix assumes and fails loudly otherwise.
+2. A weight sync into vLLM that fails hangs the trainer. verl's ``BucketedWeightSender`` (trainer side) waits for
+   each bucket's acknowledgement with a blocking ``recv()`` and no timeout; when vLLM's side
+   (``BucketedWeightReceiver``, in vLLM's worker process) fails to load a bucket, nothing ever answers. The receiver
+   then fails a second time: the failed bucket's tensors still view its shared memory, so closing it raises
+   ``BufferError: cannot close exported pointers exist``, which replaces the real error. Fixed: the receiver answers
+   the pending bucket with its error (``ERROR_REPLY``) and keeps its original exception; the sender raises
+   ``WeightSyncError`` with that error, or after ``WEIGHT_SYNC_TIMEOUT_ENV`` seconds without an answer (an engine
+   process that died). Normal syncs are unchanged (the acknowledgement stays an empty message).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+
+from verl_mm_tools.adaptations.import_order import call_after_import
+from verl_mm_tools.adaptations.verl_patch import (
+    VerlChangedError,
+    checked_method,
+    checked_original,
+    install,
+    install_method,
+)
+from verl_mm_tools.errors import VerlMMToolsError
+
+logger = logging.getLogger(__name__)
+
+OWNER = "verl_mm_tools/adaptations/verl_fixes.py"
+
+QWEN2_VL_MODULE = "verl.models.transformers.qwen2_vl"
+QWEN2_VL_TARGET = (QWEN2_VL_MODULE, "_get_input_embeds")
+QWEN2_VL_EXPECTED_SOURCE = "inputs_embeds = inputs_embeds + 0.0 * image_embeds.mean()"
+QWEN2_VL_PARAMETERS = (
+    "model",
+    "input_ids",
+    "attention_mask",
+    "pixel_values",
+    "pixel_values_videos",
+    "image_grid_thw",
+    "video_grid_thw",
+)
+
+
+def fix_qwen2_vl_text_only_micro_batch(_module=None) -> None:
+    original = checked_original(*QWEN2_VL_TARGET, QWEN2_VL_EXPECTED_SOURCE, QWEN2_VL_PARAMETERS, OWNER)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _get_input_embeds(
+        model,
+        input_ids,
+        attention_mask=None,
+        pixel_values=None,
+        pixel_values_videos=None,
+        image_grid_thw=None,
+        video_grid_thw=None,
+    ):
+        if pixel_values is not None or pixel_values_videos is not None:
+            return original(
+                model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw
+            )
+        return text_only_input_embeds(model, input_ids, attention_mask)
+
+    install(*QWEN2_VL_TARGET, original, _get_input_embeds)
+
+
+def text_only_input_embeds(model, input_ids, attention_mask):
+    """Token embeddings plus zero times the vision tower's output on a dummy 4x4-patch image, as verl intends."""
+    import torch
+    from verl.utils.transformers_compat import unpack_visual_output
+
+    inputs_embeds = model.get_input_embeddings()(input_ids)
+    config = model.config.vision_config
+    patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    pixel_values = torch.zeros((16, patch_dim), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
+    image_grid_thw = torch.tensor([[1, 4, 4]], dtype=torch.long, device=inputs_embeds.device)
+    image_embeds, _ = unpack_visual_output(model.visual(pixel_values.type(model.visual.dtype), grid_thw=image_grid_thw))
+    inputs_embeds = inputs_embeds + 0.0 * image_embeds.mean()
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(inputs_embeds.device)
+    return inputs_embeds, attention_mask
+
+
+BUCKETED_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
+WEIGHT_SYNC_TIMEOUT_ENV = "VERL_MM_TOOLS_WEIGHT_SYNC_TIMEOUT_S"
+DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 600.0
+ERROR_REPLY = "verl_mm_tools_weight_sync_error"
+_FAILURE = "_verl_mm_tools_failure"
+
+
+class WeightSyncError(VerlMMToolsError, RuntimeError):
+    """The rollout engine did not take the trainer's weights."""
+
+
+def fix_failed_weight_sync(_module=None) -> None:
+    receive = checked_method(
+        BUCKETED_MODULE,
+        "BucketedWeightReceiver",
+        "receive_weights",
+        "on_bucket_received(weights, is_last)",
+        ("self", "on_bucket_received"),
+        OWNER,
+    )
+    cleanup = checked_method(
+        BUCKETED_MODULE, "BucketedWeightReceiver", "_cleanup", "self.shm.close()", ("self",), OWNER
+    )
+    init_socket = checked_method(
+        BUCKETED_MODULE,
+        "BucketedWeightSender",
+        "_init_socket",
+        "self.socket = self.zmq_context.socket(zmq.REQ)",
+        ("self",),
+        OWNER,
+    )
+    if receive is None:
+        return
+
+    @functools.wraps(receive)
+    def receive_weights(self, on_bucket_received):
+        def load_bucket(weights, is_last):
+            try:
+                on_bucket_received(weights, is_last)
+            except BaseException as error:
+                setattr(self, _FAILURE, error)
+                raise
+
+        return receive(self, load_bucket)
+
+    @functools.wraps(cleanup)
+    def _cleanup(self):
+        failure = getattr(self, _FAILURE, None)
+        if failure is None:
+            return cleanup(self)
+        answer_failed_bucket(self, failure)
+
+    @functools.wraps(init_socket)
+    def _init_socket(self):
+        init_socket(self)
+        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())
+
+    install_method(BUCKETED_MODULE, "BucketedWeightReceiver", "receive_weights", receive_weights)
+    install_method(BUCKETED_MODULE, "BucketedWeightReceiver", "_cleanup", _cleanup)
+    install_method(BUCKETED_MODULE, "BucketedWeightSender", "_init_socket", _init_socket)
+
+
+def answer_failed_bucket(receiver, failure: BaseException) -> None:
+    """Release what the receiver holds and answer the bucket it failed on with the error (the sender waits for it)."""
+    receiver.buffer = None
+    if receiver.shm is not None:
+        try:
+            receiver.shm.close()
+        except BufferError:  # the failed bucket's tensors, held by the traceback, still view it; freed with them
+            logger.debug("weight-sync shared memory stays mapped until the failed bucket's tensors are freed")
+        receiver.shm = None
+    if receiver.socket is not None:
+        receiver.socket.send_pyobj({ERROR_REPLY: f"{type(failure).__name__}: {failure}"})
+        receiver.socket.close()
+        receiver.socket = None
+
+
+def weight_sync_timeout_s() -> float:
+    value = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
+    try:
+        return float(value) if value else DEFAULT_WEIGHT_SYNC_TIMEOUT_S
+    except ValueError:
+        raise WeightSyncError(f"{WEIGHT_SYNC_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+
+
+class CheckedReplies:
+    """The sender's ZMQ socket: ``send_pyobj`` and ``recv`` raise ``WeightSyncError`` when the engine does not take
+    the message in time (a REQ socket blocks on send until a receiver connects), ``recv`` also on an error answer."""
+
+    def __init__(self, socket, timeout_s: float):
+        self._socket, self._timeout_s = socket, timeout_s
+
+    def __getattr__(self, name):
+        return getattr(self._socket, name)
+
+    def _wait(self, event: int, what: str) -> None:
+        if not self._socket.poll(int(self._timeout_s * 1000), event):
+            raise WeightSyncError(
+                f"the rollout engine {what} within {self._timeout_s:.0f} s: its worker process died or hangs (see "
+                f"its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
+            )
+
+    def send_pyobj(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLOUT, "did not connect to take the weights")
+        return self._socket.send_pyobj(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLIN, "took no weight bucket")
+        reply = self._socket.recv(*args, **kwargs)
+        if reply:
+            error = pickle.loads(reply).get(ERROR_REPLY, reply)
+            raise WeightSyncError(f"the rollout engine failed to load the trainer's weights: {error}")
+        return reply
+
+
+def _fix_or_report(fix, what: str):
+    def apply(module) -> None:
+        try:
+            fix(module)
+        except VerlChangedError:  # inside verl's own import: report, and leave verl's code as it is
+            logger.error("verl-mm-tools did not apply its fix for %s", what, exc_info=True)
+
+    return apply
+
+
+def apply_verl_fixes() -> None:
+    call_after_import(
+        QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch, "Qwen2-VL micro-batches without images")
+    )
+    call_after_import(BUCKETED_MODULE, _fix_or_report(fix_failed_weight_sync, "failed weight syncs into vLLM"))

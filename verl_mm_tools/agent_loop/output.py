@@ -1,0 +1,199 @@
+"""A finished trajectory as verl's ``AgentLoopOutput``s: each training sample validated (lengths, image placeholders
+per image against the processor, no generated vision tokens), with every field verl's ``ToolAgentLoop`` sets
+(prompt videos and audios, the SGLang video payload, MoE ``routed_experts``); or, for a trajectory that failed, one
+valid output that trains on nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+from verl_mm_tools.agent_loop.engine import EngineAbortedError
+from verl_mm_tools.agent_loop.state import (
+    CALL_RATE_WINDOW_KEY,
+    MASKED_LIMIT_KEY,
+    TURN_CREDIT_KEY,
+    TURN_GAMMA_KEY,
+    SampleCut,
+    TrajectoryState,
+    Turn,
+)
+from verl_mm_tools.agent_loop.tool_runner import ToolCrashError
+from verl_mm_tools.agent_loop.validation import processor_image_tokens, trajectory_problems
+from verl_mm_tools.errors import (
+    ConfigError,
+    FileAccessError,
+    ImageBudgetError,
+    ImageInputError,
+    TrajectoryValidationError,
+)
+from verl_mm_tools.record import DUMP_KEY
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
+
+logger = logging.getLogger(__name__)
+
+# errors whose message says it all: logged without a traceback
+EXPECTED_ERRORS = (
+    TrajectoryValidationError,
+    ImageBudgetError,
+    ToolCrashError,
+    ImageInputError,
+    FileAccessError,
+    EngineAbortedError,
+)
+MASKED_NOTICE = "This sample was dropped by verl-mm-tools; see mm_tool/error."
+
+
+class OutputBuilder:
+    """Builds one loop's outputs."""
+
+    def __init__(self, loop: MMToolAgentLoop):
+        self.loop = loop
+        self.response_length = loop.response_length
+
+    def checked(self, agent_data: Any, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
+        """Each training sample as a validated output, with its turns' response spans in it."""
+        excess = agent_data.response_mask[self.response_length :]
+        if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
+            raise TrajectoryValidationError(
+                f"the response holds {len(agent_data.response_mask)} tokens, more than response_length="
+                f"{self.response_length}, and the excess is not only generated text"
+            )
+        current = SampleCut(
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs,
+            len(agent_data.image_data),
+            agent_data.routed_experts,
+        )
+        image_tokens = self._image_tokens(agent_data.image_data, agent_data.mm_processor_kwargs)
+        outputs = []
+        for index, sample in enumerate([*state.samples, current]):
+            output, spans = self._output(agent_data, sample, state.sample_turns(index))
+            problems = self._problems(output, image_tokens[: sample.images])
+            if problems:
+                raise TrajectoryValidationError(f"training sample {index + 1}: " + "; ".join(problems))
+            outputs.append((output, spans))
+        state.stats.images, state.stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
+        return outputs
+
+    def add_extra_fields(self, outputs: list[tuple[AgentLoopOutput, list | None]], state: TrajectoryState) -> None:
+        """The fixed keys of every output (verl concatenates per-key arrays across workers): the trajectory's
+        statistics and turns, and the options the trainer-side step hook reads."""
+        options = self.loop.mm_config
+        for index, (output, spans) in enumerate(outputs):
+            output.extra_fields.update(
+                {
+                    **state.extra_fields(index, len(outputs), spans),
+                    MASKED_LIMIT_KEY: options.max_masked_fraction,
+                    CALL_RATE_WINDOW_KEY: options.call_rate_window,
+                    TURN_CREDIT_KEY: self.loop.turn_credit,
+                    TURN_GAMMA_KEY: self.loop.turn_gamma,
+                    **({DUMP_KEY: None} if options.dump_dir else {}),
+                }
+            )
+
+    def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
+        if not self.loop.sees_images:
+            return []
+        return [processor_image_tokens(self.loop.processor, image, mm_processor_kwargs) for image in images]
+
+    def _problems(self, output: AgentLoopOutput, image_tokens: list[int]) -> list[str]:
+        return trajectory_problems(
+            prompt_ids=output.prompt_ids,
+            response_ids=output.response_ids,
+            response_mask=output.response_mask,
+            response_logprobs=output.response_logprobs,
+            image_tokens=image_tokens,
+            image_token_id=self.loop.image_token_id,
+            forbidden_generated=self.loop.forbidden_generated,
+        )
+
+    def _output(self, agent_data: Any, sample: SampleCut, turns: list[Turn]) -> tuple[AgentLoopOutput, list]:
+        """One training sample: its prompt is everything before its first turn's generation (the first prompt for
+        a one-sample trajectory); returns it with its turns' response spans in it. For a one-sample trajectory every
+        field is what verl's ToolAgentLoop.run sets (tests/agent_loop/test_parity_on_cpu.py)."""
+        limit = self.response_length
+        first = len(sample.token_ids) - len(sample.response_mask)  # where the loop's response part begins
+        split = turns[0].prompt_end if turns else first
+        shift = split - first  # response tokens before the sample's first generation, now prompt
+        routed = sample.routed_experts
+        output = AgentLoopOutput(
+            prompt_ids=sample.token_ids[:split],
+            response_ids=sample.token_ids[first:][:limit][shift:],
+            response_mask=sample.response_mask[:limit][shift:],
+            response_logprobs=sample.response_logprobs[shift:limit] if sample.response_logprobs else None,
+            multi_modal_data=_multi_modal_data(agent_data, agent_data.image_data[: sample.images]),
+            mm_processor_kwargs=agent_data.mm_processor_kwargs,
+            mm_processor_output=agent_data.mm_processor_output,
+            num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,
+            metrics=agent_data.metrics,
+            routed_experts=routed[: first + limit] if routed is not None else None,
+            extra_fields={
+                **agent_data.extra_fields,
+                "turn_scores": agent_data.turn_scores,
+                "tool_rewards": agent_data.tool_rewards,
+            },
+        )
+        return output, [[start - shift, end - shift] for start, end in (turn.response_span for turn in turns)]
+
+    def masked(self, agent_data: Any, state: TrajectoryState, error: BaseException, name: str) -> AgentLoopOutput:
+        """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
+        if isinstance(error, ConfigError):
+            raise error  # a broken configuration must stop the run, not mask every sample
+        state.mask(f"{type(error).__name__}: {error}")
+        logger.warning(
+            "mm_tool: masked the trajectory of sample %s (%s)",
+            name,
+            state.stats.error,
+            exc_info=not isinstance(error, EXPECTED_ERRORS),
+        )
+        output = self._prompt_only(agent_data, state)
+        if output is None:
+            notice = self.loop.tokenizer.encode(MASKED_NOTICE, add_special_tokens=False)
+            output = self._masked(notice[-self.loop.prompt_length :], [], agent_data)
+        state.stats.images = len(output.multi_modal_data.get("images", []))
+        return output
+
+    def _prompt_only(self, agent_data: Any, state: TrajectoryState) -> AgentLoopOutput | None:
+        """The rendered prompt with its own images, if it was rendered and is sound."""
+        if agent_data is None or not state.prompt_length:
+            return None
+        images = agent_data.image_data[: state.prompt_images]
+        output = self._masked(state.prompt_ids, images, agent_data)
+        image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
+        return None if self._problems(output, image_tokens) else output
+
+    def _masked(self, prompt_ids: list[int], images: list, agent_data: Any) -> AgentLoopOutput:
+        # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
+        logprobs = [0.0] if self.loop.rollout_config.calculate_log_probs else None
+        routed = getattr(agent_data, "routed_experts", None)
+        return AgentLoopOutput(
+            prompt_ids=list(prompt_ids),
+            response_ids=[self.loop.tokenizer.eos_token_id],
+            response_mask=[0],
+            response_logprobs=logprobs,
+            multi_modal_data={"images": list(images)} if images else {},
+            mm_processor_kwargs=getattr(agent_data, "mm_processor_kwargs", None),
+            num_turns=1,
+            metrics=getattr(agent_data, "metrics", {}),
+            # no routing was taken for these tokens: zeros of the engine's shape, where this trajectory got one
+            routed_experts=None if routed is None else np.zeros((len(prompt_ids) + 1, *np.shape(routed)[1:]), np.int16),
+            extra_fields={"turn_scores": [], "tool_rewards": []},
+        )
+
+
+def _multi_modal_data(agent_data: Any, images: list) -> dict:
+    """verl's multi_modal_data: the sample's images, and the prompt's videos and audios as verl passes them."""
+    data: dict[str, Any] = {"images": images} if images else {}
+    if agent_data.video_data is not None:
+        data["videos"] = agent_data.video_data
+    if agent_data.audio_data is not None:
+        data["audios"] = agent_data.audio_data
+    return data

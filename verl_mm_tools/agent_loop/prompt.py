@@ -1,0 +1,89 @@
+"""A trajectory's opening: the dataset row's messages made safe (``prompt_images``), verl's ``AgentData`` built as
+verl's ToolAgentLoop builds it (per-sample tool selection included), the trajectory's state attached to it, and the
+sample's environment reset, whose observation joins the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from verl.experimental.agent_loop.tool_agent_loop import AgentData
+
+from verl_mm_tools.agent_loop.budget import ImageBudget
+from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
+from verl_mm_tools.agent_loop.sessions import ToolSessions
+from verl_mm_tools.agent_loop.state import TrajectoryState
+from verl_mm_tools.envs import Sample, make_environment
+from verl_mm_tools.envs.base import call as call_env
+from verl_mm_tools.workspace import ImageWorkspace
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
+
+
+async def new_agent_data(loop: MMToolAgentLoop, row: dict, priority: int, state: TrajectoryState) -> AgentData:
+    """verl's AgentData for the row, with ``state`` attached and set up for it."""
+    # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
+    # unless they are few small PIL images
+    arguments = (list(row["raw_prompt"]), loop.files, sample_name(row))
+    if cheap_to_check(arguments[0]):
+        messages = safe_messages(*arguments)
+    else:
+        messages = await asyncio.get_running_loop().run_in_executor(None, safe_messages, *arguments)
+    multi_modal_data = await loop.process_multi_modal_info(messages)
+    agent_data = AgentData(
+        messages=messages,
+        image_data=list(multi_modal_data.get("images") or []),
+        video_data=multi_modal_data.get("videos"),
+        audio_data=multi_modal_data.get("audios"),
+        mm_processor_kwargs=loop._get_mm_processor_kwargs(multi_modal_data.get("audios")),
+        metrics={},
+        request_id=loop._make_request_id(priority, loop.rollout_config.full_determinism),
+        tools_kwargs=row.get("tools_kwargs") or {},
+    )
+    select_tools(agent_data, loop.tools, (row.get("extra_info") or {}).get("tool_selection"))
+    state.attach(agent_data)
+    state.workspace = ImageWorkspace(agent_data.image_data)  # by reference: tools' images land in image_data
+    state.request_id = agent_data.request_id
+    state.sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
+    state.budget = ImageBudget(loop.mm_config, loop.geometry) if loop.geometry else None
+    state.prompt_images = len(agent_data.image_data)
+    return agent_data
+
+
+def select_tools(agent_data: AgentData, tools: dict, selection: Any) -> None:
+    """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
+    if selection and tools:
+        tools = {name: tools[name] for name in selection if name in tools}
+    agent_data._active_tools = tools
+    agent_data._active_tool_schemas = [
+        tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in tools.values()
+    ]
+
+
+async def start_environment(agent_data: AgentData, row: dict, state: TrajectoryState, default_env: Any) -> None:
+    """Create and reset the sample's environment (``extra_info.env``, else the loop's ``env``); an observation
+    from reset joins the prompt."""
+    extra_info = row.get("extra_info") or {}
+    spec = (extra_info.get("env") if isinstance(extra_info, dict) else None) or default_env
+    if not spec:
+        return
+    state.env = make_environment(spec)
+    sample = Sample.from_row(row, list(agent_data.image_data), files=state.files)
+    observation = await call_env(state.env.reset, sample)
+    if observation is not None and (observation.text or observation.images):
+        content = [{"type": "image", "image": image} for image in observation.images]
+        agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
+        agent_data.image_data.extend(observation.images)
+        state.prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
+
+
+def sample_name(row: dict) -> str:
+    """The row's index or uid, to name it in errors and logs."""
+    extra_info = row.get("extra_info") or {}
+    for key in ("index", "uid"):
+        value = row.get(key, extra_info.get(key) if isinstance(extra_info, dict) else None)
+        if value is not None:
+            return str(value)
+    return "<unknown>"

@@ -1,0 +1,142 @@
+"""What the mm_tool loop checks and resolves once per run rather than per trajectory (verl builds a loop per
+trajectory, every one on its worker's one trainer config): the step hook the options need, the export the trainer
+can take, and the tool format the chat template needs (logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+from omegaconf import OmegaConf
+
+from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.hook_config import (
+    MANAGER_TQ_OVERRIDE,
+    hook_overrides,
+    multi_sample_manager_configured,
+    refuse_unsupported_with_hook,
+    require_step_hook,
+    step_hook_configured,
+    uses_v1_trainer,
+)
+from verl_mm_tools.agent_loop.options import Export, ToolPrompt, ToolResponseRole
+from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat, resolve_tool_format
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class PerConfig(Generic[T]):
+    """Values computed once per trainer config object and key. Held by the config's identity and weakly, so an
+    entry goes with its config and a later config at the same address never inherits it. (A DictConfig hashes by
+    its whole text: too slow to look up per trajectory.)"""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, dict[Hashable, T]]] = {}
+
+    def get(self, config: Any, key: Hashable, compute: Callable[[], T]) -> T:
+        entry = self._entries.get(id(config))
+        if entry is None or entry[0]() is not config:
+            address = id(config)
+            entry = (weakref.ref(config, lambda _: self._entries.pop(address, None)), {})
+            self._entries[address] = entry
+        values = entry[1]
+        if key not in values:
+            values[key] = compute()
+        return values[key]
+
+
+_turn_credit: PerConfig[bool] = PerConfig()
+_export_checked: PerConfig[bool] = PerConfig()
+_logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged once per process
+
+
+def turn_credit(trainer_config: Any, options: MMToolLoopConfig) -> bool:
+    """Whether the run uses turn credit. Dumps and turn credit need the trainer-side step hook; without it, say
+    once what the run lacks."""
+    return _turn_credit.get(trainer_config, options.dump_dir, lambda: _check_step_hook(trainer_config, options))
+
+
+def turn_gamma(trainer_config: Any, turn_credit: bool) -> float:
+    """algorithm.gamma: the per-turn discount the step hook chains a trajectory's samples with (turn credit only)."""
+    return float(OmegaConf.select(trainer_config, "algorithm.gamma", default=1.0)) if turn_credit else 1.0
+
+
+def _check_step_hook(trainer_config: Any, options: MMToolLoopConfig) -> bool:
+    uses_turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
+    refuse_unsupported_with_hook(trainer_config)
+    if options.dump_dir:
+        require_step_hook(trainer_config, "mm_tool dump_dir")
+    if uses_turn_credit:
+        require_step_hook(trainer_config, f"algorithm.adv_estimator={TURN_CREDIT_ESTIMATOR}")
+    if not step_hook_configured(trainer_config):
+        logger.warning(
+            "mm_tool runs without verl-mm-tools' step hook: no mm_tool/* step metrics and no "
+            "masked-batch guard. Set %s",
+            " ".join(hook_overrides(trainer_config)),
+        )
+    return uses_turn_credit
+
+
+def check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -> None:
+    """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
+    deserves per_turn (said once)."""
+    _export_checked.get(trainer_config, export, lambda: _check_export(trainer_config, export, traits))
+
+
+def _check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -> bool:
+    if export is not Export.PER_TRAJECTORY and not uses_v1_trainer(trainer_config):
+        raise ConfigError(
+            f"mm_tool export={export.value!r} returns several training samples per trajectory, which only verl's v1 "
+            "trainer takes (trainer.use_v1=true, verl's default); this run uses the classic trainer "
+            "(trainer.use_v1=false). Use the v1 trainer, or export: per_trajectory."
+        )
+    if export is not Export.PER_TRAJECTORY and not multi_sample_manager_configured(trainer_config):
+        raise ConfigError(
+            f"mm_tool export={export.value!r} returns several samples per trajectory, and verl 0.9.1's v1 agent-loop "
+            "worker crashes scoring several samples of a Qwen-VL model (it stacks their (4, L) position ids along the "
+            f"wrong dimension). Add {MANAGER_TQ_OVERRIDE} (verl's manager, scoring the final sample alone)."
+        )
+    if export is Export.PER_TRAJECTORY and not traits.prefix_stable:
+        logger.warning(
+            "mm_tool: the chat template drops earlier reasoning from the history once a new user turn arrives (as "
+            "Qwen3-VL Thinking's does), so with export=per_trajectory the model trains on contexts it would not see "
+            "at inference. Set export: per_turn (one sample per turn, each the template's own render) or auto."
+        )
+    return True
+
+
+def tool_format(has_tools: bool, options: MMToolLoopConfig, traits: TemplateTraits, parser: str) -> ToolFormat:
+    """How the tools reach the model on this template (logged once per format)."""
+    if not has_tools:
+        return ToolFormat(tool_prompt=ToolPrompt.OFF, response_role=ToolResponseRole.TOOL)
+    resolved = resolve_tool_format(options.tool_prompt, options.tool_response_role, traits, parser)
+    if resolved not in _logged_formats:
+        _logged_formats.add(resolved)
+        logger.info(
+            "mm_tool renders tools as %s (options tool_prompt=%s, tool_response_role=%s; %s)",
+            resolved,
+            options.tool_prompt,
+            options.tool_response_role,
+            traits,
+        )
+    return resolved
+
+
+def require_visible_tools(first_prompt: str, tools: dict, options: MMToolLoopConfig, resolved: ToolFormat) -> None:
+    """A tool the first prompt never names cannot be called: a configuration error, not a dead tool loop."""
+    missing = sorted(name for name in tools if not re.search(rf"\b{re.escape(name)}\b", first_prompt))
+    if missing:
+        raise ConfigError(
+            f"the tools {missing} are configured but appear nowhere in the first prompt the model sees "
+            f"(mm_tool tool_prompt={options.tool_prompt.value!r}, resolved to {resolved.tool_prompt.value!r}): "
+            "the model cannot know they exist. Set tool_prompt: auto (mm_tool adds the tool schemas to the "
+            "system message when the chat template ignores them) or describe the tools in the dataset's prompt."
+        )

@@ -1,0 +1,231 @@
+"""One tool turn of the mm_tool loop: run the turn's calls on the trajectory's tool sessions (sequentially, each
+with a timeout and real cancellation), and turn each answer into a message the model will see: images admitted by
+the image budget (each added to the workspace, never a partial one), text truncated as verl truncates it, and notes
+on what was dropped or downscaled. Model mistakes (unknown tool, bad JSON, unparsable call) become text for the
+model; a tool that raises raises ``ToolCrashError``, which masks the trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+from verl.experimental.agent_loop.tool_parser import FunctionCall
+from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
+from verl.tools.schemas import ToolResponse
+
+from verl_mm_tools.agent_loop.budget import Verdict
+from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.state import TrajectoryState
+from verl_mm_tools.errors import did_you_mean
+from verl_mm_tools.ops.argument_checks import show
+from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
+from verl_mm_tools.remote.tool import RemoteTool
+
+logger = logging.getLogger(__name__)
+
+CANCEL_GRACE_S = 1.0  # how long a cancelled tool call may take to stop before it is abandoned
+MALFORMED_CALL_TEXT = (
+    'Error: a tool call could not be parsed. Write each call as <tool_call>{"name": <tool name>, "arguments": '
+    "{...}}</tool_call> with valid JSON."
+)
+
+
+class ToolCrashError(RuntimeError):
+    """A tool raised instead of answering: the trajectory is masked (its tool responses cannot be trusted)."""
+
+
+@dataclass
+class ToolTurn:
+    """What a tool turn answers: a message per call (in call order), then one per call that was not run."""
+
+    messages: list[dict] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolRunner:
+    """Runs tool turns for one loop: the mm_tool options and verl's ``multi_turn`` limits."""
+
+    config: MMToolLoopConfig
+    max_parallel_calls: int
+    max_response_length: int  # verl's max_tool_response_length, in characters
+    truncate_side: str  # verl's tool_response_truncate_side: left, right or middle
+
+    async def run_turn(
+        self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: Any
+    ) -> ToolTurn | None:
+        """The turn's answers; None when an image does not fit the budget with over_budget=stop."""
+        run, ignored = calls[: self.max_parallel_calls], len(calls) - min(len(calls), self.max_parallel_calls)
+        state.stats.ignored_calls += ignored
+        state.turns[-1].tool_calls = [call.name for call in run]
+        turn = ToolTurn()
+        # Sequential, so image ids are deterministic and a call may use an image made by an earlier one.
+        for call in run:
+            response, reward = await self.execute(call, state, agent_data)
+            message = self.tool_message(call, response, state)
+            if message is None:
+                return None
+            turn.messages.append(message)
+            if reward is not None:
+                turn.rewards.append(float(reward))
+        state.stats.invalid_actions += malformed
+        turn.messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * malformed
+        # every call is answered: a call past max_parallel_calls the model is never told about looks executed
+        turn.messages += [{"role": "tool", "content": self._ignored_call_text()}] * ignored
+        return turn
+
+    def _ignored_call_text(self) -> str:
+        return (
+            f"Error: only {self.max_parallel_calls} tool call(s) per turn are run, so this call was not run; "
+            "make it again in a later turn."
+        )
+
+    async def execute(self, call: FunctionCall, state: TrajectoryState, agent_data: Any) -> tuple[ToolResponse, Any]:
+        """Run one call on the trajectory's tool session. Model mistakes become text; a raising tool raises."""
+        stats, tools = state.stats, agent_data._active_tools
+        if call.name not in tools:
+            stats.invalid_actions += 1
+            hint = did_you_mean(call.name, tools)
+            # the name is cut short: a long one would push the list of tools past the response truncation
+            text = f"Error: unknown tool {show(call.name)}; available tools: {sorted(tools)}.{hint}"
+            return ToolResponse(text=text), None
+        arguments = parse_arguments(call.arguments)
+        if isinstance(arguments, str):
+            stats.invalid_actions += 1
+            return ToolResponse(text=f"Error: arguments of {call.name!r} {arguments}"), None
+        started = time.perf_counter()
+        task = await finished_or_cancelled(
+            self._invoke(call.name, arguments, state, agent_data), self.config.tool_timeout_s
+        )
+        if task is None:
+            stats.record_call(call.name, time.perf_counter() - started, failed=True)
+            seconds = self.config.tool_timeout_s
+            return ToolResponse(
+                text=f"Error: tool {call.name!r} took longer than {seconds:g} s and was cancelled"
+            ), None
+        try:
+            response, reward, metrics = task.result()
+        except (Exception, asyncio.CancelledError) as error:  # the tool's own, TimeoutError and CancelledError too
+            stats.record_call(call.name, time.perf_counter() - started, failed=True)
+            raise ToolCrashError(f"tool {call.name!r} raised {type(error).__name__}: {error}") from error
+        metrics = metrics if isinstance(metrics, dict) else {}
+        stats.record_call(
+            call.name,
+            time.perf_counter() - started,
+            failed=bool(metrics.get("error")),
+            remote=REMOTE_ACTOR_METRIC in metrics,
+        )
+        return response, reward
+
+    @staticmethod
+    async def _invoke(tool_name: str, arguments: dict, state: TrajectoryState, agent_data: Any):
+        tool = agent_data._active_tools[tool_name]
+        if isinstance(tool, FunctionTool):
+            return normalize_function_tool_return(await tool.call(arguments))
+        assert state.sessions is not None, "the loop opens the trajectory's tool sessions before its first turn"
+        instance_id = await state.sessions.instance_id(tool_name)
+        return await tool.execute(instance_id, arguments, agent_data=agent_data)
+
+    def tool_message(self, call: FunctionCall, response: ToolResponse, state: TrajectoryState) -> dict | None:
+        """The tool-role message of one call. None when the budget says stop."""
+        images = response.image if isinstance(response.image, list) else [response.image] if response.image else []
+        notes = ["videos from tools are not supported and were dropped"] if response.video else []
+        content = self.content(images, response.text or "", notes, state)
+        if content is None:
+            return None
+        message: dict[str, Any] = {"role": "tool", "content": content}
+        if call.tool_call_id is not None:
+            message["tool_call_id"] = call.tool_call_id
+        return message
+
+    def content(self, images: list, text: str, notes: list[str], state: TrajectoryState) -> list | str | None:
+        """Message content: the admitted images (each added to the workspace) then the text, with image ids and
+        notes on what the budget did. None when the budget says stop."""
+        content, new_ids = [], []
+        for image in images:
+            if not isinstance(image, Image.Image):
+                notes.append(f"the tool returned a {type(image).__name__} instead of an image; it was dropped")
+                continue
+            if state.budget is None:
+                notes.append("this model cannot see images; the tool's image was dropped")
+                continue
+            admission = state.budget.admit(image)
+            state.stats.budget_refusals += admission.verdict in (Verdict.REFUSED, Verdict.STOP)
+            state.stats.budget_downscales += admission.verdict is Verdict.DOWNSCALED
+            if admission.verdict is Verdict.STOP:
+                return None
+            if admission.note:
+                notes.append(admission.note)
+            if admission.admitted:
+                new_ids.append(state.workspace.add(admission.image))
+                content.append({"type": "image", "image": admission.image})
+        text = self._response_text(text, images, new_ids, notes)
+        return content + [{"type": "text", "text": text}] if content else text
+
+    def _response_text(self, text: str, images: list, new_ids: list[int], notes: list[str]) -> str:
+        if images and not new_ids:
+            text = ""  # the tool's text describes an image the model will not see
+        elif self.config.annotate_image_ids:
+            unnamed = [image_id for image_id in new_ids if f"Image {image_id}" not in text]
+            text = "".join(f"Image {image_id}. " for image_id in unnamed) + text
+        text = self.truncate(text)
+        if notes:
+            text = (text + "\n" if text else "") + "Note: " + "; ".join(notes) + "."
+        return text
+
+    def truncate(self, text: str) -> str:
+        """verl's ``max_tool_response_length`` truncation, applied to the tool's own text."""
+        limit = self.max_response_length
+        if len(text) <= limit:
+            return text
+        if self.truncate_side == "left":
+            return "(truncated)..." + text[-limit:]
+        if self.truncate_side == "right":
+            return text[:limit] + "...(truncated)"
+        return text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
+
+
+async def start_remote_tools(tools: dict) -> None:
+    """Remote tools' actors started before the first turn: their start never counts against tool_timeout_s."""
+    for tool in tools.values():
+        if isinstance(tool, RemoteTool):
+            await tool.start()
+
+
+async def finished_or_cancelled(coroutine, timeout_s: float) -> asyncio.Task | None:
+    """The finished task of a tool call, or None when it ran past ``timeout_s`` and was cancelled.
+
+    Unlike ``asyncio.wait_for``, the tool's own TimeoutError or CancelledError stays the tool's (in the task), and a
+    tool that ignores cancellation is abandoned after ``CANCEL_GRACE_S`` instead of hanging the trajectory.
+    """
+    task = asyncio.ensure_future(coroutine)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())  # no "never retrieved" warnings
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:  # the trajectory itself is being cancelled: take the call down with it
+        task.cancel()
+        raise
+    if finished:
+        return task
+    task.cancel()
+    finished, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    if not finished:
+        logger.warning("a tool call ignored its cancellation for %g s and was abandoned", CANCEL_GRACE_S)
+    return None
+
+
+def parse_arguments(raw: str) -> dict | str:
+    """The call's arguments as a dict, or a sentence saying what was wrong with them."""
+    try:
+        arguments = json.loads(raw)
+    except (TypeError, ValueError) as error:
+        return f"are not valid JSON ({error}); received {raw!r:.200}"
+    if not isinstance(arguments, dict):
+        return f"must be a JSON object, received {type(arguments).__name__} {raw!r:.200}"
+    return arguments

@@ -1,0 +1,175 @@
+"""The demo's task catalogue: what each ``verl-mm-tools demo --task`` trains and when it has learned. How a run is
+launched and watched: ``run``.
+
+Tasks: ``rotation`` (the default: the arrow pictures, a showcase of the loop; the tiny model cannot see arrows well,
+so its reward stays near chance), ``learn`` (the learning proof: red or blue pictures, reward from chance 0.5 to
+>= 0.9; the run stops once the model has learned), ``learn_tool`` (the same with a rotate call before each answer)
+and ``learn_zoom`` (the model learns WHEN to call a tool: the answer is hidden at the picture's prompt resolution,
+``zoom_in`` reveals it, the warm start calls it half the time; learned once reward and tool-call rate reach 0.9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from verl_mm_tools.agent_loop.stats import CALL_RATE
+from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
+
+# Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
+# 32 trajectories of ~600 tokens per step, one thread).
+MICRO_BATCH = 8
+# The mean training reward of a step, per trajectory (the step hook's; verl's critic/score/mean counts a trajectory
+# exported as several samples once per sample)
+TRAINING_REWARD = "mm_tool/reward/mean"
+LEARNED_WINDOW = 5
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What differs between the demo's tasks."""
+
+    name: str
+    warm_start_task: str  # a key of warm_start.TASKS
+    warm_start_steps: int
+    write_dataset: Callable[..., tuple[Path, Path]]  # (out_dir, train_size=, val_size=, seed=) -> train, val
+    validation_metric: str  # verl's name of the greedy validation reward
+    reward: tuple[str, ...]  # reward overrides
+    lr: float
+    steps: int
+    prompts_per_step: int = 8
+    rollouts_per_prompt: int = 4
+    overrides: tuple[str, ...] = ()
+    # Stop once ``learned``: the mean training reward of the last LEARNED_WINDOW steps and the latest validation
+    # reward both reach this.
+    stop_at_reward: float | None = None
+    tools_yaml: str = ROTATE_TOOLS_YAML
+    chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
+    # Also needed to have learned: the mean tool-call rate of the last LEARNED_WINDOW steps reaches this
+    stop_at_call_rate: float | None = None
+
+    def learned(self, steps: list[dict]) -> bool:
+        """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
+        pictures the training split does not hold) both reach ``stop_at_reward`` (and the mean tool-call rate of those
+        steps ``stop_at_call_rate``, where set); verl's metrics, one dict per step."""
+        if self.stop_at_reward is None:
+            return False
+        rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
+        rates = [step.get(CALL_RATE, 0.0) for step in steps if TRAINING_REWARD in step]
+        validations = [step[self.validation_metric] for step in steps if self.validation_metric in step]
+        calls_enough = self.stop_at_call_rate is None or (
+            sum(rates[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_call_rate
+        )
+        return (
+            len(rewards) >= LEARNED_WINDOW
+            and bool(validations)
+            and calls_enough
+            and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_reward
+            and validations[-1] >= self.stop_at_reward
+        )
+
+
+def _write_rotation(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.rotation import write_rotation_dataset
+
+    return write_rotation_dataset(out_dir, **sizes)
+
+
+def _write_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.color import write_color_dataset
+
+    return write_color_dataset(out_dir, **sizes)
+
+
+def _write_zoom_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+    from verl_mm_tools.data.zoom_color import write_zoom_color_dataset
+
+    return write_zoom_color_dataset(out_dir, **sizes)
+
+
+TASKS = {
+    "rotation": DemoTask(
+        name="rotation",
+        warm_start_task="rotation",
+        warm_start_steps=200,
+        write_dataset=_write_rotation,
+        validation_metric="val-core/verl_mm_tools/rotation/reward/mean@1",
+        reward=(
+            "+reward.reward_kwargs.reward_fn=rotation_reward_180",
+            "+reward.reward_kwargs.reward_fn_kwargs.require_tag=true",
+        ),
+        lr=1e-4,
+        steps=30,
+        overrides=("data.max_prompt_length=512",),
+    ),
+    # Why each setting: README_VLMRL.md, "The learning proof" (measured with verl's trainer and an in-process
+    # stand-in of its GRPO update).
+    "learn": DemoTask(
+        name="learn",
+        warm_start_task="color",
+        warm_start_steps=300,
+        write_dataset=_write_color,
+        # verl names the core validation metric "acc" when the reward function returns one (exact_answer_reward does)
+        validation_metric="val-core/verl_mm_tools/color/acc/mean@1",
+        reward=("+reward.reward_kwargs.reward_fn=exact_answer_reward",),
+        # 8 rollouts per prompt: a GRPO group whose rollouts all give the same answer has no advantage, and with 4
+        # the policy drifted into "always red" before it learned to look
+        lr=3e-3,
+        steps=80,
+        prompts_per_step=4,
+        rollouts_per_prompt=8,
+        overrides=(
+            "data.max_prompt_length=768",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=10",  # Adam's first full-size steps collapse it
+            # a KL loss to the warm-started model pulls the answer format back when an update dents it.
+            # k3+: verl logs k3 but follows k2's gradient, which grows with the log-ratio; k3's is at most 1
+            # for a token the policy now samples far more often than the reference (a dented format)
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.1",
+            "actor_rollout_ref.actor.kl_loss_type=k3+",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
+            "data.shuffle=false",  # the rows alternate colors: every batch holds both equally
+            "trainer.val_before_train=true",
+            "trainer.test_freq=5",
+            "trainer.save_freq=5",
+        ),
+        stop_at_reward=0.9,
+    ),
+}
+# The learning proof with a rotate call before every answer: the answer follows the tool's image.
+TASKS["learn_tool"] = replace(TASKS["learn"], name="learn_tool", warm_start_task="color_tool")
+# Learning when a tool pays: the centre's checkerboard is invisible at prompt resolution (demo.premise checks it);
+# the warm start answers at once or zooms in first, half and half, with labels that tell nothing.
+# lr 1e-3: at 2e-3 an update now and then garbled the ~50-token call (7-13 % of trajectories malformed per 10 steps,
+# which capped the reward); at 1e-3 that happened about half as often and the 14x box was read as fast.
+# KL 0.35: the KL coefficient sets the call rate's ceiling (at 1.0 it settled near 0.6); at 0.25 the call format of
+# one seed broke before reading the zoomed box paid off, and calling stopped (docs/experiments/learn_zoom.md, "Why KL
+# 1.0 held calling near 0.6"). top_p 0.98: at temperature 1 each of the call's ~50 tokens keeps a small chance of a
+# slip, and one slip breaks the call; nucleus sampling never samples those tokens (malformed trajectories fell from
+# 2-5 % to 0 over the first 10 steps), while a token the updates push past the 2 % line is still sampled and so still
+# penalised.
+TASKS["learn_zoom"] = replace(
+    TASKS["learn"],
+    name="learn_zoom",
+    warm_start_task="zoom_color",
+    warm_start_steps=600,
+    write_dataset=_write_zoom_color,
+    validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1",
+    tools_yaml=ZOOM_TOOLS_YAML,
+    lr=1e-3,
+    steps=120,
+    overrides=(
+        *TASKS["learn"].overrides,
+        "actor_rollout_ref.actor.kl_loss_coef=0.35",
+        "actor_rollout_ref.rollout.top_p=0.98",
+    ),
+    stop_at_call_rate=0.9,
+)
+
+
+def get_task(name: str) -> DemoTask:
+    if name not in TASKS:
+        raise ConfigError(f"unknown demo task {name!r}; choose one of {sorted(TASKS)}." + did_you_mean(name, TASKS))
+    return TASKS[name]

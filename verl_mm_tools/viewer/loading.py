@@ -1,0 +1,142 @@
+"""Find and load trajectory records for the viewer: mm_tool dumps (``dump_dir``) and verl's own
+``trainer.rollout_data_dir`` JSONL (text only: verl writes the decoded prompt and response, no images)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.record import RECORD_FILE, RECORD_FORMAT, RECORD_VERSION, STAGED_RECORD_FILE, STAGING_DIR
+
+logger = logging.getLogger(__name__)
+
+STEP_DIR_PATTERN = "*step_*"  # step_000001 and val_step_000001
+TOOL_CALL_NAME = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]+)"')
+
+
+class ViewerError(VerlMMToolsError, ValueError):
+    """The viewer was pointed at something it cannot show."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One record and the folder its image paths are relative to (None: a text-only record)."""
+
+    record: dict
+    folder: Path | None
+    origin: str  # "dump", "staged" (published by no manager yet) or "verl-jsonl"
+
+    @property
+    def id(self) -> str:
+        return self.record["id"]
+
+
+def load_trajectories(directory: str | Path) -> list[Trajectory]:
+    """Every trajectory under ``directory``, sorted by validation flag, step, sample index and rollout number."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ViewerError(f"{directory} is not a directory; pass the mm_tool dump_dir or verl's rollout_data_dir")
+    found = [*_dumped(directory), *_staged(directory), *_verl_jsonl(directory)]
+    if not found:
+        raise ViewerError(
+            f"no trajectories under {directory}: expected step_*/<id>/{RECORD_FILE} (the mm_tool loop's dump_dir "
+            f"option) or <step>.jsonl files (verl's trainer.rollout_data_dir)"
+        )
+    return sorted(found, key=_order)
+
+
+def _order(trajectory: Trajectory) -> tuple:
+    record = trajectory.record
+    step = record.get("step")
+    index = (record.get("sample") or {}).get("index")
+    return (
+        bool(record.get("validate")),
+        step is None,
+        step or 0,
+        str(index),
+        record.get("rollout_n") or 0,
+        trajectory.id,
+    )
+
+
+def _dumped(directory: Path) -> list[Trajectory]:
+    paths = sorted(directory.glob(f"{STEP_DIR_PATTERN}/*/{RECORD_FILE}"))
+    return [Trajectory(_read_record(path), path.parent, "dump") for path in paths]
+
+
+def _staged(directory: Path) -> list[Trajectory]:
+    """Records the manager has not published: a step in progress, or a run that stopped mid-step."""
+    paths = sorted((directory / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}"))
+    if paths:
+        logger.warning(
+            "%d trajectories under %s were never published by the manager (no step or rewards); shown as staged",
+            len(paths),
+            directory / STAGING_DIR,
+        )
+    return [Trajectory(_read_record(path), path.parent, "staged") for path in paths]
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ViewerError(f"{path} is not valid JSON ({error}); delete the trajectory folder or re-run") from error
+    if record.get("format") != RECORD_FORMAT or record.get("version", 0) > RECORD_VERSION:
+        raise ViewerError(
+            f"{path} holds format {record.get('format')!r} version {record.get('version')!r}; this viewer reads "
+            f"{RECORD_FORMAT!r} up to version {RECORD_VERSION}: upgrade verl-mm-tools"
+        )
+    return record
+
+
+def _verl_jsonl(directory: Path) -> list[Trajectory]:
+    trajectories = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                trajectories.append(Trajectory(_verl_record(path, line_number, line), None, "verl-jsonl"))
+    return trajectories
+
+
+def _verl_record(path: Path, line_number: int, line: str) -> dict:
+    """A text-only record from one line of verl's rollout dump (input, output, gts, score, step, reward extras)."""
+    try:
+        row = json.loads(line)
+    except ValueError as error:
+        raise ViewerError(f"{path}:{line_number} is not a JSON line ({error})") from error
+    if not isinstance(row, dict) or "output" not in row:
+        raise ViewerError(f"{path}:{line_number} is not a verl rollout record (no 'output' key): {line[:120]!r}")
+    output = str(row.get("output", ""))
+    extra = {key: value for key, value in row.items() if key not in ("input", "output", "gts", "score", "step")}
+    tools = TOOL_CALL_NAME.findall(output)
+    return {
+        "id": f"{path.stem}-{line_number}",
+        "step": row.get("step"),
+        "validate": False,
+        "sample": {"index": line_number - 1, "ground_truth": row.get("gts")},
+        "messages": [
+            {"role": "user", "turn": 0, "text": str(row.get("input", "")), "image_ids": []},
+            {
+                "role": "assistant",
+                "turn": 1,
+                "text": output,
+                "image_ids": [],
+                "tool_calls": [],
+                "note": "verl's rollout dump: the whole response as one text (tool turns included), no images",
+            },
+        ],
+        "images": [],
+        "tool_calls": [
+            {"turn": 1, "name": name, "arguments": None, "result": None, "error": False, "image_ids": []}
+            for name in tools
+        ],
+        "tools_used": sorted(set(tools)),
+        "turns": [],
+        "masked": None,
+        "stop_reason": None,
+        "reward": {"score": row.get("score"), "turn_rewards": [], "extra": extra},
+    }
