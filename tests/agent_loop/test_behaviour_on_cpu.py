@@ -11,11 +11,10 @@ from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
-from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 ROTATE = tool_call_text("rotate", degrees=90)
@@ -69,13 +68,6 @@ def marked_image(size=(84, 56)) -> Image.Image:
 
 
 PROMPT = [image_prompt("How far is this image rotated?", [marked_image()])]
-
-
-@pytest.fixture
-def rollout(tiny_model_dir, tmp_path):
-    tools_yaml = tmp_path / "tools.yaml"
-    tools_yaml.write_text(ROTATE_TOOLS_YAML)
-    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
 
 
 def field(output, key, index=0):

@@ -23,13 +23,6 @@ from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 WORDS = list(SAMPLE_SCRIPTS)  # rotated, guess, typo, broken: batch rows 0..3
 
 
-@pytest.fixture
-def rollout(tiny_model_dir, tmp_path):
-    tools_yaml = tmp_path / "tools.yaml"
-    tools_yaml.write_text(ROTATE_TOOLS_YAML)
-    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
-
-
 def dump_steps(rollout, dump_dir, steps=(1,), words=WORDS, validate=False, **options):
     prompts, columns = sample_rows(words)
     return run_steps(

@@ -6,10 +6,9 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
 from verl_mm_tools.ops import rotate
-from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 REWARD = [
     "reward.reward_manager.name=mm_turn_discount",
@@ -22,13 +21,6 @@ def rotated_image() -> Image.Image:
     upright = Image.new("RGB", (84, 56), (128, 128, 128))
     upright.paste((255, 0, 0), (0, 0, 28, 28))
     return upright.rotate(90, expand=True)  # ground truth: 90 degrees
-
-
-@pytest.fixture
-def rollout(tiny_model_dir, tmp_path):
-    tools_yaml = tmp_path / "tools.yaml"
-    tools_yaml.write_text(ROTATE_TOOLS_YAML)
-    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
 
 
 def rotation_rows(env):

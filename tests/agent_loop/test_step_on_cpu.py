@@ -8,25 +8,17 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.harness import LocalRollout, compose_trainer_config, image_prompt
+from verl_mm_tools.agent_loop.harness import compose_trainer_config, image_prompt
 from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
 from verl_mm_tools.agent_loop.manager import step_batch
 from verl_mm_tools.agent_loop.step import MaskedBatchError, StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 ANSWER = "<answer>90</answer><|im_end|>"
 CLASSIC = ["trainer.use_v1=false"]
 # With the default system prompt, the short question renders to 358 tokens and the long ones to 414: a prompt length
 # of 400 masks exactly the three long ones (verl refuses to truncate a multimodal prompt).
 PROMPT_LENGTH = 400
-
-
-@pytest.fixture
-def rollout(tiny_model_dir, tmp_path):
-    tools_yaml = tmp_path / "tools.yaml"
-    tools_yaml.write_text(ROTATE_TOOLS_YAML)
-    return LocalRollout(tiny_model_dir, tools_yaml, tmp_path)
 
 
 def prompts(long: int, short: int = 1) -> list:

@@ -19,9 +19,15 @@ from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, 
 from verl_mm_tools.workspace import STATE_ATTR, ImageWorkspace, attach_tool_context
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from verl_mm_tools.agent_loop.budget import ImageBudget
     from verl_mm_tools.agent_loop.sessions import ToolSessions
     from verl_mm_tools.envs.base import Environment
+
+    # MoE routing as verl's servers return it: (tokens, layers, top-k) expert ids; numpy from vLLM
+    Routing = np.ndarray | torch.Tensor
 
 logger = logging.getLogger(__name__)
 # The trajectory's extra_fields: the same keys for every trajectory (verl concatenates per-key arrays across
@@ -161,7 +167,7 @@ class Turn:
     message: int | None = None
     cached_tokens: int | None = None
     malformed_calls: int = 0
-    routed_experts: Any = None
+    routed_experts: Routing | None = None
 
 
 @dataclass
@@ -173,7 +179,7 @@ class SampleCut:
     response_mask: list[int]  # over the tokens after the trajectory's first prompt length (the loop's convention)
     response_logprobs: list[float]
     images: int  # how many of the trajectory's images the tokens hold
-    routed_experts: Any = None  # the engine's MoE routing over the tokens (None unless it returns it)
+    routed_experts: Routing | None = None  # the engine's MoE routing over the tokens (None unless it returns it)
 
 
 @dataclass
