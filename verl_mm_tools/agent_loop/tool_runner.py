@@ -42,7 +42,8 @@ class ToolCrashError(RuntimeError):
 
 @dataclass
 class ToolTurn:
-    """What a tool turn answers: a message per call (in call order), then one per call that was not run."""
+    """What a tool turn answers: a message per call run (in call order), then one per unparsable call, then one per
+    call past max_parallel_calls; and the rewards of the calls run."""
 
     messages: list[dict] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -61,7 +62,8 @@ class ToolRunner:
         self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: Any
     ) -> ToolTurn | None:
         """The turn's answers; None when an image does not fit the budget with over_budget=stop."""
-        run, ignored = calls[: self.max_parallel_calls], len(calls) - min(len(calls), self.max_parallel_calls)
+        run = calls[: self.max_parallel_calls]
+        ignored = len(calls) - len(run)
         state.stats.ignored_calls += ignored
         state.turns[-1].tool_calls = [call.name for call in run]
         turn = ToolTurn()
