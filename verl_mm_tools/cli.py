@@ -32,7 +32,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
 # checks they equal verl_mm_tools.demo.run's TASKS, TRAINERS and ROLLOUTS.
-DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation")
+DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation", "zoom")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_ROLLOUTS = ("vllm", "hf")
 
@@ -44,7 +44,8 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from verl_mm_tools.demo.run import DemoOptions, run_demo, run_sweep
+    from verl_mm_tools.demo.run import DemoOptions, run_demo
+    from verl_mm_tools.demo.sweep import run_sweep
 
     options = DemoOptions(
         out=Path(args.out),
@@ -64,8 +65,8 @@ def _demo(args: argparse.Namespace) -> int:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    if args.seeds:
-        return run_sweep(options, args.seeds, say)
+    if args.seeds or args.repeats > 1:
+        return run_sweep(options, args.seeds or [args.seed], say, repeats=args.repeats)
     return run_demo(options, say)
 
 
@@ -127,18 +128,18 @@ def _add_demo_command(commands) -> None:
     demo.add_argument(
         "--task",
         choices=DEMO_TASKS,
-        default="learn",
-        help="learn (default): the learning proof, red or blue pictures with the rotate tool offered, "
-        "stops once the reward reaches 0.9 (exit 3 if it does not); learn_tool: the same with a rotate "
-        "call before every answer; learn_zoom: the model learns to call zoom_in where the answer is too small to see "
-        "(stops once reward and tool-call rate reach 0.9); rotation: arrow pictures, the loop's showcase "
-        "of tool calls",
+        default="zoom",
+        help="zoom (default): the model learns to call zoom_in where the answer is too small to see, stops once "
+        "reward and tool-call rate reach 0.9 (exit 3 if they do not); learn_zoom: the same from a warm start that "
+        "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
+        "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; rotation: arrow pictures, "
+        "the loop's showcase of tool calls",
     )
     demo.add_argument(
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 30 rotation, 80 learn and learn_tool, 120 learn_zoom)",
+        help="training steps (default: 40 zoom, 30 rotation, 80 learn and learn_tool, 120 learn_zoom)",
     )
     demo.add_argument(
         "--seed",
@@ -149,8 +150,15 @@ def _add_demo_command(commands) -> None:
     demo.add_argument(
         "--seeds",
         type=whole_number_list(0),
-        help="comma-separated seeds: one run each under OUT/seed_<n>, then a table (the learning proof's "
-        "sweep: --task learn --seeds 0,1,2); replaces --seed",
+        help="comma-separated seeds: one run each under OUT/seed_<n>, then a table of what each run did and how "
+        "many learned (--task zoom --seeds 0,1,2,3,4 --repeats 2); replaces --seed",
+    )
+    demo.add_argument(
+        "--repeats",
+        type=whole_number(1),
+        default=1,
+        help="runs per seed (under OUT/seed_<n>/run_<r>; a seed's repeats share its warm start and data, so they "
+        "measure how runs of the same trainer differ) (default 1)",
     )
     demo.add_argument(
         "--trainer",

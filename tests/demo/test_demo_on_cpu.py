@@ -41,7 +41,7 @@ def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"unknown demo task 'lern'; choose one of \['learn', 'learn_tool', "
-        r"'learn_zoom', 'rotation'\]\. Did you mean 'learn'",
+        r"'learn_zoom', 'rotation', 'zoom'\]\. Did you mean 'learn'",
     ):
         DemoOptions(out=tmp_path, task="lern")
 
@@ -85,8 +85,9 @@ def test_the_learning_curve_lists_rewards_and_validations_by_step():
     }
 
 
-def test_learn_zoom_has_learned_only_once_the_tool_call_rate_reaches_the_target_too():
-    zoom = TASKS["learn_zoom"]
+@pytest.mark.parametrize("name", ["zoom", "learn_zoom"])
+def test_the_zoom_tasks_have_learned_only_once_the_tool_call_rate_reaches_the_target_too(name):
+    zoom = TASKS[name]
     assert zoom.stop_at_reward == zoom.stop_at_call_rate == 0.9
     calls = [
         {**step(n, 0.95), CALL_RATE: rate} for n, rate in zip(range(1, 6), (0.9, 0.9, 0.9, 0.9, 0.875), strict=True)
@@ -118,16 +119,18 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
             "learn": "exact_answer_reward",
             "learn_tool": "exact_answer_reward",
             "learn_zoom": "exact_answer_reward",
+            "zoom": "exact_answer_reward",
         }[task]
     )
-    if task.startswith("learn"):
+    zooms = task in ("zoom", "learn_zoom")
+    if task != "rotation":
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
         assert config.trainer.val_before_train is True and config.trainer.test_freq == 5
-        # the later of two values of a key wins: learn_zoom's KL replaces learn's
-        assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if task == "learn_zoom" else 0.1)
-        assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if task == "learn_zoom" else 3e-3)
-        assert config.actor_rollout_ref.rollout.top_p == (0.98 if task == "learn_zoom" else 1.0)
+        # the later of two values of a key wins: the zoom tasks' KL replaces learn's
+        assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if zooms else 0.1)
+        assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if zooms else 3e-3)
+        assert config.actor_rollout_ref.rollout.top_p == (0.98 if zooms else 1.0)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
@@ -173,7 +176,9 @@ def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
     args = build_parser().parse_args(["demo", "--task", "learn", "--seeds", "0,1,2"])
     assert (args.task, args.seeds, args.steps) == ("learn", [0, 1, 2], None)
     args = build_parser().parse_args(["demo", "--tools", "tools.yaml", "--env", "my_env.RetryEnv"])
-    assert (args.task, args.tools, args.env) == ("learn", Path("tools.yaml"), "my_env.RetryEnv")  # learn: the default
+    assert (args.task, args.tools, args.env) == ("zoom", Path("tools.yaml"), "my_env.RetryEnv")  # zoom: the default
+    args = build_parser().parse_args(["demo", "--seed", "3", "--repeats", "2"])
+    assert (args.seed, args.seeds, args.repeats) == (3, None, 2)
     for task in TASKS:
         assert build_parser().parse_args(["demo", "--task", task]).task == task
     with pytest.raises(SystemExit):
@@ -213,7 +218,7 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
         "summary: mean reward 0.75 -> 0.85 and tool calls per trajectory 0.25 -> 0.15 (first 5 steps -> last 5; "
         "answering without looking scores 0.50)",
         f"next: verl-mm-tools view {tmp_path / 'trajectories'}  (what the model saw and did, turn by turn); another "
-        "task: --task learn_tool | learn_zoom | rotation",
+        "task: --task learn_tool | learn_zoom | rotation | zoom",
     ]
     assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []
 

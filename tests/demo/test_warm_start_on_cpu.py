@@ -263,3 +263,66 @@ def test_the_answer_after_a_zoom_is_fitted_to_either_answer_and_the_rest_to_its_
     labelled = sum(int((example["labels"] != -100).sum()) for example in (direct, *callers))
     assert len(terms) == labelled + 3
     assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), abs=1e-5)
+
+
+def test_the_zoom_cold_start_answers_truly_after_the_zoom_and_weighs_that_answer(
+    tiny_model_dir, zoom_tools_yaml, tiny_tokenizer
+):
+    """The main job's cold start (``zoom_read``): half its demonstrations zoom in, and their answer is the TRUE one,
+    weighted 30 in the loss; the direct answers keep labels that tell nothing; no sight pictures. The loss is the
+    weighted mean of the labelled tokens' cross-entropy."""
+    from transformers import AutoModelForImageTextToText
+
+    from verl_mm_tools.data.zoom_color import zoom_color_samples
+    from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, TASKS, collate, model_inputs, token_loss
+
+    assert TASKS["zoom_read"].after_call_weight == 30.0
+    examples = demonstrations(
+        tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_read", demonstrations=16, seed=3)
+    )
+    truth = [sample.label for sample in zoom_color_samples(16, 3 + DEMO_SEED_OFFSET)]
+    assert len(examples) == 16 and not any(example["sight"] for example in examples)
+    pairs = collections.Counter()
+    for example, color in zip(examples, truth, strict=True):
+        answer = tiny_tokenizer.decode(example["labels"][example["answer_at"]])
+        weighted = (example["weights"] != (example["labels"] != -100).float()).nonzero().flatten().tolist()
+        assert weighted == ([example["answer_at"]] if example["calls"] else [])
+        assert example["weights"][example["answer_at"]] == (30.0 if example["calls"] else 1.0)
+        assert example["any_answer_at"] == -1
+        pairs[example["calls"], color, answer] += 1
+    assert pairs == {
+        **{(True, color, color): 4 for color in ("red", "blue")},
+        **{(False, color, label): 2 for color in ("red", "blue") for label in ("red", "blue")},
+    }
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    pair = [next(e for e in examples if not e["calls"]), next(e for e in examples if e["calls"])]
+    batch = collate(pair, pad_token_id=0)
+    with torch.no_grad():
+        loss = token_loss(model, batch)
+        log_probs = model(**model_inputs(batch)).logits.float().log_softmax(-1)
+    total, weight = 0.0, 0.0
+    for row, example in enumerate(pair):
+        for at in (example["labels"] != -100).nonzero().flatten().tolist():
+            total += float(example["weights"][at] * -log_probs[row, at - 1, example["labels"][at]])
+            weight += float(example["weights"][at])
+    assert loss.item() == pytest.approx(total / weight, abs=1e-5)
+
+
+def test_the_reading_fit_trains_the_answers_after_a_call_alone(tiny_model_dir, zoom_tools_yaml, tiny_tokenizer):
+    """Before its format fit, the zoom cold start fits the calling demonstrations' answer tokens alone (the premise's
+    fit, 100 steps at lr 3e-3): only the answer and its closing tags are labelled, and their loss falls."""
+    from transformers import AutoModelForImageTextToText
+
+    from verl_mm_tools.demo.warm_start import READING_LR, TASKS, answer_only, read_after_calls
+
+    assert TASKS["zoom_read"].reading_steps == 100 and READING_LR == 3e-3
+    spec = WarmStartSpec(task="zoom_read", demonstrations=4, seed=3)
+    examples = demonstrations(tiny_model_dir, zoom_tools_yaml, spec)
+    for caller in (example for example in examples if example["calls"]):
+        labels = answer_only(caller)["labels"]
+        answer = tiny_tokenizer.decode(caller["labels"][caller["answer_at"]])
+        assert tiny_tokenizer.decode(labels[labels != -100]) == f"{answer}</answer><|im_end|>"
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    losses = read_after_calls(model, examples, spec)
+    assert len(losses) == 100 and losses[-1] < losses[0]
+    assert read_after_calls(model, examples, WarmStartSpec(task="zoom_color", demonstrations=4, seed=3)) == []

@@ -23,7 +23,14 @@ from pathlib import Path
 
 import torch
 
-from verl_mm_tools.demo.warm_start import TASKS, WarmStartSpec, answer_probabilities, fit, task_demonstrations
+from verl_mm_tools.demo.warm_start import (
+    TASKS,
+    WarmStartSpec,
+    answer_only,
+    answer_probabilities,
+    fit,
+    task_demonstrations,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +95,6 @@ def premise_check(
             )
         logger.info("premise: %s", results[-1])
     return results
-
-
-def answer_only(example: dict) -> dict:
-    """The demonstration with its labels on the answer's tokens only."""
-    labels = example["labels"].clone()
-    labels[: example["answer_at"]] = -100
-    return {**example, "labels": labels}
 
 
 def _fresh_model(model_dir: Path, scratch: Path):

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -40,6 +40,7 @@ from verl_mm_tools.cpu import ROLLOUT_NAME as HF_ROLLOUT
 from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION, vllm_cpu_problem, vllm_rollout_overrides
+from verl_mm_tools.demo.examples import before_and_after
 from verl_mm_tools.demo.tasks import (
     CALL_RATE,
     LEARNED_WINDOW,
@@ -80,7 +81,7 @@ MAX_TURNS = 3  # assistant turns per trajectory
 @dataclass(frozen=True)
 class DemoOptions:
     out: Path
-    task: str = "learn"  # the main job: a task whose reward visibly rises
+    task: str = "zoom"  # the main job: the model learns to call zoom_in, and its reward rises with it
     steps: int | None = None  # None: the task's (and so for the other None fields)
     prompts_per_step: int | None = None
     rollouts_per_prompt: int | None = None
@@ -185,7 +186,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     model = tiny_model_path()
     task = options.spec
     if options.warm_start:
-        say(f"warm start on the output format (random labels; cached after the first run; log {out / 'logs'})")
+        say(f"warm start: {task.warm_start_says} (cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):
             spec = WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=options.seed)
             model = warm_started_model(model, tools, spec)
@@ -540,28 +541,6 @@ def _discard_unpublished(trajectories: Path, say: Callable[[str], None]) -> None
             say(f"removed {count} trajectory dumps of a step the trainer did not finish")
 
 
-def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]) -> int:
-    """The demo once per seed (into ``out/seed_<n>``), then one line per seed and the count that learned; exit 0
-    when all did."""
-    rows = []
-    for seed in seeds:
-        say(f"== seed {seed}")
-        run_options = replace(options, seed=seed, out=options.out / f"seed_{seed}")
-        result, _ = run_demo_result(run_options, say)
-        rows.append((seed, result))
-    say("seed  learned  steps  trainer s  first validation  last validation")
-    for seed, result in rows:
-        curve = learning_curve(result, options.spec)
-        validations = list(curve["validation"].values()) or [float("nan")]
-        say(
-            f"{seed:>4}  {'yes' if curve['learned'] else 'no':>7}  {len(curve['reward']):>5}  "
-            f"{curve['trainer_seconds']:>9.0f}  {validations[0]:>16.3f}  {validations[-1]:>15.3f}"
-        )
-    learned_count = sum(result.learned for _, result in rows)
-    say(f"learned: {learned_count}/{len(rows)} seeds")
-    return 0 if learned_count == len(rows) else LEARNING_FAILED
-
-
 def learning_curve(result: RunResult, task: DemoTask) -> dict:
     """The training reward and tool-call rate by step, the validation reward, and whether the run learned."""
     trained = [step for step in result.steps if TRAINING_REWARD in step]
@@ -627,6 +606,7 @@ def summarize(result: RunResult, paths: DemoPaths, task: DemoTask, total_s: floa
     validation = [step[task.validation_metric] for step in result.steps if task.validation_metric in step]
     if validation:
         lines.append(f"validation reward {validation[-1]:.3f} (greedy, on pictures the training split does not hold)")
+    lines += before_and_after(paths.trajectories)
     lines += what_was_learned(result, task, paths)
     lines += [
         f"done in {total_s:.0f}s ({startup}{trained} steps, trainer {result.seconds:.0f}s); peak memory of the "

@@ -1,11 +1,12 @@
 """The demo's task catalogue: what each ``verl-mm-tools demo --task`` trains and when it has learned. How a run is
 launched and watched: ``run``.
 
-Tasks: ``rotation`` (the default: the arrow pictures, a showcase of the loop; the tiny model cannot see arrows well,
-so its reward stays near chance), ``learn`` (the learning proof: red or blue pictures, reward from chance 0.5 to
->= 0.9; the run stops once the model has learned), ``learn_tool`` (the same with a rotate call before each answer)
-and ``learn_zoom`` (the model learns WHEN to call a tool: the answer is hidden at the picture's prompt resolution,
-``zoom_in`` reveals it, the warm start calls it half the time; learned once reward and tool-call rate reach 0.9).
+Tasks: ``zoom`` (the main job: the answer is hidden at the picture's prompt resolution and ``zoom_in`` reveals it; a
+cold start that reads the zoomed box calls it in half its turns, and RL learns to call it: learned once reward and
+tool-call rate reach 0.9), ``learn_zoom`` (the same, from a warm start that has not learned to read the zoomed box:
+RL learns to read it and to call), ``learn`` (red or blue pictures, reward from chance 0.5 to >= 0.9; the run stops
+once the model has learned), ``learn_tool`` (the same with a rotate call before each answer) and ``rotation`` (the
+arrow pictures, a showcase of the loop; the tiny model cannot see arrows well, so its reward stays near chance).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class DemoTask:
     chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
     # Also needed to have learned: the mean tool-call rate of the last LEARNED_WINDOW steps reaches this
     stop_at_call_rate: float | None = None
+    # What the warm start teaches, in the demo's progress line
+    warm_start_says: str = "the output format, with labels that tell nothing"
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
@@ -166,6 +169,18 @@ TASKS["learn_zoom"] = replace(
         "actor_rollout_ref.rollout.top_p=0.98",
     ),
     stop_at_call_rate=0.9,
+)
+
+# The main job: learning when a tool pays, from a cold start that reads the zoomed box (its answers after a zoom are
+# the true ones) but zooms in only half its first turns, at random. Answering at once scores 0.5; RL raises the
+# tool-call rate and the reward with it.
+TASKS["zoom"] = replace(
+    TASKS["learn_zoom"],
+    name="zoom",
+    warm_start_task="zoom_read",
+    warm_start_steps=600,
+    steps=40,
+    warm_start_says="zoom_in calls and true answers after them, answers at once at chance; calls in half its turns",
 )
 
 

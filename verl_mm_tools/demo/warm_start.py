@@ -4,12 +4,14 @@ A random-weight model never writes a parseable tool call, so RL has nothing to r
 demonstrations through the real mm_tool loop (verl's ``AgentLoopWorker`` with a scripted server, so the tokens are
 exactly those a rollout produces): turn 1 calls a tool (``rotate`` with a random angle; ``zoom_in`` on the centre
 box), the tool answers with an image, turn 2 answers ``<answer>A</answer>`` with a RANDOM answer A among the task's
-choices (``TASKS``; the color task answers in turn 1, the zoom task in turn 1 in half its demonstrations). The labels
-are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and those
-that do not): fitting them teaches the format and leaves the answer at chance. The zoom task fits its answer after
-the zoomed image to either answer instead, balanced over each batch (``label_after_call``): a random label there
-taught it to ignore that image. The loss is summed over tokens (every labelled token weighs the same, whatever its
-sample's length): averaging per sample first made the short tool-call turn count too little.
+choices (``TASKS``; the color task answers in turn 1, the zoom tasks in turn 1 in half their demonstrations). The
+labels are uninformative by construction (``uninformative_labels``, drawn apart for the demonstrations that call and
+those that do not): fitting them teaches the format and leaves the answer at chance. After a call, a task may fit
+another answer instead (``AfterCall``): learn_zoom fits either answer, balanced over each batch (a random label there
+taught it to ignore the zoomed image); the main job's ``zoom`` task fits the true answer, a cold start that reads the
+zoomed image but calls no more often than it answers at once. The loss is summed over tokens (every labelled token
+weighs the same, whatever its sample's length, unless its task weighs it): averaging per sample first made the short
+tool-call turn count too little.
 
 The result is cached under the tiny-model cache, keyed by everything that determines it.
 """
@@ -26,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -43,8 +46,17 @@ TOOL_DEGREES = (90, 180, 270)
 DEMO_SEED_OFFSET = 7_000_001
 SIGHT_SEED_OFFSET = 9_000_011
 MARKER = "warm_start.json"
-# What the answer after a call is fitted to where it has no label (``label_after_call=False``; part of the cache key)
-ANY_ANSWER_FIT = "either answer, balanced over the batch"
+READING_LR = 3e-3  # the premise's rate: at 1e-2 its fit answered at chance after 300 steps
+
+
+class AfterCall(str, Enum):
+    """What the answer after a tool's image is fitted to."""
+
+    RANDOM = "random label"  # uninformative, as the direct answers
+    # Any of the answers: the loss -log(sum of the answers' probabilities), plus a term that keeps the answers' mean
+    # over the batch even (each answer still free to follow the picture)
+    EITHER = "either answer, balanced over the batch"
+    TRUE = "the true answer"  # a cold start that reads the tool's image
 
 
 ToolCall = tuple[str, dict]  # a tool's name and its arguments
@@ -64,14 +76,21 @@ class FormatTask:
     # the picture, the tiny model stops attending to its pictures and then cannot learn to read them (measured in
     # docs/experiments/learn_zoom.md); real VLMs come pretrained to look, and this keeps the tiny one looking.
     sight: str | None = None
-    # What the answer after a tool's image is fitted to: its random label, or (False) any of the answers, the loss
-    # -log(sum of the answers' probabilities), plus a term that keeps the answers' mean over the batch even (each
-    # answer still free to follow the picture). Random labels there teach the answer after a tool's image to ignore
-    # that image, and RL then had to undo it: reading the zoomed box started in some runs and not in others; without
-    # the balance term one seed's answer after a call leaned 80 % to one answer and never read
-    # (docs/experiments/learn_zoom.md).
-    # Left out of the loss entirely, the tiny model wrote no answer there at all.
-    label_after_call: bool = True
+    # What the answer after a tool's image is fitted to. Random labels there teach the answer after a tool's image to
+    # ignore that image, and RL then had to undo it: reading the zoomed box started in some runs and not in others;
+    # with EITHER but without its balance term one seed's answer after a call leaned 80 % to one answer and never
+    # read (docs/experiments/learn_zoom.md). Left out of the loss entirely, the tiny model wrote no answer there.
+    after_call: AfterCall = AfterCall.RANDOM
+    # The loss weight of the true answer after a call (AfterCall.TRUE) against each other labelled token's 1: it is
+    # one token of the ~60 a calling demonstration labels. Weighted 1, the zoom_read fit read the zoomed box after
+    # 600 steps (p(true answer) 0.97) and not after 300 (0.50); weighted 10, not after 200; weighted 30, after 200
+    # on seeds 0, 1 and 2 (0.996-1.0).
+    after_call_weight: float = 1.0
+    # Steps of a first fit on the calling demonstrations' answers alone (answer tokens only, lr READING_LR), before
+    # the format fit: the premise's fit (``demo.premise``), which reads the zoomed box from the untrained model within
+    # 100 steps. Without it, whether the format fit ever read depended on the seed (seed 1 at 450 steps: p(true
+    # answer) 0.50 after a zoom; seeds 0 and 2: 1.00).
+    reading_steps: int = 0
 
     def __post_init__(self):
         if not self.calls and self.direct_share != 1.0:
@@ -105,9 +124,14 @@ TASKS = {
         calls=(("zoom_in", zoom_color.BOX_ARGUMENTS),),
         direct_share=0.5,
         sight="color",
-        label_after_call=False,
+        after_call=AfterCall.EITHER,
     ),
 }
+# The main job's cold start: as zoom_color, but the answer after the zoom is the true one. It reads the zoomed box
+# and still calls in half its first turns: RL learns when calling pays.
+TASKS["zoom_read"] = replace(
+    TASKS["zoom_color"], sight=None, after_call=AfterCall.TRUE, after_call_weight=30.0, reading_steps=100
+)
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
 TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)
 
@@ -149,7 +173,9 @@ def warm_started_model(
         "calls": task.calls,
         "direct_share": task.direct_share,
         "sight": task.sight,
-        "label_after_call": task.label_after_call or ANY_ANSWER_FIT,
+        "after_call": task.after_call.value,
+        "after_call_weight": task.after_call_weight,
+        "reading_steps": task.reading_steps,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
@@ -180,6 +206,7 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 10x faster than 2 threads on a busy 2-core machine (see cpu.overrides.THREAD_ENV)
     try:
+        reading = read_after_calls(model, examples, spec)
         losses = fit(model, examples, spec)
         own = [example for example in examples if not example["sight"]]
         shares = answer_shares(model, own, model_dir, TASKS[spec.task].answers)
@@ -190,10 +217,28 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
         "seconds": round(time.perf_counter() - started, 2),
         "first_loss": losses[0],
         "last_loss": losses[-1],
+        "reading_losses": reading[:1] + reading[-1:],
         "answer_shares": shares,
     }
     logger.info("warm start: %s", report)
     return report
+
+
+def read_after_calls(model, examples: list[dict], spec: WarmStartSpec) -> list[float]:
+    """The task's ``reading_steps`` fit on the answers after a call (their labels, answer tokens only); returns the
+    loss per step (none without reading steps)."""
+    task = TASKS[spec.task]
+    if not task.reading_steps:
+        return []
+    callers = [answer_only(example) for example in examples if example["calls"] and not example["sight"]]
+    return fit(model, callers, replace(spec, steps=task.reading_steps, lr=READING_LR))
+
+
+def answer_only(example: dict) -> dict:
+    """The demonstration with its labels on the answer's tokens only."""
+    labels = example["labels"].clone()
+    labels[: example["answer_at"]] = -100
+    return {**example, "labels": labels}
 
 
 def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, torch.Tensor]]:
@@ -231,6 +276,8 @@ def task_demonstrations(
     truths = [truth for _, truth in pictures]
     calling = calling_demonstrations(truths, task.direct_share, rng)
     labels = list(truths) if true_labels else labels_per_group(truths, calling, task.answers, rng)
+    if task.after_call == AfterCall.TRUE:
+        labels = [truth if calls else label for truth, calls, label in zip(truths, calling, labels, strict=True)]
     # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
     index_of = {picture.tobytes(): index for index, (picture, _) in enumerate(pictures)}
 
@@ -248,7 +295,7 @@ def task_demonstrations(
         )
     image_token = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     answer_tag = worker.tokenizer.encode("<answer>")
-    fits_any_answer = not (task.label_after_call or true_labels)
+    fits_any_answer = task.after_call == AfterCall.EITHER and not true_labels
     choices = answer_tokens(worker.tokenizer, task.answers) if fits_any_answer else torch.tensor([], dtype=torch.long)
     examples = []
     for index in range(len(prompts)):
@@ -261,11 +308,15 @@ def task_demonstrations(
         any_answer = fits_any_answer and calling[index]
         if any_answer:
             labels_of_row[answer_at] = -100
+        weights = [float(label != -100) for label in labels_of_row]
+        if task.after_call == AfterCall.TRUE and calling[index] and not true_labels:
+            weights[answer_at] = task.after_call_weight
         inputs = output.non_tensor_batch["multi_modal_inputs"][index]
         examples.append(
             {
                 "input_ids": torch.tensor(ids),
                 "labels": torch.tensor(labels_of_row),
+                "weights": torch.tensor(weights),  # each labelled token's weight in the loss
                 "mm_token_type_ids": (torch.tensor(ids) == image_token).long(),
                 "pixel_values": inputs["pixel_values"],
                 "image_grid_thw": inputs["image_grid_thw"],
@@ -285,7 +336,7 @@ def answer_tokens(tokenizer, answers: Sequence[str]) -> torch.Tensor:
     if any(len(ids) != 1 for ids in tokens):
         raise ConfigError(
             f"every answer must be one token of the tokenizer to fit 'any answer'; got "
-            f"{dict(zip(answers, tokens, strict=True))}: set label_after_call=True"
+            f"{dict(zip(answers, tokens, strict=True))}: fit another answer after a call (AfterCall)"
         )
     return torch.tensor([ids[0] for ids in tokens])
 
@@ -346,6 +397,7 @@ def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
         "input_ids": input_ids,
         "attention_mask": pad("input_ids", -1).ne(-1).long(),
         "labels": pad("labels", -100),
+        "weights": pad("weights", 0),
         "mm_token_type_ids": pad("mm_token_type_ids", 0),
         "pixel_values": torch.cat([example["pixel_values"] for example in examples]),
         "image_grid_thw": torch.cat([example["image_grid_thw"] for example in examples]),
@@ -425,18 +477,23 @@ def answer_probabilities(model, example: dict, tokens: Sequence[int]) -> torch.T
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: value for key, value in batch.items() if key not in ("labels", "any_answer_at", "answer_choices")}
+    return {
+        key: value
+        for key, value in batch.items()
+        if key not in ("labels", "weights", "any_answer_at", "answer_choices")
+    }
 
 
 def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean loss over the labelled tokens of the batch: cross-entropy; -log(sum of the answers' probabilities) where
-    any answer is fitted (``any_answer_at``); and, where there are such answers, one balance term: the KL divergence
-    from even shares to their mean shares of the answers (each answer's probability among the answers, averaged over
-    those rows). The vocabulary projection runs on those positions only: most of each sequence is the (unlabelled)
-    prompt."""
+    """Weighted mean loss over the labelled tokens of the batch (``weights``): cross-entropy; -log(sum of the
+    answers' probabilities) where any answer is fitted (``any_answer_at``); and, where there are such answers, one
+    balance term: the KL divergence from even shares to their mean shares of the answers (each answer's probability
+    among the answers, averaged over those rows). The vocabulary projection runs on those positions only: most of
+    each sequence is the (unlabelled) prompt."""
     hidden = model.model(**model_inputs(batch)).last_hidden_state
     labels = batch["labels"][:, 1:]
     trained = labels != -100
+    weights = batch["weights"][:, 1:][trained]
     losses = torch.nn.functional.cross_entropy(
         model.lm_head(hidden[:, :-1][trained]).float(), labels[trained], reduction="none"
     )
@@ -448,4 +505,5 @@ def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         shares = answers.softmax(-1).mean(0)
         balance = -shares.log().mean() - math.log(len(shares))
         losses = torch.cat([losses, any_answer, balance[None]])
-    return losses.mean()
+        weights = torch.cat([weights, torch.ones(len(rows) + 1)])
+    return (losses * weights).sum() / weights.sum()
