@@ -4,9 +4,10 @@ from calling the tool in about half its trajectories to calling it in >= 90 % an
 answers on pictures it never trained on reach >= 0.9 too. The answer is invisible at the picture's prompt resolution
 (``demo.premise``), so the reward rises only through the tool's image.
 
-Repeat rate (docs/experiments/main_job.md, ``verl-mm-tools demo --seeds 0,1,2,3,4 --repeats 2``): REPEAT_RATE. A run
-fails independently with probability p <= 0.1, so this test, which passes when the first seed learns or else the
-second, fails with probability p^2 <= 1 %."""
+Repeat rate (docs/experiments/main_job.md, ``verl-mm-tools demo --seeds 1,3,0,2,4 --repeats 2``, 2026-11-28): 10 of
+10 runs learned, in 7-28 steps; seed 0 in 15 and 14, seed 1 in 11 and 9. This test passes when seed 0 learns or else
+seed 1, so it fails with probability p^2 for a per-run failure rate p: <= 1 % for p <= 0.1, which 10 of 10 agrees
+with (10 runs bound p below 0.26 at 95 % confidence)."""
 
 from __future__ import annotations
 
