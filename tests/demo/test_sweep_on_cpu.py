@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verl_mm_tools.agent_loop.stats import CALL_RATE_COLLAPSED
 from verl_mm_tools.demo.run import DemoOptions, RunResult
-from verl_mm_tools.demo.sweep import COLLAPSED, HEADER, SweepRun, collapses, run_out, sweep_table
+from verl_mm_tools.demo.sweep import HEADER, SweepRun, collapses, run_out, sweep_table
 from verl_mm_tools.demo.tasks import CALL_RATE, TASKS, TRAINING_REWARD
 
 ZOOM = TASKS["zoom"]
@@ -13,7 +14,7 @@ ZOOM = TASKS["zoom"]
 
 def steps(rewards: list[float], rates: list[float], validation: float, collapsed: tuple[int, ...] = ()) -> list[dict]:
     trained = [
-        {"step": n, TRAINING_REWARD: reward, CALL_RATE: rate, COLLAPSED: float(n in collapsed)}
+        {"step": n, TRAINING_REWARD: reward, CALL_RATE: rate, CALL_RATE_COLLAPSED: float(n in collapsed)}
         for n, (reward, rate) in enumerate(zip(rewards, rates, strict=True), start=1)
     ]
     return [

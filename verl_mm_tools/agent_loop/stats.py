@@ -19,6 +19,9 @@ from verl_mm_tools.agent_loop.state import (
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY
 
 CALL_RATE = PREFIX + "tool_call_rate"  # the share of a step's trajectories that called a tool at least once
+# 1 for a step whose tool-call rate fell below half the highest of the previous call_rate_window steps
+# (step.CallRateWatch)
+CALL_RATE_COLLAPSED = CALL_RATE + "/collapsed"
 # the share of the prompt tokens of second and later generations that the engine's prefix cache held (engines that
 # report it: verl's vLLM server)
 PREFIX_CACHE_HIT_RATE = PREFIX + "prefix_cache_hit_rate"

@@ -39,7 +39,7 @@ from verl_mm_tools.agent_loop.state import (
     TURN_SPANS_KEY,
     is_final_sample,
 )
-from verl_mm_tools.agent_loop.stats import CALL_RATE, aggregate_metrics
+from verl_mm_tools.agent_loop.stats import CALL_RATE, CALL_RATE_COLLAPSED, aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
 
@@ -120,7 +120,7 @@ class CallRateWatch:
             return
         peak_step, peak = max(earlier, key=lambda entry: entry[1])
         collapsed = rate < peak / 2
-        metrics[CALL_RATE + "/collapsed"] = float(collapsed)
+        metrics[CALL_RATE_COLLAPSED] = float(collapsed)
         if collapsed:
             logger.warning(
                 "tool-use collapse: %.0f%% of step %d's trajectories called a tool, against %.0f%% at step %d (within "

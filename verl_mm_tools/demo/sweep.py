@@ -8,14 +8,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from verl_mm_tools.agent_loop.stats import CALL_RATE
+from verl_mm_tools.agent_loop.stats import CALL_RATE_COLLAPSED
 from verl_mm_tools.demo.run import LEARNING_FAILED, DemoOptions, RunResult, learning_curve, run_demo_result
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD, DemoTask
 
-# The step hook's tool-use collapse flag (``CallRateWatch``): the step's tool-call rate fell below half the highest
-# of the previous ``call_rate_window`` steps
-COLLAPSED = CALL_RATE + "/collapsed"
 HEADER = "seed  run  learned  steps  trainer s  reward first -> last  calls first -> last  validation  collapses"
 
 
@@ -26,7 +24,7 @@ class SweepRun:
     result: RunResult
 
 
-def run_out(options: DemoOptions, seed: int, repeat: int, repeats: int):
+def run_out(options: DemoOptions, seed: int, repeat: int, repeats: int) -> Path:
     """``OUT/seed_<n>`` (one run per seed) or ``OUT/seed_<n>/run_<r>``."""
     seed_dir = options.out / f"seed_{seed}"
     return seed_dir if repeats == 1 else seed_dir / f"run_{repeat}"
@@ -48,7 +46,7 @@ def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]
 
 def collapses(result: RunResult) -> list[int]:
     """The training steps the step hook flagged as a tool-use collapse."""
-    return [step["step"] for step in result.steps if step.get(COLLAPSED) == 1.0]
+    return [step["step"] for step in result.steps if step.get(CALL_RATE_COLLAPSED) == 1.0]
 
 
 def failed(result: RunResult) -> bool:
