@@ -17,6 +17,14 @@
    the pending bucket with its error (``ERROR_REPLY``) and keeps its original exception; the sender raises
    ``WeightSyncError`` with that error, or after ``WEIGHT_SYNC_TIMEOUT_ENV`` seconds without an answer (an engine
    process that died). Normal syncs are unchanged (the acknowledgement stays an empty message).
+3. GLM-V, the stop token after a tool call is never trained. A GLM turn ends where the next role token starts: the
+   model stops at ``<|observation|>`` and the tool results verl appends start with ``<|observation|>``. verl's
+   ``GLMContinuousTokenBuilder._merge_context_token_ids`` drops the generated token from the prefix and keeps the
+   appended one, so the stream is right but the token the model wrote (and its log-prob) becomes context with mask 0:
+   RL never sees the policy stop after a call. Fixed: when the appended context starts with the very token the
+   prefix ends with, that token stays generated and the context's copy is dropped (the same tokens; Qwen's builder
+   treats its ``<|im_end|>`` the same way). A prefix ending in a stop token the context does not start with (the model
+   stopped at ``<|observation|>`` with no call, and a user turn follows) is left to verl, which drops it.
 """
 
 from __future__ import annotations
@@ -214,6 +222,32 @@ class CheckedReplies:
         return reply
 
 
+CONTINUOUS_TOKEN_MODULE = "verl.utils.tokenizer.continuous_token"
+GLM_MERGE_TARGET = (CONTINUOUS_TOKEN_MODULE, "GLMContinuousTokenBuilder", "_merge_context_token_ids")
+
+
+def fix_glm_generated_stop_token(_module=None) -> None:
+    merge = checked_method(
+        *GLM_MERGE_TARGET,
+        "removed_prefix_token_count = 1",
+        ("self", "runtime_token_ids", "appended_token_ids", "kwargs"),
+        OWNER,
+    )
+    if merge is None:
+        return
+    from verl.utils.tokenizer.continuous_token import MergeResult
+
+    @functools.wraps(merge)
+    def _merge_context_token_ids(self, runtime_token_ids, appended_token_ids, **kwargs):
+        stop = runtime_token_ids[-1] if runtime_token_ids else None
+        if stop in self._ambiguous_boundary_ids and appended_token_ids and appended_token_ids[0] == stop:
+            appended = list(appended_token_ids[1:])
+            return MergeResult(token_ids=[*runtime_token_ids, *appended], appended_token_count=len(appended))
+        return merge(self, runtime_token_ids, appended_token_ids, **kwargs)
+
+    install_method(*GLM_MERGE_TARGET, _merge_context_token_ids)
+
+
 def _fix_or_report(fix, what: str):
     def apply(module) -> None:
         try:
@@ -229,3 +263,6 @@ def apply_verl_fixes() -> None:
         QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch, "Qwen2-VL micro-batches without images")
     )
     call_after_import(BUCKETED_MODULE, _fix_or_report(fix_failed_weight_sync, "failed weight syncs into vLLM"))
+    call_after_import(
+        CONTINUOUS_TOKEN_MODULE, _fix_or_report(fix_glm_generated_stop_token, "GLM-V's stop token after a tool call")
+    )

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.options import OverBudget
+from verl_mm_tools.agent_loop.validation import processor_size_tokens
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ class ImageGeometry:
     merge_size: int
     min_pixels: int
     max_pixels: int
+    # the processor, whose own count ``tokens`` returns (each family resizes odd images its own way)
+    processor: Any = field(default=None, compare=False, repr=False)
+    processor_kwargs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry:
@@ -39,11 +43,14 @@ class ImageGeometry:
         kwargs = dict(mm_processor_kwargs or {})  # verl passes a DictConfig: its .get of a missing key costs ~0.1 ms
         size = image_processor.size
         size = size if isinstance(size, dict) else size.__dict__
+        frames = _frames_per_image(image_processor)
         return cls(
             patch_size=int(kwargs.get("patch_size", image_processor.patch_size)),
             merge_size=int(kwargs.get("merge_size", image_processor.merge_size)),
-            min_pixels=int(kwargs.get("min_pixels", size["shortest_edge"])),
-            max_pixels=int(kwargs.get("max_pixels", size["longest_edge"])),
+            min_pixels=int(kwargs.get("min_pixels", size["shortest_edge"])) // frames,
+            max_pixels=int(kwargs.get("max_pixels", size["longest_edge"])) // frames,
+            processor=processor,
+            processor_kwargs=kwargs,
         )
 
     @property
@@ -78,12 +85,23 @@ class ImageGeometry:
         return best[1], best[2]
 
     def tokens(self, width: int, height: int) -> int:
-        """Placeholder tokens the processor produces for an image of this size (transformers' smart_resize keeps
-        at least one token per side where qwen_vl_utils' floors it to zero)."""
+        """Placeholder tokens the processor produces for an image of this size: its own count where the geometry
+        has the processor; else smart_resize's (transformers keeps at least one token per side where qwen_vl_utils
+        floors it to zero)."""
+        if self.processor is not None:
+            return processor_size_tokens(self.processor, width, height, self.processor_kwargs)
         new_height, new_width = smart_resize(
             height, width, self.factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
         )
         return max(1, new_width // self.factor) * max(1, new_height // self.factor)
+
+
+def _frames_per_image(image_processor) -> int:
+    """How many frames the processor's pixel bounds count an image as: GLM-V's resize (transformers' glm4v
+    ``smart_resize``) bounds ``temporal_patch_size`` frames of the image, Qwen-VL's one."""
+    if type(image_processor).__name__.startswith(("Glm4v", "Glm46V")):
+        return int(image_processor.temporal_patch_size)
+    return 1
 
 
 class Verdict(str, Enum):

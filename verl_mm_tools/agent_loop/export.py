@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.state import SampleCut, TrajectoryState
-from verl_mm_tools.agent_loop.validation import token_id
 from verl_mm_tools.errors import TrajectoryValidationError
 
 if TYPE_CHECKING:
@@ -45,9 +44,7 @@ class Exporter:
         # the placeholder runs ``auto`` collapses to compare the stream with the template's text
         self.placeholder_ids: frozenset[int] = frozenset()
         if self.export is Export.AUTO and loop.sees_images:
-            self.placeholder_ids = frozenset(
-                token_id(loop.tokenizer, token) for token in ("<|image_pad|>", "<|video_pad|>")
-            )
+            self.placeholder_ids = frozenset(found for found in loop.placeholder_ids if found is not None)
 
     async def new_sample(self, agent_data: Any, state: TrajectoryState) -> bool | None:
         """Before a turn after the first: True when a new sample starts, None when it would but the template's
@@ -140,8 +137,8 @@ def history_view(messages: list[dict], assistant_texts: dict[int, str]) -> list[
 
 
 def collapse_runs(token_ids: list[int], run_token_ids: frozenset[int]) -> list[int]:
-    """The ids with each run of one repeated placeholder token (an image's ``<|image_pad|>`` run) as one token: what
-    a chat template writes for each image before the processor expands it."""
+    """The ids with each run of one repeated placeholder token (an image's ``<|image_pad|>`` or ``<|image|>`` run)
+    as one token: what a chat template writes for each image before the processor expands it."""
     collapsed: list[int] = []
     for token in token_ids:
         if not (token in run_token_ids and collapsed and collapsed[-1] == token):

@@ -33,7 +33,7 @@ from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_e
 from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, state_of
 from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
-from verl_mm_tools.agent_loop.validation import token_id, vision_token_ids
+from verl_mm_tools.agent_loop.validation import placeholder_token_ids, vision_token_ids
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
@@ -74,8 +74,10 @@ class MMToolAgentLoop(ToolAgentLoop):
             ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self.sees_images else None
         )
         self.forbidden_generated = vision_token_ids(self.tokenizer)
-        self.image_token_id = token_id(self.tokenizer, "<|image_pad|>") if self.sees_images else None
+        self.placeholder_ids = placeholder_token_ids(self.processor, self.tokenizer) if self.sees_images else None
+        self.image_token_id = self.placeholder_ids[0] if self.placeholder_ids else None
         self.turn_credit = startup.turn_credit(self.config, self.mm_config)
+        self.end_of_turn = startup.end_of_turn_ids(self.config, self.tokenizer)
         self.turn_gamma = startup.turn_gamma(self.config, self.turn_credit)
         traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
         startup.check_export(self.config, self.mm_config.export, traits)
@@ -188,7 +190,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     def _generated_text(self, token_ids: list[int]) -> str:
         """What the model wrote, as a chat server keeps it: special tokens and reasoning in, the end token out."""
-        if token_ids and token_ids[-1] == self.tokenizer.eos_token_id:
+        if token_ids and token_ids[-1] in self.end_of_turn:
             token_ids = token_ids[:-1]
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 

@@ -54,6 +54,7 @@ class PerConfig(Generic[T]):
 
 
 _turn_credit: PerConfig[bool] = PerConfig()
+_end_of_turn: PerConfig[frozenset[int]] = PerConfig()
 _export_checked: PerConfig[bool] = PerConfig()
 _logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged once per process
 
@@ -62,6 +63,25 @@ def turn_credit(trainer_config: Any, options: MMToolLoopConfig) -> bool:
     """Whether the run uses turn credit. Dumps and turn credit need the trainer-side step hook; without it, say
     once what the run lacks."""
     return _turn_credit.get(trainer_config, options.dump_dir, lambda: _check_step_hook(trainer_config, options))
+
+
+def end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
+    """Every token that ends a generated turn: the model's generation config's eos ids (what verl's vLLM server stops
+    at: Qwen's <|im_end|>, GLM's <|user|> and <|observation|> too) and the tokenizer's eos."""
+    return _end_of_turn.get(trainer_config, "ids", lambda: _end_of_turn_ids(trainer_config, tokenizer))
+
+
+def _end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
+    from transformers import GenerationConfig
+
+    found = {tokenizer.eos_token_id}
+    path = OmegaConf.select(trainer_config, "actor_rollout_ref.model.path", default=None)
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id if path else None
+    except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos is all there is
+        eos = None
+    found.update(eos if isinstance(eos, list) else [eos])
+    return frozenset(token for token in found if token is not None)
 
 
 def turn_gamma(trainer_config: Any, turn_credit: bool) -> float:

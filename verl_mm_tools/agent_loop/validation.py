@@ -11,7 +11,20 @@ import weakref
 
 from PIL import Image
 
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+# Every family's vision tokens (Qwen-VL's, then GLM-V's): a token absent from the vocabulary is skipped.
+VISION_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|video|>",
+)
 
 
 def token_id(tokenizer, token: str) -> int | None:
@@ -39,10 +52,22 @@ def vision_token_ids(tokenizer) -> frozenset[int]:
     return found
 
 
+def placeholder_token_ids(processor, tokenizer) -> tuple[int | None, int | None]:
+    """(image, video) placeholder ids: the tokens the processor repeats once per image or video token (Qwen's
+    ``<|image_pad|>``, GLM's ``<|image|>``), as the processor names them."""
+    image = getattr(processor, "image_token", None) or "<|image_pad|>"
+    video = getattr(processor, "video_token", None) or "<|video_pad|>"
+    return token_id(tokenizer, image), token_id(tokenizer, video)
+
+
 def processor_image_tokens(processor, image: Image.Image, mm_processor_kwargs: dict | None = None) -> int:
     """Placeholder tokens the processor produces for this image (its own computation, not ours)."""
+    return processor_size_tokens(processor, *image.size, mm_processor_kwargs)
+
+
+def processor_size_tokens(processor, width: int, height: int, mm_processor_kwargs: dict | None = None) -> int:
+    """Placeholder tokens the processor produces for an image of this size."""
     image_processor = processor.image_processor
-    width, height = image.size
     patches = image_processor.get_number_of_image_patches(height, width, dict(mm_processor_kwargs or {}))
     return patches // image_processor.merge_size**2
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from PIL import Image
 
-from verl_mm_tools.agent_loop.validation import vision_token_ids
+from verl_mm_tools.agent_loop.validation import placeholder_token_ids, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ LOGPROBS_MODES = (PROCESSED_LOGPROBS, RAW_LOGPROBS)  # verl's rollout.logprobs_m
 
 
 class HFVisionLM:
-    """A Qwen-VL checkpoint in transformers, answering token-level generate/score requests."""
+    """A VLM checkpoint in transformers (Qwen-VL, Qwen3.5, GLM-V), answering token-level generate/score requests."""
 
     def __init__(self, model_path: str, *, dtype: torch.dtype = torch.float32):
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -37,11 +37,13 @@ class HFVisionLM:
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.tokenizer = self.processor.tokenizer
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype).eval()
-        vocab = self.tokenizer.get_vocab()
-        self.image_token_id = vocab.get("<|image_pad|>")
-        self.video_token_id = vocab.get("<|video_pad|>")
+        self.image_token_id, self.video_token_id = placeholder_token_ids(self.processor, self.tokenizer)
         self.forbidden_token_ids = sorted(vision_token_ids(self.tokenizer))
-        self.eos_token_ids = [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        # every token that ends a turn, as the checkpoint's generation config lists them (GLM: three)
+        stop = self.model.generation_config.eos_token_id
+        self.eos_token_ids = sorted(
+            {*(stop if isinstance(stop, list) else [stop]), self.tokenizer.eos_token_id} - {None}
+        )
 
     def model_inputs(self, token_ids: Sequence[int], images: Sequence[Image.Image] = ()) -> dict[str, torch.Tensor]:
         """Forward inputs for token ids whose image placeholders are already expanded."""

@@ -1,12 +1,21 @@
-"""The embedded tiny Qwen-VL models (the default model for CPU runs and tests)."""
+"""The embedded tiny VLMs, one per family verl builds tokens for (the default model for CPU runs and tests)."""
 
 from verl_mm_tools.tiny.builder import (
     DEFAULT_FAMILY,
     FAMILIES,
+    QWEN_VL_FAMILIES,
     TEMPLATES,
     TinyModelSpec,
     build_tiny_model,
     tiny_model_path,
 )
 
-__all__ = ["DEFAULT_FAMILY", "FAMILIES", "TEMPLATES", "TinyModelSpec", "build_tiny_model", "tiny_model_path"]
+__all__ = [
+    "DEFAULT_FAMILY",
+    "FAMILIES",
+    "QWEN_VL_FAMILIES",
+    "TEMPLATES",
+    "TinyModelSpec",
+    "build_tiny_model",
+    "tiny_model_path",
+]

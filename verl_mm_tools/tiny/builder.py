@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
@@ -28,28 +28,6 @@ BUILDER_VERSION = 3
 CACHE_ENV = "VERL_MM_TOOLS_CACHE"
 COMPLETE_MARKER = "tiny_model_complete.json"
 
-# Qwen's special tokens, in Qwen order (ids follow this order from 0 in the tiny vocabulary).
-SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-# Added as NON-special tokens, as in Qwen: decode(skip_special_tokens=True) keeps them, so the hermes parser sees them.
-TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
-# Qwen3's reasoning delimiters, added (non-special, as in Qwen3) only to thinking-template models: the other tiny
-# models keep their vocabulary.
-THINK_TOKENS = ("<think>", "</think>")
 # Qwen's pre-tokenizer split (digits one by one, newlines on their own), so "\n" is exactly one token.
 QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -57,25 +35,176 @@ QWEN_SPLIT_PATTERN = (
 
 
 @dataclass(frozen=True)
+class Vocabulary:
+    """A family's own tokens: special ones (ids from 0, in the family's order), added non-special ones (as the real
+    tokenizer adds them: ``decode(skip_special_tokens=True)`` keeps them, so the tool parsers see them), and which
+    token plays which part."""
+
+    special: tuple[str, ...]
+    added: tuple[str, ...]
+    eos: str  # the tokenizer's eos_token
+    pad: str
+    stop: tuple[str, ...]  # generation_config.eos_token_id: every token that ends a turn
+    # config field -> token: the model config's vision token ids
+    config_ids: tuple[tuple[str, str], ...]
+    thinking: tuple[str, ...] = ()  # added only to thinking-template models (Qwen3-VL Thinking)
+
+
+QWEN_VOCABULARY = Vocabulary(
+    special=(
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|object_ref_start|>",
+        "<|object_ref_end|>",
+        "<|box_start|>",
+        "<|box_end|>",
+        "<|quad_start|>",
+        "<|quad_end|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ),
+    added=("<tool_call>", "</tool_call>"),
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+    stop=("<|im_end|>",),
+    config_ids=(
+        ("image_token_id", "<|image_pad|>"),
+        ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"),
+        ("vision_end_token_id", "<|vision_end|>"),
+    ),
+    thinking=("<think>", "</think>"),
+)
+# Qwen3.5 always has its reasoning delimiters and the tool-response tags as tokens.
+QWEN3_5_VOCABULARY = replace(
+    QWEN_VOCABULARY,
+    added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+    thinking=(),
+)
+# GLM-4.1V / 4.5V / 4.6V: a turn ends at <|user|> or <|observation|> (the next turn's role), as in GLM's own
+# generation_config; <|image|> is the placeholder the processor repeats.
+GLM_VOCABULARY = Vocabulary(
+    special=(
+        "<|endoftext|>",
+        "[MASK]",
+        "[gMASK]",
+        "[sMASK]",
+        "<sop>",
+        "<eop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+        "<|begin_of_image|>",
+        "<|end_of_image|>",
+        "<|begin_of_video|>",
+        "<|end_of_video|>",
+        "<|image|>",
+        "<|video|>",
+    ),
+    added=(
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    ),
+    eos="<|endoftext|>",
+    pad="<|endoftext|>",
+    stop=("<|endoftext|>", "<|user|>", "<|observation|>"),
+    config_ids=(
+        ("image_token_id", "<|image|>"),
+        ("video_token_id", "<|video|>"),
+        ("image_start_token_id", "<|begin_of_image|>"),
+        ("image_end_token_id", "<|end_of_image|>"),
+        ("video_start_token_id", "<|begin_of_video|>"),
+        ("video_end_token_id", "<|end_of_video|>"),
+    ),
+)
+
+
+@dataclass(frozen=True)
 class FamilySpec:
-    """What differs between the Qwen-VL families the tiny builder supports."""
+    """What differs between the VLM families the tiny builder supports."""
 
     model_type: str
     patch_size: int
     processor_class: str
+    image_processor_class: str
     video_processor_class: str
     template: str  # file under templates/: the real family's chat-template token format
+    vocabulary: Vocabulary = QWEN_VOCABULARY
+    tool_parser: str = "hermes"  # verl's multi_turn.format for the family's tool-call format
+    moe: bool = False  # a mixture of experts: routing exists (>= 2 experts)
 
 
 FAMILIES = {
-    "qwen2_vl": FamilySpec("qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"),
+    "qwen2_vl": FamilySpec(
+        "qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"
+    ),
     # Qwen2.5-VL ships Qwen2-VL's chat template unchanged
-    "qwen2_5_vl": FamilySpec("qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"),
-    "qwen3_vl": FamilySpec("qwen3_vl", 16, "Qwen3VLProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"),
+    "qwen2_5_vl": FamilySpec(
+        "qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"
+    ),
+    "qwen3_vl": FamilySpec(
+        "qwen3_vl", 16, "Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"
+    ),
+    # Qwen3-VL-30B-A3B / 235B-A22B ship Qwen3-VL's chat template
+    "qwen3_vl_moe": FamilySpec(
+        "qwen3_vl_moe",
+        16,
+        "Qwen3VLProcessor",
+        "Qwen2VLImageProcessor",
+        "Qwen3VLVideoProcessor",
+        "qwen3_vl.jinja",
+        moe=True,
+    ),
+    # natively multimodal: Qwen3-VL's vision tower and processor, a hybrid (linear + full attention) text model
+    "qwen3_5": FamilySpec(
+        "qwen3_5",
+        16,
+        "Qwen3VLProcessor",
+        "Qwen2VLImageProcessor",
+        "Qwen3VLVideoProcessor",
+        "qwen3_5.jinja",
+        vocabulary=QWEN3_5_VOCABULARY,
+        tool_parser="qwen3_coder",
+    ),
+    "glm4v": FamilySpec(
+        "glm4v",
+        14,
+        "Glm4vProcessor",
+        "Glm4vImageProcessor",
+        "Glm4vVideoProcessor",
+        "glm4v.jinja",
+        vocabulary=GLM_VOCABULARY,
+        tool_parser="glm",
+    ),
+    "glm4v_moe": FamilySpec(
+        "glm4v_moe",
+        14,
+        "Glm4vProcessor",
+        "Glm4vImageProcessor",
+        "Glm4vVideoProcessor",
+        "glm4v.jinja",
+        vocabulary=GLM_VOCABULARY,
+        tool_parser="glm",
+        moe=True,
+    ),
 }
+QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 DEFAULT_FAMILY = "qwen2_5_vl"
-# "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every family;
-# "thinking": Qwen3-VL's Thinking variant (qwen3_vl only), which drops earlier reasoning from the history.
+# "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every Qwen-VL
+# family; "thinking": Qwen3-VL's Thinking variant (qwen3_vl only), which drops earlier reasoning from the history.
 TEMPLATES = ("family", "tool_aware", "thinking")
 THINKING_FAMILIES = ("qwen3_vl",)
 
@@ -223,7 +352,7 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
 
 
 def build_tokenizer(spec: TinyModelSpec):
-    """A byte-level BPE trained on generated text, with Qwen's special tokens and chat template."""
+    """A byte-level BPE trained on generated text, with the family's special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -235,18 +364,19 @@ def build_tokenizer(spec: TinyModelSpec):
         ]
     )
     core.decoder = decoders.ByteLevel()
+    vocabulary = FAMILIES[spec.family].vocabulary
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(vocabulary.special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(generate_corpus(spec.seed), trainer=trainer)
-    core.add_tokens(list(TOOL_CALL_TOKENS) + (list(THINK_TOKENS) if spec.template == "thinking" else []))
+    core.add_tokens(list(vocabulary.added) + (list(vocabulary.thinking) if spec.template == "thinking" else []))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=vocabulary.eos,
+        pad_token=vocabulary.pad,
         unk_token=None,
         bos_token=None,
         model_max_length=32768,
@@ -262,12 +392,12 @@ def build_processor(spec: TinyModelSpec, tokenizer):
 
     family = FAMILIES[spec.family]
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-    image_processor = transformers.Qwen2VLImageProcessor(
-        size=size, patch_size=family.patch_size, merge_size=spec.merge_size, temporal_patch_size=2
-    )
-    video_processor = getattr(transformers, family.video_processor_class)(
-        size=size, patch_size=family.patch_size, merge_size=spec.merge_size, temporal_patch_size=2
-    )
+    if family.image_processor_class.startswith("Glm4v"):
+        # GLM's resize counts an image as temporal_patch_size frames: its pixel bounds are per two frames
+        size = {key: value * 2 for key, value in size.items()}
+    geometry = {"patch_size": family.patch_size, "merge_size": spec.merge_size, "temporal_patch_size": 2}
+    image_processor = getattr(transformers, family.image_processor_class)(size=size, **geometry)
+    video_processor = getattr(transformers, family.video_processor_class)(size=size, **geometry)
     processor_cls = getattr(transformers, family.processor_class)
     return processor_cls(
         image_processor=image_processor,
@@ -284,7 +414,8 @@ def build_random_model(spec: TinyModelSpec, tokenizer):
     config = build_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    stop = FAMILIES[spec.family].vocabulary.stop
+    model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(token) for token in stop]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 
@@ -292,12 +423,8 @@ def build_random_model(spec: TinyModelSpec, tokenizer):
 def build_config(spec: TinyModelSpec, tokenizer):
     import transformers
 
-    token_ids = {
-        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        "vision_start_token_id": tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-        "vision_end_token_id": tokenizer.convert_tokens_to_ids("<|vision_end|>"),
-    }
+    vocabulary = FAMILIES[spec.family].vocabulary
+    token_ids = {field: tokenizer.convert_tokens_to_ids(token) for field, token in vocabulary.config_ids}
     text = _text_config(spec, tokenizer)
     vision = _vision_config(spec)
     config_cls = transformers.AutoConfig.for_model(FAMILIES[spec.family].model_type).__class__
@@ -305,13 +432,9 @@ def build_config(spec: TinyModelSpec, tokenizer):
 
 
 def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
+    family = FAMILIES[spec.family]
     head_dim = spec.hidden_size // spec.num_heads
-    # M-RoPE sections (temporal, height, width) over head_dim/2 rotary frequencies.
-    half = head_dim // 2
-    mrope_section = [half - 2 * (half // 3), half // 3, half // 3]
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section}
-    if spec.family == "qwen3_vl":
-        rope["mrope_interleaved"] = True
+    rope: dict = {"rope_type": "default", "rope_theta": 10000.0}
     config = {
         "vocab_size": len(tokenizer),
         "hidden_size": spec.hidden_size,
@@ -321,13 +444,55 @@ def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
         "num_key_value_heads": spec.num_kv_heads,
         "max_position_embeddings": 8192,
         "rope_parameters": rope,
-        "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        "bos_token_id": tokenizer.convert_tokens_to_ids(family.vocabulary.pad),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(family.vocabulary.eos),
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if spec.family == "qwen3_vl":
+    # the real families' share of rotary dimensions: Qwen3.5 rotates a quarter of each head, GLM half
+    rotary_share = {"qwen3_5": 0.25, "glm4v": 0.5, "glm4v_moe": 0.5}.get(spec.family, 1.0)
+    if rotary_share != 1.0:
+        rope["partial_rotary_factor"] = rotary_share
+    # M-RoPE sections (temporal, height, width) over the rotary frequencies
+    half = int(head_dim * rotary_share) // 2
+    rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
+    if family.model_type in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5"):
+        rope["mrope_interleaved"] = True
         config["head_dim"] = head_dim
-    return config
+    return {**config, **_family_text_config(spec)}
+
+
+def _family_text_config(spec: TinyModelSpec) -> dict:
+    """The text-model fields only one family has: experts (>= 2, so that routing exists) and Qwen3.5's linear
+    attention layers."""
+    if spec.family == "qwen3_vl_moe":
+        # norm_topk_prob: Qwen3-VL-30B-A3B's config.json sets it (transformers' class has no default; vLLM reads it)
+        return {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": spec.hidden_size,
+            "norm_topk_prob": True,
+        }
+    if spec.family == "glm4v_moe":
+        # layer 0 dense and layer 1 routed, as GLM-4.5V's first_k_dense_replace puts dense layers first
+        return {
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": spec.hidden_size,
+            "first_k_dense_replace": 1,
+            "head_dim": spec.hidden_size // spec.num_heads,
+        }
+    if spec.family == "qwen3_5":
+        # one Gated DeltaNet (linear attention) layer, then one full attention layer, as Qwen3.5 interleaves them
+        return {
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_conv_kernel_dim": 4,
+        }
+    return {}
 
 
 def _vision_config(spec: TinyModelSpec) -> dict:
@@ -342,20 +507,24 @@ def _vision_config(spec: TinyModelSpec) -> dict:
     }
     if spec.family == "qwen2_vl":
         return {**common, "embed_dim": spec.vision_hidden_size, "mlp_ratio": 2, "hidden_size": spec.hidden_size}
-    if spec.family == "qwen2_5_vl":
-        return {
-            **common,
-            "hidden_size": spec.vision_hidden_size,
-            "intermediate_size": spec.vision_hidden_size * 2,
-            "out_hidden_size": spec.hidden_size,
-            "window_size": family.patch_size * spec.merge_size * 4,
-            "fullatt_block_indexes": [spec.vision_depth - 1],
-        }
-    return {
-        **common,
+    towers = {
         "hidden_size": spec.vision_hidden_size,
         "intermediate_size": spec.vision_hidden_size * 2,
         "out_hidden_size": spec.hidden_size,
+    }
+    if spec.family == "qwen2_5_vl":
+        return {
+            **common,
+            **towers,
+            "window_size": family.patch_size * spec.merge_size * 4,
+            "fullatt_block_indexes": [spec.vision_depth - 1],
+        }
+    if family.model_type.startswith("glm4v"):
+        # position embeddings for an 8x8 patch grid, interpolated to every image's grid as in GLM
+        return {**common, **towers, "image_size": family.patch_size * 8}
+    return {
+        **common,
+        **towers,
         "num_position_embeddings": 64,
         "deepstack_visual_indexes": [spec.vision_depth - 1],
     }
