@@ -50,7 +50,7 @@ def check(model_dir: str) -> dict:
     text = processor.apply_chat_template(conversation(images), tokenize=False, add_generation_prompt=True)
     inputs = processor(text=[text], images=images, return_tensors="pt")
     ids = inputs["input_ids"][0].tolist()
-    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    pad = processor.tokenizer.convert_tokens_to_ids(processor.image_token)  # Qwen's <|image_pad|>, GLM's <|image|>
 
     engine = LLM(
         model=model_dir,

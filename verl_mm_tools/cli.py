@@ -55,6 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
         trainer=args.trainer,
         rollout=args.rollout,
         warm_start=not args.no_warm_start,
+        family=args.family,
         overrides=tuple(args.overrides),
         tools=args.tools,
         env=args.env,
@@ -103,7 +104,7 @@ def _add_tiny_model_command(commands) -> None:
         "--family",
         default=DEFAULT_FAMILY,
         choices=sorted(FAMILIES),
-        help=f"which Qwen-VL family the tiny model copies (default: {DEFAULT_FAMILY})",
+        help=f"the VLM family the tiny model copies: classes, tokens, chat template (default: {DEFAULT_FAMILY})",
     )
     tiny.add_argument("--seed", type=whole_number(0), default=0, help="weights and tokenizer seed (default 0)")
     tiny.add_argument(
@@ -177,6 +178,13 @@ def _add_demo_command(commands) -> None:
     )
     demo.add_argument(
         "--no-warm-start", action="store_true", help="train the random tiny model as is (it will not call the tool)"
+    )
+    demo.add_argument(
+        "--family",
+        default=DEFAULT_FAMILY,
+        choices=sorted(FAMILIES),
+        help=f"the tiny model's VLM family, with its tool-call format (default: {DEFAULT_FAMILY}); the warm start "
+        "writes hermes calls, so a family with another format (qwen3_5, glm4v, glm4v_moe) needs --no-warm-start",
     )
     demo.add_argument(
         "--tools",

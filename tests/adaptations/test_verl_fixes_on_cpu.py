@@ -49,3 +49,42 @@ def test_images_still_take_verls_own_path(qwen2_5_vl):
             None,
             torch.tensor([[1, 4, 4]]),
         )
+
+
+@pytest.fixture(scope="module")
+def glm_builder():
+    from verl.utils import hf_processor
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    processor = hf_processor(str(tiny_model_path(family="glm4v")))
+    return create_continuous_token_builder(processor.tokenizer, hf_model_type="glm4v", processor=processor)
+
+
+def test_verls_glm_merge_makes_the_generated_stop_token_context(glm_builder):
+    """The bug: after a tool call the model stops at <|observation|>, and the tool results verl appends start with it;
+    verl drops the generated one, so the policy's stop token is never trained. When this fails, verl changed it."""
+    observation = glm_builder.tokenizer.convert_tokens_to_ids("<|observation|>")
+    original = type(glm_builder)._merge_context_token_ids.__wrapped__
+    merged = original(glm_builder, [5, 6, observation], [observation, 8, 9])
+    assert merged.token_ids == [5, 6, observation, 8, 9]
+    assert merged.removed_prefix_token_count == 1  # the generated token goes ...
+    assert merged.appended_token_count == 3  # ... and comes back as context
+    mask, _ = glm_builder.align_response_metadata(merged, [1, 1, 1])
+    assert mask == [1, 1, 0, 0, 0]
+
+
+def test_the_fixed_glm_merge_keeps_the_generated_stop_token(glm_builder):
+    tokens = glm_builder.tokenizer.convert_tokens_to_ids
+    observation, user = tokens("<|observation|>"), tokens("<|user|>")
+    merged = glm_builder._merge_context_token_ids([5, 6, observation], [observation, 8, 9])
+    assert (merged.token_ids, merged.removed_prefix_token_count, merged.appended_token_count) == (
+        [5, 6, observation, 8, 9],
+        0,
+        2,
+    )
+    assert glm_builder.align_response_metadata(merged, [1, 1, 1])[0] == [1, 1, 1, 0, 0]
+    # a stop token the context does not start with (no call was parsed, a user turn follows) is still verl's: dropped
+    other = glm_builder._merge_context_token_ids([5, 6, observation], [user, 8])
+    assert (other.token_ids, other.removed_prefix_token_count) == ([5, 6, user, 8], 1)

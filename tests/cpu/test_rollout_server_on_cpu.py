@@ -218,3 +218,30 @@ def test_a_cancelled_request_does_not_break_its_batch(server):
 
     outputs = asyncio.run(run())
     assert [len(output.token_ids) >= 1 for output in outputs] == [True, True, True]
+
+
+def test_per_expert_weights_fill_a_fused_expert_model():
+    """verl sends Qwen3-VL-MoE's experts one by one (as vLLM loads them); the hf server's transformers model holds
+    them fused: each expert's gate, up and down weights land in their slices, and nothing else changes."""
+    from verl_mm_tools.cpu.hf_engine import HFVisionLM
+    from verl_mm_tools.tiny import tiny_model_path
+
+    engine = HFVisionLM(str(tiny_model_path(family="qwen3_vl_moe")))
+    experts = engine.model.model.language_model.layers[1].mlp.experts
+    before = experts.gate_up_proj.detach().clone()
+    width, hidden = experts.down_proj.shape[2], experts.down_proj.shape[1]
+    gate, up, down = (
+        torch.full((width, hidden), 2.0),
+        torch.full((width, hidden), -3.0),
+        torch.full((hidden, width), 5.0),
+    )
+    prefix = "model.language_model.layers.1.mlp.experts.2"
+    loaded = engine.load_weights(
+        [(f"{prefix}.gate_proj.weight", gate), (f"{prefix}.up_proj.weight", up), (f"{prefix}.down_proj.weight", down)]
+    )
+    assert loaded == 3
+    assert torch.equal(experts.gate_up_proj[2, :width], gate) and torch.equal(experts.gate_up_proj[2, width:], up)
+    assert torch.equal(experts.down_proj[2], down)
+    assert torch.equal(experts.gate_up_proj[:2], before[:2]) and torch.equal(experts.gate_up_proj[3], before[3])
+    with pytest.raises(ValueError, match="match no parameter"):
+        engine.load_weights([("model.language_model.layers.1.mlp.experts.9.gate_proj.weight", gate)])

@@ -15,6 +15,7 @@ the rollout's log-prob from the trainer's (verl's ``training/rollout_probs_diff_
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -175,6 +176,8 @@ class HFVisionLM:
         unknown, loaded = [], 0
         for name, tensor in named_tensors:
             target = state.get(name)
+            if target is None:
+                target = fused_expert_slot(state, name)
             if target is None or target.shape != tensor.shape:
                 unknown.append(f"{name} {tuple(tensor.shape)}")
                 continue
@@ -187,6 +190,29 @@ class HFVisionLM:
                 f"(actor_rollout_ref.model.path). Known names look like {list(state)[:3]}"
             )
         return loaded
+
+
+# verl sends a fused-expert MoE (Qwen3-VL-MoE) one expert at a time, as vLLM loads it; transformers 5 holds the
+# experts fused: gate_up_proj (experts, 2 x width, hidden), gate rows first, and down_proj (experts, hidden, width)
+EXPERT_WEIGHT = re.compile(
+    r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$"
+)
+
+
+def fused_expert_slot(state: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The view of a fused expert tensor that an expert's own ``gate_proj`` / ``up_proj`` / ``down_proj`` weight
+    fills; None when ``name`` is no such weight or the model does not fuse its experts."""
+    match = EXPERT_WEIGHT.match(name)
+    if match is None:
+        return None
+    experts, index, part = match["experts"], int(match["index"]), match["part"]
+    fused = state.get(f"{experts}.down_proj" if part == "down_proj" else f"{experts}.gate_up_proj")
+    if fused is None or index >= fused.shape[0]:
+        return None
+    if part == "down_proj":
+        return fused[index]
+    width = fused.shape[1] // 2
+    return fused[index, :width] if part == "gate_proj" else fused[index, width:]
 
 
 def nucleus(logits: torch.Tensor, top_p: float = 1.0, top_k: int = -1) -> torch.Tensor:

