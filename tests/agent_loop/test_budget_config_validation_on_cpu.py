@@ -37,7 +37,10 @@ def test_defaults_and_limit_images():
 
 def test_geometry_reads_the_processor_and_overrides(tiny_processor):
     assert ImageGeometry.from_processor(tiny_processor) == TINY
-    assert ImageGeometry.from_processor(tiny_processor, {"max_pixels": 3136}).max_pixels == 3136
+    # transformers 5's Qwen-VL processor resizes with min_pixels and max_pixels only when both are given
+    both = ImageGeometry.from_processor(tiny_processor, {"min_pixels": 784, "max_pixels": 3136})
+    assert (both.min_pixels, both.max_pixels) == (784, 3136)
+    assert ImageGeometry.from_processor(tiny_processor, {"max_pixels": 3136}) == TINY
 
 
 @pytest.mark.parametrize(

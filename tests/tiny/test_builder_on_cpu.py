@@ -13,7 +13,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tiny import TinyModelSpec, build_tiny_model, tiny_model_path
-from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER, SPECIAL_TOKENS
+from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER, QWEN_VOCABULARY
 
 ROTATE_SCHEMA = {
     "type": "function",
@@ -77,7 +77,8 @@ def test_unknown_family_is_refused_with_a_suggestion():
 
 
 def test_tokenizer_has_qwen_special_tokens_in_order_and_one_newline_token(tiny_tokenizer):
-    assert [tiny_tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    special = QWEN_VOCABULARY.special
+    assert [tiny_tokenizer.convert_tokens_to_ids(token) for token in special] == list(range(len(special)))
     assert len(tiny_tokenizer.encode("\n", add_special_tokens=False)) == 1
     assert tiny_tokenizer.eos_token == "<|im_end|>"
     call_ids = tiny_tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False)

@@ -1,8 +1,9 @@
 """vLLM reads every tiny chat template as it reads the official template of that family. vLLM decides from the
 template's Jinja AST whether a message's content reaches the template as a string or as a list of parts
-("openai"); the official Qwen2-VL, Qwen2.5-VL and Qwen3-VL templates iterate ``message['content']`` (or the macro
-argument ``content``) and are read as "openai". A template read as "string" gets its images flattened into the text
-with a ``\\n`` after each: one prompt token more per image than the loop's (found with a real ``vllm serve``)."""
+("openai"); the official Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-V templates iterate ``message['content']``
+(or the macro argument ``content``) and are read as "openai". A template read as "string" gets its images flattened
+into the text with a ``\\n`` after each: one prompt token more per image than the loop's (found with a real
+``vllm serve``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ def detect():
 
 
 def test_every_template_is_checked():
-    assert TEMPLATE_FILES == ["qwen2_vl.jinja", "qwen3_vl.jinja", "qwen3_vl_thinking.jinja", "tool_aware.jinja"]
+    assert TEMPLATE_FILES == [
+        "glm4v.jinja",
+        "qwen2_vl.jinja",
+        "qwen3_5.jinja",
+        "qwen3_vl.jinja",
+        "qwen3_vl_thinking.jinja",
+        "tool_aware.jinja",
+    ]
 
 
 @pytest.mark.parametrize("name", TEMPLATE_FILES)

@@ -16,7 +16,7 @@ from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.options import OverBudget
-from verl_mm_tools.agent_loop.validation import processor_size_tokens
+from verl_mm_tools.agent_loop.validation import pixel_bounds, processor_size_tokens
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
@@ -39,16 +39,16 @@ class ImageGeometry:
 
     @classmethod
     def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry:
+        """The geometry the processor applies with verl's ``mm_processor_kwargs`` (``pixel_bounds``)."""
         image_processor = processor.image_processor
         kwargs = dict(mm_processor_kwargs or {})  # verl passes a DictConfig: its .get of a missing key costs ~0.1 ms
-        size = image_processor.size
-        size = size if isinstance(size, dict) else size.__dict__
+        min_pixels, max_pixels = pixel_bounds(image_processor, kwargs)
         frames = _frames_per_image(image_processor)
         return cls(
             patch_size=int(kwargs.get("patch_size", image_processor.patch_size)),
             merge_size=int(kwargs.get("merge_size", image_processor.merge_size)),
-            min_pixels=int(kwargs.get("min_pixels", size["shortest_edge"])) // frames,
-            max_pixels=int(kwargs.get("max_pixels", size["longest_edge"])) // frames,
+            min_pixels=min_pixels // frames,
+            max_pixels=max_pixels // frames,
             processor=processor,
             processor_kwargs=kwargs,
         )

