@@ -144,3 +144,31 @@ def test_verls_glm4v_flops_estimate_fails_on_transformers_5_and_the_fix_counts_t
         flops_counter._estimate_qwen2_flops(config, 100, [100], 1.0)
     estimated = flops_counter.ESTIMATE_FUNC["glm4v"](config, 100, [100], 1.0)  # what FlopsCounter calls
     assert estimated == flops_counter._estimate_qwen2_flops(config.text_config, 100, [100], 1.0) > 0
+
+
+def glm_image_inputs():
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    path = tiny_model_path(family="glm4v")
+    model, processor = AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}], tokenize=False
+    )
+    inputs = processor(text=[text], images=[Image.new("RGB", (56, 84))], return_tensors="pt")
+    return model.model, inputs
+
+
+def test_verls_glm4v_image_features_fail_on_transformers_5_and_the_fix_embeds_them():
+    from verl.models.transformers import glm4v
+
+    model, inputs = glm_image_inputs()
+    args = (inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"], None, inputs["image_grid_thw"])
+    with pytest.raises(AttributeError, match="has no attribute 'shape'"):
+        glm4v._get_input_embeds.__wrapped__(model, *args)
+    embeds, _ = glm4v._get_input_embeds(model, *args)
+    image = inputs["input_ids"][0] == model.config.image_token_id
+    features = model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    assert torch.equal(embeds[0][image], features)
