@@ -92,13 +92,9 @@ class ScriptedServer:
             else:
                 log_probs = self.model.score(prompt_ids, token_ids, images)
         # the weight version, as verl's server client reports it (llm_server.AsyncLLMServerManager.generate)
-        versions = {"global_steps": SCRIPTED_WEIGHTS_STEP, "min_global_steps": SCRIPTED_WEIGHTS_STEP}
+        versions = dict.fromkeys(("global_steps", "min_global_steps", "max_global_steps"), SCRIPTED_WEIGHTS_STEP)
         return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
-            num_preempted=0,
-            stop_reason="completed",
-            extra_fields={**versions, "max_global_steps": SCRIPTED_WEIGHTS_STEP},
+            token_ids=token_ids, log_probs=log_probs, num_preempted=0, stop_reason="completed", extra_fields=versions
         )
 
 
