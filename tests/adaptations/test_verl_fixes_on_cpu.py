@@ -90,7 +90,7 @@ def test_the_fixed_glm_merge_keeps_the_generated_stop_token(glm_builder):
     assert (other.token_ids, other.removed_prefix_token_count) == ([5, 6, user, 8], 1)
 
 
-def fsdp2_glm_forward(select_targets) -> None:
+def fsdp2_glm_forward(select_targets, rendezvous) -> None:
     """verl's FSDP2 wrapping (its wrap targets, then the root) of the tiny GLM-4.1V on one gloo rank, then a forward
     with an image, as verl's first log-prob step runs it."""
     import torch.distributed as dist
@@ -107,7 +107,8 @@ def fsdp2_glm_forward(select_targets) -> None:
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}], tokenize=False
     )
     inputs = processor(text=[text], images=[Image.new("RGB", (56, 56))], return_tensors="pt")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29731", rank=0, world_size=1)
+    # a file rendezvous: no port that another process on the machine may hold
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
     try:
         for module in select_targets(model, model._no_split_modules):
             fully_shard(module)
@@ -118,19 +119,19 @@ def fsdp2_glm_forward(select_targets) -> None:
         dist.destroy_process_group()
 
 
-def test_verls_fsdp2_wrapping_leaves_glms_vision_position_embeddings_sharded():
+def test_verls_fsdp2_wrapping_leaves_glms_vision_position_embeddings_sharded(tmp_path):
     """The bug: verl shards GLM-V's vision position embeddings as a unit of their own, which GLM's vision tower never
     calls (it reads the weight): the forward fails. When this stops failing, verl (or transformers) fixed it."""
     from verl.utils import fsdp_utils
 
     with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
-        fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets.__wrapped__)
+        fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets.__wrapped__, tmp_path / "rendezvous")
 
 
-def test_the_fixed_wrapping_gathers_them_with_their_parent():
+def test_the_fixed_wrapping_gathers_them_with_their_parent(tmp_path):
     from verl.utils import fsdp_utils
 
-    fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets)
+    fsdp2_glm_forward(fsdp_utils._select_fsdp2_wrap_targets, tmp_path / "rendezvous")
 
 
 def test_verls_glm4v_flops_estimate_fails_on_transformers_5_and_the_fix_counts_the_language_model():

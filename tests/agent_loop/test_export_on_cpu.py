@@ -12,7 +12,14 @@ import pytest
 import torch
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, scripted_logprob, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import (
+    LocalRollout,
+    image_prompt,
+    scripted_logprob,
+    tool_call_text,
+    trainer_logprobs,
+    unpadded_row,
+)
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
@@ -166,29 +173,6 @@ def test_per_turn_and_auto_start_a_sample_where_the_template_drops_reasoning(tmp
     assert list(output.non_tensor_batch["attempts"]) == [2, 2]
 
 
-def forward_logprobs(model: HFVisionLM, output, row: int) -> torch.Tensor:
-    """The response tokens' log-probs of one float32 forward over sample ``row``, with verl's (4, L) position ids and
-    multimodal inputs: what the trainer computes."""
-    attention = output.batch["attention_mask"][row].bool()
-    input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
-    inputs = output.non_tensor_batch["multi_modal_inputs"][row]
-    with torch.no_grad():
-        logits = (
-            model.model(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
-                pixel_values=inputs["pixel_values"],
-                image_grid_thw=inputs["image_grid_thw"],
-            )
-            .logits[0]
-            .float()
-        )
-    prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
-    logprobs = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1)
-    return logprobs.gather(-1, input_ids[0, prompt_length:].unsqueeze(-1)).squeeze(-1)
-
-
 def test_each_per_turn_samples_rollout_logprobs_equal_a_full_forward(tiny_model_dir, tmp_path):
     model = HFVisionLM(str(tiny_model_dir))
     output, _, _ = rollout_for("qwen2_5_vl", "family", tmp_path).run(
@@ -202,7 +186,7 @@ def test_each_per_turn_samples_rollout_logprobs_equal_a_full_forward(tiny_model_
     )
     assert len(output) == 3
     for row, sample in enumerate(rows(output)):
-        recomputed = forward_logprobs(model, output, row)
+        recomputed = trainer_logprobs(model, output, row)
         rollout = torch.tensor(sample["logprobs"])
         assert torch.allclose(recomputed, rollout, atol=1e-5), (row, (recomputed - rollout).abs().max())
 

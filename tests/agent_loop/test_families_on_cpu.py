@@ -19,6 +19,7 @@ from verl_mm_tools.agent_loop.harness import (
     LocalRollout,
     image_prompt,
     scripted_logprob,
+    trainer_logprobs,
     unpadded_row,
 )
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
@@ -304,25 +305,7 @@ def test_rollout_logprobs_equal_a_full_forward(family, tmp_path):
         extra=[parser_override(family)],
     )
     row = unpadded_row(output)
-    attention = output.batch["attention_mask"][0].bool()
-    input_ids = output.batch["input_ids"][0][attention].unsqueeze(0)
-    position_ids = output.batch["position_ids"][0][:, attention].unsqueeze(1)
-    inputs = output.non_tensor_batch["multi_modal_inputs"][0]
-    with torch.no_grad():
-        logits = (
-            model.model(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                position_ids=position_ids,
-                pixel_values=inputs["pixel_values"],
-                image_grid_thw=inputs["image_grid_thw"],
-            )
-            .logits[0]
-            .float()
-        )
-    prompt_length = len(row["prompt_ids"])
-    targets = input_ids[0, prompt_length:]
-    recomputed = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    recomputed = trainer_logprobs(model, output)
     mask = torch.tensor(row["response_mask"]).bool()
     rollout = torch.tensor(row["logprobs"])
     assert mask.sum() > 30

@@ -13,6 +13,7 @@ from verl_mm_tools.agent_loop.harness import (
     image_prompt,
     scripted_logprob,
     tool_call_text,
+    trainer_logprobs,
     unpadded_row,
 )
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
@@ -147,31 +148,6 @@ def test_golden_three_turn_trajectory_with_two_tool_images(tiny_family_dir, tmp_
     assert output.non_tensor_batch["__num_turns__"][0] == 6
 
 
-def full_forward_logprobs(model: HFVisionLM, output) -> torch.Tensor:
-    """Log-probs of the response tokens from one float32 forward over the whole sequence, with verl's (4, L)
-    position ids and verl's multi_modal_inputs: what the trainer computes."""
-    attention = output.batch["attention_mask"][0].bool()
-    input_ids = output.batch["input_ids"][0][attention].unsqueeze(0)
-    position_ids = output.batch["position_ids"][0][:, attention].unsqueeze(1)  # (4, 1, L)
-    inputs = output.non_tensor_batch["multi_modal_inputs"][0]
-    with torch.no_grad():
-        logits = (
-            model.model(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                position_ids=position_ids,
-                pixel_values=inputs["pixel_values"],
-                image_grid_thw=inputs["image_grid_thw"],
-            )
-            .logits[0]
-            .float()
-        )
-    prompt_length = int(output.batch["attention_mask"][0, : output.batch["prompts"].shape[1]].sum())
-    targets = input_ids[0, prompt_length:]
-    logprobs = torch.log_softmax(logits[prompt_length - 1 : -1], dim=-1)
-    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
 @pytest.mark.parametrize("last_turn", ["<answer>90</answer><|im_end|>", None], ids=["scripted", "model-generated"])
 def test_rollout_logprobs_equal_a_full_forward_with_verls_position_ids(tiny_model_dir, tmp_path, last_turn):
     """Tool calls forced, log-probs from the real tiny model (teacher-forced at each turn, or sampled by it for the
@@ -184,7 +160,7 @@ def test_rollout_logprobs_equal_a_full_forward_with_verls_position_ids(tiny_mode
     )
     row = unpadded_row(output)
     mask = torch.tensor(row["response_mask"]).bool()
-    recomputed = full_forward_logprobs(model, output)
+    recomputed = trainer_logprobs(model, output)
     rollout = torch.tensor(row["logprobs"])
     assert mask.sum() > 30
     assert torch.allclose(recomputed[mask], rollout[mask], atol=1e-5), (recomputed[mask] - rollout[mask]).abs().max()

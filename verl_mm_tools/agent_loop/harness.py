@@ -186,6 +186,27 @@ def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
     return row
 
 
+def trainer_logprobs(model, output: DataProto, row: int = 0):
+    """The response tokens' log-probs of one float32 forward over sample ``row`` of a generated batch, with verl's
+    (4, L) position ids and multimodal inputs: what the trainer computes. ``model``: an ``HFVisionLM``."""
+    import torch
+
+    attention = output.batch["attention_mask"][row].bool()
+    input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
+    inputs = output.non_tensor_batch["multi_modal_inputs"][row]
+    with torch.no_grad():
+        logits = model.model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
+            pixel_values=inputs["pixel_values"],
+            image_grid_thw=inputs["image_grid_thw"],
+        ).logits[0]
+    prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
+    logprobs = torch.log_softmax(logits[prompt_length - 1 : -1].float(), dim=-1)
+    return logprobs.gather(-1, input_ids[0, prompt_length:].unsqueeze(-1)).squeeze(-1)
+
+
 class LocalRollout:
     """One-call rollouts of the mm_tool loop (or any registered loop) through verl's real AgentLoopWorker, with a
     scripted or model-backed server: ``LocalRollout(model_dir, tools_yaml, workdir).run(turns, prompts)``."""

@@ -145,9 +145,21 @@ class FamilySpec:
     template: str  # file under templates/: the real family's chat-template token format
     vocabulary: Vocabulary = QWEN_VOCABULARY
     tool_parser: str = "hermes"  # verl's multi_turn.format for the family's tool-call format
-    moe: bool = False  # a mixture of experts: routing exists (>= 2 experts)
 
 
+QWEN3_VL = FamilySpec(
+    "qwen3_vl", 16, "Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"
+)
+GLM4V = FamilySpec(
+    "glm4v",
+    14,
+    "Glm4vProcessor",
+    "Glm4vImageProcessor",
+    "Glm4vVideoProcessor",
+    "glm4v.jinja",
+    vocabulary=GLM_VOCABULARY,
+    tool_parser="glm",
+)
 FAMILIES = {
     "qwen2_vl": FamilySpec(
         "qwen2_vl", 14, "Qwen2VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"
@@ -156,51 +168,20 @@ FAMILIES = {
     "qwen2_5_vl": FamilySpec(
         "qwen2_5_vl", 14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", "qwen2_vl.jinja"
     ),
-    "qwen3_vl": FamilySpec(
-        "qwen3_vl", 16, "Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor", "qwen3_vl.jinja"
-    ),
-    # Qwen3-VL-30B-A3B / 235B-A22B ship Qwen3-VL's chat template
-    "qwen3_vl_moe": FamilySpec(
-        "qwen3_vl_moe",
-        16,
-        "Qwen3VLProcessor",
-        "Qwen2VLImageProcessor",
-        "Qwen3VLVideoProcessor",
-        "qwen3_vl.jinja",
-        moe=True,
-    ),
+    "qwen3_vl": QWEN3_VL,
+    # Qwen3-VL-30B-A3B / 235B-A22B: Qwen3-VL's processor and chat template, experts (_family_text_config)
+    "qwen3_vl_moe": replace(QWEN3_VL, model_type="qwen3_vl_moe"),
     # natively multimodal: Qwen3-VL's vision tower and processor, a hybrid (linear + full attention) text model
-    "qwen3_5": FamilySpec(
-        "qwen3_5",
-        16,
-        "Qwen3VLProcessor",
-        "Qwen2VLImageProcessor",
-        "Qwen3VLVideoProcessor",
-        "qwen3_5.jinja",
+    "qwen3_5": replace(
+        QWEN3_VL,
+        model_type="qwen3_5",
+        template="qwen3_5.jinja",
         vocabulary=QWEN3_5_VOCABULARY,
         tool_parser="qwen3_coder",
     ),
-    "glm4v": FamilySpec(
-        "glm4v",
-        14,
-        "Glm4vProcessor",
-        "Glm4vImageProcessor",
-        "Glm4vVideoProcessor",
-        "glm4v.jinja",
-        vocabulary=GLM_VOCABULARY,
-        tool_parser="glm",
-    ),
-    "glm4v_moe": FamilySpec(
-        "glm4v_moe",
-        14,
-        "Glm4vProcessor",
-        "Glm4vImageProcessor",
-        "Glm4vVideoProcessor",
-        "glm4v.jinja",
-        vocabulary=GLM_VOCABULARY,
-        tool_parser="glm",
-        moe=True,
-    ),
+    "glm4v": GLM4V,
+    # GLM-4.5V / 4.6V: GLM-4.1V's processor and format, experts (_family_text_config)
+    "glm4v_moe": replace(GLM4V, model_type="glm4v_moe"),
 }
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 DEFAULT_FAMILY = "qwen2_5_vl"
