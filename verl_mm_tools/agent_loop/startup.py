@@ -25,6 +25,7 @@ from verl_mm_tools.agent_loop.hook_config import (
 )
 from verl_mm_tools.agent_loop.options import Export, ToolPrompt, ToolResponseRole
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat, resolve_tool_format
+from verl_mm_tools.agent_loop.validation import stop_ids
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
 
@@ -74,14 +75,12 @@ def end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
 def _end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
     from transformers import GenerationConfig
 
-    found = {tokenizer.eos_token_id}
     path = OmegaConf.select(trainer_config, "actor_rollout_ref.model.path", default=None)
     try:
         eos = GenerationConfig.from_pretrained(path).eos_token_id if path else None
     except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos is all there is
         eos = None
-    found.update(eos if isinstance(eos, list) else [eos])
-    return frozenset(token for token in found if token is not None)
+    return stop_ids(eos, tokenizer)
 
 
 def turn_gamma(trainer_config: Any, turn_credit: bool) -> float:

@@ -52,6 +52,13 @@ def vision_token_ids(tokenizer) -> frozenset[int]:
     return found
 
 
+def stop_ids(generation_eos: int | list[int] | None, tokenizer) -> frozenset[int]:
+    """Every token that ends a generated turn: a generation config's ``eos_token_id`` (one or a list; GLM lists
+    <|endoftext|>, <|user|> and <|observation|>) and the tokenizer's eos."""
+    listed = generation_eos if isinstance(generation_eos, list) else [generation_eos]
+    return frozenset(token for token in [*listed, tokenizer.eos_token_id] if token is not None)
+
+
 def placeholder_token_ids(processor, tokenizer) -> tuple[int | None, int | None]:
     """(image, video) placeholder ids: the tokens the processor repeats once per image or video token (Qwen's
     ``<|image_pad|>``, GLM's ``<|image|>``), as the processor names them."""

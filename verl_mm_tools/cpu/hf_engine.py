@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from PIL import Image
 
-from verl_mm_tools.agent_loop.validation import placeholder_token_ids, vision_token_ids
+from verl_mm_tools.agent_loop.validation import placeholder_token_ids, stop_ids, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,7 @@ class HFVisionLM:
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype).eval()
         self.image_token_id, self.video_token_id = placeholder_token_ids(self.processor, self.tokenizer)
         self.forbidden_token_ids = sorted(vision_token_ids(self.tokenizer))
-        # every token that ends a turn, as the checkpoint's generation config lists them (GLM: three)
-        stop = self.model.generation_config.eos_token_id
-        self.eos_token_ids = sorted(
-            {*(stop if isinstance(stop, list) else [stop]), self.tokenizer.eos_token_id} - {None}
-        )
+        self.eos_token_ids = sorted(stop_ids(self.model.generation_config.eos_token_id, self.tokenizer))
 
     def model_inputs(self, token_ids: Sequence[int], images: Sequence[Image.Image] = ()) -> dict[str, torch.Tensor]:
         """Forward inputs for token ids whose image placeholders are already expanded."""
