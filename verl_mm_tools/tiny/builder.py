@@ -49,6 +49,9 @@ class Vocabulary:
     # config field -> token: the model config's vision token ids
     config_ids: tuple[tuple[str, str], ...]
     thinking: tuple[str, ...] = ()  # added only to thinking-template models (Qwen3-VL Thinking)
+    bos: str | None = None  # the tokenizer's bos_token, where the template starts with it (Gemma)
+    # tokenizer attribute -> token, where the processor reads tokens from the tokenizer (Gemma's image_token, ...)
+    named: tuple[tuple[str, str], ...] = ()
 
 
 QWEN_VOCABULARY = Vocabulary(
@@ -133,6 +136,61 @@ GLM_VOCABULARY = Vocabulary(
 )
 
 
+# Gemma 4: turns are <|turn>role ... <turn|>; tool schemas, calls and results have their own delimiters and strings are
+# quoted with <|"|>; an image is <|image> + <|image|> per soft token + <image|>. A call ends with <tool_call|> (verl's
+# gemma4 parser adds it to the stop tokens), an answer with <turn|>.
+GEMMA4_VOCABULARY = Vocabulary(
+    special=(
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<unk>",
+        "<mask>",
+        "<|turn>",
+        "<turn|>",
+        "<|tool>",
+        "<tool|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<tool_response|>",
+        '<|"|>',
+        "<|think|>",
+        "<|channel>",
+        "<channel|>",
+        "<|image>",
+        "<image|>",
+        "<|image|>",
+        "<|audio>",
+        "<audio|>",
+        "<|audio|>",
+        "<|video|>",
+    ),
+    added=(),
+    eos="<eos>",
+    pad="<pad>",
+    stop=("<eos>", "<turn|>"),
+    config_ids=(
+        ("image_token_id", "<|image|>"),
+        ("video_token_id", "<|video|>"),
+        ("boi_token_id", "<|image>"),
+        ("eoi_token_id", "<image|>"),
+        ("audio_token_id", "<|audio|>"),
+        ("boa_token_id", "<|audio>"),
+        ("eoa_token_index", "<audio|>"),
+    ),
+    bos="<bos>",
+    named=(
+        ("image_token", "<|image|>"),
+        ("boi_token", "<|image>"),
+        ("eoi_token", "<image|>"),
+        ("audio_token", "<|audio|>"),
+        ("boa_token", "<|audio>"),
+        ("eoa_token", "<audio|>"),
+    ),
+)
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """What differs between the VLM families the tiny builder supports."""
@@ -182,7 +240,20 @@ FAMILIES = {
     "glm4v": GLM4V,
     # GLM-4.5V / 4.6V: GLM-4.1V's processor and format, experts (_family_text_config)
     "glm4v_moe": replace(GLM4V, model_type="glm4v_moe"),
+    # Gemma 4: 16 px patches pooled 3x3 into one soft token; the processor scales every image to its soft-token
+    # budget (max_soft_tokens)
+    "gemma4": FamilySpec(
+        "gemma4",
+        16,
+        "Gemma4Processor",
+        "Gemma4ImageProcessor",
+        "Gemma4VideoProcessor",
+        "gemma4.jinja",
+        vocabulary=GEMMA4_VOCABULARY,
+        tool_parser="gemma4",
+    ),
 }
+GEMMA4_POOLING = 3  # Gemma 4 pools 3 x 3 patches into one soft token
 QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # "family": the real family's format (default); "tool_aware": one Qwen2.5-text-style tool template for every Qwen-VL
@@ -376,10 +447,11 @@ def build_tokenizer(spec: TinyModelSpec):
         eos_token=vocabulary.eos,
         pad_token=vocabulary.pad,
         unk_token=None,
-        bos_token=None,
+        bos_token=vocabulary.bos,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
+        extra_special_tokens=dict(vocabulary.named),
     )
     tokenizer.chat_template = spec.chat_template
     return tokenizer
@@ -389,6 +461,8 @@ def build_processor(spec: TinyModelSpec, tokenizer):
     import transformers
 
     family = FAMILIES[spec.family]
+    if family.model_type == "gemma4":
+        return _gemma4_processor(spec, tokenizer)
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
     if family.image_processor_class.startswith("Glm4v"):
         # GLM's resize counts an image as temporal_patch_size frames: its pixel bounds are per two frames
@@ -402,6 +476,26 @@ def build_processor(spec: TinyModelSpec, tokenizer):
         tokenizer=tokenizer,
         video_processor=video_processor,
         chat_template=spec.chat_template,
+    )
+
+
+# Gemma 4's smallest soft-token budget per image (the processor takes 70, 140, 280, 560 or 1120): a square image
+# becomes 8 x 8 soft tokens, as the Qwen stand-ins' at most 64 tokens per image
+GEMMA4_MAX_SOFT_TOKENS = 70
+
+
+def _gemma4_processor(spec: TinyModelSpec, tokenizer):
+    import transformers
+
+    family = FAMILIES[spec.family]
+    geometry = {"patch_size": family.patch_size, "pooling_kernel_size": GEMMA4_POOLING}
+    return transformers.Gemma4Processor(
+        feature_extractor=transformers.Gemma4AudioFeatureExtractor(),
+        image_processor=transformers.Gemma4ImageProcessor(max_soft_tokens=GEMMA4_MAX_SOFT_TOKENS, **geometry),
+        tokenizer=tokenizer,
+        video_processor=transformers.Gemma4VideoProcessor(max_soft_tokens=GEMMA4_MAX_SOFT_TOKENS, **geometry),
+        chat_template=spec.chat_template,
+        image_seq_length=GEMMA4_MAX_SOFT_TOKENS,
     )
 
 
@@ -423,10 +517,55 @@ def build_config(spec: TinyModelSpec, tokenizer):
 
     vocabulary = FAMILIES[spec.family].vocabulary
     token_ids = {field: tokenizer.convert_tokens_to_ids(token) for field, token in vocabulary.config_ids}
-    text = _text_config(spec, tokenizer)
-    vision = _vision_config(spec)
+    if spec.family == "gemma4":
+        text, vision = _gemma4_text_config(spec, tokenizer), _gemma4_vision_config(spec)
+    else:
+        text, vision = _text_config(spec, tokenizer), _vision_config(spec)
     config_cls = transformers.AutoConfig.for_model(FAMILIES[spec.family].model_type).__class__
-    return config_cls(text_config=text, vision_config=vision, tie_word_embeddings=False, **token_ids)
+    # Gemma ties the LM head to the embeddings, as its released checkpoints do; the other stand-ins do not
+    tied = spec.family == "gemma4"
+    return config_cls(text_config=text, vision_config=vision, tie_word_embeddings=tied, **token_ids)
+
+
+def _gemma4_text_config(spec: TinyModelSpec, tokenizer) -> dict:
+    """Gemma 4's text model as the released dense checkpoints have it (one sliding-window layer, then one global
+    layer whose rotary covers a quarter of each head), without the per-layer embeddings of the E2B/E4B models."""
+    head_dim = spec.hidden_size // spec.num_heads
+    vocabulary = FAMILIES[spec.family].vocabulary
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.hidden_size * 2,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "num_global_key_value_heads": spec.num_kv_heads,
+        "head_dim": head_dim,
+        "global_head_dim": head_dim,
+        "layer_types": ["sliding_attention"] * (spec.num_layers - 1) + ["full_attention"],
+        "sliding_window": 512,
+        "max_position_embeddings": 8192,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": len(tokenizer),
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.convert_tokens_to_ids(vocabulary.bos),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(vocabulary.eos),
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _gemma4_vision_config(spec: TinyModelSpec) -> dict:
+    return {
+        "hidden_size": spec.vision_hidden_size,
+        "intermediate_size": spec.vision_hidden_size * 2,
+        "num_hidden_layers": spec.vision_depth,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": spec.vision_hidden_size // 2,
+        "patch_size": FAMILIES[spec.family].patch_size,
+        "pooling_kernel_size": GEMMA4_POOLING,
+        "position_embedding_size": 1024,
+    }
 
 
 def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
