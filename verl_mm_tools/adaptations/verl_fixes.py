@@ -41,6 +41,16 @@
    which reads ``config.hidden_size``; transformers 5's ``Glm4vConfig`` keeps the language model's sizes in
    ``text_config`` only ("AttributeError: 'Glm4vConfig' object has no attribute 'hidden_size'" after the first
    update). Fixed: for a config without root sizes the estimator gets its ``text_config``.
+7. Gemma 4, every tool call with a list or object argument. ``verl.experimental.agent_loop.tool_parser.
+   Gemma4ToolParser._parse_arguments`` reads a value as a ``<|"|>``-quoted string or as the bare text up to the next
+   ``,`` or ``}``, so ``call:zoom_in{bbox_2d:[440,10,600,300]}`` becomes ``{"bbox_2d": "[440"}`` (the other numbers
+   are dropped) and an object value ``box:{x:1,y:2}`` becomes ``"{x:1"`` plus a stray top-level ``y``. A tool that
+   takes a box as one list (Qwen-VL's ``bbox_2d``) or any list or object parameter gets a string fragment on Gemma 4
+   (the built-in image tools take ``x1``..``y2`` as numbers, which verl reads right). Fixed: the arguments are read as
+   Gemma 4's chat template writes them (its ``format_argument``: strings, lists, objects, bare booleans, null and
+   numbers, nested) by ``parse_gemma4_arguments``; malformed text raises ``ValueError``, which verl's
+   ``extract_tool_calls`` logs for that one call. verl's call regex (``call:NAME{...}<tool_call|>``, lazy) is kept: a
+   call only ends at ``}<tool_call|>``, so nested objects and braces inside strings reach the parser whole.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ import functools
 import logging
 import os
 import pickle
+from collections.abc import Callable
 
 from verl_mm_tools.adaptations.import_order import call_after_import
 from verl_mm_tools.adaptations.verl_patch import (
@@ -366,6 +377,155 @@ def weight_read_embeddings(model) -> list:
     ]
 
 
+GEMMA4_TOOL_PARSER_MODULE = "verl.experimental.agent_loop.tool_parser"
+GEMMA4_PARSE_TARGET = (GEMMA4_TOOL_PARSER_MODULE, "Gemma4ToolParser", "_parse_arguments")
+GEMMA4_QUOTE = '<|"|>'
+_GEMMA4_CONSTANTS = {"true": True, "false": False, "null": None}
+
+
+def fix_gemma4_tool_arguments(_module=None) -> None:
+    parse = checked_method(
+        *GEMMA4_PARSE_TARGET, "for match in self.arg_regex.finditer(args_str):", ("self", "args_str"), OWNER
+    )
+    # the fix relies on verl parsing each call on its own and logging (not raising) a call whose arguments raise
+    checked_method(
+        GEMMA4_TOOL_PARSER_MODULE,
+        "Gemma4ToolParser",
+        "extract_tool_calls",
+        "arguments = self._parse_arguments(args_str)",
+        ("self", "responses_ids", "tools"),
+        OWNER,
+    )
+    if parse is None:
+        return
+
+    @functools.wraps(parse)
+    def _parse_arguments(self, args_str):
+        return parse_gemma4_arguments(args_str)
+
+    install_method(*GEMMA4_PARSE_TARGET, _parse_arguments)
+
+
+def parse_gemma4_arguments(text: str) -> dict:
+    """A Gemma 4 call's arguments (the ``key:value,...`` between ``call:NAME{`` and ``}<tool_call|>``) as a dict,
+    read as Gemma 4's chat template writes them (``format_argument``): strings in ``<|"|>``, ``[...]`` lists,
+    ``{key:value,...}`` objects (keys bare or quoted), bare true/false/null and numbers; other bare text is a string,
+    as in verl. Raises ``ValueError`` saying what is wrong, where, in which text."""
+    pairs, _ = read_gemma4_items(text, 0, "", read_gemma4_pair, "")
+    return dict(pairs)
+
+
+def read_gemma4_items(text: str, position: int, closer: str, read_item: Callable, opened: str) -> tuple[list, int]:
+    """Comma-separated items from ``position`` up to ``closer`` (``""``: the end of the text); returns them and the
+    position after the closer. ``opened`` names the bracket that ``closer`` closes, for the error."""
+    items = []
+    position = _skip_space(text, position)
+    if _at_closer(text, position, closer):
+        return items, position + len(closer)
+    while True:
+        item, position = read_item(text, position, closer)
+        items.append(item)
+        position = _skip_space(text, position)
+        if _at_closer(text, position, closer):
+            return items, position + len(closer)
+        if position == len(text):
+            raise _syntax_error(f"{opened} is never closed (no {closer!r} before the end)", text)
+        if text[position] != ",":
+            expected = f"',' or {closer!r}" if closer else "',' or the end"
+            raise _syntax_error(f"expected {expected} at {_character(position)}, found {text[position]!r}", text)
+        position = _skip_space(text, position + 1)
+
+
+def read_gemma4_pair(text: str, position: int, closer: str) -> tuple[tuple[str, object], int]:
+    """``key:value`` at ``position`` (the key bare, or in ``<|"|>`` as the template writes escaped keys)."""
+    if text.startswith(GEMMA4_QUOTE, position):
+        key, position = read_gemma4_string(text, position)
+    else:
+        end = position
+        while end < len(text) and text[end] not in ":,{}[]":
+            end += 1
+        key = text[position:end].strip()
+        if not key:
+            raise _syntax_error(f"expected a key at {_character(position)}, found {_found(text, position)}", text)
+        position = end
+    position = _skip_space(text, position)
+    if not text.startswith(":", position):
+        raise _syntax_error(
+            f"expected ':' after the key {key!r} at {_character(position)}, found {_found(text, position)}", text
+        )
+    value, position = read_gemma4_value(text, _skip_space(text, position + 1), closer)
+    return (key, value), position
+
+
+def read_gemma4_value(text: str, position: int, closer: str) -> tuple[object, int]:
+    """The value at ``position``; a bare one ends at ``,`` or at the enclosing ``closer``."""
+    if text.startswith(GEMMA4_QUOTE, position):
+        return read_gemma4_string(text, position)
+    if text.startswith("[", position):
+        opened = f"the list opened at {_character(position)}"
+        return read_gemma4_items(text, position + 1, "]", read_gemma4_value, opened)
+    if text.startswith("{", position):
+        opened = f"the object opened at {_character(position)}"
+        pairs, position = read_gemma4_items(text, position + 1, "}", read_gemma4_pair, opened)
+        return dict(pairs), position
+    return read_gemma4_bare(text, position, closer)
+
+
+def read_gemma4_string(text: str, position: int) -> tuple[str, int]:
+    start = position + len(GEMMA4_QUOTE)
+    end = text.find(GEMMA4_QUOTE, start)
+    if end < 0:
+        raise _syntax_error(f"the string opened at {_character(position)} is never closed (no {GEMMA4_QUOTE!r})", text)
+    return text[start:end], end + len(GEMMA4_QUOTE)
+
+
+def read_gemma4_bare(text: str, position: int, closer: str) -> tuple[object, int]:
+    end = position
+    while end < len(text) and text[end] != "," and text[end] != closer:
+        end += 1
+    word = text[position:end].strip()
+    if not word:
+        raise _syntax_error(f"expected a value at {_character(position)}, found {_found(text, position)}", text)
+    return gemma4_scalar(word), end
+
+
+def gemma4_scalar(word: str):
+    """verl's reading of a bare value: true/false/null (any case), an int, a float, else the text itself."""
+    if word.lower() in _GEMMA4_CONSTANTS:
+        return _GEMMA4_CONSTANTS[word.lower()]
+    for number in (int, float):
+        try:
+            return number(word)
+        except ValueError:
+            pass
+    return word
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def _at_closer(text: str, position: int, closer: str) -> bool:
+    return text.startswith(closer, position) if closer else position == len(text)
+
+
+def _found(text: str, position: int) -> str:
+    return repr(text[position]) if position < len(text) else "the end"
+
+
+def _character(position: int) -> str:
+    return f"character {position + 1}"  # counted from 1, as a reader counts
+
+
+def _syntax_error(problem: str, text: str) -> ValueError:
+    return ValueError(
+        f"cannot read the Gemma 4 tool call arguments {text!r}: {problem}. Expected key:value pairs as Gemma 4's chat "
+        'template writes them (strings in <|"|>, lists in [], objects in {}); verl logs and skips this call'
+    )
+
+
 def _fix_or_report(fix, what: str):
     def apply(module) -> None:
         try:
@@ -388,4 +548,7 @@ def apply_verl_fixes() -> None:
     call_after_import(FLOPS_MODULE, _fix_or_report(fix_glm4v_flops, "GLM-V's FLOPs estimate"))
     call_after_import(
         FSDP_UTILS_MODULE, _fix_or_report(fix_glm_vision_position_embeddings, "GLM-V's vision position embeddings")
+    )
+    call_after_import(
+        GEMMA4_TOOL_PARSER_MODULE, _fix_or_report(fix_gemma4_tool_arguments, "Gemma 4's list and object arguments")
     )

@@ -16,7 +16,14 @@ from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.options import OverBudget
-from verl_mm_tools.agent_loop.validation import pixel_bounds, processor_size_tokens
+from verl_mm_tools.agent_loop.validation import (
+    counts_soft_tokens,
+    pixel_bounds,
+    processor_size_tokens,
+    soft_token_side,
+    soft_token_size,
+)
+from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
@@ -33,15 +40,19 @@ class ImageGeometry:
     merge_size: int
     min_pixels: int
     max_pixels: int
+    takes_pixel_bounds = True  # mm_tool's min_pixels / max_pixels narrow the processor's
     # the processor, whose own count ``tokens`` returns (each family resizes odd images its own way)
     processor: Any = field(default=None, compare=False, repr=False)
     processor_kwargs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry:
-        """The geometry the processor applies with verl's ``mm_processor_kwargs`` (``pixel_bounds``)."""
+    def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry | SoftTokenGeometry:
+        """The geometry the processor applies with verl's ``mm_processor_kwargs`` (``pixel_bounds``); Gemma 4's
+        processor has its own kind (``SoftTokenGeometry``)."""
         image_processor = processor.image_processor
         kwargs = dict(mm_processor_kwargs or {})  # verl passes a DictConfig: its .get of a missing key costs ~0.1 ms
+        if counts_soft_tokens(image_processor):
+            return SoftTokenGeometry(soft_token_side(image_processor, kwargs), processor, kwargs)
         min_pixels, max_pixels = pixel_bounds(image_processor, kwargs)
         frames = _frames_per_image(image_processor)
         return cls(
@@ -96,6 +107,40 @@ class ImageGeometry:
         return max(1, new_width // self.factor) * max(1, new_height // self.factor)
 
 
+@dataclass(frozen=True)
+class SoftTokenGeometry:
+    """Gemma 4's: its processor scales every image, up or down, to the largest size of whole soft tokens (pooled
+    squares of patches) within its ``max_soft_tokens`` at the image's aspect ratio. So pixel bounds do not apply and
+    a smaller image costs as many tokens: the budget can refuse an image but never downscale it to fit."""
+
+    side: int  # pixels per side of one soft token
+    processor: Any = field(compare=False, repr=False)
+    processor_kwargs: dict = field(default_factory=dict, compare=False, repr=False)
+    takes_pixel_bounds = False
+
+    @property
+    def factor(self) -> int:
+        return self.side
+
+    @property
+    def min_pixels(self) -> int:
+        return self.side**2
+
+    @property
+    def max_pixels(self) -> int:
+        width, height = soft_token_size(self.processor.image_processor, 1, 1, self.processor_kwargs)
+        return self.tokens(width, height) * self.side**2
+
+    def resized(self, width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+        """The image's own size, or the processor's size for it where that is smaller (the processor scales it to
+        the same size and tokens either way; the bounds cannot change them)."""
+        target = soft_token_size(self.processor.image_processor, width, height, self.processor_kwargs)
+        return (width, height) if width * height <= target[0] * target[1] else target
+
+    def tokens(self, width: int, height: int) -> int:
+        return processor_size_tokens(self.processor, width, height, self.processor_kwargs)
+
+
 def _frames_per_image(image_processor) -> int:
     """How many frames the processor's pixel bounds count an image as: GLM-V's resize (transformers' glm4v
     ``smart_resize``) bounds ``temporal_patch_size`` frames of the image, Qwen-VL's one."""
@@ -125,10 +170,22 @@ class Admission:
         return self.image is not None
 
 
+def check_pixel_bounds(config: MMToolLoopConfig, geometry: ImageGeometry | SoftTokenGeometry | None) -> None:
+    """A ConfigError for mm_tool pixel bounds on a processor that cannot apply them (at loop start, not per
+    trajectory)."""
+    if geometry is not None and not geometry.takes_pixel_bounds and (config.min_pixels or config.max_pixels):
+        raise ConfigError(
+            f"mm_tool min_pixels={config.min_pixels} / max_pixels={config.max_pixels}, but this model's processor "
+            "scales every image to its soft-token budget (Gemma 4's max_soft_tokens): pixel bounds cannot apply. "
+            "Remove them and set that budget with data.mm_processor_kwargs.max_soft_tokens (70, 140, 280, 560 or "
+            "1120), or bound a trajectory's image tokens with max_image_tokens."
+        )
+
+
 class ImageBudget:
     """Counts images and image tokens of one trajectory and sizes new tool images to fit."""
 
-    def __init__(self, config: MMToolLoopConfig, geometry: ImageGeometry):
+    def __init__(self, config: MMToolLoopConfig, geometry: ImageGeometry | SoftTokenGeometry):
         self.config = config
         self.geometry = geometry
         # Never leave the processor's own bounds: it would resize the image again and change the token count.
@@ -205,6 +262,8 @@ class ImageBudget:
         return Admission(Verdict.REFUSED, note=reason)
 
     def _tokens_of(self, width: int, height: int) -> int:
+        if isinstance(self.geometry, SoftTokenGeometry):  # an image it keeps at its own size is scaled up
+            return self.geometry.tokens(width, height)
         return (width // self.geometry.factor) * (height // self.geometry.factor)
 
     def _tokens_left(self) -> int:

@@ -22,7 +22,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.utils.profiler import simple_timer
 
 from verl_mm_tools.agent_loop import startup
-from verl_mm_tools.agent_loop.budget import ImageGeometry
+from verl_mm_tools.agent_loop.budget import ImageGeometry, check_pixel_bounds
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.engine import CheckedEngine
@@ -73,6 +73,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.geometry = (
             ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self.sees_images else None
         )
+        check_pixel_bounds(self.mm_config, self.geometry)
         self.forbidden_generated = vision_token_ids(self.tokenizer)
         self.placeholder_ids = placeholder_token_ids(self.processor, self.tokenizer) if self.sees_images else None
         self.image_token_id = self.placeholder_ids[0] if self.placeholder_ids else None
@@ -83,7 +84,11 @@ class MMToolAgentLoop(ToolAgentLoop):
         startup.check_export(self.config, self.mm_config.export, traits)
         self.tool_format = startup.tool_format(bool(self.tools), self.mm_config, traits, self.tool_parser_name)
         self.tool_runner = ToolRunner(
-            self.mm_config, self.max_parallel_calls, self.max_tool_response_length, self.tool_response_truncate_side
+            self.mm_config,
+            self.max_parallel_calls,
+            self.max_tool_response_length,
+            self.tool_response_truncate_side,
+            self.tool_parser_name,
         )
         self.exporter = Exporter(self)
         self.outputs = OutputBuilder(self)
@@ -198,9 +203,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         self, agent_data: AgentData, state: TrajectoryState, verl_next: AgentState, ignore_termination: bool
     ) -> LoopState:
         """Where the turn leads: its tool calls, an answer to its unparsable calls, the environment, or the end."""
-        text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
-        state.stats.last_assistant_text = text
-        attempted = text.count("<tool_call>")
+        state.stats.last_assistant_text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        attempted = self._attempted_calls(agent_data.response_ids)
         at_limit = self._at_limit(agent_data, ignore_termination)
         if verl_next == AgentState.PROCESSING_TOOLS or not at_limit:
             state.turns[-1].malformed_calls = max(0, attempted - len(agent_data.tool_calls))
@@ -216,6 +220,11 @@ class MMToolAgentLoop(ToolAgentLoop):
             state.stop_reason = StopReason.ANSWERED
             return LoopState.ENV_TURN  # the environment reacts to the answer
         return state.stop(StopReason.ANSWERED)
+
+    def _attempted_calls(self, token_ids: list[int]) -> int:
+        """Calls the model began, by the parser's own opening tag (Gemma 4's <|tool_call> is a special token)."""
+        opening = getattr(self.tool_parser, "tool_call_start_token", None) or "<tool_call>"
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False).count(opening)
 
     def _at_limit(self, agent_data: AgentData, ignore_termination: bool = False) -> bool:
         return (

@@ -58,6 +58,7 @@ class ToolResponseRole(Choice):
     AUTO = "auto"
     TOOL = "tool"
     USER = "user"
+    SPLIT = "split"  # tool messages with the results' text, their images in a user turn after them
 
 
 class OverBudget(Choice):

@@ -10,8 +10,11 @@ turn, a role the model never saw in training; Qwen3-VL's renders the schemas in 
   ``off`` does neither (the dataset's prompt describes the tools); ``auto`` is ``template`` when the template
   renders tool schemas, else ``system``.
 - ``tool_response_role``: ``tool`` renders tool results as tool messages; ``user`` wraps each in
-  ``<tool_response>`` inside one user turn per tool turn (text and images, in order); ``auto`` is ``tool`` when the
-  template has its own tool-role convention (renders a tool message other than as a plain role), else ``user``.
+  ``<tool_response>`` inside one user turn per tool turn (text and images, in order); ``split`` keeps the results'
+  text in tool messages and shows their images, in order, in one user turn after them (Gemma 4's template renders
+  only the text of a tool message); ``auto`` is ``tool`` when the template has its own tool-role convention (renders
+  a tool message other than as a plain role) and renders images in tool messages, ``split`` when it has the
+  convention but drops those images, else ``user``.
 
 The loop keeps the logical conversation (tool messages, for dumps and the viewer) and renders ``ToolFormat.view`` of
 it, so the initial prompt and every appended turn use one format.
@@ -48,6 +51,8 @@ class TemplateTraits:
     # a conversation renders as an extension of its render before the last user turn, for an assistant turn with
     # reasoning in it (False: Qwen3-VL Thinking's templates drop earlier reasoning)
     prefix_stable: bool = True
+    # an image in a tool message reaches the render (False: Gemma 4's template renders a tool message's text only)
+    renders_tool_images: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class ToolFormat:
             messages = with_tool_block(messages, schemas)
         if self.response_role is ToolResponseRole.USER:
             messages = tool_results_as_user_turns(messages)
+        elif self.response_role is ToolResponseRole.SPLIT:
+            messages = tool_images_after_tool_turns(messages)
         return messages
 
 
@@ -96,7 +103,17 @@ def resolve_tool_format(
             "them to the system message), or a chat template that renders tools."
         )
     if response_role is ToolResponseRole.AUTO:
-        response_role = ToolResponseRole.TOOL if traits.tool_role_convention else ToolResponseRole.USER
+        if not traits.tool_role_convention:
+            response_role = ToolResponseRole.USER
+        else:
+            response_role = ToolResponseRole.TOOL if traits.renders_tool_images else ToolResponseRole.SPLIT
+    elif response_role is ToolResponseRole.TOOL and not traits.renders_tool_images:
+        raise ConfigError(
+            "mm_tool tool_response_role=tool, but the chat template renders only the text of a tool message (Gemma "
+            "4's does): every tool image would reach the processor without a placeholder in the text, and each "
+            "trajectory with one would be masked. Set tool_response_role: auto or split (the images follow in a user "
+            "turn), or user."
+        )
     return ToolFormat(tool_prompt, response_role)
 
 
@@ -138,6 +155,25 @@ def tool_results_as_user_turns(messages: list[dict]) -> list[dict]:
         if run:
             result.append(_tool_results_turn(run))
             run = []
+        if message is not None:
+            result.append(message)
+    return result
+
+
+def tool_images_after_tool_turns(messages: list[dict]) -> list[dict]:
+    """Each run of consecutive tool messages with their text only, then one user message of their images (in
+    order) when they have any."""
+    result, images = [], []
+    for message in [*messages, None]:
+        if message is not None and message.get("role") == "tool":
+            content = _items(message.get("content"))
+            images += [item for item in content if item.get("type") != "text"]
+            texts = [item for item in content if item.get("type") == "text"]
+            result.append({**message, "content": "".join(item["text"] for item in texts)})
+            continue
+        if images:
+            result.append({"role": "user", "content": images})
+            images = []
         if message is not None:
             result.append(message)
     return result
@@ -211,7 +247,9 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     shared = len(os.path.commonprefix([as_tool, as_user]))
     # a plain-role template renders the tool turn exactly as a user turn with the role's name swapped
     plain = as_tool[shared:] == as_user[shared:].replace("user", "tool")
-    return TemplateTraits(renders_tools, tool_role_convention=not plain, prefix_stable=prefix_stable)
+    with_image = [{"type": "image"}, {"type": "text", "text": _PROBE_TEXT}]
+    renders_tool_images = render([*history, {"role": "tool", "content": with_image}], generation=False) != as_tool
+    return TemplateTraits(renders_tools, not plain, prefix_stable, renders_tool_images)
 
 
 def _prefix_stable(render, user: list[dict]) -> bool:

@@ -34,6 +34,15 @@ MALFORMED_CALL_TEXT = (
     'Error: a tool call could not be parsed. Write each call as <tool_call>{"name": <tool name>, "arguments": '
     "{...}}</tool_call> with valid JSON."
 )
+# for the other call formats (GLM's, Qwen3-Coder's, Gemma 4's): the template's own tool instructions show the format
+MALFORMED_CALL_TEXT_OTHER_FORMATS = (
+    "Error: a tool call could not be parsed. Write each call exactly in the tool-call format of your instructions."
+)
+
+
+def malformed_call_text(parser: str) -> str:
+    """What an unparsable call is answered with, for verl's tool parser ``multi_turn.format``."""
+    return MALFORMED_CALL_TEXT if parser == "hermes" else MALFORMED_CALL_TEXT_OTHER_FORMATS
 
 
 class ToolCrashError(RuntimeError):
@@ -57,6 +66,7 @@ class ToolRunner:
     max_parallel_calls: int
     max_response_length: int  # verl's max_tool_response_length, in characters
     truncate_side: str  # verl's tool_response_truncate_side: left, right or middle
+    parser: str = "hermes"  # verl's multi_turn.format: what an unparsable call is told
 
     async def run_turn(
         self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: Any
@@ -77,7 +87,7 @@ class ToolRunner:
             if reward is not None:
                 turn.rewards.append(float(reward))
         state.stats.invalid_actions += malformed
-        turn.messages += [{"role": "tool", "content": MALFORMED_CALL_TEXT}] * malformed
+        turn.messages += [{"role": "tool", "content": malformed_call_text(self.parser)}] * malformed
         # every call is answered: a call past max_parallel_calls the model is never told about looks executed
         turn.messages += [{"role": "tool", "content": self._ignored_call_text()}] * ignored
         return turn

@@ -76,12 +76,44 @@ def processor_size_tokens(processor, width: int, height: int, mm_processor_kwarg
     """Placeholder tokens the processor produces for an image of this size, with these kwargs."""
     image_processor = processor.image_processor
     kwargs = dict(mm_processor_kwargs or {})
+    if counts_soft_tokens(image_processor):
+        (width, height), side = (
+            soft_token_size(image_processor, width, height, kwargs),
+            soft_token_side(image_processor, kwargs),
+        )
+        return (width // side) * (height // side)
     if takes_pixel_bounds(image_processor):
         # its count reads min/max_pixels one by one, its resize both together or a ``size``: count what it does
         min_pixels, max_pixels = pixel_bounds(image_processor, kwargs)
         kwargs = {**kwargs, "min_pixels": min_pixels, "max_pixels": max_pixels}
     patches = image_processor.get_number_of_image_patches(height, width, kwargs)
     return patches // image_processor.merge_size**2
+
+
+def counts_soft_tokens(image_processor) -> bool:
+    """Whether the processor scales every image to a soft-token budget (Gemma 4's ``max_soft_tokens``)."""
+    return hasattr(image_processor, "max_soft_tokens") and hasattr(image_processor, "pooling_kernel_size")
+
+
+def soft_token_side(image_processor, kwargs: dict) -> int:
+    """Pixels per side of one soft token: a pooled square of patches."""
+    patch = int(kwargs.get("patch_size", image_processor.patch_size))
+    return patch * int(kwargs.get("pooling_kernel_size", image_processor.pooling_kernel_size))
+
+
+def soft_token_size(image_processor, width: int, height: int, kwargs: dict) -> tuple[int, int]:
+    """(width, height) Gemma 4's processor scales an image to, up or down: the largest size of whole soft tokens
+    within ``max_soft_tokens`` at the image's aspect ratio (transformers' own function). ValueError for an image too
+    elongated for one soft token on its short side."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
+    patch = int(kwargs.get("patch_size", image_processor.patch_size))
+    pooling = int(kwargs.get("pooling_kernel_size", image_processor.pooling_kernel_size))
+    budget = int(kwargs.get("max_soft_tokens", image_processor.max_soft_tokens))
+    new_height, new_width = get_aspect_ratio_preserving_size(
+        height=height, width=width, patch_size=patch, max_patches=budget * pooling**2, pooling_kernel_size=pooling
+    )
+    return new_width, new_height
 
 
 def takes_pixel_bounds(image_processor) -> bool:

@@ -126,10 +126,12 @@ class HFVisionLM:
         top_p: float = 1.0,
         top_k: int = -1,
         logprobs_mode: str = PROCESSED_LOGPROBS,
+        stop_token_ids: Sequence[int] = (),
     ) -> list[tuple[list[int], list[float]]]:
         """``generate`` for several (prompt ids, images) requests at once: one (token ids, log-probs) per request,
-        each cut at its own ``max_new_tokens`` and after its first end-of-turn token. Sampling per step is
-        independent across rows, so cutting a longer sample is the same as stopping there."""
+        each cut at its own ``max_new_tokens`` and after its first end-of-turn token or ``stop_token_ids`` token.
+        Sampling per step is independent across rows, so cutting a longer sample is the same as stopping there."""
+        stops = sorted({*self.eos_token_ids, *stop_token_ids})
         inputs = self.batch_inputs(requests)
         sampling = (
             {"do_sample": False}
@@ -140,7 +142,7 @@ class HFVisionLM:
             **inputs,
             max_new_tokens=max(max_new_tokens),
             suppress_tokens=self.forbidden_token_ids,
-            eos_token_id=self.eos_token_ids,
+            eos_token_id=stops,
             pad_token_id=self.tokenizer.pad_token_id,
             output_logits=True,
             return_dict_in_generate=True,
@@ -153,17 +155,9 @@ class HFVisionLM:
             scaled = nucleus(scaled, top_p, top_k)
         log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         return [
-            self._cut(generated[row].tolist(), log_probs[row].tolist(), limit)
+            _cut(generated[row].tolist(), log_probs[row].tolist(), limit, stops)
             for row, limit in enumerate(max_new_tokens)
         ]
-
-    def _cut(self, token_ids: list[int], log_probs: list[float], limit: int) -> tuple[list[int], list[float]]:
-        length = min(limit, len(token_ids))
-        for position, token in enumerate(token_ids[:length]):
-            if token in self.eos_token_ids:
-                length = position + 1
-                break
-        return token_ids[:length], log_probs[:length]
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -232,3 +226,15 @@ def _left_pad(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:
 
 def _positive(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
+
+
+def _cut(
+    token_ids: list[int], log_probs: list[float], limit: int, stops: Sequence[int]
+) -> tuple[list[int], list[float]]:
+    """A row of a batch cut at its own token limit, after its first stop token."""
+    length = min(limit, len(token_ids))
+    for position, token in enumerate(token_ids[:length]):
+        if token in stops:
+            length = position + 1
+            break
+    return token_ids[:length], log_probs[:length]

@@ -33,16 +33,19 @@ class _Request:
     prompt_ids: list[int]
     images: list[Any]
     max_new_tokens: int
-    sampling: tuple[float, float, int]
+    sampling: tuple[float, float, int, tuple[int, ...]]
     future: asyncio.Future = field(repr=False)
 
 
-def sampling_key(sampling_params: dict[str, Any]) -> tuple[float, float, int]:
-    """(temperature, top_p, top_k) from verl's sampling params; requests batch together only when these match."""
+def sampling_key(sampling_params: dict[str, Any]) -> tuple[float, float, int, tuple[int, ...]]:
+    """(temperature, top_p, top_k, extra stop tokens) from verl's sampling params; requests batch together only when
+    these match. The stop tokens are vLLM's ``stop_token_ids``: verl's tool parsers add theirs (Gemma 4 stops at
+    <tool_call|>), and a call must end there on this server as on vLLM."""
     return (
         float(sampling_params.get("temperature", 1.0)),
         float(sampling_params.get("top_p", 1.0)),
         int(sampling_params.get("top_k", -1)),
+        tuple(sorted(int(token) for token in sampling_params.get("stop_token_ids") or ())),
     )
 
 
@@ -124,7 +127,7 @@ class HFRolloutServer:
         return batch
 
     async def _run(self, batch: list[_Request]) -> None:
-        temperature, top_p, top_k = batch[0].sampling
+        temperature, top_p, top_k, stop_token_ids = batch[0].sampling
         started, version = time.perf_counter(), self.global_steps  # the weights of the whole batch (under the lock)
         try:
             results = await asyncio.to_thread(
@@ -135,6 +138,7 @@ class HFRolloutServer:
                 top_p=top_p,
                 top_k=top_k,
                 logprobs_mode=self.logprobs_mode,
+                stop_token_ids=stop_token_ids,
             )
         except Exception as error:  # noqa: BLE001 - every waiting trajectory gets the error, not a hang
             for request in batch:
