@@ -68,13 +68,14 @@ def check(model_dir: str) -> dict:
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     full = torch.tensor([ids + generated])
+    # the processor's image inputs, whatever the family (Qwen's and GLM's image_grid_thw, Gemma's image_position_ids)
+    image_inputs = {key: value for key, value in inputs.items() if key.startswith(("pixel_values", "image_"))}
     with torch.no_grad():
         logits = model(
             input_ids=full,
             attention_mask=torch.ones_like(full),
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
             mm_token_type_ids=_mm_types(full, pad),
+            **image_inputs,
         ).logits[0]
     scores = torch.log_softmax(logits[len(ids) - 1 : -1].float(), dim=-1)
     hf_logprobs = scores.gather(-1, torch.tensor(generated).unsqueeze(-1)).squeeze(-1).tolist()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -173,3 +176,102 @@ def test_verls_glm4v_image_features_fail_on_transformers_5_and_the_fix_embeds_th
     image = inputs["input_ids"][0] == model.config.image_token_id
     features = model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
     assert torch.equal(embeds[0][image], features)
+
+
+GEMMA4_TOKENS = ["<|tool_call>", "<tool_call|>", '<|"|>']
+Q = '<|"|>'  # Gemma 4's string delimiter
+
+
+@pytest.fixture(scope="module")
+def gemma4_parser():
+    """verl's Gemma 4 tool parser on a minimal byte-level tokenizer with Gemma 4's tool-call tokens: the parser only
+    looks up <tool_call|> and decodes (no tiny model of ours has them)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={symbol: index for index, symbol in enumerate(byte_symbols)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, clean_up_tokenization_spaces=False, additional_special_tokens=GEMMA4_TOKENS
+    )
+    return ToolParser.get_tool_parser("gemma4", tokenizer)
+
+
+def gemma4_tool_calls(parser, text: str):
+    """verl's extract_tool_calls on the tokens of ``text``: (content, [(name, arguments as JSON values)])."""
+    from verl.utils.ray_utils import get_event_loop
+
+    token_ids = parser.tokenizer.encode(text, add_special_tokens=False)
+    assert parser.tokenizer.decode(token_ids, skip_special_tokens=False) == text  # the tokenizer round-trips
+    content, calls = get_event_loop().run_until_complete(parser.extract_tool_calls(token_ids))
+    return content, [(call.name, json.loads(call.arguments)) for call in calls]
+
+
+def test_verls_gemma4_parser_reads_a_list_argument_as_a_fragment(gemma4_parser):
+    """The bug: verl reads a bare value up to the next ',' or '}', so a list (or object) argument becomes a string
+    fragment and the rest is lost. When this fails, verl changed it: drop the fix."""
+    from verl.experimental.agent_loop.tool_parser import Gemma4ToolParser
+
+    original = Gemma4ToolParser._parse_arguments.__wrapped__
+    assert original(gemma4_parser, "bbox_2d:[440,10,600,300]") == {"bbox_2d": "[440"}
+    assert original(gemma4_parser, "box:{x:1,y:2},n:3") == {"box": "{x:1", "y": 2, "n": 3}
+    assert gemma4_parser._parse_arguments("bbox_2d:[440,10,600,300]") == {"bbox_2d": [440, 10, 600, 300]}
+    assert gemma4_parser._parse_arguments("box:{x:1,y:2},n:3") == {"box": {"x": 1, "y": 2}, "n": 3}
+
+
+def test_the_fixed_gemma4_parser_reads_every_value_through_verls_extract_tool_calls(gemma4_parser):
+    # verl's lazy call regex ends a call at the first "}<tool_call|>": a nested object closing the arguments and
+    # braces inside a string reach the parser whole (so the regex needs no fix)
+    text = (
+        f"Let me look.<|tool_call>call:zoom_in{{bbox_2d:[440,10,600,300],note:{Q}a, {{b}}: [c]\n}}{Q}}}<tool_call|>"
+        f"<|tool_call>call:annotate{{boxes:[[1,2,3,4],[-5,6.5,7,-8]],visible:true,"
+        f"style:{{color:{Q}red{Q},dash:null,fill:false,label:{{{Q}text{Q}:{Q}x:y{Q}}},width:-1.5}}}}<tool_call|>"
+    )
+    content, calls = gemma4_tool_calls(gemma4_parser, text)
+    assert content == "Let me look."
+    assert calls == [
+        ("zoom_in", {"bbox_2d": [440, 10, 600, 300], "note": "a, {b}: [c]\n}"}),
+        (
+            "annotate",
+            {
+                "boxes": [[1, 2, 3, 4], [-5, 6.5, 7, -8]],
+                "visible": True,
+                "style": {"color": "red", "dash": None, "fill": False, "label": {"text": "x:y"}, "width": -1.5},
+            },
+        ),
+    ]
+    # verl's scalar readings stay: any-case constants, ints, floats, an unquoted word as a string, no arguments
+    _, calls = gemma4_tool_calls(
+        gemma4_parser,
+        "<|tool_call>call:set{a:TRUE,b:1e-05,c:+7,d:fast mode}<tool_call|><|tool_call>call:g{}<tool_call|>",
+    )
+    assert calls == [("set", {"a": True, "b": 1e-05, "c": 7, "d": "fast mode"}), ("g", {})]
+
+
+def test_a_malformed_gemma4_call_raises_a_clear_error_and_verl_skips_only_that_call(gemma4_parser, caplog):
+    from verl_mm_tools.adaptations.verl_fixes import parse_gemma4_arguments
+
+    with pytest.raises(ValueError) as raised:
+        parse_gemma4_arguments("bbox_2d:[1,2")
+    assert str(raised.value).startswith(
+        "cannot read the Gemma 4 tool call arguments 'bbox_2d:[1,2': the list opened at character 9 is never closed "
+        "(no ']' before the end)."
+    )
+    for text, problem in [
+        ("a:{b:1", "the object opened at character 3 is never closed (no '}' before the end)"),
+        (f"a:{Q}x", "the string opened at character 3 is never closed (no '<|\"|>')"),
+        ("a:[1,,2]", "expected a value at character 6, found ','"),
+        ("a:1}", "expected ',' or the end at character 4, found '}'"),
+        ("a", "expected ':' after the key 'a' at character 2, found the end"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"arguments {text!r}: {problem}.")):
+            parse_gemma4_arguments(text)
+    # a model's malformed call: verl logs it and keeps the others of the response
+    _, calls = gemma4_tool_calls(
+        gemma4_parser, "<|tool_call>call:zoom_in{bbox_2d:[1,2}<tool_call|><|tool_call>call:ok{n:1}<tool_call|>"
+    )
+    assert calls == [("ok", {"n": 1})]
+    assert "the list opened at character 9 is never closed" in caplog.text

@@ -423,7 +423,7 @@ def read_gemma4_items(text: str, position: int, closer: str, read_item: Callable
     if _at_closer(text, position, closer):
         return items, position + len(closer)
     while True:
-        item, position = read_item(text, position, closer)
+        item, position = read_item(text, position)
         items.append(item)
         position = _skip_space(text, position)
         if _at_closer(text, position, closer):
@@ -436,7 +436,7 @@ def read_gemma4_items(text: str, position: int, closer: str, read_item: Callable
         position = _skip_space(text, position + 1)
 
 
-def read_gemma4_pair(text: str, position: int, closer: str) -> tuple[tuple[str, object], int]:
+def read_gemma4_pair(text: str, position: int) -> tuple[tuple[str, object], int]:
     """``key:value`` at ``position`` (the key bare, or in ``<|"|>`` as the template writes escaped keys)."""
     if text.startswith(GEMMA4_QUOTE, position):
         key, position = read_gemma4_string(text, position)
@@ -453,12 +453,12 @@ def read_gemma4_pair(text: str, position: int, closer: str) -> tuple[tuple[str, 
         raise _syntax_error(
             f"expected ':' after the key {key!r} at {_character(position)}, found {_found(text, position)}", text
         )
-    value, position = read_gemma4_value(text, _skip_space(text, position + 1), closer)
+    value, position = read_gemma4_value(text, _skip_space(text, position + 1))
     return (key, value), position
 
 
-def read_gemma4_value(text: str, position: int, closer: str) -> tuple[object, int]:
-    """The value at ``position``; a bare one ends at ``,`` or at the enclosing ``closer``."""
+def read_gemma4_value(text: str, position: int) -> tuple[object, int]:
+    """The value at ``position``."""
     if text.startswith(GEMMA4_QUOTE, position):
         return read_gemma4_string(text, position)
     if text.startswith("[", position):
@@ -468,7 +468,7 @@ def read_gemma4_value(text: str, position: int, closer: str) -> tuple[object, in
         opened = f"the object opened at {_character(position)}"
         pairs, position = read_gemma4_items(text, position + 1, "}", read_gemma4_pair, opened)
         return dict(pairs), position
-    return read_gemma4_bare(text, position, closer)
+    return read_gemma4_bare(text, position)
 
 
 def read_gemma4_string(text: str, position: int) -> tuple[str, int]:
@@ -479,9 +479,10 @@ def read_gemma4_string(text: str, position: int) -> tuple[str, int]:
     return text[start:end], end + len(GEMMA4_QUOTE)
 
 
-def read_gemma4_bare(text: str, position: int, closer: str) -> tuple[object, int]:
+def read_gemma4_bare(text: str, position: int) -> tuple[object, int]:
+    """An unquoted value: up to the next ``,`` or closing bracket (verl's ends at ``,`` or ``}``)."""
     end = position
-    while end < len(text) and text[end] != "," and text[end] != closer:
+    while end < len(text) and text[end] not in ",]}":
         end += 1
     word = text[position:end].strip()
     if not word:

@@ -9,7 +9,9 @@
   sample is that render (its prompt, every earlier image as its placeholder run) and the tokens generated in the turn
   (its response, with their rollout log-probs). Earlier assistant turns are rendered from their generated text
   (``history_view``), so the template sees what the model wrote, reasoning included, and drops what it drops:
-  Qwen3-VL's Thinking templates render reasoning only for the turns after the last user query.
+  Qwen3-VL's Thinking templates render reasoning only for the turns after the last user query. A template that
+  renders tool results only from structured calls (Gemma 4's) gets the turns that called tools as verl parsed them
+  (content and ``tool_calls``), as a chat server with a tool parser stores them.
 - ``auto``: one sample while the conversation stays prefix-stable, a new one where it does not. The rule, checked
   before every turn after the first: the text of the chat template's render of the conversation (images as one
   placeholder each) is compared with the text of the current sample (its image placeholder runs collapsed). Equal:
@@ -63,6 +65,8 @@ class Exporter:
     def _history_messages(self, agent_data: Any, state: TrajectoryState) -> list[dict]:
         """The conversation as the chat template renders it at inference: generated turns from their text."""
         texts = {turn.message: turn.text for turn in state.turns if turn.message is not None}
+        if not self.loop.traits.renders_results_without_calls:
+            texts = {index: text for index, text in texts.items() if not agent_data.messages[index].get("tool_calls")}
         return self.loop.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
 
     def _rendered_text(self, agent_data: Any, state: TrajectoryState) -> str:

@@ -80,9 +80,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.turn_credit = startup.turn_credit(self.config, self.mm_config)
         self.end_of_turn = startup.end_of_turn_ids(self.config, self.tokenizer)
         self.turn_gamma = startup.turn_gamma(self.config, self.turn_credit)
-        traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
-        startup.check_export(self.config, self.mm_config.export, traits)
-        self.tool_format = startup.tool_format(bool(self.tools), self.mm_config, traits, self.tool_parser_name)
+        self.traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
+        startup.check_export(self.config, self.mm_config.export, self.traits)
+        self.tool_format = startup.tool_format(bool(self.tools), self.mm_config, self.traits, self.tool_parser_name)
         self.tool_runner = ToolRunner(
             self.mm_config,
             self.max_parallel_calls,

@@ -53,6 +53,9 @@ class TemplateTraits:
     prefix_stable: bool = True
     # an image in a tool message reaches the render (False: Gemma 4's template renders a tool message's text only)
     renders_tool_images: bool = True
+    # a tool message renders after an assistant message without structured ``tool_calls`` (False: Gemma 4's template
+    # renders tool results only from the calls that asked for them)
+    renders_results_without_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,9 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     plain = as_tool[shared:] == as_user[shared:].replace("user", "tool")
     with_image = [{"type": "image"}, {"type": "text", "text": _PROBE_TEXT}]
     renders_tool_images = render([*history, {"role": "tool", "content": with_image}], generation=False) != as_tool
-    return TemplateTraits(renders_tools, not plain, prefix_stable, renders_tool_images)
+    as_text = [*user, {"role": "assistant", "content": "probe"}, {"role": "tool", "content": _PROBE_TEXT}]
+    without_calls = render(as_text, generation=False).count(_PROBE_TEXT) == 2
+    return TemplateTraits(renders_tools, not plain, prefix_stable, renders_tool_images, without_calls)
 
 
 def _prefix_stable(render, user: list[dict]) -> bool:

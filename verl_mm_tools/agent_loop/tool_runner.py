@@ -40,6 +40,10 @@ MALFORMED_CALL_TEXT_OTHER_FORMATS = (
 )
 
 
+# the name a tool message answering an unparsable call carries (templates that name each result, Gemma 4's, show it)
+UNPARSED_CALL_NAME = "unparsed_call"
+
+
 def malformed_call_text(parser: str) -> str:
     """What an unparsable call is answered with, for verl's tool parser ``multi_turn.format``."""
     return MALFORMED_CALL_TEXT if parser == "hermes" else MALFORMED_CALL_TEXT_OTHER_FORMATS
@@ -87,9 +91,12 @@ class ToolRunner:
             if reward is not None:
                 turn.rewards.append(float(reward))
         state.stats.invalid_actions += malformed
-        turn.messages += [{"role": "tool", "content": malformed_call_text(self.parser)}] * malformed
+        unparsed = {"role": "tool", "name": UNPARSED_CALL_NAME, "content": malformed_call_text(self.parser)}
+        turn.messages += [dict(unparsed) for _ in range(malformed)]
         # every call is answered: a call past max_parallel_calls the model is never told about looks executed
-        turn.messages += [{"role": "tool", "content": self._ignored_call_text()}] * ignored
+        turn.messages += [
+            {"role": "tool", "name": call.name, "content": self._ignored_call_text()} for call in calls[len(run) :]
+        ]
         return turn
 
     def _ignored_call_text(self) -> str:
@@ -151,7 +158,8 @@ class ToolRunner:
         content = self.content(images, response.text or "", notes, state)
         if content is None:
             return None
-        message: dict[str, Any] = {"role": "tool", "content": content}
+        # named: a template that renders each result under its call's name (Gemma 4's) needs it
+        message: dict[str, Any] = {"role": "tool", "name": call.name, "content": content}
         if call.tool_call_id is not None:
             message["tool_call_id"] = call.tool_call_id
         return message

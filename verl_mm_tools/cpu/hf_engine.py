@@ -29,8 +29,13 @@ PROCESSED_LOGPROBS, RAW_LOGPROBS = "processed_logprobs", "raw_logprobs"
 LOGPROBS_MODES = (PROCESSED_LOGPROBS, RAW_LOGPROBS)  # verl's rollout.logprobs_mode values that are log-probs
 
 
+# where each image's pixel values sit: Qwen-VL's and GLM-V's patch grid per image, Gemma 4's position per patch
+IMAGE_LAYOUT_KEYS = ("image_grid_thw", "image_position_ids")
+
+
 class HFVisionLM:
-    """A VLM checkpoint in transformers (Qwen-VL, Qwen3.5, GLM-V), answering token-level generate/score requests."""
+    """A VLM checkpoint in transformers (Qwen-VL, Qwen3.5, GLM-V, Gemma 4), answering token-level generate/score
+    requests."""
 
     def __init__(self, model_path: str, *, dtype: torch.dtype = torch.float32):
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -49,7 +54,7 @@ class HFVisionLM:
         if images:
             features = self.processor.image_processor(images=list(images), return_tensors="pt")
             inputs["pixel_values"] = features["pixel_values"].to(self.model.dtype)
-            inputs["image_grid_thw"] = features["image_grid_thw"]
+            inputs.update({key: features[key] for key in IMAGE_LAYOUT_KEYS if key in features})
         token_types = torch.zeros_like(input_ids)
         if self.image_token_id is not None:
             token_types[input_ids == self.image_token_id] = 1
@@ -111,9 +116,9 @@ class HFVisionLM:
         for key, fill in (("input_ids", self.tokenizer.pad_token_id), ("attention_mask", 0), ("mm_token_type_ids", 0)):
             batch[key] = torch.cat([_left_pad(single[key], width, fill) for single in singles])
         with_images = [single for single in singles if "pixel_values" in single]
-        if with_images:
-            batch["pixel_values"] = torch.cat([single["pixel_values"] for single in with_images])
-            batch["image_grid_thw"] = torch.cat([single["image_grid_thw"] for single in with_images])
+        for key in ("pixel_values", *IMAGE_LAYOUT_KEYS):
+            if with_images and key in with_images[0]:
+                batch[key] = torch.cat([single[key] for single in with_images])
         return batch
 
     @torch.no_grad()

@@ -565,6 +565,8 @@ def _gemma4_vision_config(spec: TinyModelSpec) -> dict:
         "patch_size": FAMILIES[spec.family].patch_size,
         "pooling_kernel_size": GEMMA4_POOLING,
         "position_embedding_size": 1024,
+        # soft tokens per image: the released config.json has it (transformers' class does not; vLLM reads it)
+        "default_output_length": GEMMA4_MAX_SOFT_TOKENS,
     }
 
 
