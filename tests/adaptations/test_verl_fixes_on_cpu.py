@@ -275,3 +275,40 @@ def test_a_malformed_gemma4_call_raises_a_clear_error_and_verl_skips_only_that_c
     )
     assert calls == [("ok", {"n": 1})]
     assert "the list opened at character 9 is never closed" in caplog.text
+
+
+def expanded_prompt(family: str):
+    """A prompt of two images as the agent loop holds it (each image's placeholder run expanded by the processor),
+    the chat template's own tokenization of it (one placeholder per image), and the processor."""
+    from PIL import Image
+    from verl.utils import hf_processor
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    processor = hf_processor(str(tiny_model_path(family=family)))
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}, {"type": "image"}]}]
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    images = [Image.new("RGB", (84, 56)), Image.new("RGB", (448, 448))]
+    expanded = list(processor(text=[text], images=images)["input_ids"][0])
+    return expanded, processor.tokenizer.encode(text, add_special_tokens=False), processor
+
+
+@pytest.mark.parametrize("family", ["glm4v", "gemma4"])
+def test_verls_vllm_server_sends_glm_and_gemma_prompts_expanded(family):
+    """verl collapses the image runs it hands vLLM for Qwen-VL's image processor only; vLLM expands each single
+    placeholder and not a run already expanded (tests/tiny/test_vllm_engine_on_cpu.py: the tiny GLM-4.1V's prompt of
+    161 tokens becomes 251 in vLLM, Gemma 4's 348 becomes 600). The fix sends the template's own tokens."""
+    from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
+
+    expanded, rendered, processor = expanded_prompt(family)
+    assert qwen2_5_vl_dedup_image_tokens.__wrapped__(expanded, processor) == expanded
+    assert len(expanded) - len(rendered) == {"glm4v": 68, "gemma4": 126}[family]
+    assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == rendered
+
+
+def test_qwen_prompts_still_take_verls_own_dedup():
+    from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
+
+    expanded, rendered, processor = expanded_prompt("qwen2_5_vl")
+    assert qwen2_5_vl_dedup_image_tokens.__wrapped__(expanded, processor) == rendered
+    assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == rendered

@@ -51,6 +51,16 @@
    numbers, nested) by ``parse_gemma4_arguments``; malformed text raises ``ValueError``, which verl's
    ``extract_tool_calls`` logs for that one call. verl's call regex (``call:NAME{...}<tool_call|>``, lazy) is kept: a
    call only ends at ``}<tool_call|>``, so nested objects and braces inside strings reach the parser whole.
+8. GLM-V and Gemma 4 on verl's vLLM rollout, every prompt with an image. verl's vLLM server hands vLLM the prompt's
+   token ids after ``verl.workers.rollout.utils.qwen2_5_vl_dedup_image_tokens``, which collapses each image's
+   placeholder run to the one placeholder vLLM expands, for Qwen-VL's image processor only. vLLM (0.24) expands the
+   single placeholder of every family and does not recognise a run already expanded, so a GLM-V prompt reaches the
+   model with each image's 16-token run expanded 16 times over (the tiny GLM-4.1V's 161-token check prompt becomes
+   251 tokens in vLLM) and a Gemma 4 prompt with each image's run expanded again and its <|image> / <image|> doubled
+   (348 becomes 600): vLLM generates from a prompt the trainer never sees, on GPUs too. Fixed: for every other image
+   processor the server sends the prompt as the chat template wrote it (``unexpanded_image_tokens``: each run as one
+   placeholder, without the begin- and end-of-image tokens Gemma's processor put around it); Qwen-VL's stays verl's.
+   Videos of those families are not handled (mm_tool's tools return images).
 """
 
 from __future__ import annotations
@@ -537,6 +547,51 @@ def _fix_or_report(fix, what: str):
     return apply
 
 
+ROLLOUT_UTILS_MODULE = "verl.workers.rollout.utils"
+DEDUP_TARGET = (ROLLOUT_UTILS_MODULE, "qwen2_5_vl_dedup_image_tokens")
+
+
+def fix_expanded_image_tokens_for_vllm(_module=None) -> None:
+    dedup = checked_original(
+        *DEDUP_TARGET,
+        '"Qwen2VLImageProcessor" in processor.image_processor.__class__.__name__',
+        ("prompt_ids", "processor"),
+        OWNER,
+    )
+    if dedup is None:
+        return
+
+    @functools.wraps(dedup)
+    def qwen2_5_vl_dedup_image_tokens(prompt_ids, processor):
+        image_processor = getattr(processor, "image_processor", None)
+        if image_processor is None or "Qwen2VLImageProcessor" in type(image_processor).__name__:
+            return dedup(prompt_ids, processor)
+        return unexpanded_image_tokens(prompt_ids, processor)
+
+    install(*DEDUP_TARGET, dedup, qwen2_5_vl_dedup_image_tokens)
+
+
+def unexpanded_image_tokens(prompt_ids, processor) -> list[int]:
+    """The prompt as the chat template wrote it, before the processor expanded each image: each run of the image
+    placeholder as one token, without the begin- and end-of-image tokens the processor put around the run (Gemma's
+    <|image> and <image|>, which vLLM adds again with the run)."""
+    tokenizer = processor.tokenizer
+    image = tokenizer.convert_tokens_to_ids(processor.image_token)
+    added_around = [getattr(processor, name, None) for name in ("boi_token", "eoi_token")]
+    begin, end = (tokenizer.convert_tokens_to_ids(token) if token else None for token in added_around)
+    ids = list(prompt_ids)
+    kept = []
+    for index, token in enumerate(ids):
+        before = ids[index - 1] if index else None
+        after = ids[index + 1] if index + 1 < len(ids) else None
+        if token == image and before == image:
+            continue
+        if (token == begin and after == image) or (token == end and before == image):
+            continue
+        kept.append(token)
+    return kept
+
+
 def apply_verl_fixes() -> None:
     call_after_import(
         QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch, "Qwen2-VL micro-batches without images")
@@ -552,4 +607,8 @@ def apply_verl_fixes() -> None:
     )
     call_after_import(
         GEMMA4_TOOL_PARSER_MODULE, _fix_or_report(fix_gemma4_tool_arguments, "Gemma 4's list and object arguments")
+    )
+    call_after_import(
+        ROLLOUT_UTILS_MODULE,
+        _fix_or_report(fix_expanded_image_tokens_for_vllm, "GLM-V's and Gemma 4's image tokens sent to vLLM"),
     )

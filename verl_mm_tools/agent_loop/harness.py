@@ -188,19 +188,21 @@ def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
 
 def trainer_logprobs(model, output: DataProto, row: int = 0):
     """The response tokens' log-probs of one float32 forward over sample ``row`` of a generated batch, with verl's
-    (4, L) position ids and multimodal inputs: what the trainer computes. ``model``: an ``HFVisionLM``."""
+    position ids ((4, L) for M-RoPE families, (L,) for Gemma 4) and multimodal inputs: what the trainer computes.
+    ``model``: an ``HFVisionLM``."""
     import torch
+
+    from verl_mm_tools.cpu.hf_engine import IMAGE_LAYOUT_KEYS
 
     attention = output.batch["attention_mask"][row].bool()
     input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
+    position_ids = output.batch["position_ids"][row][..., attention]
+    position_ids = position_ids.unsqueeze(1) if position_ids.dim() == 2 else position_ids.unsqueeze(0)
     inputs = output.non_tensor_batch["multi_modal_inputs"][row]
+    images = {key: inputs[key] for key in ("pixel_values", *IMAGE_LAYOUT_KEYS) if key in inputs}
     with torch.no_grad():
         logits = model.model(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            position_ids=output.batch["position_ids"][row][:, attention].unsqueeze(1),
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids, **images
         ).logits[0]
     prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
     logprobs = torch.log_softmax(logits[prompt_length - 1 : -1].float(), dim=-1)
