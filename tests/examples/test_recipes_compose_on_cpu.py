@@ -171,7 +171,8 @@ def test_every_family_has_a_recipe_line():
 @pytest.mark.parametrize("family", FAMILY_FILES)
 def test_a_family_composes_with_every_recipe_and_names_its_tool_parser(family, monkeypatch):
     """``run.sh <recipe> +family=F``: the family's model, tool parser and pixel bounds replace the recipe's, and
-    each bound is one the family's processor applies (GLM-V's processor ignores min/max_pixels: it gets a size)."""
+    each bound is one the family's processor applies (GLM-V's processor ignores min/max_pixels: it gets a size;
+    Gemma 4's scales every image to a soft-token budget)."""
     from verl_mm_tools.tiny import FAMILIES
 
     monkeypatch.chdir(ROOT)
@@ -182,4 +183,5 @@ def test_a_family_composes_with_every_recipe_and_names_its_tool_parser(family, m
         assert config.actor_rollout_ref.rollout.multi_turn.format == FAMILIES[family].tool_parser
         assert config.actor_rollout_ref.model.path != "Qwen/Qwen2.5-VL-3B-Instruct" or family == "qwen2_5_vl"
         bounds = {key for key, value in config.data.mm_processor_kwargs.items() if value is not None}
-        assert bounds == ({"size"} if family.startswith("glm") else {"min_pixels", "max_pixels"}), name
+        applied = {"glm4v": {"size"}, "glm4v_moe": {"size"}, "gemma4": {"max_soft_tokens"}}
+        assert bounds == applied.get(family, {"min_pixels", "max_pixels"}), name

@@ -69,9 +69,11 @@ class MMToolLoopConfig:
             tools), ``auto`` (``template`` when the chat template renders tools, else ``system``; the official
             Qwen2-VL / Qwen2.5-VL templates ignore them). A configured tool whose name the first prompt lacks is a
             ConfigError. See ``verl_mm_tools.agent_loop.tool_format``.
-        tool_response_role: How tool results are rendered: ``tool`` messages, or ``user`` turns of
-            ``<tool_response>`` blocks (text and images); ``auto``: ``tool`` when the template has its own tool-role
-            convention (Qwen3-VL), else ``user`` (Qwen2-VL / Qwen2.5-VL would render a bare ``tool`` role).
+        tool_response_role: How tool results are rendered: ``tool`` messages, ``user`` turns of
+            ``<tool_response>`` blocks (text and images), or ``split`` (the text in tool messages, the images in a
+            user turn after them); ``auto``: ``tool`` when the template has its own tool-role convention and renders
+            images in tool messages (Qwen3-VL, GLM-V), ``split`` when it has one but drops those images (Gemma 4),
+            else ``user`` (Qwen2-VL / Qwen2.5-VL would render a bare ``tool`` role).
         export: How a trajectory becomes training samples: ``per_trajectory`` (one sample, the conversation as
             generated), ``per_turn`` (one sample per assistant turn, its prompt the chat template's render of the
             conversation, as at inference), ``auto`` (one sample while the template's render stays an extension of
