@@ -125,9 +125,10 @@ def _check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -
         )
     if export is Export.PER_TRAJECTORY and not traits.prefix_stable:
         logger.warning(
-            "mm_tool: the chat template drops earlier reasoning from the history once a new user turn arrives (as "
-            "Qwen3-VL Thinking's does), so with export=per_trajectory the model trains on contexts it would not see "
-            "at inference. Set export: per_turn (one sample per turn, each the template's own render) or auto."
+            "mm_tool: the chat template renders the history otherwise than the model generated it (Qwen3-VL "
+            "Thinking's drops earlier reasoning once a new user turn arrives, Gemma 4's the empty thought channel of "
+            "its generation prompt), so with export=per_trajectory the model trains on contexts it would not see at "
+            "inference. Set export: per_turn (one sample per turn, each the template's own render) or auto."
         )
     return True
 

@@ -48,8 +48,9 @@ class TemplateTraits:
 
     renders_tools: bool  # the tool schemas passed as ``tools`` appear in the rendered prompt
     tool_role_convention: bool  # a tool message renders other than a plain ``tool`` role turn
-    # a conversation renders as an extension of its render before the last user turn, for an assistant turn with
-    # reasoning in it (False: Qwen3-VL Thinking's templates drop earlier reasoning)
+    # a conversation renders as an extension of its render as generated and before the last user turn, for an
+    # assistant turn with reasoning in it (False: Qwen3-VL Thinking's templates drop earlier reasoning, Gemma 4's the
+    # empty thought channel of its generation prompt)
     prefix_stable: bool = True
     # an image in a tool message reaches the render (False: Gemma 4's template renders a tool message's text only)
     renders_tool_images: bool = True
@@ -258,7 +259,10 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
 
 
 def _prefix_stable(render, user: list[dict]) -> bool:
-    """Whether an answer with reasoning renders the same once another user turn follows it."""
+    """Whether an answer with reasoning renders as it was generated (after the generation prompt) and the same once
+    another user turn follows it."""
     answered = [*user, {"role": "assistant", "content": f"<think>\n{_PROBE_TEXT}\n</think>\n\n{_PROBE_TEXT}"}]
     before = render(answered, generation=False)
-    return render([*answered, {"role": "user", "content": _PROBE_TEXT}], generation=False).startswith(before)
+    # Gemma 4's generation prompt opens an empty thought channel its history render leaves out
+    as_generated = before.startswith(render(user, generation=True))
+    return as_generated and render([*answered, *user], generation=False).startswith(before)

@@ -1,12 +1,12 @@
 """Build the embedded tiny VLMs offline, deterministically from a seed, and cache them.
 
 A tiny model is a real checkpoint of one VLM model type verl builds tokens for (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen3-VL MoE, Qwen3.5, GLM-4.1V/4.5V and their MoE, Gemma 4): config, random weights, a byte-level BPE tokenizer trained here on
-generated text with the family's own special tokens, a chat template in the family's token format (tools, tool calls,
-tool results, thinking), and the family's image/video processors, small enough that the whole verl trainer runs on a
-laptop CPU. Like the real families, the Qwen2-VL and Qwen2.5-VL templates ignore tools and render a plain ``tool``
-role; ``template="tool_aware"`` selects a Qwen2.5-text-style tool template instead. It loads with ``AutoProcessor`` /
-``AutoModelForImageTextToText`` and with verl's ``hf_tokenizer`` / ``hf_processor``.
+Qwen3-VL MoE, Qwen3.5, GLM-4.1V/4.5V and their MoE, Gemma 4): config, random weights, a byte-level BPE tokenizer
+trained here on generated text with the family's own special tokens, a chat template in the family's token format
+(tools, tool calls, tool results, thinking), and the family's image/video processors, small enough that the whole
+verl trainer runs on a laptop CPU. Like the real families, the Qwen2-VL and Qwen2.5-VL templates ignore tools and
+render a plain ``tool`` role; ``template="tool_aware"`` selects a Qwen2.5-text-style tool template instead. It loads
+with ``AutoProcessor`` / ``AutoModelForImageTextToText`` and with verl's ``hf_tokenizer`` / ``hf_processor``.
 """
 
 from __future__ import annotations
