@@ -25,6 +25,7 @@ def detect():
 
 def test_every_template_is_checked():
     assert TEMPLATE_FILES == [
+        "gemma4.jinja",
         "glm4v.jinja",
         "qwen2_vl.jinja",
         "qwen3_5.jinja",
