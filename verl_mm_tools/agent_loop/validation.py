@@ -77,10 +77,8 @@ def processor_size_tokens(processor, width: int, height: int, mm_processor_kwarg
     image_processor = processor.image_processor
     kwargs = dict(mm_processor_kwargs or {})
     if counts_soft_tokens(image_processor):
-        (width, height), side = (
-            soft_token_size(image_processor, width, height, kwargs),
-            soft_token_side(image_processor, kwargs),
-        )
+        width, height = soft_token_size(image_processor, width, height, kwargs)
+        side = soft_token_side(image_processor, kwargs)
         return (width // side) * (height // side)
     if takes_pixel_bounds(image_processor):
         # its count reads min/max_pixels one by one, its resize both together or a ``size``: count what it does
