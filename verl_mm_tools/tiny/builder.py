@@ -527,11 +527,8 @@ def build_config(spec: TinyModelSpec, tokenizer):
     return config_cls(text_config=text, vision_config=vision, tie_word_embeddings=tied, **token_ids)
 
 
-def _gemma4_text_config(spec: TinyModelSpec, tokenizer) -> dict:
-    """Gemma 4's text model as the released dense checkpoints have it (one sliding-window layer, then one global
-    layer whose rotary covers a quarter of each head), without the per-layer embeddings of the E2B/E4B models."""
-    head_dim = spec.hidden_size // spec.num_heads
-    vocabulary = FAMILIES[spec.family].vocabulary
+def _text_sizes(spec: TinyModelSpec, tokenizer) -> dict:
+    """The text model's sizes, the same in every family."""
     return {
         "vocab_size": len(tokenizer),
         "hidden_size": spec.hidden_size,
@@ -539,12 +536,22 @@ def _gemma4_text_config(spec: TinyModelSpec, tokenizer) -> dict:
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
+        "max_position_embeddings": 8192,
+    }
+
+
+def _gemma4_text_config(spec: TinyModelSpec, tokenizer) -> dict:
+    """Gemma 4's text model as the released dense checkpoints have it (one sliding-window layer, then one global
+    layer whose rotary covers a quarter of each head), without the per-layer embeddings of the E2B/E4B models."""
+    head_dim = spec.hidden_size // spec.num_heads
+    vocabulary = FAMILIES[spec.family].vocabulary
+    return {
+        **_text_sizes(spec, tokenizer),
         "num_global_key_value_heads": spec.num_kv_heads,
         "head_dim": head_dim,
         "global_head_dim": head_dim,
         "layer_types": ["sliding_attention"] * (spec.num_layers - 1) + ["full_attention"],
         "sliding_window": 512,
-        "max_position_embeddings": 8192,
         "hidden_size_per_layer_input": 0,
         "vocab_size_per_layer_input": len(tokenizer),
         "tie_word_embeddings": True,
@@ -575,13 +582,7 @@ def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
     head_dim = spec.hidden_size // spec.num_heads
     rope: dict = {"rope_type": "default", "rope_theta": 10000.0}
     config = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.hidden_size * 2,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "max_position_embeddings": 8192,
+        **_text_sizes(spec, tokenizer),
         "rope_parameters": rope,
         "bos_token_id": tokenizer.convert_tokens_to_ids(family.vocabulary.pad),
         "eos_token_id": tokenizer.convert_tokens_to_ids(family.vocabulary.eos),
