@@ -7,11 +7,10 @@ import asyncio
 
 import pytest
 import torch
-from PIL import Image
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_mm_tools.agent_loop.harness import image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.agent_loop.harness import image_prompt, marked_image, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
@@ -59,12 +58,6 @@ class SessionProbe(BaseTool):
 
 def probe_call(x: int) -> str:
     return tool_call_text("probe", x=x)
-
-
-def marked_image(size=(84, 56)) -> Image.Image:
-    image = Image.new("RGB", size, (128, 128, 128))
-    image.paste((255, 0, 0), (0, 0, 28, 28))
-    return image
 
 
 PROMPT = [image_prompt("How far is this image rotated?", [marked_image()])]

@@ -10,11 +10,11 @@ import logging
 
 import pytest
 import torch
-from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
     LocalRollout,
     image_prompt,
+    marked_image,
     scripted_logprob,
     tool_call_text,
     trainer_logprobs,
@@ -32,12 +32,6 @@ CALLS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=
 ANSWER = "<answer>90</answer><|im_end|>"
 REASONING = "Rotate it.\n</think>\n\n"  # a thinking model writes its reasoning after the prompt's opening <think>
 MODELS = [("qwen2_vl", "family"), ("qwen2_5_vl", "family"), ("qwen3_vl", "family"), ("qwen3_vl", "thinking")]
-
-
-def marked_image(size=(84, 56)) -> Image.Image:
-    image = Image.new("RGB", size, (128, 128, 128))
-    image.paste((255, 0, 0), (0, 0, 28, 28))
-    return image
 
 
 def rollout_for(family: str, template: str, tmp_path) -> LocalRollout:

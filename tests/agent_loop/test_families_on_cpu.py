@@ -18,7 +18,8 @@ from verl_mm_tools.agent_loop.harness import (
     SCRIPTED_WEIGHTS_STEP,
     LocalRollout,
     image_prompt,
-    scripted_logprob,
+    marked_image,
+    scripted_turn_expectations,
     trainer_logprobs,
     unpadded_row,
 )
@@ -73,12 +74,6 @@ DIALECTS = {
     "glm4v_moe": GLM,
 }
 NEW_FAMILIES = sorted(DIALECTS)
-
-
-def marked_image(size=(84, 56)) -> Image.Image:
-    image = Image.new("RGB", size, (128, 128, 128))
-    image.paste((255, 0, 0), (0, 0, 28, 28))
-    return image
 
 
 def turns_of(dialect: Dialect) -> list[str]:
@@ -215,13 +210,8 @@ def test_golden_trajectory_equals_the_templates_render(family, tmp_path):
     assert tokenizer.decode(row["response_ids"][-1:]) == dialect.answer_end
 
     generated = [tokenizer.encode(turn, add_special_tokens=False) for turn in turns]
-    expected_mask, expected_logprobs, cursor = [0] * len(row["response_ids"]), [0.0] * len(row["response_ids"]), 0
+    expected_mask, expected_logprobs = scripted_turn_expectations(row["response_ids"], generated)
     response = row["response_ids"]
-    for tokens in generated:
-        start = next(i for i in range(cursor, len(response)) if response[i : i + len(tokens)] == tokens)
-        expected_mask[start : start + len(tokens)] = [1] * len(tokens)
-        expected_logprobs[start : start + len(tokens)] = [scripted_logprob(i) for i in range(len(tokens))]
-        cursor = start + len(tokens)
     assert row["response_mask"] == expected_mask
     assert row["logprobs"] == pytest.approx(expected_logprobs, abs=1e-7)
 

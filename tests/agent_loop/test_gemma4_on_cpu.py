@@ -16,7 +16,8 @@ from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.harness import (
     LocalRollout,
     image_prompt,
-    scripted_logprob,
+    marked_image,
+    scripted_turn_expectations,
     trainer_logprobs,
     unpadded_row,
 )
@@ -49,12 +50,6 @@ def processor():
     from verl.utils import hf_processor
 
     return hf_processor(str(tiny_model_path(family="gemma4")))
-
-
-def marked_image(size=(84, 56)) -> Image.Image:
-    image = Image.new("RGB", size, (128, 128, 128))
-    image.paste((255, 0, 0), (0, 0, 28, 28))
-    return image
 
 
 def run(tmp_path, turns, **kwargs):
@@ -160,14 +155,9 @@ def test_golden_trajectory(tmp_path, processor):
     assert row["prompt_ids"] == ids_of(processor, prompt_text, images[:1])
     assert row["prompt_ids"] + row["response_ids"] == ids_of(processor, stream, images)
 
-    response, tokenizer = row["response_ids"], worker.tokenizer
-    expected_mask, expected_logprobs, cursor = [0] * len(response), [0.0] * len(response), 0
-    for turn in TURNS:
-        tokens = tokenizer.encode(turn, add_special_tokens=False)
-        start = next(i for i in range(cursor, len(response)) if response[i : i + len(tokens)] == tokens)
-        expected_mask[start : start + len(tokens)] = [1] * len(tokens)
-        expected_logprobs[start : start + len(tokens)] = [scripted_logprob(i) for i in range(len(tokens))]
-        cursor = start + len(tokens)
+    tokenizer = worker.tokenizer
+    generated = [tokenizer.encode(turn, add_special_tokens=False) for turn in TURNS]
+    expected_mask, expected_logprobs = scripted_turn_expectations(row["response_ids"], generated)
     assert row["response_mask"] == expected_mask
     assert row["logprobs"] == pytest.approx(expected_logprobs, abs=1e-7)
     # generation stops at the parser's <tool_call|> (verl adds it to the stop tokens) and at <turn|>

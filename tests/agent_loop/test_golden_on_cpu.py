@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PIL import Image
 
 from verl_mm_tools.agent_loop.harness import (
     LocalRollout,
     image_prompt,
+    marked_image,
     scripted_logprob,
     tool_call_text,
     trainer_logprobs,
@@ -26,13 +26,6 @@ TURNS = [
     "<answer>90</answer><|im_end|>",
 ]
 QUESTION = "How far is this image rotated?"
-
-
-def marked_image(size=(84, 56)) -> Image.Image:
-    """Gray with a red square in the top-left corner, so a rotation is visible in the pixels."""
-    image = Image.new("RGB", size, (128, 128, 128))
-    image.paste((255, 0, 0), (0, 0, 28, 28))
-    return image
 
 
 def find(sequence: list[int], part: list[int], start: int) -> int:

@@ -50,6 +50,25 @@ def scripted_logprob(position: int) -> float:
     return -0.01 * (position + 1)
 
 
+def scripted_turn_expectations(response_ids: list[int], turns: list[list[int]]) -> tuple[list[int], list[float]]:
+    """(response mask, rollout log-probs) a response must have when the scripted server generated ``turns`` (token
+    ids, in order) and everything between them is context: 1 and the scripted log-probs on each turn, else 0."""
+    mask, logprobs, cursor = [0] * len(response_ids), [0.0] * len(response_ids), 0
+    for tokens in turns:
+        start = next(i for i in range(cursor, len(response_ids)) if response_ids[i : i + len(tokens)] == tokens)
+        mask[start : start + len(tokens)] = [1] * len(tokens)
+        logprobs[start : start + len(tokens)] = [scripted_logprob(i) for i in range(len(tokens))]
+        cursor = start + len(tokens)
+    return mask, logprobs
+
+
+def marked_image(size: tuple[int, int] = (84, 56)) -> Image.Image:
+    """Gray with a red square in the top-left corner, so a rotation is visible in the pixels."""
+    image = Image.new("RGB", size, (128, 128, 128))
+    image.paste((255, 0, 0), (0, 0, 28, 28))
+    return image
+
+
 class ScriptedServer:
     """Stands in for verl's LLM server client: answers turn k of every trajectory with ``script(k, prompt_ids,
     image_data)`` (text, tokenized here), or ``turns[k]`` when given a list. Records every request.
