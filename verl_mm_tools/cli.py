@@ -20,13 +20,15 @@ from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.command import add_eval_command
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, TEMPLATES, tiny_model_path
+from verl_mm_tools.trajectories.command import add_export_sft_command
 from verl_mm_tools.viewer.command import add_view_command
 
 logger = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).
-Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate.
+Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate, export
+trajectories as SFT data.
 """
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
@@ -270,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_make_data_command(commands)
     _add_bench_command(commands)
     add_eval_command(commands)
+    add_export_sft_command(commands)
     return parser
 
 

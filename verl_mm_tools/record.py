@@ -6,8 +6,9 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 3; version 2 records lack ``samples`` and the
-turns' ``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 4; version 3 records lack ``chat``, version 2
+records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
+``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -29,6 +30,11 @@ turns' ``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_c
 - ``samples``: the training samples the trajectory became (one unless the loop's ``export`` is per_turn or auto),
   each ``sample``, ``turns`` (the turn numbers it trains on), ``prompt_tokens``, ``response_tokens``,
   ``trained_tokens``, ``images``;
+- ``chat``: the conversation as the chat template rendered it (what ``verl-mm-tools export-sft`` writes):
+  ``messages`` (the loop's tool format applied: the tool block, tool results as the template takes them; assistant
+  messages as the model wrote them; content a string or parts ``{"type": "text", "text"}`` and
+  ``{"type": "image", "image_id"}``), ``tools`` (the ``tools`` argument of the template, or None) and
+  ``template_kwargs`` (``apply_chat_template_kwargs``); None when its images could not be matched to ``images``;
 - ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``, summed over the samples;
 - ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
   ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
@@ -40,7 +46,10 @@ turns' ``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_c
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +57,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from verl_mm_tools.errors import VerlMMToolsError
+
+logger = logging.getLogger(__name__)
+
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"
@@ -59,6 +72,29 @@ STEP_SUMMARY = "_step.json"
 STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
 STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
 DUMP_KEY = "mm_tool/dump"  # the extra field holding a trajectory's dump reference (not a statistic)
+
+
+class RecordError(VerlMMToolsError, ValueError):
+    """A trajectory record that cannot be read: not JSON, another format, a newer version, missing files."""
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """The record in ``path`` (a ``trajectory.json``); a RecordError naming the file when it is not one this
+    version reads."""
+    try:
+        record = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as error:
+        raise RecordError(f"{path}: not a readable JSON record ({error})") from error
+    version = record.get("version") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise RecordError(f"{path}: format {found!r}, not a trajectory record ({RECORD_FORMAT!r})")
+    if not isinstance(version, int) or not 1 <= version <= RECORD_VERSION:
+        raise RecordError(
+            f"{path}: record version {version!r}; this verl-mm-tools reads versions 1 to {RECORD_VERSION}: "
+            "upgrade verl-mm-tools to read newer records"
+        )
+    return record
 
 
 @dataclass(frozen=True)
@@ -94,10 +130,15 @@ def build_record(
     model: str | None = None,
     request_id=None,
     timing=None,
+    chat: dict | None = None,
 ) -> tuple[dict, list]:
-    """The JSON-able record of one trajectory and the image for each image id (None when unavailable)."""
+    """The JSON-able record of one trajectory and the image for each image id (None when unavailable); ``chat``
+    is ``chat_record``'s."""
     record_messages, message_images = _messages(messages, [turn.text for turn in turns])
     image_entries, pixels = _images(record_messages, message_images, images)
+    if chat is not None and chat_image_ids(chat) != [entry["id"] for entry in image_entries]:
+        logger.warning("trajectory record: the rendered conversation's images do not match the messages'; no chat kept")
+        chat = None
     stats = _stats(extra_fields)
     record = {
         "format": RECORD_FORMAT,
@@ -111,6 +152,7 @@ def build_record(
         "tool_calls": _tool_calls(record_messages),
         "turns": _turns(turns, samples),
         "samples": _samples(samples, turns),
+        "chat": chat,
         "mask": _mask_summary(samples),
         "masked": bool(stats.get("masked")),
         "stop_reason": stats.get("stop_reason"),
@@ -156,6 +198,48 @@ def _messages(messages: list[dict], assistant_texts: list[str]) -> tuple[list[di
     return records, images_per_message
 
 
+def chat_record(messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None) -> dict:
+    """The record's ``chat``: ``messages`` as the chat template rendered them, image items numbered in order (the
+    order of the record's ``images``: the template's order)."""
+    ids = itertools.count(1)
+    return {
+        "messages": [_chat_message(message, ids) for message in messages],
+        "tools": jsonable(tools) if tools else None,
+        "template_kwargs": jsonable(template_kwargs or {}),
+    }
+
+
+def _chat_message(message: dict, ids) -> dict:
+    entry = {key: jsonable(value) for key, value in message.items() if key != "content"}
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        entry["content"] = content
+        return entry
+    entry["content"] = [
+        {"type": "image", "image_id": next(ids)} if _is_image(item) else {"type": "text", "text": str(item["text"])}
+        for item in content
+        if _is_image(item) or (isinstance(item, dict) and item.get("type") == "text")
+    ]
+    return entry
+
+
+def chat_image_ids(chat: dict) -> list[int]:
+    """The image ids of ``chat``'s messages, in order."""
+    return [
+        part["image_id"]
+        for message in chat["messages"]
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image"
+    ]
+
+
+def _is_image(item) -> bool:
+    return isinstance(item, dict) and (
+        item.get("type") in ("image", "image_url") or "image" in item or "image_url" in item
+    )
+
+
 def _split_content(content) -> tuple[str, list]:
     if content is None:
         return "", []
@@ -164,7 +248,7 @@ def _split_content(content) -> tuple[str, list]:
     texts, images = [], []
     for item in content:
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind in ("image", "image_url") or (isinstance(item, dict) and ("image" in item or "image_url" in item)):
+        if _is_image(item):
             images.append(item.get("image", item.get("image_url")))
         elif kind == "text":
             texts.append(str(item.get("text", "")))

@@ -312,3 +312,66 @@ def test_qwen_prompts_still_take_verls_own_dedup():
     expanded, rendered, processor = expanded_prompt("qwen2_5_vl")
     assert qwen2_5_vl_dedup_image_tokens.__wrapped__(expanded, processor) == rendered
     assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == rendered
+
+
+# ----- fix 9: multi-turn SFT rows whose tools differ -------------------------------------------------------------
+
+TWO_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "rotate",
+            "parameters": {
+                "type": "object",
+                "properties": {"degrees": {"type": "number"}, "image_id": {"type": "integer"}},
+                "required": ["degrees"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "zoom_in",
+            "description": "zoom",
+            "parameters": {"type": "object", "properties": {"x1": {"type": "number"}, "image_id": {"type": "integer"}}},
+        },
+    },
+]
+
+
+SFT_MESSAGES = [
+    {"role": "user", "content": "hi"},
+    {"role": "tool", "name": "rotate", "content": "rotated"},
+    {"role": "assistant", "content": "ok"},
+]
+
+
+def sft_dataset_of(tmp_path, tokenizer, tools_cell, messages=SFT_MESSAGES):
+    import pandas as pd
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    pd.DataFrame({"messages": [messages], "tools": [tools_cell]}).to_parquet(tmp_path / "rows.parquet")
+    return MultiTurnSFTDataset(str(tmp_path / "rows.parquet"), tokenizer, {"pad_mode": "no_padding"})
+
+
+def test_verls_sft_dataset_reads_differing_tools_padded_and_reordered(tmp_path, tiny_tokenizer):
+    """The bug: Parquet's struct column gives each tool the other's parameters as nulls, in the union's order.
+    When this fails, verl changed it: drop the fix."""
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    dataset = sft_dataset_of(tmp_path, tiny_tokenizer, TWO_TOOLS)
+    MultiTurnSFTDataset._read_files_and_process.__wrapped__(dataset)  # verl's own reading
+    rotate, zoom = (tool["function"]["parameters"]["properties"] for tool in dataset.tools[0])
+    assert rotate == {"degrees": {"type": "number"}, "image_id": {"type": "integer"}, "x1": None}
+    assert list(zoom) == ["degrees", "image_id", "x1"] and zoom["degrees"] is None
+    assert dataset._build_messages.__wrapped__(dataset, dataset.dataframe.iloc[0].to_dict())[0]["name"] is None
+
+
+def test_the_fixed_sft_dataset_reads_json_tools_exactly_and_drops_parquets_nulls(tmp_path, tiny_tokenizer):
+    exact = sft_dataset_of(tmp_path, tiny_tokenizer, json.dumps(TWO_TOOLS))
+    assert json.dumps(exact.tools[0]) == json.dumps(TWO_TOOLS)  # key order included
+    padded = sft_dataset_of(tmp_path, tiny_tokenizer, TWO_TOOLS)
+    assert padded.tools[0][0] == TWO_TOOLS[0]
+    assert padded._build_messages(padded.dataframe.iloc[0].to_dict()) == SFT_MESSAGES
+    with pytest.raises(ValueError, match=r"row 0's tools is text but not JSON .*: '\[\{'"):
+        sft_dataset_of(tmp_path, tiny_tokenizer, "[{")

@@ -154,7 +154,7 @@ def test_unpublished_staged_trajectories_are_shown_and_reported(dump_copy, tmp_p
                 (path / "step_000001" / "x").mkdir(parents=True)
                 or (path / "step_000001" / "x" / RECORD_FILE).write_text('{"format": "something-else"}')
             ),
-            r"holds format 'something-else'.*upgrade verl-mm-tools",
+            r"format 'something-else', not a trajectory record.*delete the trajectory folder",
         ),
     ],
 )

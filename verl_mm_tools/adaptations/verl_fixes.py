@@ -61,11 +61,22 @@
    processor the server sends the prompt as the chat template wrote it (``unexpanded_image_tokens``: each run as one
    placeholder, without the begin- and end-of-image tokens Gemma's processor put around it); Qwen-VL's stays verl's.
    Videos of those families are not handled (mm_tool's tools return images).
+9. Multi-turn SFT with tools whose parameters differ, every row. ``verl.utils.dataset.multiturn_sft_dataset.
+   MultiTurnSFTDataset`` reads its parquet with pandas, and Parquet stores a column of dicts as one struct type: the
+   union of every row's keys, in the order first seen, the absent ones read back as None. Two tools (``rotate`` with
+   ``degrees`` and ``image_id``, ``zoom_in`` with ``x1``..``y2`` and ``image_id``) come back as ``rotate`` with
+   ``"x1": null, ...`` and ``zoom_in`` with ``image_id`` moved first and ``"degrees": null``, and the chat template
+   renders that: verl trains on a tool prompt the model never sees in rollouts. Messages gain ``"tool_calls": null``
+   and ``"name": null`` the same way. Fixed: a ``tools`` cell may be JSON text (``export-sft`` writes it so: exact,
+   order kept), decoded as read; a tools list of dicts and each message lose the None values Parquet added
+   (``without_nulls``; the loop's schemas hold none, verl dumps them with ``exclude_none``; the order of such a list
+   stays Parquet's). verl's reading is otherwise unchanged.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import pickle
@@ -592,6 +603,66 @@ def unexpanded_image_tokens(prompt_ids, processor) -> list[int]:
     return kept
 
 
+SFT_DATASET_MODULE = "verl.utils.dataset.multiturn_sft_dataset"
+SFT_DATASET = (SFT_DATASET_MODULE, "MultiTurnSFTDataset")
+
+
+def fix_sft_parquet_nulls(_module=None) -> None:
+    read = checked_method(
+        *SFT_DATASET,
+        "_read_files_and_process",
+        "self.tools = self.dataframe[self.tools_key].apply(convert_nested_value_to_list_recursive).tolist()",
+        ("self",),
+        OWNER,
+    )
+    build = checked_method(
+        *SFT_DATASET,
+        "_build_messages",
+        "messages: list = convert_nested_value_to_list_recursive(example[self.messages_key])",
+        ("self", "example"),
+        OWNER,
+    )
+    if read is None or build is None:
+        return
+
+    @functools.wraps(read)
+    def _read_files_and_process(self):
+        read(self)
+        if self.tools is not None:
+            self.tools = [read_tools_cell(tools, row) for row, tools in enumerate(self.tools)]
+
+    @functools.wraps(build)
+    def _build_messages(self, example):
+        from verl.utils.py_functional import convert_nested_value_to_list_recursive
+
+        messages = convert_nested_value_to_list_recursive(example[self.messages_key])
+        return build(self, {**example, self.messages_key: without_nulls(messages)})
+
+    install_method(*SFT_DATASET, "_read_files_and_process", _read_files_and_process)
+    install_method(*SFT_DATASET, "_build_messages", _build_messages)
+
+
+def read_tools_cell(cell, row: int):
+    """One row's ``tools``: JSON text decoded, a list of dicts without the None values Parquet added."""
+    if not isinstance(cell, str):
+        return without_nulls(cell)
+    try:
+        return json.loads(cell)
+    except ValueError as error:
+        raise ValueError(
+            f"multi-turn SFT data: row {row}'s tools is text but not JSON ({error}): {cell[:200]!r}"
+        ) from None
+
+
+def without_nulls(value):
+    """``value`` with every None-valued dict entry removed, at any depth (what Parquet adds to a struct column)."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
 def apply_verl_fixes() -> None:
     call_after_import(
         QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch, "Qwen2-VL micro-batches without images")
@@ -611,4 +682,7 @@ def apply_verl_fixes() -> None:
     call_after_import(
         ROLLOUT_UTILS_MODULE,
         _fix_or_report(fix_expanded_image_tokens_for_vllm, "GLM-V's and Gemma 4's image tokens sent to vLLM"),
+    )
+    call_after_import(
+        SFT_DATASET_MODULE, _fix_or_report(fix_sft_parquet_nulls, "multi-turn SFT rows whose tools differ")
     )

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.export import rendered_history
 from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, state_of
 from verl_mm_tools.record import (
     DUMP_KEY,
@@ -47,6 +48,7 @@ from verl_mm_tools.record import (
     SampleRecord,
     TurnRecord,
     build_record,
+    chat_record,
     jsonable,
     sample_ids,
 )
@@ -91,6 +93,7 @@ async def stage_trajectory(loop, agent_data, outputs: list, sample: dict) -> dic
 
 def _loop_record(loop, agent_data, outputs: list, sample: dict) -> tuple[dict, list]:
     messages = list(getattr(agent_data, "messages", None) or sample.get("raw_prompt") or [])
+    state = state_of(agent_data)
     images = list(getattr(agent_data, "image_data", None) or [])
     output = outputs[-1]
     return build_record(
@@ -106,6 +109,16 @@ def _loop_record(loop, agent_data, outputs: list, sample: dict) -> tuple[dict, l
         model=str(loop.config.actor_rollout_ref.model.path),
         request_id=getattr(agent_data, "request_id", None),
         timing=output.metrics.model_dump() if hasattr(output.metrics, "model_dump") else dict(output.metrics or {}),
+        chat=_chat(loop, agent_data, state) if state is not None and messages else None,
+    )
+
+
+def _chat(loop, agent_data, state) -> dict:
+    schemas = getattr(agent_data, "_active_tool_schemas", None) or []
+    return chat_record(
+        rendered_history(loop, agent_data, state),
+        loop.tool_format.template_tools(schemas),
+        loop.apply_chat_template_kwargs,
     )
 
 

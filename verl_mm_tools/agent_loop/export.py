@@ -63,11 +63,7 @@ class Exporter:
         return rendered != self.loop.tokenizer.decode(stream, skip_special_tokens=False)
 
     def _history_messages(self, agent_data: Any, state: TrajectoryState) -> list[dict]:
-        """The conversation as the chat template renders it at inference: generated turns from their text."""
-        texts = {turn.message: turn.text for turn in state.turns if turn.message is not None}
-        if not self.loop.traits.renders_results_without_calls:
-            texts = {index: text for index, text in texts.items() if not agent_data.messages[index].get("tool_calls")}
-        return self.loop.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
+        return rendered_history(self.loop, agent_data, state)
 
     def _rendered_text(self, agent_data: Any, state: TrajectoryState) -> str:
         from verl.utils.tokenizer.chat_template import apply_chat_template
@@ -129,6 +125,15 @@ class Exporter:
             agent_data.response_logprobs = [0.0] * history
         agent_data.routed_experts = None  # the engine returns the new sample's routing with its next generation
         return True
+
+
+def rendered_history(loop: MMToolAgentLoop, agent_data: Any, state: TrajectoryState) -> list[dict]:
+    """The conversation as the chat template renders it at inference (and as the record's ``chat`` keeps it):
+    generated turns from their text."""
+    texts = {turn.message: turn.text for turn in state.turns if turn.message is not None}
+    if not loop.traits.renders_results_without_calls:
+        texts = {index: text for index, text in texts.items() if not agent_data.messages[index].get("tool_calls")}
+    return loop.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
 
 
 def history_view(messages: list[dict], assistant_texts: dict[int, str]) -> list[dict]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_mm_tools.errors import VerlMMToolsError
-from verl_mm_tools.record import RECORD_FILE, RECORD_FORMAT, RECORD_VERSION, STAGED_RECORD_FILE, STAGING_DIR
+from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR, RecordError, read_record
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +82,9 @@ def _staged(directory: Path) -> list[Trajectory]:
 
 def _read_record(path: Path) -> dict:
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise ViewerError(f"{path} is not valid JSON ({error}); delete the trajectory folder or re-run") from error
-    if record.get("format") != RECORD_FORMAT or record.get("version", 0) > RECORD_VERSION:
-        raise ViewerError(
-            f"{path} holds format {record.get('format')!r} version {record.get('version')!r}; this viewer reads "
-            f"{RECORD_FORMAT!r} up to version {RECORD_VERSION}: upgrade verl-mm-tools"
-        )
-    return record
+        return read_record(path)
+    except RecordError as error:
+        raise ViewerError(f"{error}; delete the trajectory folder or re-run") from error
 
 
 def _verl_jsonl(directory: Path) -> list[Trajectory]:

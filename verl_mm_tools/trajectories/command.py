@@ -1,0 +1,68 @@
+"""``verl-mm-tools export-sft``: its arguments (parsing imports nothing heavy) and its run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Write recorded trajectories (training dumps: the mm_tool loop's dump_dir;
+verl-mm-tools eval output) as verl's multi-turn SFT parquet: OUT/train.parquet
+(messages with <image> placeholders, images, tools, enable_thinking: what
+verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset reads) and
+OUT/export.json (rows, records used, records skipped by each filter, records
+that could not be read and why, the data overrides of verl's SFT trainer).
+Masked trajectories are never exported.
+"""
+
+
+def add_export_sft_command(commands) -> None:
+    command = commands.add_parser(
+        "export-sft",
+        help="recorded trajectories as verl's multi-turn SFT parquet (a cold start)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("records", nargs="+", type=Path, help="dump folders, eval output folders or trajectory.json")
+    command.add_argument("--out", type=Path, required=True, help="output folder")
+    command.add_argument("--min-reward", type=float, help="keep trajectories scored at least this")
+    command.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="keep trajectories that ended so (answered, turn_limit, length_limit, budget); repeatable",
+    )
+    command.add_argument("--tool-used", action="append", default=[], help="keep trajectories that called NAME")
+    command.add_argument("--data-source", action="append", default=[], help="keep rows of this data source")
+    command.add_argument(
+        "--best-of",
+        action="store_true",
+        help="keep each prompt's best-scored trajectory (eval --samples N, or a GRPO group)",
+    )
+    command.add_argument(
+        "--per-turn",
+        action="store_true",
+        help="one row per assistant turn (the conversation up to it) instead of one per trajectory",
+    )
+    command.set_defaults(run=run_export_sft)
+
+
+def run_export_sft(args: argparse.Namespace) -> int:
+    from verl_mm_tools.trajectories.sft import SUMMARY_FILE, TRAIN_FILE, SFTFilters, export_sft
+
+    filters = SFTFilters(
+        min_reward=args.min_reward,
+        stops=tuple(args.stop),
+        tools_used=tuple(args.tool_used),
+        data_sources=tuple(args.data_source),
+        best_of=args.best_of,
+    )
+    summary = export_sft(args.records, args.out, filters, per_turn=args.per_turn)
+    skipped = ", ".join(f"{count} {reason}" for reason, count in summary["skipped"].items()) or "none"
+    sys.stdout.write(
+        f"wrote {summary['rows']} rows from {summary['records']} trajectories to {args.out / TRAIN_FILE}\n"
+        f"skipped: {skipped}; unreadable: {len(summary['bad_records'])} (listed in {args.out / SUMMARY_FILE})\n"
+        f"train: python -m verl.trainer.sft_trainer {' '.join(summary['verl_overrides'])} ...\n"
+    )
+    return 0
