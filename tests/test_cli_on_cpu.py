@@ -126,14 +126,15 @@ def test_the_top_level_help_says_what_the_tool_does_and_lists_the_commands():
     lines = result.stdout.splitlines()
     assert lines[2:4] == [
         "Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).",
-        "Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate.",
+        "Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate, reuse "
+        "trajectories.",
     ]
     listed = [
         line.split()[0]
         for line in lines[lines.index("  COMMAND") + 1 :]
         if line.startswith("    ") and not line.startswith("     ")
     ]
-    assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval"]
+    assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval", "export-sft"]
 
 
 def test_the_bench_help_documents_the_exit_status():

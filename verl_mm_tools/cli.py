@@ -27,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Multimodal multi-turn tool use for verl (image tools, the mm_tool agent loop).
-Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate, export
-trajectories as SFT data.
+Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark, evaluate, reuse trajectories.
 """
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
