@@ -251,3 +251,142 @@ def test_a_changed_offload_module_is_refused_with_its_name(monkeypatch):
     monkeypatch.setattr(transformer_impl, "CPUOffloadPolicy", CPUOffloadPolicy)  # unpatched
     with pytest.raises(cpu_patches.VerlChangedError, match=r"verl\.workers\.engine\.fsdp\.transformer_impl"):
         cpu_patches.patch_unpinned_offload()
+
+
+# ----- the torchrun process group (verl.trainer.sft_trainer) ---------------------------------------------------------
+
+
+def test_verl_still_builds_the_duplicate_gloo_backend_string_on_the_torchrun_path():
+    from verl.utils import distributed
+
+    function = distributed.initialize_global_process_group
+    function = getattr(function, "__wrapped__", function)
+    assert cpu_patches.SFT_GLOO_EXPECTED_SOURCE in inspect.getsource(function), (
+        "verl.utils.distributed.initialize_global_process_group changed: re-check "
+        "verl_mm_tools/adaptations/cpu_patches.py patch_torchrun_gloo_backend"
+    )
+    assert tuple(inspect.signature(function).parameters) == ("timeout_second",)
+
+
+TORCHRUN_INIT = """
+    import json, torch, torch.distributed as dist
+    import verl
+    from verl.utils import distributed
+    try:
+        ranks = distributed.initialize_global_process_group(timeout_second=60)
+    except Exception as error:
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+    else:
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor)
+        print(json.dumps({"ranks": list(ranks), "backend": dist.get_backend(), "sum": tensor.tolist()}))
+"""
+
+
+def _torchrun_init(apply_patch: bool) -> str:
+    """verl's SFT trainer's process-group start, in a fresh interpreter with torchrun's environment."""
+    code = textwrap.dedent(TORCHRUN_INIT)
+    if not apply_patch:  # the plugin patched it (VERL_PLATFORM=cpu): call verl's own
+        code = code.replace("initialize_global_process_group(", "initialize_global_process_group.__wrapped__(")
+    env = dict(
+        os.environ,
+        VERL_PLATFORM="cpu",
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_torchrun_gloo_patch_lets_verls_sft_trainer_start_its_process_group_on_cpu():
+    assert _torchrun_init(apply_patch=True) == '{"ranks": [0, 0, 1], "backend": "cpu:gloo", "sum": [1.0, 1.0]}'
+
+
+def test_without_the_torchrun_gloo_patch_torch_rejects_verls_backend_string_on_cpu():
+    """Why the patch exists ("ValueError: Duplicate device type cpu in backend string"). If this starts passing,
+    verl fixed it upstream and the patch can go."""
+    outcome = _torchrun_init(apply_patch=False)
+    assert '"error"' in outcome and "cpu:gloo,cpu:gloo" in outcome.replace(" ", ""), outcome
+
+
+# ----- the dtype of the saved Hugging Face model ---------------------------------------------------------------------
+
+
+def test_verl_still_saves_the_hf_model_through_a_bfloat16_model():
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    method = FSDPCheckpointManager.save_checkpoint
+    method = getattr(method, "__wrapped__", method)
+    assert cpu_patches.HF_SAVE_EXPECTED_SOURCE in inspect.getsource(method), (
+        "verl's FSDPCheckpointManager.save_checkpoint changed: re-check verl_mm_tools/adaptations/cpu_patches.py "
+        "patch_saved_hf_dtype"
+    )
+
+
+def save_hf_model_as_verl_does(out, rendezvous) -> tuple[list[str], set]:
+    """The tiny Qwen2.5-VL (float32) under FSDP2 on one gloo rank, saved by verl's checkpoint manager with
+    ``save_contents: [hf_model]`` as the SFT trainer saves it; returns the saved config's dtypes and the dtypes a
+    plain ``from_pretrained`` of the folder loads."""
+    import json
+
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from verl_mm_tools.tiny import tiny_model_path
+
+    path = tiny_model_path()
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    try:
+        fully_shard(model)
+        contents = OmegaConf.create({"save_contents": ["hf_model"], "load_contents": ["hf_model"]})
+        manager = FSDPCheckpointManager(
+            model, processing_class=AutoProcessor.from_pretrained(path), checkpoint_config=contents
+        )
+        manager.save_checkpoint(str(out))
+    finally:
+        dist.destroy_process_group()
+    config = json.loads((out / "huggingface" / "config.json").read_text())
+    dtypes = [config["dtype"], config["text_config"]["dtype"], config["vision_config"]["dtype"]]
+    loaded = AutoModelForImageTextToText.from_pretrained(out / "huggingface")
+    return dtypes, {parameter.dtype for parameter in loaded.parameters()}
+
+
+def test_verl_saves_float32_weights_under_a_bfloat16_config(tmp_path, monkeypatch):
+    """Why patch 6 exists: the folder loads as bfloat16 although the weights are float32. If this fails, verl
+    writes the weights' dtype itself and the patch can go."""
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    verls = FSDPCheckpointManager.save_checkpoint
+    monkeypatch.setattr(FSDPCheckpointManager, "save_checkpoint", getattr(verls, "__wrapped__", verls))
+    dtypes, loaded = save_hf_model_as_verl_does(tmp_path / "step", tmp_path / "rendezvous")
+    assert dtypes == ["bfloat16", "bfloat16", "bfloat16"]
+    assert loaded == {torch.bfloat16}
+
+
+def test_the_patched_save_records_the_weights_dtype(tmp_path, monkeypatch):
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    verls = FSDPCheckpointManager.save_checkpoint
+    monkeypatch.setattr(FSDPCheckpointManager, "save_checkpoint", getattr(verls, "__wrapped__", verls))  # restored
+    cpu_patches.patch_saved_hf_dtype()
+    cpu_patches.patch_saved_hf_dtype()  # idempotent
+    dtypes, loaded = save_hf_model_as_verl_does(tmp_path / "step", tmp_path / "rendezvous")
+    assert dtypes == ["float32", "float32", "float32"]
+    assert loaded == {torch.float32}
+
+
+def test_weights_of_several_dtypes_leave_the_config_alone(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
+    cpu_patches.record_weights_dtype(tmp_path)
+    assert (tmp_path / "config.json").read_text() == '{"dtype": "bfloat16"}'

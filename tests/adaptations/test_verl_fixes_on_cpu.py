@@ -375,3 +375,58 @@ def test_the_fixed_sft_dataset_reads_json_tools_exactly_and_drops_parquets_nulls
     assert padded._build_messages(padded.dataframe.iloc[0].to_dict()) == SFT_MESSAGES
     with pytest.raises(ValueError, match=r"row 0's tools is text but not JSON .*: '\[\{'"):
         sft_dataset_of(tmp_path, tiny_tokenizer, "[{")
+
+
+# ----- fix 10: multi-turn SFT batches mixing rows without images ----------------------------------------------------
+
+
+def text_and_image_rows(tmp_path, tokenizer, processor) -> list[dict]:
+    """Two rows as verl's MultiTurnSFTDataset gives them: a text-only conversation, then one with a picture."""
+    import io
+
+    import pandas as pd
+    from PIL import Image
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    picture = io.BytesIO()
+    Image.new("RGB", (56, 56), (200, 30, 0)).save(picture, format="PNG")
+    rows = {
+        "messages": [
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+            [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}],
+        ],
+        "images": [[], [{"bytes": picture.getvalue()}]],
+    }
+    pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
+    dataset = MultiTurnSFTDataset(str(tmp_path / "rows.parquet"), tokenizer, {"pad_mode": "no_padding"}, processor)
+    return [dataset[0], dataset[1]]
+
+
+def test_verls_sft_collator_fails_when_the_first_row_has_no_images(tmp_path, tiny_tokenizer, tiny_processor):
+    """The bug: the first row lacks ``multi_modal_inputs`` and verl's collator asks it for every key. When this
+    fails, verl fixed it: drop the fix."""
+    from verl.utils.dataset.dataset_utils import DatasetPadMode, SFTTensorCollator
+
+    rows = text_and_image_rows(tmp_path, tiny_tokenizer, tiny_processor)
+    assert "multi_modal_inputs" not in rows[0] and "multi_modal_inputs" in rows[1]
+    collator = SFTTensorCollator(DatasetPadMode.NO_PADDING)
+    with pytest.raises(KeyError, match="multi_modal_inputs"):
+        SFTTensorCollator.collate_variable_batch.__wrapped__(collator, rows)
+    assert len(collator(rows[::-1])["multi_modal_inputs"]) == 2  # an image row first: verl's order works
+
+
+def test_the_fixed_collator_gives_the_text_row_none_and_the_engine_the_images(tmp_path, tiny_tokenizer, tiny_processor):
+    from verl.utils.dataset.dataset_utils import DatasetPadMode, SFTTensorCollator
+    from verl.utils.model import extract_multi_modal_inputs
+
+    rows = text_and_image_rows(tmp_path, tiny_tokenizer, tiny_processor)
+    batch = SFTTensorCollator(DatasetPadMode.NO_PADDING)(rows)
+    inputs = batch["multi_modal_inputs"]
+    assert [item.data if item.data is None else sorted(item.data) for item in inputs] == [
+        None,
+        ["image_grid_thw", "pixel_values"],
+    ]
+    extracted = extract_multi_modal_inputs(inputs)
+    assert torch.equal(extracted["pixel_values"], rows[1]["multi_modal_inputs"]["pixel_values"])
+    assert extracted["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert batch["input_ids"].offsets().diff().tolist() == [len(rows[0]["input_ids"]), len(rows[1]["input_ids"])]

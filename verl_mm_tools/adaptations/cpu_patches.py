@@ -1,4 +1,4 @@
-"""The five changes to verl a CPU run needs. Applied only when the CPU platform is selected
+"""The changes to verl a CPU run needs. Applied only when the CPU platform is selected
 (``VERL_PLATFORM=cpu``); each checks that verl still looks the way the change assumes and fails loudly otherwise.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
@@ -20,6 +20,14 @@
    keeps pi_old with it) copies each shard with ``.cpu()``, which on CPU returns the live parameter itself: the
    "saved" model would follow every update, and ``restore_model_from_cpu`` (parameter_sync_step > 1) would restore
    the current weights instead of pi_old, silently. The patched function clones the shards that alias a parameter.
+5. ``verl.utils.distributed.initialize_global_process_group`` (the torchrun path: ``verl.trainer.sft_trainer``)
+   builds the same ``"cpu:gloo,cpu:gloo"`` as 1, and takes no backend to pass on: the patched function is verl's
+   with ``"cpu:gloo"`` (and without ``set_device``, a no-op on CPU).
+6. ``verl.utils.checkpoint.fsdp_checkpoint_manager.FSDPCheckpointManager.save_checkpoint`` saves the Hugging Face
+   model (``checkpoint.save_contents`` with ``hf_model``) through a model built with ``torch_dtype=torch.bfloat16``,
+   whatever the weights: the float32 weights a CPU run trains are written as they are, under a ``config.json`` that
+   says ``"dtype": "bfloat16"``, and ``from_pretrained`` without a dtype loads them as bfloat16. After verl's save,
+   the patched method records in the config (root and sub-configs) the dtype the saved weights have.
 
 verl's modules bind these functions by name at import (``from verl.utils.distributed import ...``), so the patch
 replaces the function in its home module and in every already-imported verl module that bound it. Plugins load
@@ -31,11 +39,25 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
+import logging
+import os
 from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 
-from verl_mm_tools.adaptations.verl_patch import PATCHED_MARK, VerlChangedError, checked_original, install
+from verl_mm_tools.adaptations.verl_patch import (
+    PATCHED_MARK,
+    VerlChangedError,
+    checked_method,
+    checked_original,
+    install,
+    install_method,
+)
+
+logger = logging.getLogger(__name__)
 
 GLOO_TARGET = ("verl.utils.distributed", "initialize_global_process_group_ray")
 GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
@@ -47,6 +69,13 @@ FIX_3D_TARGET = ("verl.utils.tensordict_utils", "maybe_fix_3d_position_ids")
 FIX_3D_EXPECTED_SOURCE = 'data["position_ids"]._ragged_idx = 2'
 SAVE_TO_CPU_TARGET = ("verl.utils.fsdp_utils", "fsdp2_sharded_save_to_cpu")
 SAVE_TO_CPU_EXPECTED_SOURCE = "local_cpu_tensor = local_gpu_tensor.detach().cpu()"
+SFT_GLOO_TARGET = ("verl.utils.distributed", "initialize_global_process_group")
+SFT_GLOO_EXPECTED_SOURCE = 'backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+HF_SAVE_TARGET = ("verl.utils.checkpoint.fsdp_checkpoint_manager", "FSDPCheckpointManager", "save_checkpoint")
+HF_SAVE_EXPECTED_SOURCE = "model_config, torch_dtype=torch.bfloat16, trust_remote_code=self.trust_remote_code"
+HF_SAVE_PARAMETERS = ("self", "local_path", "hdfs_path", "global_step", "max_ckpt_to_keep")
+HF_MODEL_DIR = "huggingface"  # verl's folder for the Hugging Face model, under the step's checkpoint
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 CPU_BACKEND = "cpu:gloo"
 OWNER = "verl_mm_tools/adaptations/cpu_patches.py"
 
@@ -162,9 +191,76 @@ def detach_from_parameters(cpu_sharded_state: dict, model: torch.nn.Module) -> d
     }
 
 
+def patch_torchrun_gloo_backend() -> None:
+    original = _original(*SFT_GLOO_TARGET, SFT_GLOO_EXPECTED_SOURCE, ("timeout_second",))
+    if original is None:
+        return
+
+    # verl's function takes no backend to pass on, so this is verl's, with "cpu:gloo" (set_device is a no-op here)
+    @functools.wraps(original)
+    def initialize_global_process_group(timeout_second=36000):
+        torch.distributed.init_process_group(
+            backend=CPU_BACKEND,
+            timeout=timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
+        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    install(*SFT_GLOO_TARGET, original, initialize_global_process_group)
+
+
+def patch_saved_hf_dtype() -> None:
+    original = checked_method(*HF_SAVE_TARGET, HF_SAVE_EXPECTED_SOURCE, HF_SAVE_PARAMETERS, OWNER)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        if local_path is not None and self.should_save_hf_model and self.rank == 0:
+            record_weights_dtype(Path(local_path) / HF_MODEL_DIR)
+
+    install_method(*HF_SAVE_TARGET[:2], HF_SAVE_TARGET[2], save_checkpoint)
+
+
+def record_weights_dtype(model_dir: Path) -> None:
+    """Set every ``dtype`` of ``model_dir/config.json`` to the one dtype its safetensors hold (left alone when they
+    hold several)."""
+    found = saved_weight_dtypes(model_dir)
+    if len(found) != 1:
+        logger.warning("%s holds weights of dtypes %s; its config's dtype is left as verl wrote it", model_dir, found)
+        return
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    # transformers writes its configs so (PretrainedConfig.to_json_string)
+    config_path.write_text(json.dumps(with_dtype(config, found.pop()), indent=2, sort_keys=True) + "\n")
+
+
+def saved_weight_dtypes(model_dir: Path) -> set[str]:
+    from safetensors import safe_open
+
+    found = set()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            found |= {weights.get_slice(name).get_dtype() for name in weights.keys()}
+    return {SAFETENSORS_DTYPES.get(dtype, dtype) for dtype in found}
+
+
+def with_dtype(config, dtype: str):
+    """``config`` with each ``dtype`` / ``torch_dtype`` entry, at any depth (``text_config``, ...), set to ``dtype``."""
+    if isinstance(config, dict):
+        return {
+            key: dtype if key in ("dtype", "torch_dtype") and isinstance(value, str) else with_dtype(value, dtype)
+            for key, value in config.items()
+        }
+    return config
+
+
 def apply_cpu_patches() -> None:
     patch_gloo_backend()
+    patch_torchrun_gloo_backend()
     patch_equal_length_position_ids()
     patch_3d_position_ids_fix()
     patch_unpinned_offload()
     patch_sharded_save_to_cpu()
+    patch_saved_hf_dtype()

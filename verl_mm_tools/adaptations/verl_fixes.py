@@ -71,6 +71,13 @@
    order kept), decoded as read; a tools list of dicts and each message lose the None values Parquet added
    (``without_nulls``; the loop's schemas hold none, verl dumps them with ``exclude_none``; the order of such a list
    stays Parquet's). verl's reading is otherwise unchanged.
+10. Multi-turn SFT data that mixes rows with and without images, any batch whose first row has none.
+   ``MultiTurnSFTDataset`` gives a row ``multi_modal_inputs`` only when it has images, and
+   ``verl.utils.dataset.dataset_utils.SFTTensorCollator.collate_variable_batch`` (``pad_mode: no_padding``, verl's
+   default) asks the batch's first row for every key any row has: "KeyError: 'multi_modal_inputs'" and the trainer
+   stops (on GPUs too). Fixed: a row without such a key gets None for it, which verl's collator already stores for
+   rows after the first (the engine skips None, ``extract_multi_modal_inputs``). Keys that hold tensors are left
+   to verl.
 """
 
 from __future__ import annotations
@@ -663,6 +670,37 @@ def without_nulls(value):
     return value
 
 
+SFT_COLLATOR = ("verl.utils.dataset.dataset_utils", "SFTTensorCollator")
+
+
+def fix_sft_rows_without_images(_module=None) -> None:
+    collate = checked_method(
+        *SFT_COLLATOR,
+        "collate_variable_batch",
+        "if isinstance(batch[0][key], torch.Tensor):",
+        ("self", "batch"),
+        OWNER,
+    )
+    if collate is None:
+        return
+
+    @functools.wraps(collate)
+    def collate_variable_batch(self, batch):
+        return collate(self, with_absent_keys_as_none(batch))
+
+    install_method(*SFT_COLLATOR, "collate_variable_batch", collate_variable_batch)
+
+
+def with_absent_keys_as_none(batch: list[dict]) -> list[dict]:
+    """Each row with None for the non-tensor keys (``multi_modal_inputs``) that only other rows have."""
+    import torch
+
+    keys = {key for row in batch for key in row}
+    holds_tensors = {key for row in batch for key, value in row.items() if isinstance(value, torch.Tensor)}
+    absent_as_none = dict.fromkeys(keys - holds_tensors)
+    return [{**absent_as_none, **row} for row in batch]
+
+
 def apply_verl_fixes() -> None:
     call_after_import(
         QWEN2_VL_MODULE, _fix_or_report(fix_qwen2_vl_text_only_micro_batch, "Qwen2-VL micro-batches without images")
@@ -685,4 +723,7 @@ def apply_verl_fixes() -> None:
     )
     call_after_import(
         SFT_DATASET_MODULE, _fix_or_report(fix_sft_parquet_nulls, "multi-turn SFT rows whose tools differ")
+    )
+    call_after_import(
+        SFT_COLLATOR[0], _fix_or_report(fix_sft_rows_without_images, "multi-turn SFT batches mixing text-only rows")
     )

@@ -13,6 +13,8 @@ Everything is inert unless selected:
   ``separate_async`` trainer on CPU (``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 
 ``overrides.cpu_trainer_overrides()`` lists the hydra overrides a CPU run of ``verl.trainer.main_ppo`` needs.
+``sft.sft_overrides()`` those of verl's multi-turn SFT trainer (``verl.trainer.sft_trainer``), which
+``sft.run_verl_sft()`` runs on CPU.
 """
 
 from __future__ import annotations

@@ -201,7 +201,6 @@ class DemoPaths:
 
 def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     """The model, data and config files of a run (the model and warm start are cached across runs)."""
-    from verl_mm_tools.demo.warm_start import WarmStartSpec, warm_started_model
     from verl_mm_tools.tiny import tiny_model_path
 
     out = options.out.resolve()
@@ -215,8 +214,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     if options.warm_start:
         say(f"warm start: {task.warm_start_says} (cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):
-            spec = WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=options.seed)
-            model = warm_started_model(model, tools, spec)
+            model = warm_started(task, model, tools, options.seed)
     say(f"{task.name} task")
     train, val = task.write_dataset(
         out / "data", train_size=options.train_size, val_size=options.val_size, seed=options.seed
@@ -231,6 +229,20 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
         loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
     (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
     return paths
+
+
+def warm_started(task, model: Path, tools: Path, seed: int) -> Path:
+    """The task's warm-started copy of ``model``: verl's SFT trainer on recorded demonstrations, or the custom fit."""
+    if task.sft_cold_start:
+        from verl_mm_tools.demo.cold_start import ColdStartSpec, sft_cold_started_model
+
+        spec = ColdStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=seed)
+        return sft_cold_started_model(model, tools, spec)
+    from verl_mm_tools.demo.warm_start import WarmStartSpec, warm_started_model
+
+    return warm_started_model(
+        model, tools, WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=seed)
+    )
 
 
 @contextlib.contextmanager

@@ -52,6 +52,9 @@ class DemoTask:
     stop_at_call_rate: float | None = None
     # What the warm start teaches, in the demo's progress line
     warm_start_says: str = "the output format, with labels that tell nothing"
+    # The warm start is fitted by verl's own SFT trainer on demonstrations the loop recorded and export-sft wrote
+    # (demo.cold_start), not by the custom fit (demo.warm_start), whose losses verl's trainer lacks
+    sft_cold_start: bool = False
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
@@ -139,6 +142,7 @@ TASKS = {
             "trainer.save_freq=5",
         ),
         stop_at_reward=0.9,
+        sft_cold_start=True,
     ),
 }
 # The learning proof with a rotate call before every answer: the answer follows the tool's image.
@@ -157,6 +161,7 @@ TASKS["learn_zoom"] = replace(
     TASKS["learn"],
     name="learn_zoom",
     warm_start_task="zoom_color",
+    sft_cold_start=False,  # its "either answer" fit is not a loss verl's SFT trainer has (demo.cold_start)
     warm_start_steps=600,
     write_dataset=_write_zoom_color,
     validation_metric="val-core/verl_mm_tools/zoom_color/acc/mean@1",

@@ -272,23 +272,9 @@ def task_demonstrations(
     """One demonstration per picture: a tool call (drawn from the task's) or none (``direct_share`` of each true
     answer's pictures), then an answer: uninformative labels, or the true answers with ``true_labels`` (the premise
     check, ``premise``)."""
-    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, LocalRollout, image_prompt, tool_call_text, unpadded_row
+    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK, LocalRollout, image_prompt, unpadded_row
 
-    truths = [truth for _, truth in pictures]
-    calling = calling_demonstrations(truths, task.direct_share, rng)
-    labels = list(truths) if true_labels else labels_per_group(truths, calling, task.answers, rng)
-    if task.after_call == AfterCall.TRUE:
-        labels = [truth if calls else label for truth, calls, label in zip(truths, calling, labels, strict=True)]
-    # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
-    index_of = {picture.tobytes(): index for index, (picture, _) in enumerate(pictures)}
-
-    def script(turn: int, prompt_ids, images) -> str:
-        index = index_of[images[0].tobytes()]
-        if turn == 0 and calling[index]:
-            name, arguments = rng.choice(task.calls)
-            return tool_call_text(name, **arguments)
-        return f"<answer>{labels[index]}</answer><|im_end|>"
-
+    script, calling = demonstration_script(task, pictures, rng, true_labels=true_labels)
     prompts = [image_prompt(task.question, [picture]) for picture, _ in pictures]
     with tempfile.TemporaryDirectory() as workdir:
         output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(
@@ -329,6 +315,33 @@ def task_demonstrations(
             }
         )
     return examples
+
+
+def demonstration_script(
+    task: FormatTask, pictures: list[tuple[Image.Image, str]], rng: random.Random, *, true_labels: bool = False
+) -> tuple[Callable, list[bool]]:
+    """The scripted model's turns for the demonstrations of ``pictures`` (a ScriptedServer script) and which of them
+    call a tool: a tool call (drawn from the task's) or none (``direct_share`` of each true answer's pictures), then
+    an answer: uninformative labels, the true answers after a call with ``AfterCall.TRUE``, every true answer with
+    ``true_labels``."""
+    from verl_mm_tools.agent_loop.harness import tool_call_text
+
+    truths = [truth for _, truth in pictures]
+    calling = calling_demonstrations(truths, task.direct_share, rng)
+    labels = list(truths) if true_labels else labels_per_group(truths, calling, task.answers, rng)
+    if task.after_call == AfterCall.TRUE:
+        labels = [truth if calls else label for truth, calls, label in zip(truths, calling, labels, strict=True)]
+    # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
+    index_of = {picture.tobytes(): index for index, (picture, _) in enumerate(pictures)}
+
+    def script(turn: int, prompt_ids, images) -> str:
+        index = index_of[images[0].tobytes()]
+        if turn == 0 and calling[index]:
+            name, arguments = rng.choice(task.calls)
+            return tool_call_text(name, **arguments)
+        return f"<answer>{labels[index]}</answer><|im_end|>"
+
+    return script, calling
 
 
 def answer_tokens(tokenizer, answers: Sequence[str]) -> torch.Tensor:
