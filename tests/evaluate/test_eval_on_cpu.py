@@ -16,7 +16,7 @@ from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
-from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries
+from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries, sampling_overrides
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.viewer.loading import load_trajectories
 from verl_mm_tools.viewer.site import build_site
@@ -35,6 +35,11 @@ SCRIPTS = {
     6: [[api_call("rotate", '{"degrees": 90}')], [RIGHT]],  # a structured call (a server's tool parser), the answer
     7: [[WRONG]],
 }
+OFF_BY_90 = answer("<answer>0</answer>")
+# two prompts, three samples each at temperature 0.7: the k-th request of a row gets its k-th answer, scored by
+# rotation_reward_180 against 90: RIGHT 1.0, WRONG (45) 0.75, OFF_BY_90 0.5
+SAMPLED_SCRIPTS = {0: [[RIGHT, WRONG, OFF_BY_90]], 1: [[OFF_BY_90, WRONG, OFF_BY_90]]}
+SAMPLES, TEMPERATURE = 3, 0.7
 NO_FAULTS = {
     "requests": 1,
     "http_errors": 0,
@@ -51,21 +56,32 @@ def faults(**counts) -> dict:
     return {**NO_FAULTS, **counts}
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    rows = [
+def write_rows(rows, folder: Path, index: int | None = None) -> Path:
+    """A parquet of rotation questions ``row N`` (the scripted server's row number), extra_info.index N unless one
+    ``index`` is given for all."""
+    questions = [
         image_row(
             SOURCE,
             f"row {row}: <image>By how many degrees was this picture turned? You may call the rotate "
             "tool. Answer as <answer>90</answer>.",
             sample_image(),
             "90",
-            {"index": row},
+            {"index": row if index is None else index},
             "mm_tool",
         )
-        for row in SCRIPTS
+        for row in rows
     ]
-    return write_parquet(rows, tmp_path_factory.mktemp("data") / "rows.parquet")
+    return write_parquet(questions, folder / "rows.parquet")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_rows(SCRIPTS, tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def sampled_data(tmp_path_factory) -> Path:
+    return write_rows(SAMPLED_SCRIPTS, tmp_path_factory.mktemp("sampled_data"))
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +109,33 @@ def scripted_eval(data, tools_yaml, tiny_model_dir, tmp_path_factory):
         settings = EndpointSettings(url=url, model="tiny", concurrency=3, timeout_s=0.5, retries=3, backoff_s=0)
         report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
     return report, out, server
+
+
+@pytest.fixture(scope="module")
+def sampled_eval(sampled_data, tiny_model_dir, tmp_path_factory):
+    """SAMPLED_SCRIPTS, one prompt per batch (so a batch's dumps must hold its prompt's three samples)."""
+    server = ScriptedChatServer(SAMPLED_SCRIPTS)
+    out = tmp_path_factory.mktemp("sampled_eval")
+    options = EvalOptions(
+        data=sampled_data,
+        out=out,
+        model_path=str(tiny_model_dir),
+        modes=(NO_TOOLS,),
+        reward_fn="rotation_reward_180",
+        batch_size=1,
+        max_turns=1,
+        response_length=64,
+        samples=SAMPLES,
+        temperature=TEMPERATURE,
+    )
+    with server.running() as url:
+        settings = EndpointSettings(url=url, model="tiny", backoff_s=0)
+        report = evaluate(options, lambda tokenizer: EndpointClient(settings, tokenizer))
+    return report, out, server
+
+
+def trajectory_records(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*/*/trajectory.json"))]
 
 
 def test_every_row_is_scored_and_its_faults_counted(scripted_eval):
@@ -179,6 +222,115 @@ def test_the_viewer_shows_every_trajectory(scripted_eval):
     assert len(site.pages) == len(SCRIPTS) and all(page.is_file() for page in site.pages.values())
 
 
+def test_each_sample_has_its_row_and_its_trajectory(sampled_eval):
+    _, out, _ = sampled_eval
+    rows = [json.loads(line) for line in (out / NO_TOOLS / "rows.jsonl").read_text().splitlines()]
+    assert [(row["index"], row["uid"], row["sample"]) for row in rows] == [
+        (prompt, f"row-{prompt}", sample) for prompt in (0, 1) for sample in range(SAMPLES)
+    ]
+    # which sample got which scripted answer depends on the order the requests arrived in
+    rewards = {index: sorted(row["reward"] for row in rows if row["index"] == index) for index in (0, 1)}
+    assert rewards == {0: [0.5, 0.75, 1.0], 1: [0.5, 0.5, 0.75]}
+    records = trajectory_records(out / NO_TOOLS / "trajectories")
+    assert sorted(
+        (record["sample"]["index"], record["sample"]["uid"], record["rollout_n"], record["validate"])
+        for record in records
+    ) == [(prompt, f"row-{prompt}", sample, True) for prompt in (0, 1) for sample in range(SAMPLES)]
+    # a record's rollout_n is its row's sample number: the same trajectory, the same reward
+    assert {(record["sample"]["index"], record["rollout_n"]): record["reward"]["score"] for record in records} == {
+        (row["index"], row["sample"]): row["reward"] for row in rows
+    }
+    steps = sorted(path.parent.parent.name for path in (out / NO_TOOLS / "trajectories").glob("*/*/trajectory.json"))
+    assert steps == ["val_step_000000"] * SAMPLES + ["val_step_000001"] * SAMPLES
+
+
+def test_the_temperature_reaches_the_endpoint(sampled_eval):
+    _, _, server = sampled_eval
+    assert len(server.requests) == 2 * SAMPLES
+    assert {(request["temperature"], request["top_p"]) for request in server.requests} == {(TEMPERATURE, 1.0)}
+
+
+def test_the_report_gives_best_of_n_figures(sampled_eval):
+    report, out, _ = sampled_eval
+    figures = report["modes"][NO_TOOLS][SOURCE]
+    assert {key: figures[key] for key in ("rows", "reward_mean", "masked")} == {
+        "rows": 6,
+        "reward_mean": 4 / 6,
+        "masked": 0,
+    }
+    assert {key: figures[key] for key in ("prompts", "samples_per_prompt", "success_reward")} == {
+        "prompts": 2,
+        "samples_per_prompt": 3,
+        "success_reward": 1.0,
+    }
+    # prompt 0's best is 1.0 (solved), prompt 1's 0.75
+    assert (figures["pass_at_n"], figures["best_reward_mean"]) == (0.5, 0.875)
+    # over the two prompts' means, 0.75 and 7/12
+    assert figures["reward_ci95"] == pytest.approx([4 / 6 - 1.96 / 12, 4 / 6 + 1.96 / 12])
+    text = (out / "report.txt").read_text()
+    assert f"  {'pass_at_n':32}{'0.500':>22}\n" in text and f"  {'best_reward_mean':32}{'0.875':>22}\n" in text
+
+
+def test_sampling_is_set_in_verls_validation_settings(data, tmp_path):
+    def overrides(**sampling) -> list[str]:
+        options = EvalOptions(data=data, out=tmp_path, model_path="m", modes=(NO_TOOLS,), **sampling)
+        return sampling_overrides(options)
+
+    val_kwargs = "actor_rollout_ref.rollout.val_kwargs"
+    assert overrides() == [f"{val_kwargs}.n=1", f"{val_kwargs}.temperature=0.0", f"{val_kwargs}.do_sample=false"]
+    assert overrides(samples=4) == [
+        f"{val_kwargs}.n=4",
+        f"{val_kwargs}.temperature=1.0",
+        f"{val_kwargs}.do_sample=true",
+    ]
+    assert overrides(temperature=0.5) == [
+        f"{val_kwargs}.n=1",
+        f"{val_kwargs}.temperature=0.5",
+        f"{val_kwargs}.do_sample=true",
+    ]
+
+
+def test_a_checkpoint_samples_each_request_with_its_own_seed(tiny_model_dir, tmp_path):
+    """Two prompts sharing extra_info.index 7, two samples each: every request has its own seed, and the samples
+    are numbered per prompt (uid), not per index."""
+    options = EvalOptions(
+        data=write_rows(range(2), tmp_path, index=7),
+        out=tmp_path / "out",
+        model_path=str(tiny_model_dir),
+        modes=(NO_TOOLS,),
+        reward_fn="rotation_reward_180",
+        max_turns=1,
+        response_length=8,
+        samples=2,
+        temperature=TEMPERATURE,
+    )
+    engine_calls = []
+
+    def recording_client(tokenizer):
+        client = CheckpointClient(tiny_model_dir)
+        generate = client.engine.generate
+        client.engine.generate = lambda *args, **settings: engine_calls.append(settings) or generate(*args, **settings)
+        return client
+
+    evaluate(options, recording_client)
+    assert [(call["temperature"], call["top_p"], call["top_k"]) for call in engine_calls] == [
+        (TEMPERATURE, 1.0, -1)
+    ] * 4
+    assert sorted(call["seed"] for call in engine_calls) == [0, 1, 2, 3]
+    records = trajectory_records(tmp_path / "out" / NO_TOOLS / "trajectories")
+    assert sorted((record["sample"]["uid"], record["sample"]["index"], record["rollout_n"]) for record in records) == [
+        ("row-0", 7, 0),
+        ("row-0", 7, 1),
+        ("row-1", 7, 0),
+        ("row-1", 7, 1),
+    ]
+    answers: dict[str, set[str]] = {}
+    for record in records:
+        text = [message["text"] for message in record["messages"] if message["role"] == "assistant"]
+        answers.setdefault(record["sample"]["uid"], set()).add(text[0])
+    assert [len(texts) for texts in answers.values()] == [2, 2], answers  # two draws, not one answer twice
+
+
 def test_chat_messages_from_a_rendered_prompt(tiny_processor):
     image = sample_image()
     rendered = tiny_processor.apply_chat_template(
@@ -244,7 +396,7 @@ def test_structured_tool_calls_become_hermes_text():
     assert answer_text({"content": None, "tool_calls": []}) == ""
 
 
-def test_bad_settings_are_refused(data, tmp_path):
+def test_bad_settings_are_refused(data, tmp_path, capsys):
     with pytest.raises(ConfigError, match="must be an http"):
         EndpointSettings(url="127.0.0.1:8000", model="m")
     with pytest.raises(ConfigError, match="concurrency must be >= 1, got 0"):
@@ -254,6 +406,24 @@ def test_bad_settings_are_refused(data, tmp_path):
     with pytest.raises(ConfigError, match="neither a Hugging Face model folder"):
         model_dir(tmp_path, tmp_path / "merged")
     assert main(["eval", "--data", str(data), "--endpoint", "http://127.0.0.1:1/v1", "--no-tools"]) == 2
+    greedy = "--samples 3 with --temperature 0: greedy decoding gives every sample of a row the same answer"
+    with pytest.raises(ConfigError, match=greedy):
+        EvalOptions(data=data, out=tmp_path, model_path="m", modes=(NO_TOOLS,), samples=3, temperature=0.0)
+    with pytest.raises(ConfigError, match="--temperature must be a number >= 0 .0: greedy., got -0.5"):
+        EvalOptions(data=data, out=tmp_path, model_path="m", modes=(NO_TOOLS,), temperature=-0.5)
+    with pytest.raises(
+        ConfigError, match="the override 'actor_rollout_ref.rollout.val_kwargs.n=4' sets what --samples"
+    ):
+        EvalOptions(
+            data=data,
+            out=tmp_path,
+            model_path="m",
+            modes=(NO_TOOLS,),
+            overrides=("actor_rollout_ref.rollout.val_kwargs.n=4",),
+        )
+    command = ["eval", "--data", str(data), "--endpoint", "http://127.0.0.1:1/v1", "--model", "m", "--no-tools"]
+    assert main([*command, "--samples", "3", "--temperature", "0", "--out", str(tmp_path / "greedy")]) == 2
+    assert greedy in capsys.readouterr().err
 
 
 def test_an_unreachable_endpoint_masks_rows_and_loses_none(data, tiny_model_dir, tmp_path):

@@ -29,34 +29,42 @@ class MMToolAgentLoopManager(AgentLoopManager):
     @auto_await  # the trainer calls it synchronously, as it does verl's manager
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         output = await AgentLoopManager.generate_sequences.__wrapped__(self, prompts)
-        metrics = process_step(step_batch(output, prompts.meta_info), self.call_rate_watch)
+        metrics = process_step(
+            step_batch(output, prompts.meta_info, prompts.non_tensor_batch.get("uid")), self.call_rate_watch
+        )
         output.meta_info.setdefault("timing", {}).update(metrics)
         return output
 
 
-def step_batch(output: DataProto, meta_info: dict) -> StepBatch:
-    """The classic trainer's generated batch as a StepBatch (``rm_scores`` shared, so turn rewards land in it)."""
+def step_batch(output: DataProto, meta_info: dict, uids=None) -> StepBatch:
+    """The classic trainer's generated batch as a StepBatch (``rm_scores`` shared, so turn rewards land in it);
+    ``uids``: the prompts' uid column (their rollouts' group), when the trainer gave one."""
     batch, columns = output.batch, output.non_tensor_batch
     extra_keys = [key for key in output.meta_info.get("reward_extra_keys", []) if key in columns]
     return StepBatch(
         columns=columns,
         response_mask=batch["response_mask"],
         rm_scores=batch["rm_scores"] if "rm_scores" in batch.keys() else None,
-        rollout_n=_rollout_numbers(columns.get(DUMP_KEY), len(output)),
+        rollout_n=_rollout_numbers(columns.get(DUMP_KEY), len(output), uids),
         reward_extra=[{key: columns[key][row] for key in extra_keys} for row in range(len(output))],
         step=int(meta_info.get("global_steps", -1)),
         validate=bool(meta_info.get("validate", False)),
     )
 
 
-def _rollout_numbers(references, rows: int) -> list[int]:
-    """verl's own rule (``get_trajectory_info``): consecutive rows of one sample index are its rollouts 0, 1, ..."""
-    indexes = [
-        (reference or {}).get("sample_index") if isinstance(reference, dict) else None
-        for reference in (references if references is not None else [None] * rows)
-    ]
+def _rollout_numbers(references, rows: int, uids=None) -> list[int]:
+    """verl's own rule (``get_trajectory_info``): consecutive rows of one prompt are its rollouts 0, 1, ... A prompt is
+    its uid when every row has one (verl's group, one per prompt), else its sample index, which prompts may share
+    (RLHFDataset gives 0 to every row without extra_info.index)."""
+    if uids is not None and len(uids) == rows:
+        keys = list(uids)
+    else:
+        keys = [
+            (reference or {}).get("sample_index") if isinstance(reference, dict) else None
+            for reference in (references if references is not None else [None] * rows)
+        ]
     numbers, current = [], 0
-    for row, index in enumerate(indexes):
-        current = current + 1 if row and index is not None and index == indexes[row - 1] else 0
+    for row, key in enumerate(keys):
+        current = current + 1 if row and key is not None and key == keys[row - 1] else 0
         numbers.append(current)
     return numbers

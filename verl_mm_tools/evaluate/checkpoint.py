@@ -77,6 +77,7 @@ class CheckpointClient:
 
         self.engine = HFVisionLM(str(path))
         self._lock = None
+        self._requests = 0  # each request samples with its own seed (see generate)
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
@@ -90,7 +91,10 @@ class CheckpointClient:
             "top_k": int(sampling_params.get("top_k", -1)),
         }
         async with self._lock:  # the model runs in a thread; the event loop keeps running the tools
+            # the samples of one row send the same prompt: one seed for all would draw one answer N times. Seeds
+            # count the requests, so a rerun that asks in the same order draws the same answers.
+            seed, self._requests = self._requests, self._requests + 1
             token_ids, log_probs = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=0, **settings)
+                None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=seed, **settings)
             )
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0)

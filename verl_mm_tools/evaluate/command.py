@@ -13,9 +13,11 @@ DESCRIPTION = """\
 Score a model on a dataset with the same tools, image workspace, budget,
 environments and rewards as training: verl's AgentLoopWorker runs the mm_tool
 loop on every row, talking to an OpenAI-compatible chat endpoint (--endpoint)
-or to a local checkpoint (--checkpoint). Writes OUT/report.json, OUT/report.txt,
-OUT/<mode>/rows.jsonl (each row's reward, stop reason, calls and endpoint
-faults) and OUT/<mode>/trajectories (verl-mm-tools view shows them).
+or to a local checkpoint (--checkpoint), greedy, or --samples N answers per row
+at --temperature (then the report adds pass_at_n and best_reward_mean). Writes
+OUT/report.json, OUT/report.txt, OUT/<mode>/rows.jsonl (each sample's reward,
+stop reason, calls and endpoint faults) and OUT/<mode>/trajectories
+(verl-mm-tools view shows them).
 """
 
 
@@ -65,7 +67,21 @@ def add_eval_command(commands) -> None:
         default="OPENAI_API_KEY",
         help="the environment variable holding the API key (default OPENAI_API_KEY; unset: none)",
     )
-    command.add_argument("--batch-size", type=whole_number(1), default=32, help="rows per batch (default 32)")
+    command.add_argument(
+        "--samples",
+        type=whole_number(1),
+        default=1,
+        help="answers per row, each scored and dumped (verl's val_kwargs.n; default 1)",
+    )
+    command.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature (verl's val_kwargs.temperature; default 0, greedy, for one sample and 1.0 for "
+        "several; 0 with --samples above 1 is refused)",
+    )
+    command.add_argument(
+        "--batch-size", type=whole_number(1), default=32, help="rows per batch, each with its samples (default 32)"
+    )
     command.add_argument("--max-turns", type=whole_number(1), default=4, help="assistant turns per row (default 4)")
     command.add_argument(
         "--response-length",
@@ -98,9 +114,11 @@ def run_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_turns=args.max_turns,
         response_length=args.response_length,
+        samples=args.samples,
+        temperature=args.temperature,
         overrides=tuple(args.overrides),
     )
-    bar = _progress_bar(args.data, len(modes))
+    bar = _progress_bar(args.data, len(modes) * args.samples)
     try:
         report = evaluate(options, make_client, progress=bar.update)
     finally:
@@ -133,8 +151,9 @@ def _client(args: argparse.Namespace):
     return (lambda tokenizer: EndpointClient(settings, tokenizer)), args.model_path or args.model
 
 
-def _progress_bar(data: Path, modes: int):
+def _progress_bar(data: Path, runs_per_row: int):
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
-    return tqdm(total=pq.ParquetFile(data).metadata.num_rows * modes, unit="row", desc="eval", file=sys.stderr)
+    total = pq.ParquetFile(data).metadata.num_rows * runs_per_row
+    return tqdm(total=total, unit="trajectory", desc="eval", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The evaluation report: per data source, from the rows the agent-loop worker returned. The statistics are the
 training step's own (``stats.aggregate_metrics`` on the rows of a data source), plus the reward with a 95 %
-confidence interval and the endpoint's faults."""
+confidence interval and the endpoint's faults; with several samples per prompt, best-of figures too."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ from collections import Counter
 from verl_mm_tools.agent_loop.state import ERROR_KEY, MASKED_KEY, PREFIX, REQUEST_ID_KEY, STOP_REASON_KEY, StopReason
 from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.record import jsonable
 
 Z95 = 1.96
+SAMPLE_KEY = "eval/sample"  # the column of each row's sample number, 0 .. samples - 1 (run.py sets it)
+# a reward at or above it is a solved prompt: the built-in answer rewards give a right answer 1.0 (the shaping's and
+# the environments' default thresholds too)
+SUCCESS_REWARD = 1.0
 
 
 def row_records(output, faults: dict) -> list[dict]:
-    """One record per row: where it came from, its reward, how it ended, and its endpoint faults."""
+    """One record per row (one sample of a prompt): where it came from, its reward, how it ended, and its endpoint
+    faults."""
     columns = output.non_tensor_batch
     stops = columns.get(STOP_REASON_KEY)
     if stops is None or any(stop is None for stop in stops):
@@ -27,12 +33,13 @@ def row_records(output, faults: dict) -> list[dict]:
     scores = output.batch["rm_scores"].sum(dim=-1).tolist()
     records = []
     for row, score in enumerate(scores):
-        extra_info = columns["extra_info"][row] if "extra_info" in columns else None
         request_faults = faults.get(columns[REQUEST_ID_KEY][row])
         records.append(
             {
                 "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
-                "index": extra_info.get("index", row) if isinstance(extra_info, dict) else row,
+                "index": jsonable(columns["index"][row]),  # extra_info.index, else the dataset position
+                "uid": str(columns["uid"][row]),  # the prompt's, shared by its samples
+                "sample": int(columns[SAMPLE_KEY][row]),
                 "reward": float(score),
                 "stop_reason": columns[STOP_REASON_KEY][row],
                 "turns": int(columns[PREFIX + "turns"][row]),
@@ -48,19 +55,20 @@ def row_records(output, faults: dict) -> list[dict]:
     return records
 
 
-def source_report(output, rows: list[int], records: list[dict]) -> dict:
-    """The figures of one data source's rows."""
+def source_report(output, rows: list[int], records: list[dict], samples: int = 1) -> dict:
+    """The figures of one data source's rows (all samples of its prompts)."""
     columns = {key: [values[row] for row in rows] for key, values in output.non_tensor_batch.items()}
     metrics = aggregate_metrics(columns)
-    rewards = [records[row]["reward"] for row in rows]
+    prompts = _prompt_rewards(rows, records)
     faults = Counter()
     for row in rows:
         faults.update(records[row]["endpoint"])
     tools = sorted({key.split("/")[2] for key in metrics if key.startswith(PREFIX + "tool/")})
-    return {
+    figures = {
         "rows": len(rows),
-        "reward_mean": _mean(rewards),
-        "reward_ci95": _ci95(rewards),
+        "reward_mean": _mean([records[row]["reward"] for row in rows]),
+        # over the prompts' mean rewards: the samples of one prompt are not independent draws
+        "reward_ci95": _ci95([_mean(rewards) for rewards in prompts]),
         "tool_calls_per_trajectory": metrics[PREFIX + "tool_calls/mean"],
         "turns_per_trajectory": metrics[PREFIX + "turns/mean"],
         "images_per_trajectory": metrics[PREFIX + "images/mean"],
@@ -78,15 +86,37 @@ def source_report(output, rows: list[int], records: list[dict]) -> dict:
         },
         "endpoint": dict(sorted(faults.items())),
     }
+    return {**figures, "samples_per_prompt": samples, **best_of(prompts)} if samples > 1 else figures
 
 
-def build_report(output, faults: dict) -> tuple[dict, list[dict]]:
-    """``({data_source: figures}, row records)`` of one evaluation."""
+def _prompt_rewards(rows: list[int], records: list[dict]) -> list[list[float]]:
+    """The rewards of each prompt's samples (rows sharing a uid), prompts in order of appearance."""
+    by_prompt: dict[str, list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault(records[row]["uid"], []).append(records[row]["reward"])
+    return list(by_prompt.values())
+
+
+def best_of(prompts: list[list[float]]) -> dict:
+    """Best-of-N figures: the share of prompts whose best sample reaches SUCCESS_REWARD (pass@N) and the mean of
+    each prompt's best reward."""
+    best = [max(rewards) for rewards in prompts]
+    return {
+        "prompts": len(prompts),
+        "success_reward": SUCCESS_REWARD,
+        "pass_at_n": _mean([float(reward >= SUCCESS_REWARD) for reward in best]),
+        "best_reward_mean": _mean(best),
+    }
+
+
+def build_report(output, faults: dict, samples: int = 1) -> tuple[dict, list[dict]]:
+    """``({data_source: figures}, row records)`` of one evaluation of ``samples`` answers per prompt."""
     records = row_records(output, faults)
     by_source: dict[str, list[int]] = {}
     for row, record in enumerate(records):
         by_source.setdefault(record["data_source"], []).append(row)
-    return {source: source_report(output, rows, records) for source, rows in sorted(by_source.items())}, records
+    report = {source: source_report(output, rows, records, samples) for source, rows in sorted(by_source.items())}
+    return report, records
 
 
 def _mean(values: list[float]) -> float:
@@ -113,6 +143,7 @@ COLUMNS = (
     ("invalid_actions_per_trajectory", "{:.2f}"),
     ("masked", "{:d}"),
 )
+BEST_OF_COLUMNS = (("prompts", "{:d}"), ("pass_at_n", "{:.3f}"), ("best_reward_mean", "{:.3f}"))  # samples > 1
 
 
 def table(reports: dict[str, dict]) -> str:
@@ -123,7 +154,9 @@ def table(reports: dict[str, dict]) -> str:
         modes = [mode for mode in reports if source in reports[mode]]
         lines.append(f"{source}")
         lines.append(f"  {'':32}" + "".join(f"{mode:>22}" for mode in modes))
-        for key, form in COLUMNS:
+        for key, form in (*COLUMNS, *BEST_OF_COLUMNS):
+            if any(key not in reports[mode][source] for mode in modes):
+                continue
             cells = [_cell(reports[mode][source][key], form) for mode in modes]
             lines.append(f"  {key:32}" + "".join(f"{cell:>22}" for cell in cells))
         for mode in modes:

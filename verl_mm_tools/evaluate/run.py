@@ -4,8 +4,10 @@
 Everything else is what training runs: verl's RLHFDataset reads the parquet, the worker runs the loop with the
 tool YAML's tools, the image workspace, budget and environments, verl's reward worker scores each trajectory with the
 configured reward manager, the step hook publishes trajectory dumps (``verl-mm-tools view OUT/<mode>/trajectories``),
-all on verl's validation path (``validate``: greedy unless the overrides say otherwise). Rows run in batches of
-``batch_size``; a trajectory that fails is masked by the loop and stays in the report with its error.
+all on verl's validation path (``validate``). Its sampling is verl's ``actor_rollout_ref.rollout.val_kwargs``: greedy,
+or ``samples`` answers per row at ``temperature``, the rows repeated as verl's validation repeats them. Rows run in
+batches of ``batch_size`` prompts; a trajectory that fails is masked by the loop and stays in the report with its
+error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +27,10 @@ logger = logging.getLogger(__name__)
 
 TOOLS, NO_TOOLS = "tools", "no_tools"
 DUMP_FOLDER = "trajectories"
+# with several samples and no --temperature: verl's default rollout temperature, the policy's own distribution
+SAMPLING_TEMPERATURE = 1.0
+VAL_KWARGS = "actor_rollout_ref.rollout.val_kwargs"
+SAMPLING_KEYS = ("n", "temperature", "do_sample")  # val_kwargs set by --samples and --temperature only
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,8 @@ class EvalOptions:
     max_turns: int = 4
     prompt_length: int = 1024
     response_length: int = 1024
+    samples: int = 1  # answers per row (verl's val_kwargs.n)
+    temperature: float | None = None  # None: greedy for one sample, SAMPLING_TEMPERATURE for several
     overrides: tuple[str, ...] = field(default_factory=tuple)  # hydra overrides of verl's trainer config, last
 
     def __post_init__(self):
@@ -51,6 +60,31 @@ class EvalOptions:
             raise ConfigError("evaluating with tools needs --tools FILE.yaml (verl's tool config); or pass --no-tools")
         if self.batch_size < 1 or self.max_turns < 1:
             raise ConfigError(f"--batch-size and --max-turns must be >= 1, got {self.batch_size}, {self.max_turns}")
+        self._check_sampling()
+
+    @property
+    def sampling_temperature(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return 0.0 if self.samples == 1 else SAMPLING_TEMPERATURE
+
+    def _check_sampling(self) -> None:
+        if self.samples < 1:
+            raise ConfigError(f"--samples must be >= 1, got {self.samples}")
+        if not math.isfinite(self.sampling_temperature) or self.sampling_temperature < 0:
+            raise ConfigError(f"--temperature must be a number >= 0 (0: greedy), got {self.temperature}")
+        if self.samples > 1 and self.sampling_temperature == 0:
+            raise ConfigError(
+                f"--samples {self.samples} with --temperature 0: greedy decoding gives every sample of a row the same "
+                f"answer; pass a temperature above 0 (omitted: {SAMPLING_TEMPERATURE}) or --samples 1"
+            )
+        for override in self.overrides:
+            key = override.split("=", 1)[0].lstrip("+~")
+            if key == VAL_KWARGS or key in {f"{VAL_KWARGS}.{name}" for name in SAMPLING_KEYS}:
+                raise ConfigError(
+                    f"the override {override!r} sets what --samples and --temperature set; pass those instead "
+                    f"(val_kwargs.top_p and top_k overrides apply)"
+                )
 
 
 def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
@@ -72,12 +106,24 @@ def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
         "data.return_raw_chat=true",
         "reward.reward_manager.name=mm_turn_discount",
         *CLASSIC_HOOK,
+        *sampling_overrides(options),
     ]
     if options.reward_fn:
         overrides.append(f"+reward.reward_kwargs.reward_fn={options.reward_fn}")
     if mode == TOOLS:
         overrides.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={options.tools_yaml}")
     return [*overrides, *options.overrides]
+
+
+def sampling_overrides(options: EvalOptions) -> list[str]:
+    """verl's validation sampling: its agent-loop worker hands the server client val_kwargs' temperature (top_p,
+    top_k) on ``validate``; its trainer repeats each row val_kwargs.n times and passes do_sample along."""
+    temperature = options.sampling_temperature
+    return [
+        f"{VAL_KWARGS}.n={options.samples}",
+        f"{VAL_KWARGS}.temperature={temperature}",
+        f"{VAL_KWARGS}.do_sample={str(temperature > 0).lower()}",
+    ]
 
 
 def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
@@ -98,7 +144,9 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
         ours = [{"name": LOOP_NAME, "_target_": LOOP_TARGET}]
         entries.append(ours[0])
     ours[0].update(
-        dump_dir=str(options.out / mode / DUMP_FOLDER), dump_max_per_step=options.batch_size, max_masked_fraction=1.0
+        dump_dir=str(options.out / mode / DUMP_FOLDER),
+        dump_max_per_step=options.batch_size * options.samples,  # a batch: its prompts' samples, every one dumped
+        max_masked_fraction=1.0,
     )
     return entries
 
@@ -114,7 +162,7 @@ def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[in
     for mode in options.modes:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints ("Using dataset class"); stdout is the report's
             output, client = _run_mode(options, mode, make_client, progress)
-        reports[mode], records = build_report(output, getattr(client, "faults", {}))
+        reports[mode], records = build_report(output, getattr(client, "faults", {}), options.samples)
         _write_lines(options.out / mode / "rows.jsonl", records)
     report = {"data": str(options.data), "modes": reports, "table": table(reports)}
     (options.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -139,20 +187,22 @@ def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: 
         client = make_client(worker.tokenizer)
         worker.llm_client = client
         outputs = []
-        for batch in _batches(options, config, worker):
-            outputs.append(_with_row_columns(generate(manager, batch), batch))
+        for batch, samples in _batches(options, config, worker):
+            outputs.append(_with_row_columns(generate(manager, batch), batch, samples))
             progress(len(batch))
         if hasattr(client, "aclose"):
             get_event_loop().run_until_complete(client.aclose())
     return DataProto.concat(outputs), client
 
 
-ROW_COLUMNS = ("data_source", "extra_info")  # what the report groups and names rows by
+ROW_COLUMNS = ("data_source", "extra_info", "index", "uid")  # what the report groups and names rows by
 
 
-def _with_row_columns(output, batch):
-    """The generated rows with their dataset columns (the trainer unions them the same way), without the batch's
-    timings and step metrics (the report reads the rows)."""
+def _with_row_columns(output, batch, samples):
+    """The generated rows with their dataset columns (the trainer unions them the same way) and their sample numbers,
+    without the batch's timings and step metrics (the report reads the rows)."""
+    from verl_mm_tools.evaluate.report import SAMPLE_KEY
+
     if len(output) != len(batch):
         raise ConfigError(
             f"{len(batch)} rows gave {len(output)} outputs: eval scores whole trajectories, leave the "
@@ -161,23 +211,43 @@ def _with_row_columns(output, batch):
     for key in ROW_COLUMNS:
         if key in batch.non_tensor_batch:
             output.non_tensor_batch[key] = batch.non_tensor_batch[key]
+    output.non_tensor_batch[SAMPLE_KEY] = samples
     output.meta_info.clear()
     return output
 
 
 def _batches(options: EvalOptions, config, worker):
-    """The parquet's rows as verl's trainer batches them (RLHFDataset, its collate_fn), marked as validation."""
+    """The parquet's rows as verl's trainer batches them for validation (RLHFDataset, its collate_fn, each row
+    repeated val_kwargs.n times, its samples next to each other), with each row's sample numbers."""
+    import numpy as np
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
     dataset = RLHFDataset(str(options.data), worker.tokenizer, config.data, worker.processor)
     if len(dataset) == 0:
         raise ConfigError(f"--data {options.data} holds no rows")
+    val_kwargs = config.actor_rollout_ref.rollout.val_kwargs
     for start in range(0, len(dataset), options.batch_size):
-        items = [dataset[index] for index in range(start, min(start + options.batch_size, len(dataset)))]
-        batch = DataProto.from_single_dict(collate_fn(items))
-        batch.meta_info.update(global_steps=start // options.batch_size, validate=True)
-        yield batch
+        positions = range(start, min(start + options.batch_size, len(dataset)))
+        batch = DataProto.from_single_dict(
+            collate_fn([_with_prompt_ids(dataset[position], position) for position in positions])
+        )
+        batch = batch.repeat(repeat_times=val_kwargs.n, interleave=True)
+        batch.meta_info.update(
+            global_steps=start // options.batch_size, validate=True, do_sample=bool(val_kwargs.do_sample)
+        )
+        yield batch, np.tile(np.arange(val_kwargs.n), len(positions))
+
+
+def _with_prompt_ids(item: dict, position: int) -> dict:
+    """A dataset row with the ids its samples share: ``uid`` (the dataset's, else one per row, as verl's validation
+    gives; the trainer side numbers each uid's rollouts), ``index`` the row's position when extra_info has none
+    (RLHFDataset gives every such row 0, which would make all prompts one)."""
+    item.setdefault("uid", f"row-{position}")
+    extra_info = item.get("extra_info")
+    if not isinstance(extra_info, dict) or "index" not in extra_info:
+        item["index"] = position
+    return item
 
 
 def _write_lines(path: Path, records: Sequence[dict]) -> None:
