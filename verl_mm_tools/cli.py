@@ -20,7 +20,7 @@ from verl_mm_tools.data.command import add_make_data_command
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.command import add_eval_command
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, TEMPLATES, tiny_model_path
-from verl_mm_tools.trajectories.command import add_export_sft_command
+from verl_mm_tools.trajectories.command import add_export_sft_command, add_sft_command
 from verl_mm_tools.viewer.command import add_view_command
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def _demo(args: argparse.Namespace) -> int:
         trainer=args.trainer,
         rollout=args.rollout,
         warm_start=not args.no_warm_start,
+        sft_warm_start=args.sft_warm_start,
         family=args.family,
         overrides=tuple(args.overrides),
         tools=args.tools,
@@ -181,6 +182,12 @@ def _add_demo_command(commands) -> None:
         "--no-warm-start", action="store_true", help="train the random tiny model as is (it will not call the tool)"
     )
     demo.add_argument(
+        "--sft-warm-start",
+        action="store_true",
+        help="learn, learn_tool: fit the warm start with verl's own SFT trainer (python -m verl.trainer.sft_trainer) "
+        "on demonstrations the mm_tool loop recorded and export-sft wrote, instead of the custom fit",
+    )
+    demo.add_argument(
         "--family",
         default=DEFAULT_FAMILY,
         choices=sorted(FAMILIES),
@@ -272,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_command(commands)
     add_eval_command(commands)
     add_export_sft_command(commands)
+    add_sft_command(commands)
     return parser
 
 

@@ -5,8 +5,10 @@ model's on the same images; its overrides and errors."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -100,10 +102,31 @@ def exported_file(tool_aware_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(tool_aware_dir, exported_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("verl_sft")
-    # 3e-3: at 1e-2 (constant or cosine over 60 steps) verl's run (AdamW, gradients clipped at 1) fitted these rows
-    # like a bigram model (loss ~0.37 per token) and wrote a wrong token at the call's third
-    model_dir = sft.run_verl_sft(tool_aware_dir, exported_file, out, steps=STEPS, lr=3e-3, batch_size=4, timeout_s=300)
-    return model_dir, out
+    """``verl-mm-tools sft`` (run_verl_sft) on the exported rows. lr 3e-3 (the command's default): at 1e-2
+    (constant or cosine over 60 steps) verl's run (AdamW, gradients clipped at 1) fitted these rows like a bigram
+    model (loss ~0.37 per token) and wrote a wrong token at the call's third."""
+    from verl_mm_tools.cli import main
+
+    out = tmp_path_factory.mktemp("verl_sft")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert (
+            main(
+                [
+                    "sft",
+                    "--model",
+                    str(tool_aware_dir),
+                    "--data",
+                    str(exported_file),
+                    "--out",
+                    str(out),
+                    "--steps",
+                    str(STEPS),
+                ]
+            )
+            == 0
+        )
+    return Path(printed.getvalue().strip()), out
 
 
 def prompt_inputs(processor, exported_file):

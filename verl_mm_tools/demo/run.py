@@ -98,6 +98,8 @@ class DemoOptions:
     trainer: str = "sync"  # one of TRAINERS
     rollout: str = VLLM_ROLLOUT  # one of ROLLOUTS
     warm_start: bool = True
+    # fit the warm start with verl's own SFT trainer on demonstrations the loop recorded (``demo.cold_start``)
+    sft_warm_start: bool = False
     family: str = DEFAULT_FAMILY  # the tiny model's VLM family
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
@@ -137,6 +139,12 @@ class DemoOptions:
             raise ConfigError(
                 f"the warm start demonstrates hermes tool calls, but {self.family} writes {self.tool_parser} calls; "
                 "pass --no-warm-start with this family"
+            )
+        if self.sft_warm_start and not (self.warm_start and get_task(self.task).sft_cold_start):
+            fitted = [name for name, task in TASKS.items() if task.sft_cold_start]
+            raise ConfigError(
+                f"--sft-warm-start fits the warm start of the tasks {fitted} with verl's SFT trainer; --task "
+                f"{self.task}{' --no-warm-start' if not self.warm_start else ''} has none it can fit"
             )
         if self.tools is not None and not Path(self.tools).is_file():
             raise ConfigError(f"--tools {self.tools}: no such file; give a verl tool YAML (tools: - class_name: ...)")
@@ -214,7 +222,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     if options.warm_start:
         say(f"warm start: {task.warm_start_says} (cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):
-            model = warm_started(task, model, tools, options.seed)
+            model = warm_started(task, model, tools, options.seed, sft=options.sft_warm_start)
     say(f"{task.name} task")
     train, val = task.write_dataset(
         out / "data", train_size=options.train_size, val_size=options.val_size, seed=options.seed
@@ -231,9 +239,10 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     return paths
 
 
-def warm_started(task, model: Path, tools: Path, seed: int) -> Path:
-    """The task's warm-started copy of ``model``: verl's SFT trainer on recorded demonstrations, or the custom fit."""
-    if task.sft_cold_start:
+def warm_started(task, model: Path, tools: Path, seed: int, sft: bool = False) -> Path:
+    """The task's warm-started copy of ``model``: the custom fit, or (``sft``) verl's SFT trainer on recorded
+    demonstrations."""
+    if sft:
         from verl_mm_tools.demo.cold_start import ColdStartSpec, sft_cold_started_model
 
         spec = ColdStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=seed)

@@ -52,8 +52,8 @@ class DemoTask:
     stop_at_call_rate: float | None = None
     # What the warm start teaches, in the demo's progress line
     warm_start_says: str = "the output format, with labels that tell nothing"
-    # The warm start is fitted by verl's own SFT trainer on demonstrations the loop recorded and export-sft wrote
-    # (demo.cold_start), not by the custom fit (demo.warm_start), whose losses verl's trainer lacks
+    # Its warm start can be fitted by verl's own SFT trainer on demonstrations the loop recorded and export-sft wrote
+    # (``demo --sft-warm-start``, demo.cold_start): verl's token loss is the custom fit's (demo.warm_start)
     sft_cold_start: bool = False
 
     def learned(self, steps: list[dict]) -> bool:

@@ -1,10 +1,12 @@
-"""``verl-mm-tools export-sft``: its arguments (parsing imports nothing heavy) and its run."""
+"""``verl-mm-tools export-sft`` and ``verl-mm-tools sft``: their arguments (parsing imports nothing heavy) and runs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from verl_mm_tools.cli_types import whole_number
 
 DESCRIPTION = """\
 Write recorded trajectories (training dumps: the mm_tool loop's dump_dir;
@@ -65,4 +67,48 @@ def run_export_sft(args: argparse.Namespace) -> int:
         f"skipped: {skipped}; unreadable: {len(summary['bad_records'])} (listed in {args.out / SUMMARY_FILE})\n"
         f"train: python -m verl.trainer.sft_trainer {' '.join(summary['verl_overrides'])} ...\n"
     )
+    return 0
+
+
+SFT_DESCRIPTION = """\
+Run verl's own multi-turn SFT trainer (python -m verl.trainer.sft_trainer,
+under torchrun) on CPU on an export-sft parquet, with the CPU overrides it
+needs (verl_mm_tools.cpu.sft), and print the Hugging Face model folder it saved
+after the last step. OUT holds command.sh (the exact command, to rerun or
+edit; on GPUs drop the CPU overrides), sft_trainer.log and checkpoints/.
+"""
+
+
+def add_sft_command(commands) -> None:
+    command = commands.add_parser(
+        "sft",
+        help="verl's own SFT trainer on CPU on an export-sft parquet (a cold start for RL)",
+        description=SFT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("--model", required=True, help="the model folder to start from")
+    command.add_argument("--data", type=Path, nargs="+", required=True, help="export-sft parquet files")
+    command.add_argument("--out", type=Path, required=True, help="output folder (must hold no checkpoints)")
+    command.add_argument("--steps", type=whole_number(1), default=40, help="optimizer steps (default 40)")
+    command.add_argument("--batch-size", type=whole_number(1), default=4, help="rows per step (default 4)")
+    command.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3, for the tiny model)")
+    command.add_argument("--seed", type=whole_number(0), default=0, help="data order and initialisation (default 0)")
+    command.add_argument("overrides", nargs="*", help="hydra overrides of verl's sft_trainer config, last")
+    command.set_defaults(run=run_sft)
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    from verl_mm_tools.cpu.sft import run_verl_sft
+
+    model = run_verl_sft(
+        args.model,
+        args.data,
+        args.out,
+        overrides=args.overrides,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    sys.stdout.write(f"{model}\n")
     return 0
