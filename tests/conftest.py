@@ -1,4 +1,5 @@
-"""Shared fixtures: the real embedded tiny models (built once per machine, cached) and their processors."""
+"""Shared fixtures: the real embedded tiny models (built once per machine, cached), their processors, and a real
+trajectory dump of the tiny model."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def tiny_tokenizer(tiny_model_dir):
     from verl.utils import hf_tokenizer
 
     return hf_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def sample_dump(tiny_model_dir, tmp_path_factory):
+    """A real dump shared by the viewer and trajectory tests: the tiny Qwen2.5-VL with the rotate tool, two steps
+    of the four scripted trajectories (``sample_dump.SAMPLE_SCRIPTS``) through verl's AgentLoopWorker, reward worker
+    (mm_turn_discount, rotation_reward_45) and MMToolAgentLoopManager. Returns the dump folder (``step_000001``,
+    ``step_000002``); the viewer's site goes into its ``_site``; copy it to change a record."""
+    from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
+
+    workdir = tmp_path_factory.mktemp("sample_dump")
+    write_sample_dump(workdir / "dump", workdir / "work", model_dir=tiny_model_dir, steps=(1, 2))
+    return workdir / "dump"
 
 
 @pytest.fixture(autouse=True)

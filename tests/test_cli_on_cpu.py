@@ -134,7 +134,7 @@ def test_the_top_level_help_says_what_the_tool_does_and_lists_the_commands():
         for line in lines[lines.index("  COMMAND") + 1 :]
         if line.startswith("    ") and not line.startswith("     ")
     ]
-    assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval", "export-sft", "sft"]
+    assert listed == ["tiny-model", "demo", "view", "make-data", "bench", "eval", "export-sft", "sft", "rescore"]
 
 
 def test_the_bench_help_documents_the_exit_status():

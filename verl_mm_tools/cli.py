@@ -21,6 +21,7 @@ from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.command import add_eval_command
 from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES, TEMPLATES, tiny_model_path
 from verl_mm_tools.trajectories.command import add_export_sft_command, add_sft_command
+from verl_mm_tools.trajectories.rescore_command import add_rescore_command
 from verl_mm_tools.viewer.command import add_view_command
 
 logger = logging.getLogger(__name__)
@@ -280,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_command(commands)
     add_export_sft_command(commands)
     add_sft_command(commands)
+    add_rescore_command(commands)
     return parser
 
 

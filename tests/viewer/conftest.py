@@ -1,5 +1,5 @@
-"""A real dump (tiny VLM, rotate tool, two steps of four scripted trajectories through verl's worker, reward worker
-and MMToolAgentLoopManager), its site, a localhost server for it, and a real headless Chromium."""
+"""The site of the real sample dump (``sample_dump``, tests/conftest.py), a localhost server for it, and a real
+headless Chromium."""
 
 from __future__ import annotations
 
@@ -9,18 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
 from verl_mm_tools.viewer.chromium import Chromium, ChromiumError, find_chromium
 from verl_mm_tools.viewer.site import build_site, make_server
 
 REPO_OUTPUTS = Path(__file__).resolve().parents[2] / "outputs"
-
-
-@pytest.fixture(scope="session")
-def sample_dump(tiny_model_dir, tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("viewer")
-    write_sample_dump(workdir / "dump", workdir / "work", model_dir=tiny_model_dir, steps=(1, 2))
-    return workdir / "dump"
 
 
 @pytest.fixture(scope="session")

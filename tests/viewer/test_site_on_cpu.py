@@ -93,6 +93,24 @@ def test_a_one_sample_trajectory_has_no_samples_table(sample_site):
     assert all('id="samples"' not in page.read_text() for page in sample_site.pages.values())
 
 
+def test_a_rescored_trajectory_shows_its_new_score_the_recorded_one_and_how_it_was_rescored(dump_copy, tmp_path):
+    path = first_record_path(dump_copy)
+    record = json.loads(path.read_text())
+    record["reward_before"] = {**record["reward"], "score": 1.0}
+    record["reward"] = {**record["reward"], "score": 0.25}
+    record["rescored"] = {"reward_manager": "naive", "reward_fn": "format_reward"}  # what verl-mm-tools rescore adds
+    path.write_text(json.dumps(record))
+    site = build_site(dump_copy, tmp_path / "site")
+    html = site.pages[record["id"]].read_text()
+    assert (
+        '<dt title="the reward manager score when rescored">Score (rescored)</dt><dd id="score">0.25</dd>'
+        '<dt title="the score as recorded (sum of rm_scores)">Score before rescoring</dt><dd id="score-before">1</dd>'
+        '<dt>Rescored with</dt><dd id="rescored">naive manager, format_reward</dd>'
+    ) in html
+    others = [page.read_text() for name, page in site.pages.items() if name != record["id"]]
+    assert all('id="score-before"' not in other and "Score (rm_scores)</dt>" in other for other in others)
+
+
 def test_verl_rollout_data_dir_jsonl_is_shown_as_text_only_trajectories(tmp_path):
     rollout_dir = tmp_path / "rollouts"
     rollout_dir.mkdir()

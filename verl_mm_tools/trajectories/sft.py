@@ -68,7 +68,7 @@ class ExportSummary:
         return {
             "rows": self.rows,
             "records": self.records,
-            "skipped": dict(self.skipped),
+            "skipped": dict(sorted(self.skipped.items())),
             "bad_records": self.bad,
             "verl_overrides": verl_overrides(out / TRAIN_FILE, self.template_kwargs),
         }

@@ -289,16 +289,33 @@ def _summary_card(record: dict) -> str:
 
 def _reward_card(record: dict) -> str:
     reward = record.get("reward") or {}
-    score = (
-        f'<dt title="sum of rm_scores">Score (rm_scores)</dt>'
-        f'<dd id="score">{escape(_number_text(reward.get("score")))}</dd>'
-    )
+    if "reward_before" in record:  # rescored by verl-mm-tools rescore: the new score and the recorded one
+        score = _rescored_scores(record)
+    else:
+        score = (
+            f'<dt title="sum of rm_scores">Score (rm_scores)</dt>'
+            f'<dd id="score">{escape(_number_text(reward.get("score")))}</dd>'
+        )
     extra = _items([(key, value) for key, value in (reward.get("extra") or {}).items() if value is not None])
     totals = _items([(key.replace("_", " "), value) for key, value in (record.get("mask") or {}).items()])
     return (
         f'<section class="card" id="reward"><h2>Reward</h2><dl>{score}{extra}</dl>'
         f'<h2 style="margin-top:10px">Turns and mask</h2>{_turns_table(record.get("turns") or [])}'
         f"{_samples_table(record.get('samples') or [])}<dl>{totals}</dl></section>"
+    )
+
+
+def _rescored_scores(record: dict) -> str:
+    """Both scores of a rescored record (``verl-mm-tools rescore``) and what rescored it."""
+    settings = record.get("rescored") or {}
+    how = f"{settings.get('reward_manager')} manager, {settings.get('reward_fn') or 'its default function'}"
+    before = (record.get("reward_before") or {}).get("score")
+    return (
+        f'<dt title="the reward manager score when rescored">Score (rescored)</dt>'
+        f'<dd id="score">{escape(_number_text((record.get("reward") or {}).get("score")))}</dd>'
+        f'<dt title="the score as recorded (sum of rm_scores)">Score before rescoring</dt>'
+        f'<dd id="score-before">{escape(_number_text(before))}</dd>'
+        f'<dt>Rescored with</dt><dd id="rescored">{escape(how)}</dd>'
     )
 
 

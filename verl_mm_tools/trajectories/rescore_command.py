@@ -1,0 +1,93 @@
+"""``verl-mm-tools rescore``: its arguments (parsing imports nothing heavy) and its run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from verl_mm_tools.errors import ConfigError
+
+DEFAULT_MANAGER = "mm_turn_discount"  # the manager training and eval default to
+
+DESCRIPTION = """\
+Score recorded trajectories (training dumps: the mm_tool loop's dump_dir;
+verl-mm-tools eval output) again with another reward function or reward
+manager, through verl's own reward worker and manager classes, as training
+scores them: no policy model, no inference server (the model's tokenizer and
+processor rebuild the token ids the record does not keep). Writes
+OUT/report.json, OUT/report.txt and OUT/rows.jsonl (eval's format: the
+recorded scores and the new ones side by side, each row with both) and
+OUT/trajectories (copies whose reward is the new score, the recorded one kept
+as reward_before: verl-mm-tools view OUT/trajectories shows both). Records
+that cannot be read or scored are listed with their reason.
+"""
+
+
+def add_rescore_command(commands) -> None:
+    command = commands.add_parser(
+        "rescore",
+        help="score recorded trajectories again with another reward function or manager",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("records", nargs="+", type=Path, help="dump folders, eval output folders or trajectory.json")
+    command.add_argument("--out", type=Path, required=True, help="output folder (empty, new or an earlier rescore's)")
+    command.add_argument(
+        "--reward-fn",
+        help="a built-in reward function scoring every record (also rows whose extra_info names another)",
+    )
+    command.add_argument(
+        "--reward-manager",
+        default=DEFAULT_MANAGER,
+        help=f"a reward manager of verl's registry: verl's naive, dapo, ... or ours (default {DEFAULT_MANAGER})",
+    )
+    command.add_argument(
+        "--model-path",
+        help="the model whose tokenizer and processor rebuild the tokens (default: the one each record names)",
+    )
+    command.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hydra override of verl's trainer config, as in training (e.g. +reward.reward_kwargs.gamma=0.5); "
+        "repeatable",
+    )
+    command.set_defaults(run=run_rescore)
+
+
+def run_rescore(args: argparse.Namespace) -> int:
+    from verl_mm_tools.trajectories.rescore import REPORT_FILE, TRAJECTORIES, RescoreOptions, rescore
+
+    if args.reward_fn is None and args.reward_manager == DEFAULT_MANAGER and not args.override:
+        raise ConfigError(
+            "rescore needs something to score with: --reward-fn NAME, --reward-manager NAME or --override "
+            "reward settings"
+        )
+    options = RescoreOptions(
+        records=tuple(args.records),
+        out=args.out,
+        reward_fn=args.reward_fn,
+        reward_manager=args.reward_manager,
+        model_path=args.model_path,
+        overrides=tuple(args.override),
+    )
+    report = rescore(options)
+    rows = sum(figures["rows"] for mode, figures in _rescored(report).items())
+    sys.stdout.write(report["table"] + "\n")
+    sys.stdout.write(
+        f"rescored {rows} trajectories; could not rescore {len(report['bad_records'])} (listed in "
+        f"{args.out / REPORT_FILE}); trajectories: verl-mm-tools view {args.out / TRAJECTORIES}\n"
+    )
+    return 0
+
+
+def _rescored(report: dict) -> dict:
+    """The rescored figures of every data source of every mode."""
+    return {
+        (mode, source): figures
+        for mode, sources in report["modes"].items()
+        if mode.endswith("rescored")
+        for source, figures in sources.items()
+    }
