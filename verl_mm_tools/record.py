@@ -82,7 +82,8 @@ def read_record(path: str | os.PathLike) -> dict:
     """The record in ``path`` (a ``trajectory.json``); a RecordError naming the file when it is not one this
     version reads."""
     try:
-        record = json.loads(open(path, encoding="utf-8").read())
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
     except (OSError, ValueError) as error:
         raise RecordError(f"{path}: not a readable JSON record ({error})") from error
     version = record.get("version") if isinstance(record, dict) else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.record import RecordError
+from verl_mm_tools.record import RecordError, chat_image_ids
 from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet, load_records
 
 logger = logging.getLogger(__name__)
@@ -143,15 +143,22 @@ def record_rows(item: LoadedRecord, per_turn: bool) -> list[dict]:
     if not assistant_ends:
         raise RecordError(f"{item.path}: no assistant message to train on")
     ends = assistant_ends if per_turn else assistant_ends[-1:]
-    return [_row(item, chat, messages[:end]) for end in ends]
+    # a row's images are the chat's first ones (numbered in placeholder order), one per "<image>" (a literal one in
+    # a text is refused); read once for the rows that share them, none after the last row's messages
+    pngs = [
+        item.image_file(image_id).read_bytes() for image_id in chat_image_ids(chat)[: _images(messages[: ends[-1]])]
+    ]
+    return [_row(item, chat, messages[:end], pngs[: _images(messages[:end])]) for end in ends]
 
 
-def _row(item: LoadedRecord, chat: dict, messages: list[dict]) -> dict:
-    image_ids = [image_id for message in messages for image_id in message["_image_ids"]]
-    messages = [{key: value for key, value in message.items() if key != "_image_ids"} for message in messages]
+def _images(messages: list[dict]) -> int:
+    return sum(message["content"].count("<image>") for message in messages)
+
+
+def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]) -> dict:
     row = {
         "messages": messages,
-        "images": [{"bytes": item.image_file(image_id).read_bytes()} for image_id in image_ids],
+        "images": [{"bytes": png} for png in pngs],
         # JSON text: a Parquet column of dicts would reorder and pad the schemas (verl_fixes fix 9 reads it)
         "tools": json.dumps(chat["tools"]) if chat.get("tools") else None,
         "source": str(item.path),
@@ -165,11 +172,10 @@ def _sft_message(item: LoadedRecord, message: dict) -> dict:
     """A chat message with its content as one string, ``<image>`` where each image was."""
     content = message.get("content")
     parts = [{"type": "text", "text": content or ""}] if not isinstance(content, list) else content
-    text, image_ids = "", []
+    text = ""
     for part in parts:
         if part["type"] == "image":
             text += "<image>"
-            image_ids.append(part["image_id"])
             continue
         found = [placeholder for placeholder in PLACEHOLDERS if placeholder in part["text"]]
         if found:
@@ -179,7 +185,7 @@ def _sft_message(item: LoadedRecord, message: dict) -> dict:
             )
         text += part["text"]
     extra = {key: value for key, value in message.items() if key != "content" and value is not None}
-    return {**extra, "content": text, "_image_ids": image_ids}
+    return {**extra, "content": text}
 
 
 def _shared_template_kwargs(records: list[LoadedRecord]) -> dict:
