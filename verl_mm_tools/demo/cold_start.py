@@ -14,16 +14,12 @@ The result is cached next to the base model, keyed by everything that determines
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, TASKS, demonstration_script
+from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, TASKS, cached_model, demonstration_script
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -59,20 +55,15 @@ def sft_cold_started_model(
     base_dir = Path(base_dir)
     tools_text = without_remote(Path(tools_yaml).read_text())
     key = {"version": COLD_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec)}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-sft-{digest}"
-    if (target / MARKER).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as scratch:
-        work = Path(scratch)
-        (work / "tools.yaml").write_text(tools_text)
-        summary = record_and_export(base_dir, work / "tools.yaml", spec, work)
-        trained = fit_with_verl(base_dir, work / "sft" / "train.parquet", spec, work / "trainer")
-        (trained / MARKER).write_text(json.dumps({**key, "export": summary}, indent=1))
-        if not target.exists():
-            shutil.move(str(trained), target)
-    return target
+
+    def build(scratch: Path) -> tuple[Path, dict]:
+        (scratch / "tools.yaml").write_text(tools_text)
+        summary = record_and_export(base_dir, scratch / "tools.yaml", spec, scratch)
+        return fit_with_verl(base_dir, scratch / "sft" / "train.parquet", spec, scratch / "trainer"), {
+            "export": summary
+        }
+
+    return cached_model(base_dir, "sft", key, MARKER, build, cache_root)
 
 
 def record_and_export(base_dir: Path, tools_yaml: Path, spec: ColdStartSpec, work: Path) -> dict:

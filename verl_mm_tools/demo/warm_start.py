@@ -178,22 +178,36 @@ def warm_started_model(
         "after_call_weight": task.after_call_weight,
         "reading_steps": task.reading_steps,
     }
+
+    def build(scratch: Path) -> tuple[Path, dict]:
+        model, local_tools = scratch / "model", scratch / "tools.yaml"
+        shutil.copytree(base_dir, model)
+        local_tools.write_text(tools_text)
+        return model, warm_start(model, local_tools, spec)
+
+    return cached_model(base_dir, "warm", key, MARKER, build, cache_root)
+
+
+def cached_model(
+    base_dir: Path,
+    kind: str,
+    key: dict,
+    marker: str,
+    build: Callable[[Path], tuple[Path, dict]],
+    cache_root: str | Path | None = None,
+) -> Path:
+    """``<cache_root>/<base name>-<kind>-<digest of key>``, built once by ``build(scratch)`` (the model folder it
+    made inside ``scratch`` and a report, written with ``key`` to ``marker``), then reused."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-warm-{digest}"
-    if (target / MARKER).is_file():
+    target = Path(cache_root or base_dir.parent) / f"{base_dir.name}-{kind}-{digest}"
+    if (target / marker).is_file():
         return target
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        shutil.copytree(base_dir, staging, dirs_exist_ok=True)
-        with tempfile.TemporaryDirectory() as scratch:
-            local_tools = Path(scratch) / "tools.yaml"
-            local_tools.write_text(tools_text)
-            report = warm_start(staging, local_tools, spec)
-        (staging / MARKER).write_text(json.dumps({**key, **report}, indent=1))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as scratch:
+        model, report = build(Path(scratch))
+        (model / marker).write_text(json.dumps({**key, **report}, indent=1))
         if not target.exists():
-            staging.rename(target)  # atomic: a concurrent builder of the same key wins or loses whole
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            model.rename(target)  # atomic: a concurrent builder of the same key wins or loses whole
     return target
 
 
