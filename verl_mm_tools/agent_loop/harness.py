@@ -173,15 +173,17 @@ def image_prompt(text: str, images: Sequence[Image.Image] = ()) -> list[dict]:
 def make_batch(prompts: Sequence[list[dict]], **columns: Sequence[Any]) -> DataProto:
     """A generation batch of raw prompts plus optional per-sample columns (agent_name, tools_kwargs, extra_info)."""
     size = len(prompts)
-    non_tensor = {"raw_prompt": _objects(prompts), "index": np.arange(size)}
+    non_tensor = {"raw_prompt": object_array(prompts), "index": np.arange(size)}
     for name, values in columns.items():
-        non_tensor[name] = _objects(values)
+        non_tensor[name] = object_array(values)
     return DataProto.from_dict(non_tensors=non_tensor, meta_info={"global_steps": 1, "validate": False})
 
 
-def _objects(values: Sequence[Any]) -> np.ndarray:
+def object_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array of ``values`` (np.array would make a list of equal-length lists 2-D)."""
     array = np.empty(len(values), dtype=object)
-    array[:] = list(values)
+    for index, value in enumerate(values):
+        array[index] = value
     return array
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from verl_mm_tools.agent_loop.harness import object_array
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.record import RECORD_FILE, STATS_KEYS, RecordError, chat_image_ids, jsonable
 from verl_mm_tools.trajectories.read import BadRecord, LoadedRecord, RecordSet, load_records
@@ -478,22 +479,14 @@ def _data_proto(samples: list[tuple[list[int], list[int]]], row: dict, fields: d
         },
         batch_size=n,
     )
-    non_tensor = {key: _objects([value] * n) for key, value in row.items()}
+    non_tensor = {key: object_array([value] * n) for key, value in row.items()}
     non_tensor.update(
         __num_turns__=np.array([turns] * n),
-        tool_extra_fields=_objects([dict(fields) for _ in range(n)]),
+        tool_extra_fields=object_array([dict(fields) for _ in range(n)]),
         prompt_len=np.array([len(prompt) for prompt in prompts]),
         response_len=np.array([len(response) for response in responses]),
     )
     return DataProto(batch=batch, non_tensor_batch=non_tensor)
-
-
-def _objects(values: list) -> np.ndarray:
-    """A 1-D object array of ``values`` (np.array would make a list of equal-length lists 2-D)."""
-    array = np.empty(len(values), dtype=object)
-    for index, value in enumerate(values):
-        array[index] = value
-    return array
 
 
 # ----- outputs ---------------------------------------------------------------------------------------------------
@@ -644,14 +637,14 @@ def _report_columns(results: list[Rescored], scores: list):
 
     # the keys every record has: one missing from some is missing from the columns (a KeyError the caller explains)
     keys = sorted(set.intersection(*(set(result.fields) for result in results)))
-    columns = {key: _objects([result.fields[key] for result in results]) for key in keys}
+    columns = {key: object_array([result.fields[key] for result in results]) for key in keys}
     records = [result.item.record for result in results]
     samples = [record.get("sample") or {} for record in records]
-    columns["data_source"] = _objects([sample.get("data_source") for sample in samples])
-    columns["extra_info"] = _objects([sample.get("extra_info") for sample in samples])
-    columns["index"] = _objects([sample.get("index") for sample in samples])
-    columns["uid"] = _objects([prompt_uid(record) for record in records])
-    columns[SAMPLE_KEY] = _objects([record.get("rollout_n") or 0 for record in records])
+    columns["data_source"] = object_array([sample.get("data_source") for sample in samples])
+    columns["extra_info"] = object_array([sample.get("extra_info") for sample in samples])
+    columns["index"] = object_array([sample.get("index") for sample in samples])
+    columns["uid"] = object_array([prompt_uid(record) for record in records])
+    columns[SAMPLE_KEY] = object_array([record.get("rollout_n") or 0 for record in records])
     rm_scores = torch.tensor([[score] for score in scores], dtype=torch.float64)
     return DataProto.from_dict(tensors={"rm_scores": rm_scores}, non_tensors=columns)
 
