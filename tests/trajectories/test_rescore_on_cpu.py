@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.harness import ScriptedServer
-from verl_mm_tools.agent_loop.sample_dump import SAMPLE_SCRIPTS, sample_image, scripted_by_word
+from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overrides
+from verl_mm_tools.agent_loop.sample_dump import (
+    REWARD_OVERRIDES,
+    SAMPLE_SCRIPTS,
+    sample_image,
+    sample_rows,
+    scripted_by_word,
+)
 from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
@@ -227,6 +234,55 @@ def test_an_eval_output_is_rescored_into_evals_report(eval_out, tmp_path):
         {key: row[key] for key in eval_rows[0] if key != "reward"} for row in eval_rows
     ]
     assert all(record_of(out, row)["step"] == 0 and record_of(out, row)["validate"] for row in rows)
+
+
+@pytest.fixture(scope="module")
+def per_turn_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    """The four scripts exported per turn (one sample per assistant turn, scored on the last as verl's v1 manager
+    does) with a 100-token response budget, which cuts the double rotation's second call: a dump of one step."""
+    from verl_mm_tools.agent_loop.manager import step_batch
+    from verl_mm_tools.agent_loop.step import process_step
+
+    workdir = tmp_path_factory.mktemp("per_turn")
+    (workdir / "tools.yaml").write_text(ROTATE_TOOLS_YAML)
+    prompts, columns = sample_rows(WORDS)
+    output, _, _ = LocalRollout(tiny_model_dir, workdir / "tools.yaml", workdir).run(
+        scripted_by_word(tiny_tokenizer),
+        prompts,
+        columns=columns,
+        per_sample=True,
+        score=True,
+        response_length=100,
+        loop_options={"export": "per_turn", "dump_dir": str(workdir / "dump")},
+        extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True), *REWARD_OVERRIDES),
+    )
+    process_step(step_batch(output, {"global_steps": 1}))
+    return workdir / "dump"
+
+
+def test_a_per_turn_dump_with_a_length_cut_turn_rescores_as_training_scored_it(per_turn_dump, tmp_path):
+    rescore_cli(str(per_turn_dump), "--reward-fn", "rotation_reward_45", "--override=+reward.reward_kwargs.gamma=0.9",
+                "--out", str(tmp_path / "own"))  # fmt: skip
+    rows = rows_of(tmp_path / "own")
+    records = [record_of(tmp_path / "own", row) for row in rows]
+    assert [(record["stop_reason"], [sample["turns"] for sample in record["samples"]]) for record in records] == [
+        ("length_limit", [[1], [2]]),
+        ("answered", [[1]]),
+        ("answered", [[1], [2]]),
+        ("error", [[]]),
+    ]
+    assert [(row["reward_before"], row["reward"], row["tokens_as_recorded"]) for row in rows] == [
+        (1.0, 1.0, True), (0.0, 0.0, True), (1.0, 1.0, True), (0.0, 0.0, True)
+    ]  # fmt: skip
+    # DAPO's overlong penalty reads the last sample's response, the one training scores
+    last_sample_tokens = [record["samples"][-1]["response_tokens"] for record in records]
+    assert last_sample_tokens == [20, 9, 9, 1]
+    rescore_cli(str(per_turn_dump), "--reward-manager", "dapo", "--reward-fn", "rotation_reward_180",
+                "--override=+reward.reward_kwargs.overlong_buffer_cfg={enable:true,len:100,penalty_factor:1.0,log:true}",
+                "--override=+reward.reward_kwargs.max_resp_len=105", "--out", str(tmp_path / "dapo"))  # fmt: skip
+    assert [row["reward"] for row in rows_of(tmp_path / "dapo")] == [
+        dapo_score(score, tokens, max_resp_len=105) for score, tokens in zip([1.0, 0.75, 1.0, 0.0], last_sample_tokens)
+    ]
 
 
 def broken_dump_copy(sample_dump, destination):

@@ -6,15 +6,16 @@ A manager gets what verl's ``AgentLoopWorker._compute_score`` hands the reward w
 reward path, the one training and ``verl-mm-tools eval`` score on), rebuilt from the record, which keeps text and
 token counts but no token ids (``manager_input``):
 
-- one row per training sample of the trajectory (one unless the loop's ``export`` was per_turn or auto):
-  ``prompts`` and ``responses`` re-tokenised from the record's ``chat`` (the conversation as the chat template
-  rendered it in the loop) by the model's chat template and processor, image placeholders expanded from the
-  record's PNGs (the pixels the model saw): the sample's prompt is the render of the conversation before its first
-  turn, with the generation prompt; its response the rest of the render up to its last turn, cut to the recorded
-  response length (the loop's response ends at the generated end-of-turn token, before the newline the template
-  writes after it, and is cut at ``response_length``). A masked trajectory's response is one eos token, as the
-  loop's stand-in output. Where the rebuilt counts differ from the record's (a template that rewrites history, a
-  masked trajectory whose prompt never rendered), the row says ``tokens_as_recorded: false``;
+- one row, the trajectory's final training sample (the only one unless the loop's ``export`` was per_turn or auto,
+  and the one verl's v1 manager scores: ``adaptations.manager_tq``): ``prompts`` and ``responses`` re-tokenised
+  from the record's ``chat`` (the conversation as the chat template rendered it in the loop) by the model's chat
+  template and processor, image placeholders expanded from the record's PNGs (the pixels the model saw). Every
+  sample is rebuilt, to check its counts against the record's: its prompt is the render of the conversation before
+  its first turn, with the generation prompt; its response the rest of the render up to its last turn, cut to the
+  recorded response length (the loop's response ends at the generated end-of-turn token, before the newline the
+  template writes after it, and is cut at ``response_length``). A masked trajectory's response is one eos token, as
+  the loop's stand-in output. Where the rebuilt counts differ from the record's (a template that rewrites history,
+  a masked trajectory whose prompt never rendered), the row says ``tokens_as_recorded: false``;
 - ``attention_mask`` ones, ``input_ids`` prompt + response, ``position_ids`` 0..n-1 (plain: M-RoPE ids need the
   model's vision config and pixel inputs; no manager of verl's or ours reads them);
 - the dataset row's columns ``data_source``, ``reward_model.ground_truth``, ``extra_info``, ``index``, ``uid`` from
@@ -353,7 +354,7 @@ def manager_input(item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | N
     if not samples:
         raise RecordError(f"{item.path}: the record lists no training sample ('samples'): nothing to score")
     fields = loop_fields(item, renderer)
-    data = _data_proto(samples, row_columns(record, reward_fn), fields, num_turns(record))
+    data = _data_proto(*samples[-1], row_columns(record, reward_fn), fields, num_turns(record))
     return ManagerInput(data, fields, as_recorded)
 
 
@@ -458,33 +459,31 @@ def num_turns(record: dict) -> int:
     return assistant + len(answers) + 1
 
 
-def _data_proto(samples: list[tuple[list[int], list[int]]], row: dict, fields: dict, turns: int):
-    """The batch verl's ``AgentLoopWorker._compute_score`` builds for one trajectory (its code, minus M-RoPE)."""
+def _data_proto(prompt: list[int], response: list[int], row: dict, fields: dict, turns: int):
+    """The batch verl's ``AgentLoopWorker._compute_score`` builds for the trajectory's final sample (its code, minus
+    M-RoPE): the one sample the v1 manager hands it (``adaptations.manager_tq``; several samples, right-padded as one
+    sequence each, would give a manager the longest response's length for every one)."""
     import torch
     from tensordict import TensorDict
-    from torch.nn.utils.rnn import pad_sequence
     from verl.protocol import DataProto
 
-    prompts = [torch.tensor(prompt, dtype=torch.int64) for prompt, _ in samples]
-    responses = [torch.tensor(response, dtype=torch.int64) for _, response in samples]
-    input_ids = [torch.cat([prompt, response]) for prompt, response in zip(prompts, responses, strict=True)]
-    n = len(samples)
+    input_ids = torch.tensor([prompt + response], dtype=torch.int64)
     batch = TensorDict(
         {
-            "prompts": pad_sequence(prompts, batch_first=True, padding_value=0),
-            "responses": pad_sequence(responses, batch_first=True, padding_value=0),
-            "attention_mask": pad_sequence([torch.ones_like(ids) for ids in input_ids], batch_first=True),
-            "input_ids": pad_sequence(input_ids, batch_first=True, padding_value=0),
-            "position_ids": pad_sequence([torch.arange(len(ids)) for ids in input_ids], batch_first=True),
+            "prompts": torch.tensor([prompt], dtype=torch.int64),
+            "responses": torch.tensor([response], dtype=torch.int64),
+            "attention_mask": torch.ones_like(input_ids),
+            "input_ids": input_ids,
+            "position_ids": torch.arange(input_ids.shape[1]).unsqueeze(0),
         },
-        batch_size=n,
+        batch_size=1,
     )
-    non_tensor = {key: object_array([value] * n) for key, value in row.items()}
+    non_tensor = {key: object_array([value]) for key, value in row.items()}
     non_tensor.update(
-        __num_turns__=np.array([turns] * n),
-        tool_extra_fields=object_array([dict(fields) for _ in range(n)]),
-        prompt_len=np.array([len(prompt) for prompt in prompts]),
-        response_len=np.array([len(response) for response in responses]),
+        __num_turns__=np.array([turns]),
+        tool_extra_fields=object_array([dict(fields)]),
+        prompt_len=np.array([len(prompt)]),
+        response_len=np.array([len(response)]),
     )
     return DataProto(batch=batch, non_tensor_batch=non_tensor)
 
