@@ -143,7 +143,7 @@ def _add_demo_command(commands) -> None:
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 40 zoom, 30 rotation, 80 learn and learn_tool, 120 learn_zoom)",
+        help="training steps (default: 40 zoom, 30 rotation, 80 learn, 120 learn_tool and learn_zoom)",
     )
     demo.add_argument(
         "--seed",

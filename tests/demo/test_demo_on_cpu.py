@@ -135,15 +135,15 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
             "zoom": "exact_answer_reward",
         }[task]
     )
-    zooms = task in ("zoom", "learn_zoom")
+    calls = task in ("zoom", "learn_zoom", "learn_tool")  # every answer may follow a tool call: its format guarded
     if task != "rotation":
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
         assert config.trainer.val_before_train is True and config.trainer.test_freq == 5
-        # the later of two values of a key wins: the zoom tasks' KL replaces learn's
-        assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if zooms else 0.1)
-        assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if zooms else 3e-3)
-        assert config.actor_rollout_ref.rollout.top_p == (0.98 if zooms else 1.0)
+        # the later of two values of a key wins: the calling tasks' KL replaces learn's
+        assert config.actor_rollout_ref.actor.kl_loss_coef == (0.35 if calls else 0.1)
+        assert config.actor_rollout_ref.actor.optim.lr == (1e-3 if calls else 3e-3)
+        assert config.actor_rollout_ref.rollout.top_p == (0.98 if calls else 1.0)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
