@@ -12,11 +12,15 @@ import pytest
 
 from verl_mm_tools.demo.run import HF_ROLLOUT, TRAINERS, DemoOptions, metric, run_demo, run_processes
 
-# Rollout (vLLM) vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
-# training/rollout_probs_diff_max, the largest over the step's tokens). vLLM runs its own CPU kernels (oneDNN GEMMs,
-# its attention): over 170 steps of `learn` on vLLM (docs/vllm_rollout.md) median 3e-6, 90th percentile 3.8e-5,
-# largest 1.7e-4 (4 steps over 1e-4). The hf server, which runs the actor's own torch kernels, stays at 1e-6..3e-6.
-LOGPROB_DIFF_BOUND = 5e-4
+# Rollout vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
+# training/rollout_probs_diff_max, the largest over the step's tokens, and _mean). vLLM runs its own CPU kernels
+# (oneDNN GEMMs, its attention): over 170 steps of `learn` (docs/vllm_rollout.md) the max had median 3e-6 and largest
+# 1.7e-4; on this task's runs of a clean clone (2026-11-28) step 1's max was 3.2e-4 (sync, colocate_async, classic)
+# and 6.0e-4 (separate_async, which samples other tokens), its mean 1.6e-6 to 2.7e-6. The largest single token's
+# difference has a long tail, the mean does not; a bfloat16 engine's max is 3e-2 to 1.2e-1. The hf server, which runs
+# the actor's own torch kernels, stays at 1e-6..3e-6.
+VLLM_DIFF_MAX, VLLM_DIFF_MEAN = 2e-3, 1e-5
+LOGPROB_DIFF_BOUND = 5e-4  # the hf server
 PROMPT_IMAGE_TOKENS = 4  # a 56x56 picture is 2x2 merged tokens
 STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 
@@ -94,7 +98,8 @@ def test_tool_images_reached_the_trainer(demo):
         assert data["actor/grad_norm"] > 0
         assert data["training/rollout_probs_diff_valid"] == 1
     # Async modes train on rollouts of the previous weights from step 2 on: the difference is then the update's.
-    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < LOGPROB_DIFF_BOUND
+    assert metrics[0]["data"]["training/rollout_probs_diff_mean"] < VLLM_DIFF_MEAN
+    assert metrics[0]["data"]["training/rollout_probs_diff_max"] < VLLM_DIFF_MAX
 
 
 @pytest.mark.slow
