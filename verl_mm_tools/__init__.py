@@ -14,7 +14,8 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.adaptations.vllm_cpu_weights",  # vLLM loads this plugin in every engine process
         "verl_mm_tools.agent_loop",  # the package (its loop class is imported on first use) and the option values
         "verl_mm_tools.agent_loop.options",
-        "verl_mm_tools.bench_ops",
+        "verl_mm_tools.bench",  # the package, and the op timings that run in a process loading nothing else
+        "verl_mm_tools.bench.ops",
         "verl_mm_tools.check_report",
         "verl_mm_tools.cli",
         "verl_mm_tools.cli_types",
@@ -25,6 +26,12 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.errors",
         "verl_mm_tools.evaluate",
         "verl_mm_tools.evaluate.command",
+        "verl_mm_tools.families",  # the model families' records (the CLI's --family choices)
+        "verl_mm_tools.families.catalog",
+        "verl_mm_tools.families.docs",
+        "verl_mm_tools.families.record",
+        "verl_mm_tools.families.towers",
+        "verl_mm_tools.families.vocabularies",
         "verl_mm_tools.files",
         "verl_mm_tools.ops",
         "verl_mm_tools.ops.argument_checks",
@@ -35,6 +42,10 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.tiny",
         "verl_mm_tools.tiny.builder",
         "verl_mm_tools.tiny.corpus",
+        "verl_mm_tools.tiny.model",
+        "verl_mm_tools.tiny.processor",
+        "verl_mm_tools.tiny.spec",
+        "verl_mm_tools.tiny.tokenizer",
         "verl_mm_tools.trajectories",  # the package, the commands' arguments and the record reader
         "verl_mm_tools.trajectories.command",
         "verl_mm_tools.trajectories.read",

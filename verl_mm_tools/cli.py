@@ -75,7 +75,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from verl_mm_tools import bench
+    from verl_mm_tools.bench.figures import missed, summary
+    from verl_mm_tools.bench.run import run
 
     with contextlib.ExitStack() as stack:
         step_dir = None
@@ -86,7 +87,7 @@ def _bench(args: argparse.Namespace) -> int:
         # the trainer runs' progress goes to stderr: stdout holds only the figures and the summary
         # a tool-aware template: on the faithful Qwen2.5-VL one, tool_agent would render no tool schemas and the two
         # loops would not process the same tokens
-        figures = bench.run(
+        figures = run(
             str(tiny_model_path(template="tool_aware")),
             quick=args.quick,
             step_dir=step_dir,
@@ -96,8 +97,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
-    sys.stdout.write(bench.summary(figures) + "\n")
-    return 1 if args.strict and bench.missed(figures) else 0
+    sys.stdout.write(summary(figures) + "\n")
+    return 1 if args.strict and missed(figures) else 0
 
 
 def _add_tiny_model_command(commands) -> None:

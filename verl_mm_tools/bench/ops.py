@@ -7,7 +7,7 @@ different histories. A fresh process starts from the same state every time; each
 copy of the input (see ``interleaved_cpu_seconds``), and a figure pools the samples of several processes. Three
 pooled measurements (3 processes each) agreed within 5 % on every op figure.
 
-``python -m verl_mm_tools.bench_ops REPEATS`` prints ``{name: [seconds per call, ...]}`` as JSON.
+``python -m verl_mm_tools.bench.ops REPEATS`` prints ``{name: [seconds per call, ...]}`` as JSON.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _calls_per_sample(function: Callable[[], object]) -> int:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1 or not argv[0].isdigit() or int(argv[0]) < 1:
-        raise SystemExit(f"usage: python -m verl_mm_tools.bench_ops REPEATS (a positive integer), got {argv}")
+        raise SystemExit(f"usage: python -m verl_mm_tools.bench.ops REPEATS (a positive integer), got {argv}")
     json.dump(interleaved_cpu_seconds(int(argv[0])), sys.stdout)
 
 

@@ -48,7 +48,7 @@ def scaling(model_dir: str, trajectories: int) -> list:
     from verl.tools.tool_registry import load_all_tools
 
     from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text
-    from verl_mm_tools.bench import figure
+    from verl_mm_tools.bench.figures import figure
 
     turns = [tool_call_text("wait"), tool_call_text("wait"), "<answer>0</answer><|im_end|>"]
     prompts = [image_prompt("Wait twice.", [Image.new("RGB", (56, 56), (i, 0, 0))]) for i in range(trajectories)]
@@ -81,7 +81,7 @@ def scaling(model_dir: str, trajectories: int) -> list:
 
 
 def image_crossing(repeats: int) -> list:
-    from verl_mm_tools.bench import figure
+    from verl_mm_tools.bench.figures import figure
     from verl_mm_tools.files import FileRoots
     from verl_mm_tools.remote.spec import RemoteSpec
     from verl_mm_tools.remote.tool import RemoteTool

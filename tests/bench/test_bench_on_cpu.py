@@ -13,7 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from verl_mm_tools import bench, cli
+from verl_mm_tools import cli
+from verl_mm_tools.bench import figures as bench_figures
+from verl_mm_tools.bench import memory as bench_memory
+from verl_mm_tools.bench import run as bench_run
+from verl_mm_tools.bench import steps as bench_steps
 from verl_mm_tools.cli import main
 
 NUMBER = r"-?[0-9.e+-]+|inf|nan"
@@ -49,7 +53,7 @@ def test_bench_quick_prints_every_figure_then_the_summary(capsys):
 
 
 def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():
-    figures = {each.name: each for each in bench.image_ops(repeats=3, processes=2)}
+    figures = {each.name: each for each in bench_run.image_ops(repeats=3, processes=2)}
     ops_names = ["rotate90", "rotate37", "rotate37_nearest", "flip", "crop", "zoom_in", "draw_bbox", "draw_line"]
     assert sorted(figures) == sorted(
         ["ops/transpose_ms"]
@@ -61,52 +65,52 @@ def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():
 
 
 def test_the_op_timing_process_refuses_a_bad_repeat_count():
-    done = subprocess.run([sys.executable, "-m", "verl_mm_tools.bench_ops", "zero"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "verl_mm_tools.bench.ops", "zero"], capture_output=True, text=True)
     assert done.returncode == 1
-    assert done.stderr.strip() == "usage: python -m verl_mm_tools.bench_ops REPEATS (a positive integer), got ['zero']"
+    assert done.stderr.strip() == "usage: python -m verl_mm_tools.bench.ops REPEATS (a positive integer), got ['zero']"
 
 
 def test_figure_lines_checks_and_informational_figures():
     assert (
-        bench.figure("x", [1.0, 1.04, 1.2], "<= 1.05").line()
+        bench_figures.figure("x", [1.0, 1.04, 1.2], "<= 1.05").line()
         == "x: median 1.04 (min 1, max 1.2, n=3), target <= 1.05: met"
     )
     assert (
-        bench.figure("x", [1.1, 1.2], "<= 1.05").line()
+        bench_figures.figure("x", [1.1, 1.2], "<= 1.05").line()
         == "x: median 1.15 (min 1.1, max 1.2, n=2), target <= 1.05: MISSED"
     )
-    assert bench.figure("speedup", [1.5], ">= 2").line() == "speedup: 1.5, target >= 2: MISSED"
+    assert bench_figures.figure("speedup", [1.5], ">= 2").line() == "speedup: 1.5, target >= 2: MISSED"
     assert (
-        bench.figure("ops/transpose_ms", [4.2, 3.9, 4.03]).line()
+        bench_figures.figure("ops/transpose_ms", [4.2, 3.9, 4.03]).line()
         == "ops/transpose_ms: median 4.03 (min 3.9, max 4.2, n=3)"
     )
-    assert bench.figure("memory/held_MB", [12.41]).line() == "memory/held_MB: 12.41"
-    assert not bench.figure("informational", [1e9]).missed
+    assert bench_figures.figure("memory/held_MB", [12.41]).line() == "memory/held_MB: 12.41"
+    assert not bench_figures.figure("informational", [1e9]).missed
 
 
 def test_a_figure_without_samples_or_with_a_bad_target_is_refused():
     with pytest.raises(ValueError, match=r"figure 'x' has no samples; measure at least once"):
-        bench.figure("x", [])
+        bench_figures.figure("x", [])
     with pytest.raises(ValueError, match=r"figure 'x': target must look like '<= 1.05' or '>= 2', got '< 1'"):
-        bench.figure("x", [1.0], "< 1")
+        bench_figures.figure("x", [1.0], "< 1")
 
 
 def test_summary_counts_checks_only_and_names_each_miss_with_its_reason():
     figures = [
-        bench.figure("a", [1.0, 1.02, 1.04], "<= 1.05"),
-        bench.figure("b", [1.1, 1.3, 1.2], "<= 1.05"),
-        bench.figure("c_ms", [9.0]),
-        bench.figure("d", [1.5], ">= 2"),
+        bench_figures.figure("a", [1.0, 1.02, 1.04], "<= 1.05"),
+        bench_figures.figure("b", [1.1, 1.3, 1.2], "<= 1.05"),
+        bench_figures.figure("c_ms", [9.0]),
+        bench_figures.figure("d", [1.5], ">= 2"),
     ]
-    assert bench.summary(figures) == "1 checks met, 2 missed: b (median 1.2 > 1.05), d (1.5 < 2)"
-    assert bench.summary(figures[:1] + figures[2:3]) == "1 checks met, 0 missed"
+    assert bench_figures.summary(figures) == "1 checks met, 2 missed: b (median 1.2 > 1.05), d (1.5 < 2)"
+    assert bench_figures.summary(figures[:1] + figures[2:3]) == "1 checks met, 0 missed"
 
 
 @pytest.fixture
 def two_figures_one_missed(monkeypatch):
-    figures = [bench.figure("fast", [1.0, 1.0], "<= 1.05"), bench.figure("slow", [2.0, 2.0], "<= 1.05")]
+    figures = [bench_figures.figure("fast", [1.0, 1.0], "<= 1.05"), bench_figures.figure("slow", [2.0, 2.0], "<= 1.05")]
     monkeypatch.setattr(cli, "tiny_model_path", lambda **spec: "/tiny")
-    monkeypatch.setattr(bench, "run", lambda model_dir, **kwargs: figures)
+    monkeypatch.setattr(bench_run, "run", lambda model_dir, **kwargs: figures)
     return figures
 
 
@@ -145,9 +149,9 @@ def test_held_bytes_counts_pixels_and_storages_once_and_follows_plain_objects():
         + sys.getsizeof(array)  # numpy's getsizeof holds its data (1000 bytes)
     )
     assert sys.getsizeof(array) >= 1000
-    assert bench.held_bytes(root) == expected
-    not_held = {"function": bench.figure, "module": np, "class": int}  # shared code, not the trajectory's
-    assert bench.held_bytes(not_held) == sys.getsizeof(not_held) + sum(sys.getsizeof(key) for key in not_held)
+    assert bench_memory.held_bytes(root) == expected
+    not_held = {"function": bench_figures.figure, "module": np, "class": int}  # shared code, not the trajectory's
+    assert bench_memory.held_bytes(not_held) == sys.getsizeof(not_held) + sum(sys.getsizeof(key) for key in not_held)
 
 
 def test_step_figures_skip_warmup_compare_loops_and_trainers():
@@ -162,7 +166,7 @@ def test_step_figures_skip_warmup_compare_loops_and_trainers():
         "mm_tool_classic": [*warmup, step(3, 4.0, 2.0, 1.2), step(4, 4.2, 2.2, 1.8), step(5, 4.4, 2.0, 1.1)],
         "mm_tool_per_turn": [*warmup, step(3, 5.0), step(4, 5.4), step(5, 5.8)],
     }
-    lines = [figure.line() for figure in bench.step_figures(metrics)]
+    lines = [figure.line() for figure in bench_steps.step_figures(metrics)]
     assert lines == [
         "step/tool_agent_s: median 4.5 (min 4, max 5, n=3)",
         "step/mm_tool_s: median 4.5 (min 4.4, max 4.6, n=2)",
@@ -187,16 +191,16 @@ def test_step_figures_of_the_vllm_run_compare_it_with_the_hf_server():
             **({} if hit_rate is None else {"mm_tool/prefix_cache_hit_rate": hit_rate}),
         }
 
-    runs = {name: [step(1, 60.0), step(3, 4.0), step(4, 4.0)] for name in bench.STEP_RUNS}
+    runs = {name: [step(1, 60.0), step(3, 4.0), step(4, 4.0)] for name in bench_steps.STEP_RUNS}
     vllm = [step(1, 110.0, 0.1), step(3, 5.0, 0.5), step(4, 7.0), step(5, 6.5, 0.25)]  # step 4: no second turns
-    lines = [figure.line() for figure in bench.step_figures({**runs, "mm_tool_vllm": vllm})]
+    lines = [figure.line() for figure in bench_steps.step_figures({**runs, "mm_tool_vllm": vllm})]
     assert "step/mm_tool_vllm_s: median 6.5 (min 5, max 7, n=3)" in lines
     assert "step/mm_tool_vllm/prefix_cache_hit_rate: median 0.375 (min 0.25, max 0.5, n=2)" in lines
     assert lines[-1] == "step/vllm_vs_hf: 1.625, target <= 1.5: MISSED"  # 6.5 / 4
 
 
 def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
-    from verl_mm_tools.bench_remote import image_crossing, local_ray, scaling
+    from verl_mm_tools.bench.remote import image_crossing, local_ray, scaling
 
     with local_ray():
         figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=4)}
@@ -218,7 +222,7 @@ def test_vllm_encodes_each_image_once_and_recomputes_only_the_tail_after_the_las
     prompt."""
     from verl_mm_tools.cpu.vllm_cpu import CPU_KV_BLOCK_TOKENS
 
-    turns = bench.engine_turns(str(tiny_model_dir))
+    turns = bench_steps.engine_turns(str(tiny_model_dir))
     assert [turn["images"] for turn in turns] == [1, 2, 3, 4]
     assert [turn["images_encoded"] for turn in turns] == [1, 1, 1, 1]
     previous = [0] + [turn["prompt_tokens"] for turn in turns[:-1]]

@@ -11,7 +11,7 @@ own records:
   no counter of them). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that the
   scheduler's output can be read; it is the same scheduler and encoder cache verl's ``vLLMHttpServer`` runs.
 
-``python -m verl_mm_tools.bench_engine MODEL_DIR`` prints the turns as JSON (one process: vLLM cannot be loaded
+``python -m verl_mm_tools.bench.engine MODEL_DIR`` prints the turns as JSON (one process: vLLM cannot be loaded
 into the bench's own process twice, and the scheduler is wrapped for the measurement only).
 """
 

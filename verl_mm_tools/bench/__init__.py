@@ -1,0 +1,42 @@
+"""``verl-mm-tools bench``: side-by-side measurements, one line per figure, then a one-line summary.
+
+Each figure is the median of repeated measurements, printed with its spread: ``name: median 1.02 (min 0.98, max
+1.07, n=24)``; a check adds its target, ``, target <= 1.05: met`` (or ``MISSED``); a figure printed without a spread is
+counted or derived, not timed. The last line: ``N checks met, M missed: NAME (median VALUE > BOUND), ...``.
+Timings are CPU time, not wall time (the machines this runs on are shared: a neighbour's burst delays a sample, it
+adds little CPU time to it), and each ratio is the median over interleaved pairs (both sides see the same load).
+
+1. mm_tool against verl's ``tool_agent`` on the same scripted zero-latency server and the same tool, 1/4/8/16 turns
+   with one new image per turn, small (56 px) and 448x448 images (processor limits raised so they really yield 256
+   image tokens): CPU time (all threads of the process: verl tokenizes in an executor) per trajectory of building
+   the agent loop (verl builds one per trajectory) and its ``run()``, and the ratio of the interleaved pairs.
+2. Per-turn growth in 16-turn trajectories: the loop's own time for turns 14-16 over turns 2-4, per trajectory, for
+   both loops (a loop that re-renders the conversation grows).
+3. Each image op on a 512x512 RGB image (crops and boxes half its side; zoom_in upscales to 448 px) divided by PIL
+   ``transpose`` of the same image, and each op with the tools' default output cap on 1024x1024 (a downscale), timed
+   in interleaved pairs in three fresh processes that load nothing but Pillow and the ops (``bench.ops``).
+4. The bytes a finished 16-image mm_tool trajectory holds (verl's ``AgentLoopOutput``: its images' pixel buffers,
+   token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
+   Pillow stores an RGB pixel in 4).
+5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off): trainer
+   runs with verl's ``tool_agent`` and with ``mm_tool`` on verl's default v1 trainer (sync), then ``mm_tool`` on the
+   classic trainer, then ``mm_tool`` with ``export: per_turn`` (v1): step time after warm-up, the ratios of the
+   medians mm_tool / tool_agent, v1 / classic and per_turn / per_trajectory, and (classic only: the v1 trainer does
+   not log the slowest trajectory) the share of the step the rollout phase spends outside the slowest trajectory's
+   generation.
+6. What ``export: per_turn`` costs against ``per_trajectory`` on 4- and 8-turn trajectories (448 px images): the
+   tokens the trainer processes per trajectory (every sample's prompt and response; counted) and the trained ones
+   (equal: the same generated tokens), and the ratio of the loop's CPU time per trajectory over interleaved pairs.
+   A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders it (the processor runs on
+   every image again) before every turn.
+7. (``--remote``) tools on Ray actor pools: a blocking tool's wall time in process and on 1, 2, 4 actors, and what an
+   image costs to cross to an actor and back (``bench.remote``).
+8. (``--rollout vllm``) verl's vLLM rollout: with ``--step``, figure 5's mm_tool run again on vLLM, its step time
+   over the hf server's and the prefix-cache hit rate of its turns after the first (from verl's server, during
+   training); and over a 4-turn trajectory with an image per turn, vLLM's prefix-cache hit rate from turn 2 on and
+   the vision-encoder runs per image (``bench.engine``).
+
+The package: ``figures`` (a figure, its line, the summary), ``loop`` (figures 1, 2 and 6), ``memory`` (figure 4),
+``steps`` (figures 5 and 8), ``run`` (figure 3 and the whole run), and the fresh processes ``ops`` (figure 3) and
+``engine`` (figure 8), and ``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow.
+"""

@@ -1,0 +1,75 @@
+"""``verl-mm-tools bench``'s whole run (the figures: the package's docstring), and figure 3: the image ops, timed
+in fresh processes (``bench.ops``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from verl_mm_tools.bench.figures import Figure, figure
+from verl_mm_tools.bench.loop import export_cost, loop_overhead
+from verl_mm_tools.bench.memory import pillow_reusing_image_memory, trajectory_memory
+from verl_mm_tools.bench.steps import cpu_step, engine_figures
+
+
+def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
+    """Figure 3, from ``processes`` fresh processes (``bench.ops``) of ``ceil(repeats / processes)`` samples each.
+    Targets on the ops themselves (512x512, no output cap); the default cap (1280*28*28 px, below 1024x1024) on
+    1024x1024 adds a downscale, reported over a 1024x1024 transpose without a target. Ratios pair samples taken in
+    the same process: absolute times follow the host (two idle runs differed by 5-10 % on every one), ratios cancel
+    it."""
+    from verl_mm_tools.bench.ops import BASELINE
+
+    seconds, ratios = {}, {}
+    for _ in range(processes):
+        samples = _ops_in_fresh_process(math.ceil(repeats / processes))
+        for name, values in samples.items():
+            baseline = samples[f"default_cap/{BASELINE}" if name.startswith("default_cap/") else BASELINE]
+            seconds.setdefault(name, []).extend(values)
+            ratios.setdefault(name, []).extend(op / base for op, base in zip(values, baseline))
+    ops_names = [name for name in seconds if name != BASELINE and not name.startswith("default_cap/")]
+    figures = [figure(f"ops/{BASELINE}_ms", [t * 1e3 for t in seconds[BASELINE]])]
+    figures += [figure(f"ops/{name}_over_{BASELINE}", ratios[name], "<= 3") for name in ops_names]
+    figures += [
+        figure(f"ops/default_cap/{name}_over_{BASELINE}1024", ratios[f"default_cap/{name}"]) for name in ops_names
+    ]
+    return figures
+
+
+def _ops_in_fresh_process(repeats: int) -> dict[str, list[float]]:
+    command = [sys.executable, "-m", "verl_mm_tools.bench.ops", str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the image-op timing process failed (exit {done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}"
+        )
+    return json.loads(done.stdout)
+
+
+def run(
+    model_dir: str,
+    quick: bool = False,
+    step_dir: Path | None = None,
+    remote: bool = False,
+    vllm: bool = False,
+    say=lambda line: None,
+) -> list[Figure]:
+    """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
+    ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``."""
+    figures = image_ops(repeats=11 if quick else 31)
+    with pillow_reusing_image_memory():
+        figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
+    figures += trajectory_memory(model_dir)
+    figures += export_cost(model_dir, repeats=6 if quick else 12)
+    if step_dir is not None:
+        figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
+    if remote:
+        from verl_mm_tools.bench.remote import remote_figures
+
+        figures += remote_figures(model_dir, quick=quick)
+    if vllm:
+        figures += engine_figures(model_dir)
+    return figures
