@@ -6,6 +6,7 @@ What counts as a reference (in backticks; dotted ``verl_mm_tools.`` names in cod
   ``verl_mm_tools/...``) or from the package (``agent_loop/step.py``, ``cpu/``); a bare ``name.py`` (some file of
   that name); a pytest node (``tests/x.py::test_y``: the test is defined there); a module and attribute
   (``remote/probe.BlockingTool``); ``verl/...`` paths are looked up in the installed verl;
+- a Markdown link to a file of the repository (``[text](docs/x.md#anchor)``: the file);
 - a dotted name ``verl_mm_tools.a.b.Name`` (the module file exists and defines ``Name``);
 - a code identifier (``CamelCase``, ``snake_case``, ``UPPER``, ``Class.attr``, ``module.attr``) bound to a file
   ("`path.py`'s `Name`", "a `Name` member in `path.py`"), and every identifier of a docs/contributing.md table row
@@ -36,6 +37,7 @@ NOT_CODE = {
 }
 
 FOREIGN_PACKAGES = {"verl", "vllm", "torch", "transformers", "ray", "nn"}
+LINK = re.compile(r"\]\((?!https?:|mailto:)([^)#\s]+)")
 BACKTICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"\bverl_mm_tools(?:\.[A-Za-z_]\w*)+")
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -212,6 +214,7 @@ def missing_references(doc: Path) -> list[str]:
             in_code_block = not in_code_block
         where = f"{doc.relative_to(ROOT)}:{number}"
         missing += [f"{where}: {name}" for name in DOTTED.findall(line) if not dotted_name_exists(name)]
+        missing += [f"{where}: link {target}" for target in LINK.findall(line) if not (doc.parent / target).exists()]
         if in_code_block:
             continue
         missing += [
