@@ -64,7 +64,7 @@ def write_color_dataset(
         out_dir,
         "color",
         color_samples,
-        lambda *place: _row(*place, agent_name),
+        lambda picture, split, index: _row(picture, split, index, agent_name),
         train_size=train_size,
         val_size=val_size,
         seed=seed,

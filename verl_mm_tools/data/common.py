@@ -70,7 +70,8 @@ def alternating_pictures(
     """``count`` distinct pictures drawn by ``draw(rng, label)``, none in ``exclude``, labels alternating in order
     (every batch of an even size holds each of two labels equally often)."""
     rng = random.Random(seed)
-    pictures, seen = [], set(exclude)
+    pictures: list[LabelledPicture] = []
+    seen = set(exclude)
     for _ in range(count * 100):
         if len(pictures) == count:
             return pictures
@@ -101,10 +102,11 @@ def write_two_splits(
         raise ConfigError(f"{name} dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     train = pictures(train_size, seed)
     val = pictures(val_size, seed + val_seed_offset, exclude=frozenset(picture.digest for picture in train))
-    return tuple(
+    train_path, val_path = (
         write_parquet(
             (row(picture, split, index) for index, picture in enumerate(split_pictures)),
             Path(out_dir) / f"{split}.parquet",
         )
         for split, split_pictures in (("train", train), ("val", val))
     )
+    return train_path, val_path

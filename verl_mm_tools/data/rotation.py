@@ -98,7 +98,8 @@ def rotation_samples(
 ) -> list[RotationSample]:
     """``count`` samples with distinct pictures, none of whose digests is in ``exclude``."""
     rng = random.Random(seed)
-    samples, seen = [], set(exclude)
+    samples: list[RotationSample] = []
+    seen = set(exclude)
     for _ in range(count * 100):
         if len(samples) == count:
             return samples
@@ -140,7 +141,7 @@ def write_rotation_dataset(
         out_dir,
         "rotation",
         functools.partial(rotation_samples, kind=angles, side=side),
-        lambda *place: _row(*place, agent_name, prompt),
+        lambda sample, split, index: _row(sample, split, index, agent_name, prompt),
         train_size=train_size,
         val_size=val_size,
         seed=seed,

@@ -94,7 +94,7 @@ def write_zoom_color_dataset(
         out_dir,
         "zoom_color",
         zoom_color_samples,
-        lambda *place: _row(*place, agent_name),
+        lambda picture, split, index: _row(picture, split, index, agent_name),
         train_size=train_size,
         val_size=val_size,
         seed=seed,

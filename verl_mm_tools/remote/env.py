@@ -39,6 +39,8 @@ class RemoteEnvironment:
         return await self.pool.call(slot, "reset", self.key, self.kwargs, sample, timeout_s=self.spec.timeout_s)
 
     async def step(self, assistant_text: str):
+        if self.key is None:
+            raise RemoteError(f"{self.pool.label}: step called before reset (or after close); call reset first")
         slot = self.pool.slot_of(self.key)
         return await self.pool.call(slot, "step", self.key, assistant_text, timeout_s=self.spec.timeout_s)
 

@@ -56,11 +56,16 @@ class RemoteHost:
 
     # ----- tools ----------------------------------------------------------------------------------------------
 
+    def _tool(self) -> Any:
+        if self.tool is None:
+            raise RemoteError(f"{self.target.__qualname__}: this actor hosts environments, not a tool")
+        return self.tool
+
     def create(self, key: str, kwargs: dict[str, Any]):
-        instance_id, response = self._run(self.tool.create(**kwargs))
+        instance_id, response = self._run(self._tool().create(**kwargs))
         instance = ToolSession(instance_id=instance_id, images=[])
         if not self._open(key, instance):
-            self._run(self.tool.release(instance.instance_id))
+            self._run(self._tool().release(instance.instance_id))
         return response
 
     def execute(self, key: str, parameters: dict[str, Any], keep: int, new_images: list, files: FileRoots):
@@ -69,12 +74,12 @@ class RemoteHost:
         session.images.extend(new_images)
         agent_data = SimpleNamespace(image_data=session.images)
         attach_tool_context(agent_data, ToolContext(ImageWorkspace(session.images), files))
-        return self._run(self.tool.execute(session.instance_id, parameters, agent_data=agent_data))
+        return self._run(self._tool().execute(session.instance_id, parameters, agent_data=agent_data))
 
     def release(self, key: str, kwargs: dict[str, Any]) -> None:
         session = self._close(key)
         if session is not None:
-            self._run(self.tool.release(session.instance_id, **kwargs))
+            self._run(self._tool().release(session.instance_id, **kwargs))
 
     # ----- environments ---------------------------------------------------------------------------------------
 

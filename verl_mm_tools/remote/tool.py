@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import logging
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
@@ -153,7 +153,11 @@ def remote_tool(entry: Any) -> RemoteTool:
             f"{owner}: cannot import the class ({type(error).__name__}: {error}); check class_name and "
             "that its module is importable where verl's workers run"
         ) from error
-    config = OmegaConf.to_container(entry.config, resolve=True) if entry.get("config") is not None else {}
+    config = (
+        cast("dict[str, Any]", OmegaConf.to_container(entry.config, resolve=True))  # a tool's config is a mapping
+        if entry.get("config") is not None
+        else {}
+    )
     return RemoteTool(tool_class, config, _schema(entry, tool_class, owner), spec)
 
 
@@ -175,9 +179,9 @@ def _schema(entry: Any, tool_class: type, owner: str) -> OpenAIFunctionToolSchem
 def without_remote(yaml_text: str) -> str:
     """The tool YAML with every ``remote:`` block removed (the same tools, built in this process); the text itself
     when it has none."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-    config = OmegaConf.create(yaml_text)
+    config = cast("DictConfig", OmegaConf.create(yaml_text))  # the tool YAML is a mapping with ``tools:``
     if not any(REMOTE_KEY in entry for entry in config.get("tools") or []):
         return yaml_text
     for entry in config.tools:

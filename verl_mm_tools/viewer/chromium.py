@@ -57,10 +57,10 @@ class ChromiumError(ViewerError):
 def _pipe_above(lowest: int) -> tuple[int, int]:
     """A pipe whose two ends are file descriptors >= ``lowest`` (close-on-exec, as os.pipe's)."""
     read_end, write_end = os.pipe()
-    moved = tuple(fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, lowest) for end in (read_end, write_end))
+    moved_read, moved_write = (fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, lowest) for end in (read_end, write_end))
     os.close(read_end)
     os.close(write_end)
-    return moved
+    return moved_read, moved_write
 
 
 def find_chromium() -> str:
@@ -146,7 +146,7 @@ class Chromium:
                 if pid:
                     self._status = status
                     break
-                if time.monotonic() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:  # None: waitpid blocked until the exit
                     return False
                 time.sleep(0.05)
         return True

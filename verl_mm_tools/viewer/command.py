@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
 from verl_mm_tools.cli_types import whole_number
 
@@ -37,7 +38,7 @@ def run_view(args: argparse.Namespace) -> int:
     except ViewerError as error:
         sys.stderr.write(f"verl-mm-tools view: {error}\n")
         return 2
-    host, port = server.server_address[:2]
+    host, port = cast("tuple[str, int]", server.server_address[:2])  # an AF_INET server: (host, port)
     sys.stdout.write(f"serving http://{host}:{port}/ (Ctrl-C to stop)\n")
     sys.stdout.flush()
     try:

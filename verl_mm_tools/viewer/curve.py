@@ -43,7 +43,7 @@ def curve_svg(curve: dict) -> str:
     for step in _ticks(last):
         parts.append(f'<text x="{x(step):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{step}</text>')
     parts.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 4}" text-anchor="middle">training step</text>')
-    legend = []
+    legend: list[tuple[str, str | None]] = []  # (label, stroke; None: a validation dot)
     for key, dash, label in (("target", "6 4", "target"), ("chance", "2 3", "chance")):
         if curve.get(key) is not None:
             parts.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ class Trajectory:
         return self.record["id"]
 
 
-def load_trajectories(directory: str | Path) -> list[Trajectory]:
+def load_trajectories(directory: str | os.PathLike) -> list[Trajectory]:
     """Every trajectory under ``directory``, sorted by validation flag, step, sample index and rollout number."""
     directory = Path(directory)
     if not directory.is_dir():
