@@ -147,7 +147,7 @@ def test_the_bench_help_documents_the_exit_status():
 
 
 def test_the_demo_choices_are_the_demo_s_own():
-    from verl_mm_tools.demo import run as demo
+    from verl_mm_tools.demo import options as demo
 
     assert DEMO_TASKS == tuple(sorted(demo.TASKS))
     assert DEMO_TRAINERS == demo.TRAINERS

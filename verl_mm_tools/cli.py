@@ -33,7 +33,7 @@ Commands: build the tiny test VLM, train it on CPU, write data, view, benchmark,
 EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
-# checks they equal verl_mm_tools.demo.run's TASKS, TRAINERS and ROLLOUTS.
+# checks they equal verl_mm_tools.demo.options' TASKS, TRAINERS and ROLLOUTS.
 DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation", "zoom")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_ROLLOUTS = ("vllm", "hf")
@@ -46,7 +46,8 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from verl_mm_tools.demo.run import DemoOptions, run_demo
+    from verl_mm_tools.demo.options import DemoOptions
+    from verl_mm_tools.demo.run import run_demo
     from verl_mm_tools.demo.sweep import run_sweep
 
     options = DemoOptions(

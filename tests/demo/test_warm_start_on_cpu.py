@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from verl_mm_tools.agent_loop.tool_format import resolve_tool_format, template_traits
-from verl_mm_tools.data.rotation import QUESTION, rotation_samples
-from verl_mm_tools.demo.warm_start import ANGLES, TOOL_DEGREES, WarmStartSpec, demonstrations, warm_started_model
+from verl_mm_tools.data.rotation import ANGLES, QUESTION, rotation_samples
+from verl_mm_tools.demo.demonstrations import demonstrations
+from verl_mm_tools.demo.format_tasks import TOOL_DEGREES, WarmStartSpec
+from verl_mm_tools.demo.warm_start import warm_started_model
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 TOOL_CALL = re.compile(
@@ -91,7 +93,7 @@ def test_color_demonstrations_answer_at_once_with_labels_that_tell_nothing(tiny_
     """The learning task's warm start answers in the first turn; each color's pictures get each label equally
     often, so a model fitted to them cannot learn which color is which."""
     from verl_mm_tools.data.color import color_samples
-    from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET
+    from verl_mm_tools.demo.demonstrations import DEMO_SEED_OFFSET
 
     examples = demonstrations(tiny_model_dir, tools_yaml, WarmStartSpec(task="color", demonstrations=16, seed=3))
     truth = [sample.label for sample in color_samples(16, 3 + DEMO_SEED_OFFSET)]
@@ -124,7 +126,7 @@ def test_color_tool_demonstrations_rotate_by_90_then_answer(tiny_model_dir, tool
 def test_uninformative_labels_give_every_true_class_every_label_equally_often():
     import random
 
-    from verl_mm_tools.demo.warm_start import uninformative_labels
+    from verl_mm_tools.demo.demonstrations import uninformative_labels
 
     answers = ("0", "90", "180", "270")
     truths = list(answers) * 6 + ["0"] * 3  # 9 pictures of "0", 6 of each other angle
@@ -160,7 +162,7 @@ def test_zoom_demonstrations_call_zoom_in_half_the_time_and_their_labels_tell_no
     Beside them, as many color pictures answered truly (the task's ``sight``)."""
     from verl_mm_tools.data.color import color_samples
     from verl_mm_tools.data.zoom_color import zoom_color_samples
-    from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, SIGHT_SEED_OFFSET
+    from verl_mm_tools.demo.demonstrations import DEMO_SEED_OFFSET, SIGHT_SEED_OFFSET
 
     examples = demonstrations(
         tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=16, seed=3)
@@ -209,7 +211,7 @@ def test_the_premise_the_answer_is_read_after_zoom_in_and_not_before(tiny_model_
 
 
 def test_batches_hold_calls_and_direct_answers_half_and_half_where_both_exist():
-    from verl_mm_tools.demo.warm_start import balanced_picks
+    from verl_mm_tools.demo.fit import balanced_picks
 
     examples = [{"calls": index % 3 == 0} for index in range(12)]  # 4 calls, 8 direct answers
     generator = torch.Generator().manual_seed(0)
@@ -234,7 +236,7 @@ def test_the_answer_after_a_zoom_is_fitted_to_either_answer_and_the_rest_to_its_
     answer after a zoom, and KL(even || the shares of red and blue there, averaged over the two)."""
     from transformers import AutoModelForImageTextToText
 
-    from verl_mm_tools.demo.warm_start import collate, model_inputs, token_loss
+    from verl_mm_tools.demo.fit import collate, model_inputs, token_loss
 
     examples = demonstrations(
         tiny_model_dir, zoom_tools_yaml, WarmStartSpec(task="zoom_color", demonstrations=4, seed=3)
@@ -274,7 +276,9 @@ def test_the_zoom_cold_start_answers_truly_after_the_zoom_and_weighs_that_answer
     from transformers import AutoModelForImageTextToText
 
     from verl_mm_tools.data.zoom_color import zoom_color_samples
-    from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, TASKS, collate, model_inputs, token_loss
+    from verl_mm_tools.demo.demonstrations import DEMO_SEED_OFFSET
+    from verl_mm_tools.demo.fit import collate, model_inputs, token_loss
+    from verl_mm_tools.demo.format_tasks import TASKS
 
     assert TASKS["zoom_read"].after_call_weight == 30.0
     examples = demonstrations(
@@ -313,7 +317,8 @@ def test_the_reading_fit_trains_the_answers_after_a_call_alone(tiny_model_dir, z
     fit, 100 steps at lr 3e-3): only the answer and its closing tags are labelled, and their loss falls."""
     from transformers import AutoModelForImageTextToText
 
-    from verl_mm_tools.demo.warm_start import READING_LR, TASKS, answer_only, read_after_calls
+    from verl_mm_tools.demo.fit import READING_LR, answer_only, read_after_calls
+    from verl_mm_tools.demo.format_tasks import TASKS
 
     assert TASKS["zoom_read"].reading_steps == 100 and READING_LR == 3e-3
     spec = WarmStartSpec(task="zoom_read", demonstrations=4, seed=3)

@@ -15,22 +15,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, ScriptedServer
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overrides
-from verl_mm_tools.agent_loop.sample_dump import (
+from verl_mm_tools.data.common import image_row, write_parquet
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
+from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.sample_dump import (
     REWARD_OVERRIDES,
     SAMPLE_SCRIPTS,
     sample_image,
     sample_rows,
     scripted_by_word,
 )
-from verl_mm_tools.data.common import image_row, write_parquet
-from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
-from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
-from verl_mm_tools.trajectories.rescore import RescoreOptions, rescore
+from verl_mm_tools.trajectories.rescore import rescore
 from verl_mm_tools.trajectories.rescore_command import add_rescore_command
+from verl_mm_tools.trajectories.rescore_options import RescoreOptions
 from verl_mm_tools.viewer.site import build_site
 
 SOURCE = "verl_mm_tools/rotation"

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from verl_mm_tools.cpu.overrides import cpu_environment
 from verl_mm_tools.errors import ConfigError, VerlMMToolsError, did_you_mean
+from verl_mm_tools.supervise import kill_group, supervised
 
 logger = logging.getLogger(__name__)
 
@@ -236,24 +236,11 @@ def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout_
     """Run ``command`` with its output in ``log_path``; on a timeout or an interruption, kill its whole process
     group (torchrun and the trainer it started)."""
     logger.info("verl SFT: %s (log: %s)", shlex.join(command), log_path)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(process)
-            raise VerlSFTError(failure_message(f"ran past its {timeout_s} s and was killed", log_path.parent)) from None
-        except BaseException:
-            kill_group(process)
-            raise
-
-
-def kill_group(process: subprocess.Popen) -> None:
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+        with supervised(command, env, log_path, stop=kill_group) as process:
+            return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        raise VerlSFTError(failure_message(f"ran past its {timeout_s} s and was killed", log_path.parent)) from None
 
 
 def failure_message(what: str, out_dir: Path) -> str:

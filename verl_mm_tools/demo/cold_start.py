@@ -1,5 +1,5 @@
 """The demo's cold start through verl's own SFT trainer: demonstrations recorded by the real mm_tool loop (a
-scripted server writes their turns, ``warm_start.demonstration_script``), exported with ``export-sft`` and fitted by
+scripted server writes their turns, ``demonstrations.demonstration_script``), exported with ``export-sft`` and fitted by
 ``python -m verl.trainer.sft_trainer`` on CPU (``cpu.sft``): the path a user takes from recorded trajectories to a
 cold start, run on the demo's tasks.
 
@@ -19,7 +19,9 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_mm_tools.demo.warm_start import DEMO_SEED_OFFSET, TASKS, cached_model, demonstration_script
+from verl_mm_tools.demo.demonstrations import DEMO_SEED_OFFSET, demonstration_script
+from verl_mm_tools.demo.format_tasks import TASKS
+from verl_mm_tools.demo.warm_start import cached_model
 from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -68,8 +70,9 @@ def sft_cold_started_model(
 
 def record_and_export(base_dir: Path, tools_yaml: Path, spec: ColdStartSpec, work: Path) -> dict:
     """Run the demonstrations through the mm_tool loop with dumps on, then export them (``work/sft``)."""
-    from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt
-    from verl_mm_tools.agent_loop.sample_dump import run_steps
+    from verl_mm_tools.runtime.batch import image_prompt
+    from verl_mm_tools.testkit.rollout import LocalRollout
+    from verl_mm_tools.testkit.sample_dump import run_steps
     from verl_mm_tools.trajectories.sft import export_sft
 
     task = TASKS[spec.task]
@@ -98,7 +101,7 @@ def fit_with_verl(base_dir: Path, train_file: Path, spec: ColdStartSpec, out: Pa
     from verl_mm_tools.cpu.sft import run_verl_sft
 
     # cosine to 0, as the custom warm start: at a constant rate the last batches' random labels set the answer's
-    # prior (demo.warm_start.fit)
+    # prior (demo.fit.fit)
     return run_verl_sft(
         base_dir,
         train_file,

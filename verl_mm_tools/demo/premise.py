@@ -23,14 +23,9 @@ from pathlib import Path
 
 import torch
 
-from verl_mm_tools.demo.warm_start import (
-    TASKS,
-    WarmStartSpec,
-    answer_only,
-    answer_probabilities,
-    fit,
-    task_demonstrations,
-)
+from verl_mm_tools.demo.demonstrations import task_demonstrations
+from verl_mm_tools.demo.fit import answer_only, answer_probabilities, fit
+from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
 
 logger = logging.getLogger(__name__)
 

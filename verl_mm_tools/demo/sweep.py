@@ -11,8 +11,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_mm_tools.agent_loop.stats import CALL_RATE_COLLAPSED
-from verl_mm_tools.demo.run import LEARNING_FAILED, DemoOptions, RunResult, learning_curve, run_demo_result
+from verl_mm_tools.demo.options import DemoOptions
+from verl_mm_tools.demo.run import run_demo_result
+from verl_mm_tools.demo.summary import learning_curve
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD, DemoTask
+from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult
 
 HEADER = "seed  run  learned  steps  trainer s  reward first -> last  calls first -> last  validation  collapses"
 

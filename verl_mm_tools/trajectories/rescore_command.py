@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
-
-DEFAULT_MANAGER = "mm_turn_discount"  # the manager training and eval default to
+from verl_mm_tools.trajectories.rescore_options import DEFAULT_MANAGER, REPORT_FILE, TRAJECTORIES, RescoreOptions
 
 DESCRIPTION = """\
 Score recorded trajectories (training dumps: the mm_tool loop's dump_dir;
@@ -58,7 +57,7 @@ def add_rescore_command(commands) -> None:
 
 
 def run_rescore(args: argparse.Namespace) -> int:
-    from verl_mm_tools.trajectories.rescore import REPORT_FILE, TRAJECTORIES, RescoreOptions, rescore
+    from verl_mm_tools.trajectories.rescore import rescore
 
     if args.reward_fn is None and args.reward_manager == DEFAULT_MANAGER and not args.override:
         raise ConfigError(

@@ -1,0 +1,127 @@
+"""The trainer's command line and environment for a demo run: verl's CPU overrides (``cpu.overrides``), the rollout
+engine's, the task's (GRPO, the mm_tool loop and its tools, the turn-discount reward), the chosen trainer's with the
+step hook, and the user's last; ``config/command.sh`` writes them down to rerun or edit."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overrides
+from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
+from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
+from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
+from verl_mm_tools.demo.options import DemoOptions
+from verl_mm_tools.demo.prepare import DemoPaths
+from verl_mm_tools.demo.tasks import MICRO_BATCH
+
+MAX_TURNS = 3  # assistant turns per trajectory
+
+
+def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
+    """The task on the tiny model: GRPO, the mm_tool loop with the rotate tool, the turn-discount reward."""
+    task, steps = options.spec, options.total_steps
+    batch = task.prompts_per_step if options.prompts_per_step is None else options.prompts_per_step
+    rollouts = task.rollouts_per_prompt if options.rollouts_per_prompt is None else options.rollouts_per_prompt
+    return [
+        f"data.train_files={paths.train}",
+        f"data.val_files={paths.val}",
+        f"data.train_batch_size={batch}",
+        "data.max_response_length=256",
+        f"data.seed={options.seed}",
+        f"actor_rollout_ref.model.path={paths.model}",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={rollouts}",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.format={options.tool_parser}",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={MAX_TURNS}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths.config / 'tools.yaml'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=mm_tool",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={paths.config / 'agent_loops.yaml'}",
+        *trainer_overrides(options.trainer),
+        f"actor_rollout_ref.actor.optim.lr={task.lr if options.lr is None else options.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
+        "reward.reward_manager.name=mm_turn_discount",
+        *task.reward,
+        "trainer.logger=[console,file]",
+        "trainer.project_name=verl_mm_tools",
+        f"trainer.experiment_name=cpu_demo_{task.name}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=1000",
+        f"trainer.save_freq={steps}",
+        f"trainer.test_freq={steps}",
+        "trainer.val_before_train=false",
+        f"trainer.default_local_dir={paths.checkpoints}",
+        f"trainer.rollout_data_dir={paths.rollouts}",
+        *task.overrides,
+        *export_overrides(options.export, batch),
+    ]
+
+
+def export_overrides(export: str, batch: int) -> list[str]:
+    """Several samples per trajectory (``--export``): verl's v1 manager fixed for them, and one optimizer update per
+    step, as with one sample. verl counts a mini-batch in samples (``ppo_mini_batch_size`` x n) and, unless batch
+    sizes are dynamic, requires ``train_batch_size >= ppo_mini_batch_size``: a step over trajectories of S samples
+    would make S updates, each on part of the turns (the learn_tool task's tool-call format broke within 10-13 steps
+    that way, at lr 3e-3 and 1.5e-3). A mini-batch of batch x MAX_TURNS samples holds every sample of a step; verl
+    pads it with no-op samples."""
+    if export == "per_trajectory":
+        return []
+    return [
+        MANAGER_TQ_OVERRIDE,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={MICRO_BATCH * 1024}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch * MAX_TURNS}",
+    ]
+
+
+def trainer_overrides(trainer: str) -> list[str]:
+    """Select one of verl's trainers (``TRAINERS``) and verl-mm-tools' step hook for it."""
+    if trainer == "classic":
+        return hook_overrides(v1=False)
+    extra = separate_async_overrides() if trainer == "separate_async" else []
+    return [f"trainer.v1.trainer_mode={trainer}", *hook_overrides(v1=True), *extra]
+
+
+def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
+    # User overrides come last: hydra lets the last value of a key win.
+    rollout = vllm_rollout_overrides() if options.rollout == VLLM_ROLLOUT else []
+    overrides = [
+        *cpu_trainer_overrides(classic=options.trainer == "classic"),
+        *rollout,
+        *task_overrides(options, paths),
+        *options.overrides,
+    ]
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def trainer_environment(paths: DemoPaths) -> dict[str, str]:
+    env = cpu_environment()
+    env["VERL_FILE_LOGGER_PATH"] = str(paths.metrics)
+    # your tool or environment module next to where you run the demo imports in verl's Ray workers too
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def write_command_script(command: list[str], env: dict[str, str], paths: DemoPaths) -> Path:
+    script = paths.config / "command.sh"
+    names = (
+        "VERL_PLATFORM",
+        "VERL_ENGINE_DEVICE",
+        "VERL_FILE_LOGGER_PATH",
+        "TOKENIZERS_PARALLELISM",
+        "PYTHONPATH",
+        *THREAD_ENV,
+    )
+    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in names if name in env)
+    script.write_text(
+        f"#!/usr/bin/env bash\n# The trainer command of this demo run.\n{exports} \\\n  "
+        + " \\\n  ".join(shlex.quote(part) for part in command)
+        + ' "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
