@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.families.vocabularies import QWEN_VOCABULARY
 from verl_mm_tools.tiny import TinyModelSpec, build_tiny_model, tiny_model_path
-from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER, QWEN_VOCABULARY
+from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER
 
 ROTATE_SCHEMA = {
     "type": "function",

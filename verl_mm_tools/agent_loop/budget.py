@@ -24,6 +24,7 @@ from verl_mm_tools.agent_loop.validation import (
     soft_token_size,
 )
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.families import family_of_image_processor
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
@@ -143,8 +144,10 @@ class SoftTokenGeometry:
 
 def _frames_per_image(image_processor) -> int:
     """How many frames the processor's pixel bounds count an image as: GLM-V's resize (transformers' glm4v
-    ``smart_resize``) bounds ``temporal_patch_size`` frames of the image, Qwen-VL's one."""
-    if type(image_processor).__name__.startswith(("Glm4v", "Glm46V")):
+    ``smart_resize``) bounds ``temporal_patch_size`` frames of the image, Qwen-VL's one (the family record's
+    ``bounds_count_frames``)."""
+    family = family_of_image_processor(image_processor)
+    if family is not None and family.image.bounds_count_frames:
         return int(image_processor.temporal_patch_size)
     return 1
 
