@@ -3,7 +3,7 @@ records of runs and keep the names of their day).
 
 What counts as a reference (in backticks; dotted ``verl_mm_tools.`` names in code blocks too):
 - a path from the repository root (``tests/...``, ``examples/...``, ``scripts/...``, ``docs/...``,
-  ``verl_mm_tools/...``) or from the package (``agent_loop/step.py``, ``cpu/``); a bare ``name.py`` (some file of
+  ``verl_mm_tools/...``) or from the package (``step_hook/step.py``, ``cpu/``); a bare ``name.py`` (some file of
   that name); a pytest node (``tests/x.py::test_y``: the test is defined there); a module and attribute
   (``remote/probe.BlockingTool``); ``verl/...`` paths are looked up in the installed verl;
 - a Markdown link to a file of the repository (``[text](docs/x.md#anchor)``: the file);
