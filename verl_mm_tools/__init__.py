@@ -50,6 +50,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.trajectories.command",
         "verl_mm_tools.trajectories.read",
         "verl_mm_tools.trajectories.rescore_command",
+        "verl_mm_tools.trajectories.rescore_options",
         "verl_mm_tools.verl_registry",
         "verl_mm_tools.viewer",
         "verl_mm_tools.viewer.chromium",
