@@ -40,7 +40,7 @@ def sample_dump(tiny_model_dir, tmp_path_factory):
     of the four scripted trajectories (``sample_dump.SAMPLE_SCRIPTS``) through verl's AgentLoopWorker, reward worker
     (mm_turn_discount, rotation_reward_45) and MMToolAgentLoopManager. Returns the dump folder (``step_000001``,
     ``step_000002``); the viewer's site goes into its ``_site``; copy it to change a record."""
-    from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
+    from verl_mm_tools.testkit.sample_dump import write_sample_dump
 
     workdir = tmp_path_factory.mktemp("sample_dump")
     write_sample_dump(workdir / "dump", workdir / "work", model_dir=tiny_model_dir, steps=(1, 2))
@@ -51,7 +51,7 @@ def sample_dump(tiny_model_dir, tmp_path_factory):
 def _restore_verl_agent_loop_registry():
     """verl's AgentLoopWorker writes agent_loop_config_path entries into a process-wide registry; restore it after
     each test so one test's loop options never leak into the next."""
-    from verl_mm_tools.agent_loop.harness import restored_loop_registry
+    from verl_mm_tools.runtime.workers import restored_loop_registry
 
     with restored_loop_registry():
         yield

@@ -10,10 +10,13 @@ import torch
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_mm_tools.agent_loop.harness import image_prompt, marked_image, tool_call_text, unpadded_row
-from verl_mm_tools.agent_loop.stats import aggregate_metrics
-from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
+from verl_mm_tools.agent_loop.validation import placeholder_runs, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.testkit.rows import marked_image, unpadded_row
+from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.tokens import processor_image_tokens
 
 ANSWER = "<answer>90</answer><|im_end|>"
 ROTATE = tool_call_text("rotate", degrees=90)
@@ -219,7 +222,9 @@ def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
         image_prompt(f"{word}: how far is this rotated?", [marked_image()]) for word in ("fine", "crash", "degenerate")
     ]
     worker_config = rollout.config()
-    from verl_mm_tools.agent_loop.harness import ScriptedServer, generate, make_batch, make_worker
+    from verl_mm_tools.runtime.batch import make_batch
+    from verl_mm_tools.runtime.workers import generate, make_worker
+    from verl_mm_tools.testkit.scripted import ScriptedServer
 
     worker = make_worker(worker_config, None)
     worker.tools = [probe]
@@ -305,8 +310,10 @@ def test_a_cut_through_a_tool_image_breaks_the_forward_and_mm_tool_never_emits_o
 
 
 def test_manager_adds_mm_tool_step_metrics_to_the_timing_verl_logs(rollout):
-    from verl_mm_tools.agent_loop.harness import InProcessActor, ScriptedServer, make_batch, make_worker
-    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
+    from verl_mm_tools.runtime.batch import make_batch
+    from verl_mm_tools.runtime.workers import InProcessActor, make_worker
+    from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
+    from verl_mm_tools.testkit.scripted import ScriptedServer
 
     worker = make_worker(rollout.config(), None)
     worker.llm_client = ScriptedServer(worker.tokenizer, [ROTATE, ROTATE_FIRST, ANSWER])

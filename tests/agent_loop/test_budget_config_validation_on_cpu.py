@@ -7,8 +7,9 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens, trajectory_problems
+from verl_mm_tools.agent_loop.validation import placeholder_runs, trajectory_problems
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.tokens import processor_image_tokens
 
 TINY = ImageGeometry(patch_size=14, merge_size=2, min_pixels=28 * 28, max_pixels=64 * 28 * 28)
 

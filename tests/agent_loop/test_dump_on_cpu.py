@@ -13,11 +13,12 @@ from PIL import Image
 from verl_mm_tools.agent_loop import dump
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.dump import folder_bytes
-from verl_mm_tools.agent_loop.harness import LocalRollout, unpadded_row
-from verl_mm_tools.agent_loop.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
 from verl_mm_tools.rewards.turn_credit import turn_spans
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 WORDS = list(SAMPLE_SCRIPTS)  # rotated, guess, typo, broken: batch rows 0..3
@@ -239,13 +240,13 @@ def test_a_failing_dump_never_costs_the_trajectory(rollout, tmp_path, monkeypatc
         (
             [],
             "v1 \\(trainer.use_v1=true, verl's default\\) trainer does not have: set "
-            "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer "
+            "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.step_hook.replay_buffer "
             "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer",
         ),
         (
             ["trainer.use_v1=false"],
             "classic trainer does not have: set \\+actor_rollout_ref.rollout.agent."
-            "agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager",
+            "agent_loop_manager_class=verl_mm_tools.step_hook.manager.MMToolAgentLoopManager",
         ),
     ],
 )

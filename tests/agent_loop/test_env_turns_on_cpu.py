@@ -6,9 +6,12 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import image_prompt, tool_call_text, unpadded_row
-from verl_mm_tools.agent_loop.validation import placeholder_runs, processor_image_tokens
+from verl_mm_tools.agent_loop.validation import placeholder_runs
 from verl_mm_tools.ops import rotate
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.tokens import processor_image_tokens
 
 REWARD = [
     "reward.reward_manager.name=mm_turn_discount",
@@ -105,16 +108,12 @@ def test_the_environment_scores_the_last_allowed_answer_then_stops_at_the_turn_l
 
 
 def test_manager_places_turn_rewards_for_mm_turn_grpo(rollout):
-    from verl_mm_tools.agent_loop.harness import (
-        CLASSIC_HOOK,
-        InProcessActor,
-        ScriptedServer,
-        in_process_reward_worker,
-        make_batch,
-        make_worker,
-    )
-    from verl_mm_tools.agent_loop.manager import MMToolAgentLoopManager
     from verl_mm_tools.rewards.turn_credit import turn_spans
+    from verl_mm_tools.runtime.batch import make_batch
+    from verl_mm_tools.runtime.config import CLASSIC_HOOK
+    from verl_mm_tools.runtime.workers import InProcessActor, in_process_reward_worker, make_worker
+    from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
+    from verl_mm_tools.testkit.scripted import ScriptedServer
 
     prompts, columns = rotation_rows({"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3})
     config = rollout.config(extra=[*REWARD, *CLASSIC_HOOK, "algorithm.adv_estimator=mm_turn_grpo"])

@@ -11,18 +11,13 @@ import logging
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.harness import (
-    LocalRollout,
-    image_prompt,
-    marked_image,
-    scripted_logprob,
-    tool_call_text,
-    trainer_logprobs,
-    unpadded_row,
-)
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
+from verl_mm_tools.testkit.scripted import scripted_logprob, tool_call_text
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
@@ -207,8 +202,8 @@ def test_a_prefix_unstable_template_with_per_trajectory_warns_once_naming_per_tu
 
 def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
     from verl_mm_tools.agent_loop.hook_config import hook_overrides
-    from verl_mm_tools.agent_loop.manager import step_batch
-    from verl_mm_tools.agent_loop.step import process_step
+    from verl_mm_tools.step_hook.manager import step_batch
+    from verl_mm_tools.step_hook.step import process_step
 
     turns = [*CALLS, ANSWER]
     output, _, worker = rollout_for("qwen2_5_vl", "family", tmp_path).run(

@@ -14,21 +14,16 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.harness import (
-    SCRIPTED_WEIGHTS_STEP,
-    LocalRollout,
-    image_prompt,
-    marked_image,
-    scripted_turn_expectations,
-    trainer_logprobs,
-    unpadded_row,
-)
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY
 from verl_mm_tools.agent_loop.tool_format import template_traits
-from verl_mm_tools.agent_loop.validation import processor_image_tokens
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
+from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, scripted_turn_expectations
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
+from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 QUESTION = "How far is this image rotated?"

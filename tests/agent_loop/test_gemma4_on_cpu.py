@@ -13,23 +13,19 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry, SoftTokenGeometry, check_pixel_bounds
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.harness import (
-    LocalRollout,
-    image_prompt,
-    marked_image,
-    scripted_turn_expectations,
-    trainer_logprobs,
-    unpadded_row,
-)
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.options import ToolPrompt, ToolResponseRole
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, resolve_tool_format, template_traits
 from verl_mm_tools.agent_loop.tool_runner import MALFORMED_CALL_TEXT_OTHER_FORMATS
-from verl_mm_tools.agent_loop.validation import processor_image_tokens
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
+from verl_mm_tools.testkit.scripted import scripted_turn_expectations
 from verl_mm_tools.tiny import tiny_model_path
+from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 QUESTION = "How far is this image rotated?"

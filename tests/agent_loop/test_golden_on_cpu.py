@@ -7,16 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_mm_tools.agent_loop.harness import (
-    LocalRollout,
-    image_prompt,
-    marked_image,
-    scripted_logprob,
-    tool_call_text,
-    trainer_logprobs,
-    unpadded_row,
-)
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
+from verl_mm_tools.testkit.scripted import scripted_logprob, tool_call_text
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 

@@ -13,14 +13,10 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.ray_utils import get_event_loop
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.harness import (
-    LocalRollout,
-    ScriptedServer,
-    image_prompt,
-    make_worker,
-    restored_loop_registry,
-    tool_call_text,
-)
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.workers import make_worker, restored_loop_registry
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
 from verl_mm_tools.tiny import tiny_model_path
 
 LAYERS, TOP_K = 2, 2
@@ -150,7 +146,8 @@ def test_routed_experts_reach_verl_s_batch(tmp_path):
         worker = make_worker(rollout.config(response_length=256), None)
         worker.tools = [LookupTool()]
         worker.llm_client = RoutingServer(worker.tokenizer, TURNS)
-        from verl_mm_tools.agent_loop.harness import generate, make_batch
+        from verl_mm_tools.runtime.batch import make_batch
+        from verl_mm_tools.runtime.workers import generate
 
         batch = generate(worker, make_batch([prompt]))
     routed = batch.batch["routed_experts"][0]

@@ -9,7 +9,6 @@ import json
 import pytest
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
 from verl_mm_tools.agent_loop.tool_format import (
     TemplateTraits,
     ToolFormat,
@@ -20,6 +19,10 @@ from verl_mm_tools.agent_loop.tool_format import (
     with_tool_block,
 )
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.scripted import tool_call_text
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 

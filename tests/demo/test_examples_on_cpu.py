@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
 from verl_mm_tools.demo.examples import MESSAGE_CHARS, before_and_after
+from verl_mm_tools.testkit.sample_dump import write_sample_dump
 
 ROTATE_TWICE = [
     '  assistant: <tool_call> {"name": "rotate", "arguments": {"degrees": 90}} </tool_call>',

@@ -15,12 +15,12 @@ import json
 
 import pytest
 
-from verl_mm_tools.agent_loop.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
 from verl_mm_tools.demo.metrics import metric
 from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.sweep import window_mean
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD
+from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
 
 SEEDS = (0, 1)
 WITH_TOOLS = "mm_tool/reward/with_tool_calls"

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
-from verl_mm_tools.agent_loop.sample_dump import sample_image
 from verl_mm_tools.cli import main
 from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
@@ -17,6 +16,7 @@ from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
 from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries, sampling_overrides
+from verl_mm_tools.testkit.sample_dump import sample_image
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.viewer.loading import load_trajectories
 from verl_mm_tools.viewer.site import build_site

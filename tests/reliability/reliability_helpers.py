@@ -24,7 +24,9 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, generate, make_batch, make_worker, restored_loop_registry
+from verl_mm_tools.runtime.batch import make_batch
+from verl_mm_tools.runtime.workers import generate, make_worker, restored_loop_registry
+from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.tools import BUILTIN_TOOLS, build_schema
 
 MARKER = re.compile(r"\[sample (\d+)\]")

@@ -24,9 +24,9 @@ from reliability_helpers import (
 from verl.tools.schemas import ToolResponse
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from verl_mm_tools.agent_loop.manager import step_batch
-from verl_mm_tools.agent_loop.stats import aggregate_metrics
-from verl_mm_tools.agent_loop.step import MaskedBatchError, process_step
+from verl_mm_tools.step_hook.manager import step_batch
+from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_hook.step import MaskedBatchError, process_step
 
 ANSWER = "<answer>3</answer><|im_end|>"
 TIMEOUT_S = 0.2

@@ -235,7 +235,7 @@ def test_without_file_roots_dataset_paths_are_refused_with_the_fix(tiny_model_di
 
 @pytest.fixture(scope="module")
 def sample_dump(tiny_model_dir, tmp_path_factory):
-    from verl_mm_tools.agent_loop.sample_dump import write_sample_dump
+    from verl_mm_tools.testkit.sample_dump import write_sample_dump
 
     workdir = tmp_path_factory.mktemp("dump")
     write_sample_dump(workdir / "dump", workdir / "work", model_dir=tiny_model_dir, steps=(1,))

@@ -29,7 +29,7 @@ from verl.utils.ray_utils import get_event_loop
 
 from verl_mm_tools.agent_loop.prompt import new_agent_data
 from verl_mm_tools.agent_loop.state import TrajectoryState
-from verl_mm_tools.agent_loop.validation import VISION_TOKENS
+from verl_mm_tools.tokens import VISION_TOKENS
 
 TOOLS = image_tools()
 PARAMETERS = {
@@ -252,7 +252,7 @@ async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[obj
     """Parse one assistant turn and run its calls: (call, response, message) per parsed call, and the count of
     malformed calls the loop will answer with its notice."""
     state = TrajectoryState(files=loop.files)
-    agent_data = await new_agent_data(loop, {"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, state)
+    agent_data = await new_agent_data(loop.context, {"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, state)
     token_ids = loop.tokenizer.encode(text, add_special_tokens=False)
     _, calls = await loop.tool_parser.extract_tool_calls(token_ids, agent_data._active_tool_schemas)
     answered = []

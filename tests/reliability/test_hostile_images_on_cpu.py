@@ -24,8 +24,8 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize 
 from verl.tools.schemas import ToolResponse
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
-from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.files import MAX_DECODE_PIXELS, decode_image, to_rgb
+from verl_mm_tools.step_hook.stats import aggregate_metrics
 
 ANSWER = "<answer>1</answer><|im_end|>"
 

@@ -166,7 +166,7 @@ def prompt_tokens(processor, sample: Sample) -> int:
     """Image tokens of a prompt's images as verl will size them (qwen_vl_utils, then the processor)."""
     from qwen_vl_utils import fetch_image
 
-    from verl_mm_tools.agent_loop.validation import processor_image_tokens
+    from verl_mm_tools.tokens import processor_image_tokens
 
     images = [item["image"] for item in sample.prompt[0]["content"] if item.get("type") == "image"]
     return sum(processor_image_tokens(processor, fetch_image({"image": image})) for image in images)

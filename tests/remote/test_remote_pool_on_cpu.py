@@ -11,7 +11,10 @@ import time
 import pytest
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, image_prompt, tool_call_text, unpadded_row
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.scripted import tool_call_text
 
 ANSWER = "<answer>90</answer><|im_end|>"
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import AutoProcessor
 
-from verl_mm_tools.agent_loop.harness import LocalRollout, unpadded_row
-from verl_mm_tools.agent_loop.sample_dump import run_steps, sample_rows, scripted_by_word, write_sample_dump
 from verl_mm_tools.cli import main
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.sample_dump import run_steps, sample_rows, scripted_by_word, write_sample_dump
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.trajectories.sft import TRAIN_FILE, SFTFilters, export_sft

@@ -242,8 +242,8 @@ def test_an_eval_output_is_rescored_into_evals_report(eval_out, tmp_path):
 def per_turn_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
     """The four scripts exported per turn (one sample per assistant turn, scored on the last as verl's v1 manager
     does) with a 100-token response budget, which cuts the double rotation's second call: a dump of one step."""
-    from verl_mm_tools.agent_loop.manager import step_batch
-    from verl_mm_tools.agent_loop.step import process_step
+    from verl_mm_tools.step_hook.manager import step_batch
+    from verl_mm_tools.step_hook.step import process_step
 
     workdir = tmp_path_factory.mktemp("per_turn")
     (workdir / "tools.yaml").write_text(ROTATE_TOOLS_YAML)

@@ -16,16 +16,16 @@ from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.options import OverBudget
-from verl_mm_tools.agent_loop.validation import (
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.families import family_of_image_processor
+from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
+from verl_mm_tools.tokens import (
     counts_soft_tokens,
     pixel_bounds,
     processor_size_tokens,
     soft_token_side,
     soft_token_size,
 )
-from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.families import family_of_image_processor
-from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.config import MMToolLoopConfig

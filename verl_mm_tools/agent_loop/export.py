@@ -26,27 +26,25 @@ advantages over each trajectory's final sample and broadcasts them (``verl.train
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.state import SampleCut, TrajectoryState
 from verl_mm_tools.errors import TrajectoryValidationError
-
-if TYPE_CHECKING:
-    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
 
 
 class Exporter:
     """Where a trajectory's training samples split (``export``), for one loop: before each turn after the first,
     whether the turn starts a new sample, and if so the new sample's tokens."""
 
-    def __init__(self, loop: MMToolAgentLoop):
-        self.loop = loop
-        self.export = loop.mm_config.export
+    def __init__(self, context: LoopContext):
+        self.context = context
+        self.export = context.options.export
         # the placeholder runs ``auto`` collapses to compare the stream with the template's text
         self.placeholder_ids: frozenset[int] = frozenset()
-        if self.export is Export.AUTO and loop.sees_images:
-            self.placeholder_ids = frozenset(found for found in loop.placeholder_ids if found is not None)
+        if self.export is Export.AUTO and context.sees_images and context.placeholder_ids:
+            self.placeholder_ids = frozenset(found for found in context.placeholder_ids if found is not None)
 
     async def new_sample(self, agent_data: Any, state: TrajectoryState) -> bool | None:
         """Before a turn after the first: True when a new sample starts, None when it would but the template's
@@ -58,24 +56,24 @@ class Exporter:
         return await self._start_sample(agent_data, state) or None
 
     async def _history_rewritten(self, agent_data: Any, state: TrajectoryState) -> bool:
-        rendered = await self.loop.loop.run_in_executor(None, self._rendered_text, agent_data, state)
+        rendered = await self.context.run_in_executor(None, self._rendered_text, agent_data, state)
         stream = collapse_runs(agent_data.prompt_ids, self.placeholder_ids)
-        return rendered != self.loop.tokenizer.decode(stream, skip_special_tokens=False)
+        return rendered != self.context.tokenizer.decode(stream, skip_special_tokens=False)
 
     def _history_messages(self, agent_data: Any, state: TrajectoryState) -> list[dict]:
-        return rendered_history(self.loop, agent_data, state)
+        return rendered_history(self.context, agent_data, state)
 
     def _rendered_text(self, agent_data: Any, state: TrajectoryState) -> str:
         from verl.utils.tokenizer.chat_template import apply_chat_template
 
-        loop = self.loop
+        context = self.context
         return apply_chat_template(
-            loop.processor or loop.tokenizer,
+            context.renderer,
             self._history_messages(agent_data, state),
             tokenize=False,
             add_generation_prompt=True,
-            tools=loop.tool_format.template_tools(agent_data._active_tool_schemas),
-            **loop.apply_chat_template_kwargs,
+            tools=context.tool_format.template_tools(agent_data._active_tool_schemas),
+            **context.apply_chat_template_kwargs,
         )
 
     async def _start_sample(self, agent_data: Any, state: TrajectoryState) -> bool:
@@ -83,14 +81,14 @@ class Exporter:
         whole conversation; False (nothing changed) when that render leaves no room to generate. The tokens after
         the first prompt's length count as the response, so the response budget and verl's own length checks hold
         for every sample, and a sample is never longer than prompt_length + response_length."""
-        loop = self.loop
+        context = self.context
         mm_inputs: dict = {}
-        tools = loop.tool_format.template_tools(agent_data._active_tool_schemas)
+        tools = context.tool_format.template_tools(agent_data._active_tool_schemas)
         messages = self._history_messages(agent_data, state)
         # the builder itself, not verl's ct_build_initial_tokens, which caps a prompt at rollout.prompt_length
-        rendered = await loop.loop.run_in_executor(
+        rendered = await context.run_in_executor(
             None,
-            lambda: loop.continuous_token_builder.build_initial_tokens(
+            lambda: context.build_initial_tokens(
                 messages,
                 tools=tools,
                 images=agent_data.image_data,
@@ -105,7 +103,7 @@ class Exporter:
                 f"the chat template rendered the conversation in {len(rendered)} tokens, fewer than its first prompt "
                 f"({state.prompt_length}): mm_tool export={self.export.value!r} cannot place it"
             )
-        if history >= loop.response_length:
+        if history >= context.response_length:
             return False
         last = state.turns[-1]
         end = last.response_span[1]
@@ -119,7 +117,7 @@ class Exporter:
             )
         )
         agent_data.prompt_ids = rendered
-        agent_data.mm_processor_output = loop.build_sglang_video_payload(agent_data.video_data, mm_inputs)
+        agent_data.mm_processor_output = context.video_payload(agent_data.video_data, mm_inputs)
         agent_data.response_mask = [0] * history
         if agent_data.response_logprobs:
             agent_data.response_logprobs = [0.0] * history
@@ -127,13 +125,13 @@ class Exporter:
         return True
 
 
-def rendered_history(loop: MMToolAgentLoop, agent_data: Any, state: TrajectoryState) -> list[dict]:
+def rendered_history(context: LoopContext, agent_data: Any, state: TrajectoryState) -> list[dict]:
     """The conversation as the chat template renders it at inference (and as the record's ``chat`` keeps it):
     generated turns from their text."""
     texts = {turn.message: turn.text for turn in state.turns if turn.message is not None}
-    if not loop.traits.renders_results_without_calls:
+    if not context.traits.renders_results_without_calls:
         texts = {index: text for index, text in texts.items() if not agent_data.messages[index].get("tool_calls")}
-    return loop.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
+    return context.tool_format.view(history_view(agent_data.messages, texts), agent_data._active_tool_schemas)
 
 
 def history_view(messages: list[dict], assistant_texts: dict[int, str]) -> list[dict]:

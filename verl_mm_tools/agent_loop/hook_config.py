@@ -1,15 +1,16 @@
-"""Which trainer-side step hook (``step.process_step``) a run has, the overrides that select it, and the options
-that cannot work without it (or with it). Read by the mm_tool loop at start-up, the demo and the tests."""
+"""Which trainer-side step hook (``step_hook.step.process_step``) a run has, the overrides that select it, and the
+options that cannot work without it (or with it). Read by the mm_tool loop at start-up, the demo and the tests: it
+lives here, below ``step_hook/``, because the loop reads it; it names the hook's classes only as strings."""
 
 from __future__ import annotations
 
 from verl_mm_tools.errors import ConfigError
 
-MANAGER_FQN = "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
+MANAGER_FQN = "verl_mm_tools.step_hook.manager.MMToolAgentLoopManager"
 # verl's v1 manager, fixed for trajectories returned as several samples (mm_tool export per_turn / auto)
 MANAGER_TQ_FQN = "verl_mm_tools.adaptations.manager_tq.MMToolAgentLoopManagerTQ"
 MANAGER_TQ_OVERRIDE = f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_TQ_FQN}"
-SAMPLER_PATH = "pkg://verl_mm_tools.agent_loop.replay_buffer"
+SAMPLER_PATH = "pkg://verl_mm_tools.step_hook.replay_buffer"
 SAMPLER_NAME = "MMToolReplayBuffer"
 
 

@@ -24,6 +24,7 @@ from verl.utils.profiler import simple_timer
 from verl_mm_tools.agent_loop import startup
 from verl_mm_tools.agent_loop.budget import ImageGeometry, check_pixel_bounds
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
+from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.engine import CheckedEngine
 from verl_mm_tools.agent_loop.export import Exporter
@@ -33,12 +34,12 @@ from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_e
 from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, state_of
 from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
-from verl_mm_tools.agent_loop.validation import placeholder_token_ids, vision_token_ids
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.record import DUMP_KEY
+from verl_mm_tools.tokens import placeholder_token_ids, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +91,39 @@ class MMToolAgentLoop(ToolAgentLoop):
             self.tool_response_truncate_side,
             self.tool_parser_name,
         )
-        self.exporter = Exporter(self)
-        self.outputs = OutputBuilder(self)
+        self.context = self._context()
+        self.exporter = Exporter(self.context)
+        self.outputs = OutputBuilder(self.context)
+
+    def _context(self) -> LoopContext:
+        """What the loop's parts read of it (they never hold the loop)."""
+        full_determinism = self.rollout_config.full_determinism
+        return LoopContext(
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            options=self.mm_config,
+            model_path=str(self.config.actor_rollout_ref.model.path),
+            prompt_length=self.prompt_length,
+            response_length=self.response_length,
+            calculate_log_probs=bool(self.rollout_config.calculate_log_probs),
+            apply_chat_template_kwargs=self.apply_chat_template_kwargs,
+            tool_format=self.tool_format,
+            traits=self.traits,
+            files=self.files,
+            tools=self.tools,
+            geometry=self.geometry,
+            placeholder_ids=self.placeholder_ids,
+            image_token_id=self.image_token_id,
+            forbidden_generated=self.forbidden_generated,
+            turn_credit=self.turn_credit,
+            turn_gamma=self.turn_gamma,
+            run_in_executor=self.loop.run_in_executor,
+            build_initial_tokens=self.continuous_token_builder.build_initial_tokens,
+            video_payload=self.build_sglang_video_payload,
+            process_multi_modal_info=self.process_multi_modal_info,
+            mm_processor_kwargs=self._get_mm_processor_kwargs,
+            new_request_id=lambda priority: self._make_request_id(priority, full_determinism),
+        )
 
     # ----- one trajectory -------------------------------------------------------------------------------------
 
@@ -102,7 +134,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         state = TrajectoryState(files=self.files)
         agent_data = None
         try:
-            agent_data = await new_agent_data(self, kwargs, priority, state)
+            agent_data = await new_agent_data(self.context, kwargs, priority, state)
             await start_remote_tools(agent_data._active_tools)
             await start_environment(agent_data, kwargs, state, self.mm_config.env)  # close() runs if reset raises
             await self._run_states(agent_data, state, sampling_params)
@@ -116,7 +148,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.outputs.add_extra_fields(outputs, state)
         final = outputs[-1][0]
         if self.mm_config.dump_dir:
-            final.extra_fields[DUMP_KEY] = await stage_trajectory(self, agent_data, [o for o, _ in outputs], kwargs)
+            final.extra_fields[DUMP_KEY] = await stage_trajectory(
+                self.context, agent_data, [o for o, _ in outputs], kwargs
+            )
         if self.mm_config.export is Export.PER_TRAJECTORY:
             return final
         return [output for output, _ in outputs]

@@ -7,11 +7,12 @@ valid output that trains on nothing.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
+from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.engine import EngineAbortedError
 from verl_mm_tools.agent_loop.state import (
     CALL_RATE_WINDOW_KEY,
@@ -23,7 +24,7 @@ from verl_mm_tools.agent_loop.state import (
     Turn,
 )
 from verl_mm_tools.agent_loop.tool_runner import ToolCrashError
-from verl_mm_tools.agent_loop.validation import processor_image_tokens, trajectory_problems
+from verl_mm_tools.agent_loop.validation import trajectory_problems
 from verl_mm_tools.errors import (
     ConfigError,
     FileAccessError,
@@ -32,9 +33,7 @@ from verl_mm_tools.errors import (
     TrajectoryValidationError,
 )
 from verl_mm_tools.record import DUMP_KEY
-
-if TYPE_CHECKING:
-    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
+from verl_mm_tools.tokens import processor_image_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +52,9 @@ MASKED_NOTICE = "This sample was dropped by verl-mm-tools; see mm_tool/error."
 class OutputBuilder:
     """Builds one loop's outputs."""
 
-    def __init__(self, loop: MMToolAgentLoop):
-        self.loop = loop
-        self.response_length = loop.response_length
+    def __init__(self, context: LoopContext):
+        self.context = context
+        self.response_length = context.response_length
 
     def checked(self, agent_data: Any, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
         """Each training sample as a validated output, with its turns' response spans in it."""
@@ -86,23 +85,23 @@ class OutputBuilder:
     def add_extra_fields(self, outputs: list[tuple[AgentLoopOutput, list | None]], state: TrajectoryState) -> None:
         """The fixed keys of every output (verl concatenates per-key arrays across workers): the trajectory's
         statistics and turns, and the options the trainer-side step hook reads."""
-        options = self.loop.mm_config
+        options = self.context.options
         for index, (output, spans) in enumerate(outputs):
             output.extra_fields.update(
                 {
                     **state.extra_fields(index, len(outputs), spans),
                     MASKED_LIMIT_KEY: options.max_masked_fraction,
                     CALL_RATE_WINDOW_KEY: options.call_rate_window,
-                    TURN_CREDIT_KEY: self.loop.turn_credit,
-                    TURN_GAMMA_KEY: self.loop.turn_gamma,
+                    TURN_CREDIT_KEY: self.context.turn_credit,
+                    TURN_GAMMA_KEY: self.context.turn_gamma,
                     **({DUMP_KEY: None} if options.dump_dir else {}),
                 }
             )
 
     def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
-        if not self.loop.sees_images:
+        if not self.context.sees_images:
             return []
-        return [processor_image_tokens(self.loop.processor, image, mm_processor_kwargs) for image in images]
+        return [processor_image_tokens(self.context.processor, image, mm_processor_kwargs) for image in images]
 
     def _problems(self, output: AgentLoopOutput, image_tokens: list[int]) -> list[str]:
         return trajectory_problems(
@@ -111,8 +110,8 @@ class OutputBuilder:
             response_mask=output.response_mask,
             response_logprobs=output.response_logprobs,
             image_tokens=image_tokens,
-            image_token_id=self.loop.image_token_id,
-            forbidden_generated=self.loop.forbidden_generated,
+            image_token_id=self.context.image_token_id,
+            forbidden_generated=self.context.forbidden_generated,
         )
 
     def _output(self, agent_data: Any, sample: SampleCut, turns: list[Turn]) -> tuple[AgentLoopOutput, list]:
@@ -156,8 +155,8 @@ class OutputBuilder:
         )
         output = self._prompt_only(agent_data, state)
         if output is None:
-            notice = self.loop.tokenizer.encode(MASKED_NOTICE, add_special_tokens=False)
-            output = self._masked(notice[-self.loop.prompt_length :], [], agent_data)
+            notice = self.context.tokenizer.encode(MASKED_NOTICE, add_special_tokens=False)
+            output = self._masked(notice[-self.context.prompt_length :], [], agent_data)
         state.stats.images = len(output.multi_modal_data.get("images", []))
         return output
 
@@ -172,11 +171,11 @@ class OutputBuilder:
 
     def _masked(self, prompt_ids: list[int], images: list, agent_data: Any) -> AgentLoopOutput:
         # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
-        logprobs = [0.0] if self.loop.rollout_config.calculate_log_probs else None
+        logprobs = [0.0] if self.context.calculate_log_probs else None
         routed = getattr(agent_data, "routed_experts", None)
         return AgentLoopOutput(
             prompt_ids=list(prompt_ids),
-            response_ids=[self.loop.tokenizer.eos_token_id],
+            response_ids=[self.context.tokenizer.eos_token_id],
             response_mask=[0],
             response_logprobs=logprobs,
             multi_modal_data={"images": list(images)} if images else {},

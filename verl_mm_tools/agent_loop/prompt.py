@@ -6,11 +6,12 @@ sample's environment reset, whose observation joins the prompt.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
 from verl_mm_tools.agent_loop.budget import ImageBudget
+from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.state import TrajectoryState
@@ -18,36 +19,33 @@ from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.workspace import ImageWorkspace
 
-if TYPE_CHECKING:
-    from verl_mm_tools.agent_loop.mm_tool_loop import MMToolAgentLoop
 
-
-async def new_agent_data(loop: MMToolAgentLoop, row: dict, priority: int, state: TrajectoryState) -> AgentData:
+async def new_agent_data(context: LoopContext, row: dict, priority: int, state: TrajectoryState) -> AgentData:
     """verl's AgentData for the row, with ``state`` attached and set up for it."""
     # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
     # unless they are few small PIL images
-    arguments = (list(row["raw_prompt"]), loop.files, sample_name(row))
+    arguments = (list(row["raw_prompt"]), context.files, sample_name(row))
     if cheap_to_check(arguments[0]):
         messages = safe_messages(*arguments)
     else:
         messages = await asyncio.get_running_loop().run_in_executor(None, safe_messages, *arguments)
-    multi_modal_data = await loop.process_multi_modal_info(messages)
+    multi_modal_data = await context.process_multi_modal_info(messages)
     agent_data = AgentData(
         messages=messages,
         image_data=list(multi_modal_data.get("images") or []),
         video_data=multi_modal_data.get("videos"),
         audio_data=multi_modal_data.get("audios"),
-        mm_processor_kwargs=loop._get_mm_processor_kwargs(multi_modal_data.get("audios")),
+        mm_processor_kwargs=context.mm_processor_kwargs(multi_modal_data.get("audios")),
         metrics={},
-        request_id=loop._make_request_id(priority, loop.rollout_config.full_determinism),
+        request_id=context.new_request_id(priority),
         tools_kwargs=row.get("tools_kwargs") or {},
     )
-    select_tools(agent_data, loop.tools, (row.get("extra_info") or {}).get("tool_selection"))
+    select_tools(agent_data, context.tools, (row.get("extra_info") or {}).get("tool_selection"))
     state.attach(agent_data)
     state.workspace = ImageWorkspace(agent_data.image_data)  # by reference: tools' images land in image_data
     state.request_id = agent_data.request_id
     state.sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
-    state.budget = ImageBudget(loop.mm_config, loop.geometry) if loop.geometry else None
+    state.budget = ImageBudget(context.options, context.geometry) if context.geometry else None
     state.prompt_images = len(agent_data.image_data)
     return agent_data
 

@@ -25,9 +25,9 @@ from verl_mm_tools.agent_loop.hook_config import (
 )
 from verl_mm_tools.agent_loop.options import Export, ToolPrompt, ToolResponseRole
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat, resolve_tool_format
-from verl_mm_tools.agent_loop.validation import stop_ids
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
+from verl_mm_tools.tokens import stop_ids
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.stats import PREFIX_CACHE_HIT_RATE
 from verl_mm_tools.bench.figures import Figure, figure
+from verl_mm_tools.step_hook.stats import PREFIX_CACHE_HIT_RATE
 
 STEP_WARMUP = 2  # the first steps pay one-time costs (compilation of kernels, caches, Ray actor start-up)
 

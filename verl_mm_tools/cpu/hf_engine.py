@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from PIL import Image
 
-from verl_mm_tools.agent_loop.validation import placeholder_token_ids, stop_ids, vision_token_ids
+from verl_mm_tools.tokens import placeholder_token_ids, stop_ids, vision_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.stats import CALL_RATE_COLLAPSED
 from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.summary import learning_curve
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD, DemoTask
 from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult
+from verl_mm_tools.step_hook.stats import CALL_RATE_COLLAPSED
 
 HEADER = "seed  run  learned  steps  trainer s  reward first -> last  calls first -> last  validation  collapses"
 

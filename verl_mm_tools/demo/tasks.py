@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.stats import CALL_RATE
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.step_hook.stats import CALL_RATE
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
 
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,

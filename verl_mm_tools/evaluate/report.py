@@ -8,9 +8,9 @@ import math
 from collections import Counter
 
 from verl_mm_tools.agent_loop.state import ERROR_KEY, MASKED_KEY, PREFIX, REQUEST_ID_KEY, STOP_REASON_KEY, StopReason
-from verl_mm_tools.agent_loop.stats import aggregate_metrics
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import jsonable
+from verl_mm_tools.step_hook.stats import aggregate_metrics
 
 Z95 = 1.96
 SAMPLE_KEY = "eval/sample"  # the column of each row's sample number, 0 .. samples - 1 (run.py sets it)

@@ -90,7 +90,7 @@ class EvalOptions:
 def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
     """verl's trainer config for one mode: the classic step hook (it publishes the dumps), the reward manager, the
     loop (``loop_entries``), no rollout log-probs (an endpoint has none to give); the user's overrides last."""
-    from verl_mm_tools.agent_loop.harness import CLASSIC_HOOK
+    from verl_mm_tools.runtime.config import CLASSIC_HOOK
 
     loops_yaml = options.out / mode / "agent_loops.yaml"
     loops_yaml.parent.mkdir(parents=True, exist_ok=True)
@@ -174,12 +174,8 @@ def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: 
     from verl.protocol import DataProto
     from verl.utils.ray_utils import get_event_loop
 
-    from verl_mm_tools.agent_loop.harness import (
-        compose_trainer_config,
-        generate,
-        in_process_manager,
-        restored_loop_registry,
-    )
+    from verl_mm_tools.runtime.config import compose_trainer_config
+    from verl_mm_tools.runtime.workers import generate, in_process_manager, restored_loop_registry
 
     config = compose_trainer_config(options.model_path, trainer_overrides(options, mode))
     with restored_loop_registry():

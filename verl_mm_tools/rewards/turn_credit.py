@@ -6,7 +6,7 @@ generated tokens (``response_mask == 1``):
 - turn reward ``R_ij``: the sum of ``token_level_rewards`` from the first token of turn j up to (not including) the
   first token of turn j+1, so a reward placed on turn j's last token, or on the context tokens after it, belongs to
   turn j. The reward manager's final score sits on the last token and belongs to the last turn;
-  the step hook (``agent_loop.step``) places the loop's per-turn rewards (tool step rewards + environment rewards,
+  the step hook (``step_hook.step``) places the loop's per-turn rewards (tool step rewards + environment rewards,
   ``mm_tool/turn_rewards``) on the last token of each turn.
 - discounted return from turn j on: ``G_ij = sum_{k >= j} gamma^(k - j) R_ik``;
 - baseline and scale: the mean ``b`` and standard deviation ``s`` over the group of the whole-trajectory returns

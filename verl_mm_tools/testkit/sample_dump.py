@@ -11,17 +11,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.harness import (
-    CLASSIC_HOOK,
-    LocalRollout,
-    ScriptedServer,
-    generate,
-    image_prompt,
-    in_process_manager,
-    make_batch,
-    restored_loop_registry,
-    tool_call_text,
-)
+from verl_mm_tools.runtime.batch import image_prompt, make_batch
+from verl_mm_tools.runtime.config import CLASSIC_HOOK
+from verl_mm_tools.runtime.workers import generate, in_process_manager, restored_loop_registry
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 REWARD_OVERRIDES = (

@@ -5,7 +5,7 @@ trainer samples batches from a replay buffer; the only channel from a sampled ba
 dict the replay buffer returns with it. Select this one for any trainer mode (sync, colocate_async,
 separate_async) with::
 
-    trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer
+    trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.step_hook.replay_buffer
     trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer
 
 It samples exactly as verl's own (``ReplayBuffer`` for ``sync``, ``ReplayBufferAsync`` otherwise), then reads the
@@ -32,9 +32,10 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
-from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
+from verl_mm_tools.step_hook.batch import StepBatch
+from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
 logger = logging.getLogger(__name__)
 

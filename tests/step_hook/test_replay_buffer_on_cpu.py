@@ -31,7 +31,7 @@ def transfer_queue():
 
 
 def buffer(trainer_mode="sync", **sampler_kwargs):
-    from verl_mm_tools.agent_loop.replay_buffer import MMToolReplayBuffer
+    from verl_mm_tools.step_hook.replay_buffer import MMToolReplayBuffer
 
     # the keyword arguments verl's PPOTrainer._build_replay_buffer passes a custom sampler
     return MMToolReplayBuffer(
@@ -108,7 +108,7 @@ def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
 
 
 def test_a_batch_of_masked_trajectories_stops_the_run(transfer_queue):
-    from verl_mm_tools.agent_loop.step import MaskedBatchError
+    from verl_mm_tools.step_hook.step import MaskedBatchError
 
     put_group(transfer_queue, "group2", [([0], [0.0], trajectory(0, masked=True))] * 2)
     with pytest.raises(MaskedBatchError, match="^2 of 2 mm_tool trajectories of training step 3 were masked"):
@@ -118,7 +118,7 @@ def test_a_batch_of_masked_trajectories_stops_the_run(transfer_queue):
 def test_async_modes_get_verls_async_buffer_and_the_poll_interval_is_an_option():
     from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-    from verl_mm_tools.agent_loop.replay_buffer import DEFAULT_POLL_INTERVAL_S, MMToolReplayBufferAsync
+    from verl_mm_tools.step_hook.replay_buffer import DEFAULT_POLL_INTERVAL_S, MMToolReplayBufferAsync
 
     assert not isinstance(buffer("sync"), ReplayBufferAsync)
     assert isinstance(buffer("colocate_async"), MMToolReplayBufferAsync)
@@ -144,7 +144,7 @@ def test_a_batch_without_rewards_yet_reads_as_no_scores(transfer_queue):
     """With a colocated reward model verl scores the batch after sampling: no rm_scores in TransferQueue yet."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from verl_mm_tools.agent_loop.replay_buffer import read_step_batch
+    from verl_mm_tools.step_hook.replay_buffer import read_step_batch
 
     fields = [{"response_mask": torch.tensor([1, 1, 0]), "extra_fields": trajectory(1)}]
     transfer_queue.kv_batch_put(keys=["group3_0_0"], partition_id="train", fields=list_of_dict_to_tensordict(fields))

@@ -4,7 +4,7 @@ on every generated batch (step metrics, the masked-batch guard, trajectory dumps
 verl's classic trainer logs only two per-trajectory fields of an agent loop (``__num_turns__`` and
 ``tool_call_counts``); the one other channel from rollout to the logger is the manager's ``meta_info["timing"]``,
 which the trainer logs as ``timing_s/<name>``. Select this manager with
-``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager``
+``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.step_hook.manager.MMToolAgentLoopManager``
 and the step metrics appear as ``timing_s/mm_tool/...`` (e.g. ``timing_s/mm_tool/images/mean``). On verl's default
 v1 trainer the hook is ``replay_buffer.MMToolReplayBuffer`` and the names have no ``timing_s/`` prefix.
 """
@@ -17,8 +17,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from verl_mm_tools.agent_loop.step import CallRateWatch, StepBatch, process_step
 from verl_mm_tools.record import DUMP_KEY
+from verl_mm_tools.step_hook.batch import StepBatch
+from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
 
 class MMToolAgentLoopManager(AgentLoopManager):

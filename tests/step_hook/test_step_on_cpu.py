@@ -8,11 +8,13 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
-from verl_mm_tools.agent_loop.harness import compose_trainer_config, image_prompt
 from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
-from verl_mm_tools.agent_loop.manager import step_batch
-from verl_mm_tools.agent_loop.step import MaskedBatchError, StepBatch, process_step
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.config import compose_trainer_config
+from verl_mm_tools.step_hook.batch import StepBatch
+from verl_mm_tools.step_hook.manager import step_batch
+from verl_mm_tools.step_hook.step import MaskedBatchError, process_step
 
 ANSWER = "<answer>90</answer><|im_end|>"
 CLASSIC = ["trainer.use_v1=false"]
@@ -91,14 +93,14 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
         ([], False),
         (
             [
-                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.step_hook.replay_buffer",
                 "trainer.v1.sampler.custom_sampler.name=MMToolReplayBuffer",
             ],
             True,
         ),
         (
             [
-                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.agent_loop.replay_buffer",
+                "trainer.v1.sampler.custom_sampler.path=pkg://verl_mm_tools.step_hook.replay_buffer",
                 "trainer.v1.sampler.custom_sampler.name=MMToolReplayBufferAsync",
             ],
             True,
@@ -113,7 +115,7 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
         (
             [
                 "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager"
+                "verl_mm_tools.step_hook.manager.MMToolAgentLoopManager"
             ],
             False,
         ),  # the classic hook on the v1 trainer
@@ -121,7 +123,7 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
             [
                 "trainer.use_v1=false",
                 "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                "verl_mm_tools.agent_loop.manager.MMToolAgentLoopManager",
+                "verl_mm_tools.step_hook.manager.MMToolAgentLoopManager",
             ],
             True,
         ),
@@ -159,7 +161,7 @@ def call_rate_step(step: int, window, *, validate=False) -> StepBatch:
 
 
 def test_the_tool_call_guard_warns_when_the_call_rate_falls_below_half_its_recent_peak(caplog):
-    from verl_mm_tools.agent_loop.step import CallRateWatch
+    from verl_mm_tools.step_hook.step import CallRateWatch
 
     watch, flags = CallRateWatch(), []
     for step, rate in enumerate((0.5, 0.8, 0.6, 0.41, 0.39, 0.2), start=1):
@@ -179,7 +181,7 @@ def test_the_tool_call_guard_warns_when_the_call_rate_falls_below_half_its_recen
 
 
 def test_the_tool_call_guard_skips_validation_and_a_window_of_zero(caplog):
-    from verl_mm_tools.agent_loop.step import CallRateWatch
+    from verl_mm_tools.step_hook.step import CallRateWatch
 
     watch = CallRateWatch()
     watch.check(call_rate_step(1, 5), {"mm_tool/tool_call_rate": 0.9})

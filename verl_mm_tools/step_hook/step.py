@@ -19,12 +19,9 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from verl_mm_tools.agent_loop.dump import finalize_step_dumps
 from verl_mm_tools.agent_loop.state import (
     CALL_RATE_WINDOW_KEY,
     ERROR_KEY,
@@ -39,67 +36,17 @@ from verl_mm_tools.agent_loop.state import (
     TURN_SPANS_KEY,
     is_final_sample,
 )
-from verl_mm_tools.agent_loop.stats import CALL_RATE, CALL_RATE_COLLAPSED, aggregate_metrics
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
+from verl_mm_tools.step_hook.batch import StepBatch
+from verl_mm_tools.step_hook.dump import finalize_step_dumps
+from verl_mm_tools.step_hook.stats import CALL_RATE, CALL_RATE_COLLAPSED, aggregate_metrics
 
 logger = logging.getLogger(__name__)
 
 
 class MaskedBatchError(VerlMMToolsError, RuntimeError):
     """Too many trajectories of one batch were masked: training on it would train on (nearly) nothing."""
-
-
-@dataclass
-class StepBatch:
-    """One batch of finished trajectories as either trainer hands it over.
-
-    ``columns`` holds the loop's extra fields, one sequence per key with a value per row (None where a row lacks
-    the key, e.g. a trajectory of another agent loop). ``rm_scores`` is changed in place by ``process_step``.
-    """
-
-    columns: Mapping[str, Sequence]
-    response_mask: torch.Tensor  # (rows, response length), right-padded with 0
-    rm_scores: torch.Tensor | None  # like response_mask; None when rewards are computed after this point
-    rollout_n: list[int]  # each row's rollout number within its prompt group
-    reward_extra: list[dict] = field(default_factory=list)  # each row's reward_extra_info ({} when unknown)
-    step: int = -1
-    validate: bool = False
-    # each row's trajectory (``{uid}_{session}`` on the v1 trainer); None where every row is its own trajectory
-    trajectory_ids: list[str] | None = None
-
-    def column(self, key: str) -> list:
-        values = self.columns.get(key)
-        return [None] * len(self.rollout_n) if values is None else list(values)
-
-    def trajectories(self) -> StepBatch:
-        """One row per trajectory: each trajectory's final training sample (``export`` per_turn / auto give a
-        trajectory several rows, each carrying the trajectory's statistics)."""
-        rows = [row for row, sample in enumerate(self.column(SAMPLE_KEY)) if is_final_sample(sample)]
-        if len(rows) == len(self.rollout_n):
-            return self
-        index = torch.tensor(rows, dtype=torch.long)
-        return StepBatch(
-            columns={key: [values[row] for row in rows] for key, values in self.columns.items()},
-            response_mask=self.response_mask[index],
-            rm_scores=None if self.rm_scores is None else self.rm_scores[index],
-            rollout_n=[self.rollout_n[row] for row in rows],
-            reward_extra=[self.reward_extra[row] for row in rows] if self.reward_extra else [],
-            step=self.step,
-            validate=self.validate,
-            trajectory_ids=[self.trajectory_ids[row] for row in rows] if self.trajectory_ids else None,
-        )
-
-    def trajectory_samples(self, rows: list[int]) -> list[list[int]]:
-        """The given rows of trajectories exported as several samples, grouped per trajectory in sample order."""
-        samples = self.column(SAMPLE_KEY)
-        grouped: dict[str, list[int]] = {}
-        for row in rows:
-            if samples[row] is not None and samples[row][1] > 1:
-                if self.trajectory_ids is None:
-                    raise ValueError("rows of multi-sample trajectories need trajectory_ids (the v1 trainer's keys)")
-                grouped.setdefault(self.trajectory_ids[row], []).append(row)
-        return [sorted(group, key=lambda row: samples[row][0]) for group in grouped.values()]
 
 
 class CallRateWatch:

@@ -1,0 +1,101 @@
+"""verl's worker classes in one process (no Ray, no GPU): the agent-loop worker, its reward worker and
+verl-mm-tools' agent-loop manager, run on verl's event loop."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+from verl.protocol import DataProto
+
+
+@contextlib.contextmanager
+def restored_loop_registry():
+    """verl's worker writes agent_loop_config_path entries (our loop options) into its process-wide registry: put it
+    back afterwards, so one run's loop options (a dump_dir, an export) never leak into later rollouts."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    saved = dict(_agent_loop_registry)
+    try:
+        yield
+    finally:
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
+
+
+def make_worker(config: DictConfig, server, *, per_sample: bool = False) -> Any:
+    """verl's real AgentLoopWorker (the class Ray would wrap), talking to ``server``; with ``per_sample``, one that
+    takes loops returning several training samples per trajectory (``per_sample_worker_class``)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    return (per_sample_worker_class() if per_sample else AgentLoopWorker)(config, server)
+
+
+def per_sample_worker_class() -> type:
+    """verl's classic AgentLoopWorker, taking a loop's list of training samples as verl's v1 worker does (mm_tool
+    ``export`` per_turn / auto): each sample goes through verl's own per-output postprocess (multimodal inputs,
+    position ids) into its own row; a trajectory's rows follow each other, its dataset columns repeated. Rewards
+    are not copied between samples here (the v1 worker does that)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    class PerSampleAgentLoopWorker(AgentLoopWorker):
+        async def _agent_loop_postprocess(self, output, validate, **kwargs):
+            postprocess = super()._agent_loop_postprocess  # zero-argument super() fails inside a comprehension
+            return [
+                await postprocess(item, validate, **kwargs)
+                for item in (output if isinstance(output, list) else [output])
+            ]
+
+        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):
+            counts = [len(samples) for samples in inputs]
+            repeated = {
+                key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()
+            }
+            return super()._postprocess([sample for samples in inputs for sample in samples], repeated, **kwargs)
+
+    return PerSampleAgentLoopWorker
+
+
+def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
+    """``MMToolAgentLoopManager`` over one in-process AgentLoopWorker (no Ray), and that worker, whose
+    ``llm_client`` the caller sets: trajectories scored by verl's reward worker in-process, the step hook publishing
+    dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``)."""
+    from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
+
+    worker = make_worker(config, None)
+    worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
+    manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
+    manager.config = config
+    manager.agent_loop_workers = [InProcessActor(worker)]
+    return manager, worker
+
+
+def generate(worker, batch: DataProto) -> DataProto:
+    """Run ``worker.generate_sequences`` (an AgentLoopWorker or a manager) on verl's event loop (the one verl's
+    reward worker and agent loops capture)."""
+    from verl.utils.ray_utils import get_event_loop
+
+    async def run():
+        return await worker.generate_sequences(batch)
+
+    return get_event_loop().run_until_complete(run())
+
+
+class InProcessActor:
+    """Stands in for a Ray actor handle: ``handle.method.remote(...)`` returns the awaitable of the local call."""
+
+    def __init__(self, target: Any):
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=getattr(self._target, name))
+
+
+def in_process_reward_worker(config: DictConfig):
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    return RewardLoopWorker(config)

@@ -1,0 +1,52 @@
+"""Inputs and checks for rollouts: a marked image, one sample of a generated batch without its padding, and the
+log-probs the trainer computes for it."""
+
+from __future__ import annotations
+
+from PIL import Image
+from verl.protocol import DataProto
+
+
+def marked_image(size: tuple[int, int] = (84, 56)) -> Image.Image:
+    """Gray with a red square in the top-left corner, so a rotation is visible in the pixels."""
+    image = Image.new("RGB", size, (128, 128, 128))
+    image.paste((255, 0, 0), (0, 0, 28, 28))
+    return image
+
+
+def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
+    """One sample of a generated batch without padding: prompt ids, response ids, mask and rollout log-probs."""
+    prompt_width = output.batch["prompts"].shape[1]
+    attention = output.batch["attention_mask"][index]
+    prompt_part, response_part = attention[:prompt_width].bool(), attention[prompt_width:].bool()
+    row = {
+        "prompt_ids": output.batch["prompts"][index][prompt_part].tolist(),
+        "response_ids": output.batch["responses"][index][response_part].tolist(),
+        "response_mask": output.batch["response_mask"][index][response_part].tolist(),
+    }
+    if "rollout_log_probs" in output.batch.keys():
+        row["logprobs"] = output.batch["rollout_log_probs"][index][response_part].tolist()
+    return row
+
+
+def trainer_logprobs(model, output: DataProto, row: int = 0):
+    """The response tokens' log-probs of one float32 forward over sample ``row`` of a generated batch, with verl's
+    position ids ((4, L) for M-RoPE families, (L,) for Gemma 4) and multimodal inputs: what the trainer computes.
+    ``model``: an ``HFVisionLM``."""
+    import torch
+
+    from verl_mm_tools.cpu.hf_engine import IMAGE_LAYOUT_KEYS
+
+    attention = output.batch["attention_mask"][row].bool()
+    input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
+    position_ids = output.batch["position_ids"][row][..., attention]
+    position_ids = position_ids.unsqueeze(1) if position_ids.dim() == 2 else position_ids.unsqueeze(0)
+    inputs = output.non_tensor_batch["multi_modal_inputs"][row]
+    images = {key: inputs[key] for key in ("pixel_values", *IMAGE_LAYOUT_KEYS) if key in inputs}
+    with torch.no_grad():
+        logits = model.model(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids, **images
+        ).logits[0]
+    prompt_length = int(output.batch["attention_mask"][row, : output.batch["prompts"].shape[1]].sum())
+    logprobs = torch.log_softmax(logits[prompt_length - 1 : -1].float(), dim=-1)
+    return logprobs.gather(-1, input_ids[0, prompt_length:].unsqueeze(-1)).squeeze(-1)
