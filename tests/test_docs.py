@@ -243,3 +243,13 @@ def test_the_checker_finds_what_is_gone_and_accepts_what_exists():
     assert path_exists("plugin.py") and not path_exists("no_such_module.py")
     assert identifier_defined("StopReason", [PACKAGE / "agent_loop" / "state.py"])
     assert not identifier_defined("EXPORTS_GONE", [PACKAGE / "agent_loop" / "state.py"])
+
+
+def test_contributing_has_a_where_things_go_row_for_each_kind_of_addition():
+    """A contributor finds where each kind of addition goes (issue 45): one row each in the "where things go" table."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    table = text[text.index("## Where things go") :]
+    kinds = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")}
+    expected = {"a tool", "an environment", "a reward", "a model family", "a fix for a verl bug", "an export mode"}
+    expected |= {"a metric", "a demo task"}
+    assert expected <= kinds, f"docs/contributing.md has no row for {sorted(expected - kinds)}"
