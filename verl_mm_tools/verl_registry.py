@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Hashable, MutableMapping
 from typing import Any
 
 from verl_mm_tools.errors import PluginRegistrationError
@@ -23,7 +23,7 @@ def _describe(entry: Any) -> str:
     return repr(entry)
 
 
-def register_unique(registry: MutableMapping, name: str, entry: Any, kind: str) -> None:
+def register_unique(registry: MutableMapping, name: Hashable, entry: Any, kind: str) -> None:
     """Put ``entry`` under ``name`` unless another package already owns that name.
 
     Re-registering the very same entry is a no-op (the plugin module may be imported twice: once by verl's

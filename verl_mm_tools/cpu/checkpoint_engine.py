@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray
 import torch
@@ -101,7 +101,8 @@ def weight_mailbox() -> ray.actor.ActorHandle:
     hold the logical CPUs."""
     job = ray.get_runtime_context().get_job_id()
     if job not in _mailboxes:
-        _mailboxes[job] = ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0).remote()
+        mailbox = ray.remote(WeightMailbox).options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0).remote()
+        _mailboxes[job] = cast("ray.actor.ActorHandle", mailbox)  # an actor class's remote() is a handle
     return _mailboxes[job]
 
 
@@ -124,7 +125,7 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         self.is_master = is_master
         self.timeout_s = float(timeout_s)
         self.role: str | None = None
-        self.mailbox = None
+        self.mailbox: ray.actor.ActorHandle | None = None
         self.sync_id: str | None = None
 
     def prepare(self) -> dict[str, Any]:
@@ -144,25 +145,34 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         if any(meta.get("is_master") for meta in metadata[actor_wg_world_size:]):
             raise ValueError(f"cpu_object_store: a rollout worker claims to be the master; metadata: {metadata}")
         mailbox, sync_id = weight_mailbox(), uuid.uuid4().hex
-        actor_kwargs = {
+        actor_kwargs: dict[str, list[Any]] = {
             "role": [SENDER] + [RELAY] * (actor_wg_world_size - 1),
             "mailbox": [mailbox] * actor_wg_world_size,
             "sync_id": [sync_id] * actor_wg_world_size,
         }
-        rollout_kwargs = {
+        rollout_kwargs: dict[str, list[Any]] = {
             "role": [RECEIVER] * rollout_world_size,
             "mailbox": [mailbox] * rollout_world_size,
             "sync_id": [sync_id] * rollout_world_size,
         }
         return actor_kwargs, rollout_kwargs
 
-    def init_process_group(self, role: str, mailbox: ray.actor.ActorHandle, sync_id: str) -> None:
+    # verl's base takes **kwargs: its manager passes build_topology's keys, which are these.
+    def init_process_group(self, role: str, mailbox: ray.actor.ActorHandle, sync_id: str) -> None:  # type: ignore[override]
         self.role, self.mailbox, self.sync_id = role, mailbox, sync_id
 
     def finalize(self) -> None:
         if self.role == SENDER:
-            self.mailbox.drop.remote(self.sync_id)  # fire and forget: the next sync has a new id
+            self._mailbox().drop.remote(self.sync_id)  # fire and forget: the next sync has a new id
         self.role, self.mailbox, self.sync_id = None, None, None
+
+    def _mailbox(self) -> ray.actor.ActorHandle:
+        """The mailbox of the sync under way (init_process_group sets it with the role)."""
+        if self.mailbox is None:
+            raise RuntimeError(
+                "cpu_object_store: no sync under way; init_process_group sets the mailbox, finalize drops it"
+            )
+        return self.mailbox
 
     def _require(self, *roles: str) -> None:
         if self.role not in roles:
@@ -179,7 +189,8 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
                 pass
             return {}
         started, sent, total, posted = time.perf_counter(), 0, 0, 0
-        bucket, bucket_bytes = [], 0
+        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket_bytes = 0
         async for name, tensor in ensure_async_iterator(weights):
             tensor = tensor.detach().to("cpu")
             if bucket and bucket_bytes + tensor.nbytes > self.bucket_size:
@@ -208,13 +219,16 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
 
     async def _post(self, index: int, bucket: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
         ref = ray.put(bucket)  # serialized into the store: later changes to the trainer's tensors do not reach it
-        await self.mailbox.post.remote(self.sync_id, index, [ref], is_last)
+        await self._mailbox().post.remote(self.sync_id, index, [ref], is_last)
 
-    async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
+    # verl's base annotates a coroutine of a generator; its engines and their callers use an async generator.
+    async def receive_weights(  # type: ignore[override]
+        self, global_steps: int | None = None
+    ) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         self._require(RECEIVER)
         started, received, index, is_last = time.perf_counter(), 0, 0, False
         while not is_last:
-            refs, is_last = await self.mailbox.take.remote(self.sync_id, index, self.timeout_s)
+            refs, is_last = await self._mailbox().take.remote(self.sync_id, index, self.timeout_s)
             for name, tensor in await refs[0]:
                 received += 1
                 yield name, tensor

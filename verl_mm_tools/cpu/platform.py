@@ -9,6 +9,7 @@ pools, so a CPU run starts Ray with ``num_gpus=1`` logical GPU (see ``verl_mm_to
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,21 +40,25 @@ def _build_device_module() -> types.ModuleType:
     module = types.ModuleType("verl_mm_tools.cpu.device")
     for name in ("synchronize", "is_available", "current_stream", "stream", "Stream", "Event", "device_count"):
         setattr(module, name, getattr(torch.cpu, name))
-    module.current_device = torch.cpu.current_device  # "cpu", see PlatformCPU.current_device
-    module.set_device = _no_op
-    module.empty_cache = _no_op
-    module.ipc_collect = _no_op
-    module.set_per_process_memory_fraction = _no_op
-    module.reset_peak_memory_stats = _no_op
+    cuda_only: dict[str, Callable[..., Any]] = {
+        "current_device": torch.cpu.current_device,  # "cpu", see PlatformCPU.current_device
+        "set_device": _no_op,
+        "empty_cache": _no_op,
+        "ipc_collect": _no_op,
+        "set_per_process_memory_fraction": _no_op,
+        "reset_peak_memory_stats": _no_op,
+        "mem_get_info": _mem_get_info,
+        "get_device_name": lambda *args, **kwargs: "cpu",
+        "get_rng_state": lambda *args, **kwargs: torch.get_rng_state(),
+        "set_rng_state": lambda state, *args, **kwargs: torch.set_rng_state(state),
+        "manual_seed": torch.manual_seed,
+        "manual_seed_all": torch.manual_seed,
+    }
+    for name, function in cuda_only.items():
+        setattr(module, name, function)
     # Device-memory counters have no CPU meaning; verl only logs them.
     for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
         setattr(module, name, _zero)
-    module.mem_get_info = _mem_get_info
-    module.get_device_name = lambda *args, **kwargs: "cpu"
-    module.get_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    module.set_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
-    module.manual_seed = torch.manual_seed
-    module.manual_seed_all = torch.manual_seed
     return module
 
 
@@ -82,7 +87,7 @@ class PlatformCPU(PlatformBase):
         # Never auto-detected: a CPU run is chosen explicitly with VERL_PLATFORM=cpu.
         return False
 
-    def current_device(self) -> str:
+    def current_device(self) -> str:  # type: ignore[override]  # verl's base says int; on CPU that means cuda:<int>
         # verl passes this straight to ``.to(...)`` / ``device=``: an int would mean cuda:<int>.
         return "cpu"
 

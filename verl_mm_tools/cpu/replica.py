@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 import torch
@@ -25,6 +25,9 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_mm_tools.cpu import ROLLOUT_NAME
 from verl_mm_tools.cpu.server import HFRolloutServer
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +52,12 @@ class HFReplica(RolloutReplica):
                 f"data_parallel_size x pipeline_model_parallel_size = {self.world_size}; set them to 1"
             )
         node_id = await self._node_id()
-        model_path = omega_conf_to_dataclass(self.model_config, dataclass_type=HFModelConfig).local_path
+        # verl's replica is built with a DictConfig (its attribute is annotated with the dataclass it becomes)
+        model_config = cast("DictConfig", self.model_config)
+        model_path = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).local_path
         threads = os.environ.get(SERVER_THREADS_ENV)
         name = server_name(self.replica_rank, self._kind(), self.name_suffix)
-        server = (
+        launched = (
             ray.remote(HFRolloutServer)
             .options(
                 name=name,
@@ -68,6 +73,7 @@ class HFReplica(RolloutReplica):
                 logprobs_mode=self.config.logprobs_mode,
             )
         )
+        server = cast("ray.actor.ActorHandle", launched)  # an actor class's remote() is a handle
         self.servers = [server]
         self._server_handle = server
         self._server_address = name  # a Ray actor name: verl only uses it as the router's key
@@ -95,7 +101,7 @@ class HFServerAdapter(BaseRollout):
         )
         self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
         self.is_leader_rank = rank % rollout_world_size == 0
-        self._server = None
+        self._server: ray.actor.ActorHandle | None = None
 
     def _server_handle(self):
         if self._server is None:
@@ -108,8 +114,9 @@ class HFServerAdapter(BaseRollout):
     async def release(self) -> None:
         return None
 
+    # verl's base leaves global_steps to **kwargs; its callers pass everything but the weights as keywords.
     @torch.no_grad()
-    async def update_weights(
+    async def update_weights(  # type: ignore[override]
         self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
     ) -> None:
         if wire_format != "named_tensors":
