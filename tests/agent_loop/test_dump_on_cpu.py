@@ -16,6 +16,7 @@ from verl_mm_tools.agent_loop.dump import folder_bytes
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
 from verl_mm_tools.rewards.turn_credit import turn_spans
+from verl_mm_tools.step_hook import dump as finalisation
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import unpadded_row
 from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
@@ -313,7 +314,7 @@ def test_a_failing_publication_never_stops_the_step(rollout, tmp_path, monkeypat
     def read_only(*args):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(dump, "_publish", read_only)
+    monkeypatch.setattr(finalisation, "_publish", read_only)  # the trainer side's phase
     (output,), _ = dump_steps(rollout, tmp_path / "dump", words=["guess"])
     assert output.meta_info["timing"]["mm_tool/dump/failed"] == 1.0
     assert output.batch["rm_scores"].shape[0] == 1
