@@ -13,6 +13,7 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from verl_mm_tools.errors import ConfigError
 
@@ -76,7 +77,7 @@ class CheckpointClient:
         from verl_mm_tools.cpu.hf_engine import HFVisionLM
 
         self.engine = HFVisionLM(str(path))
-        self._lock = None
+        self._lock: asyncio.Lock | None = None
         self._requests = 0  # each request samples with its own seed (see generate)
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
@@ -84,7 +85,7 @@ class CheckpointClient:
 
         if self._lock is None:
             self._lock = asyncio.Lock()
-        settings = {
+        settings: dict[str, Any] = {
             "max_new_tokens": sampling_params.get("max_tokens") or 256,
             "temperature": float(sampling_params.get("temperature", 0.0)),
             "top_p": float(sampling_params.get("top_p", 1.0)),

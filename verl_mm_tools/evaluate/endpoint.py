@@ -16,9 +16,13 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.errors import ConfigError, EndpointError
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +86,8 @@ class EndpointClient:
         self.settings = settings
         self.tokenizer = tokenizer
         self.faults: dict[str, RequestFaults] = defaultdict(RequestFaults)
-        self._client = None
-        self._slots = None
+        self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
         from verl.workers.rollout.replica import TokenOutput

@@ -53,7 +53,8 @@ def chat_messages(prompt_text: str, images: Sequence[Image.Image]) -> list[dict]
 def _content(text: str, images) -> str | list[dict]:
     if not IMAGE_RUN.search(text):
         return text
-    parts, start = [], 0
+    parts: list[dict] = []
+    start = 0
     for run in IMAGE_RUN.finditer(text):
         if run.start() > start:
             parts.append({"type": "text", "text": text[start : run.start()]})

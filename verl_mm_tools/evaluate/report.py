@@ -60,7 +60,7 @@ def source_report(output, rows: list[int], records: list[dict], samples: int = 1
     columns = {key: [values[row] for row in rows] for key, values in output.non_tensor_batch.items()}
     metrics = aggregate_metrics(columns)
     prompts = _prompt_rewards(rows, records)
-    faults = Counter()
+    faults: Counter[str] = Counter()
     for row in rows:
         faults.update(records[row]["endpoint"])
     tools = sorted({key.split("/")[2] for key in metrics if key.startswith(PREFIX + "tool/")})

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from verl_mm_tools.errors import ConfigError
 
@@ -164,7 +165,7 @@ def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[in
             output, client = _run_mode(options, mode, make_client, progress)
         reports[mode], records = build_report(output, getattr(client, "faults", {}), options.samples)
         _write_lines(options.out / mode / "rows.jsonl", records)
-    report = {"data": str(options.data), "modes": reports, "table": table(reports)}
+    report: dict[str, Any] = {"data": str(options.data), "modes": reports, "table": table(reports)}
     (options.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (options.out / "report.txt").write_text(report["table"] + "\n")
     return report
