@@ -50,9 +50,7 @@ setup(
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],
         "console_scripts": ["verl-mm-tools = verl_mm_tools.cli:main"],
         # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU
-        # (verl_mm_tools/adaptations/vllm_cpu_weights.py)
-        "vllm.general_plugins": [
-            "verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_cpu_weights:keep_weights_loadable"
-        ],
+        # and its MoE torch path (verl_mm_tools/adaptations/vllm_plugin/)
+        "vllm.general_plugins": ["verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_plugin:adapt_vllm_cpu"],
     },
 )

@@ -29,7 +29,7 @@ def loaded_after(statement: str) -> list[str]:
         "import verl_mm_tools.bench.ops",  # times the ops in a process that loads nothing else
         "import verl_mm_tools.cpu.vllm_cpu",  # the vLLM settings the plugin below reads
         # vLLM loads this plugin in each of its processes, `vllm serve` too
-        "import verl_mm_tools.adaptations.vllm_cpu_weights",
+        "import verl_mm_tools.adaptations.vllm_plugin",
         "import verl_mm_tools.record",
         "import verl_mm_tools.viewer.site, verl_mm_tools.viewer.loading, verl_mm_tools.viewer.html",
         "import verl_mm_tools.viewer.curve",

@@ -146,7 +146,7 @@ FIRST_IMPORTS = [
     "verl_mm_tools.rewards.managers",
     "verl_mm_tools.envs",
     "verl_mm_tools.cli",
-    "verl_mm_tools.adaptations.verl_fixes",
+    "verl_mm_tools.adaptations.fixes",
 ]
 REGISTRATIONS = """
 import json, sys

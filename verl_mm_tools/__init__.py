@@ -10,8 +10,13 @@ LIGHT_MODULES = frozenset(
     {
         "verl_mm_tools.adaptations",  # the package, and the adaptations that must load without verl
         "verl_mm_tools.adaptations.import_order",  # the import hooks themselves
-        "verl_mm_tools.adaptations.verl_patch",  # the checked-replacement mechanism
-        "verl_mm_tools.adaptations.vllm_cpu_weights",  # vLLM loads this plugin in every engine process
+        "verl_mm_tools.adaptations.guard",  # the one guard and failure policy
+        "verl_mm_tools.adaptations.inventory",  # renders the records (it imports the registry only when asked)
+        "verl_mm_tools.adaptations.record",  # the records every adaptation declares
+        "verl_mm_tools.adaptations.vllm_plugin",  # vLLM loads this plugin in every engine process
+        "verl_mm_tools.adaptations.vllm_plugin.linear_weights",
+        "verl_mm_tools.adaptations.vllm_plugin.moe_silu",
+        "verl_mm_tools.adaptations.vllm_plugin.moe_weights",
         "verl_mm_tools.agent_loop",  # the package (its loop class is imported on first use) and the option values
         "verl_mm_tools.agent_loop.options",
         "verl_mm_tools.bench",  # the package, and the op timings that run in a process loading nothing else
@@ -38,6 +43,8 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.ops.draw",
         "verl_mm_tools.ops.geometry",
         "verl_mm_tools.ops.transform",
+        "verl_mm_tools.parsers",  # pure readers of model output (Gemma 4's tool-call arguments)
+        "verl_mm_tools.parsers.gemma4",
         "verl_mm_tools.record",
         "verl_mm_tools.tiny",
         "verl_mm_tools.tiny.builder",

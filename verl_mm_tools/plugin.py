@@ -22,7 +22,6 @@ from verl_mm_tools.verl_registry import register_unique
 logger = logging.getLogger(__name__)
 
 VERL_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
-TOOL_REGISTRY_MODULE = "verl.tools.tool_registry"
 LOOP_NAME = "mm_tool"  # the name verl's agent-loop registry knows the loop by
 LOOP_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"  # its class path: the ``_target_`` of a loop config entry
 # name -> class path; tests/test_plugin_on_cpu.py checks each path imports to the loop class
@@ -80,24 +79,15 @@ def register_advantage_estimators() -> None:
 
 
 def apply_verl_fixes() -> None:
-    """Fixes for verl bugs any run can hit (``adaptations.verl_fixes``), each when verl imports the module it
-    fixes."""
-    from verl_mm_tools.adaptations.verl_fixes import apply_verl_fixes as apply
+    """Fixes for verl bugs any run can hit, and the ``remote:`` key of verl's tool YAML (``adaptations.fixes``), each
+    when verl imports the module it changes."""
+    from verl_mm_tools.adaptations.fixes import apply_verl_fixes as apply
 
     apply()
 
 
-def register_remote_tools() -> None:
-    """``remote:`` in verl's tool YAML (``verl_mm_tools.remote.tool``, installed into verl's loader by
-    ``adaptations.tool_loader``), when verl imports its tool registry."""
-    from verl_mm_tools.adaptations.tool_loader import install_remote_tools
-
-    call_after_import(TOOL_REGISTRY_MODULE, install_remote_tools)
-
-
 def register_all() -> None:
     apply_verl_fixes()
-    register_remote_tools()
     register_agent_loops()
     register_reward_managers()
     register_advantage_estimators()

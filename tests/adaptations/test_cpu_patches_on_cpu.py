@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import pickle
@@ -14,7 +15,21 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl_mm_tools.adaptations import cpu_patches
+from verl_mm_tools.adaptations import guard
+from verl_mm_tools.adaptations.cpu import (
+    equal_length_position_ids,
+    gloo_backend,
+    saved_hf_dtype,
+    unpinned_offload,
+)
+from verl_mm_tools.adaptations.record import Target
+
+GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+PADDING_EXPECTED_SOURCE = "torch.nested.as_nested_tensor(position_ids_list, layout=torch.jagged)"
+OFFLOAD_EXPECTED_SOURCE = "offload_policy = CPUOffloadPolicy(pin_memory=True)"
+FIX_3D_EXPECTED_SOURCE = 'data["position_ids"]._ragged_idx = 2'
+SFT_GLOO_EXPECTED_SOURCE = 'backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+HF_SAVE_EXPECTED_SOURCE = "model_config, torch_dtype=torch.bfloat16, trust_remote_code=self.trust_remote_code"
 
 
 def test_verl_still_builds_the_duplicate_gloo_backend_string_the_patch_replaces():
@@ -24,10 +39,9 @@ def test_verl_still_builds_the_duplicate_gloo_backend_string_the_patch_replaces(
     function = distributed.initialize_global_process_group_ray
     function = getattr(function, "__wrapped__", function)
     source = inspect.getsource(function)
-    assert cpu_patches.GLOO_EXPECTED_SOURCE in source, (
+    assert GLOO_EXPECTED_SOURCE in source, (
         "verl.utils.distributed.initialize_global_process_group_ray changed: "
-        "verl_mm_tools/adaptations/cpu_patches.py patch_gloo_backend assumes it builds the backend string "
-        + cpu_patches.GLOO_EXPECTED_SOURCE
+        "verl_mm_tools/adaptations/cpu/gloo_backend.py assumes it builds the backend string " + GLOO_EXPECTED_SOURCE
     )
     assert tuple(inspect.signature(function).parameters) == ("timeout_second", "backend")
 
@@ -36,9 +50,9 @@ def test_verl_still_packs_position_ids_the_way_the_equal_length_fix_assumes():
     from verl.workers.utils import padding
 
     function = getattr(padding.left_right_2_no_padding, "__wrapped__", padding.left_right_2_no_padding)
-    assert cpu_patches.PADDING_EXPECTED_SOURCE in inspect.getsource(function), (
+    assert PADDING_EXPECTED_SOURCE in inspect.getsource(function), (
         "verl.workers.utils.padding.left_right_2_no_padding changed: re-check "
-        "verl_mm_tools/adaptations/cpu_patches.py patch_equal_length_position_ids"
+        "verl_mm_tools/adaptations/cpu/equal_length_position_ids.py"
     )
 
 
@@ -49,10 +63,8 @@ def test_a_changed_verl_function_is_refused_with_its_name(monkeypatch):
         return backend
 
     monkeypatch.setattr(distributed, "initialize_global_process_group_ray", initialize_global_process_group_ray)
-    with pytest.raises(
-        cpu_patches.VerlChangedError, match=r"verl\.utils\.distributed\.initialize_global_process_group_ray"
-    ):
-        cpu_patches.patch_gloo_backend()
+    with pytest.raises(guard.VerlChangedError, match=r"verl\.utils\.distributed\.initialize_global_process_group_ray"):
+        gloo_backend.apply()
 
 
 def _free_port() -> int:
@@ -158,7 +170,7 @@ def test_equal_lengths_break_verls_packing_and_the_fix_repairs_it():
     with pytest.raises(RuntimeError):
         chunk_tensordict(as_a_worker_receives_it(packed), 2)  # what update_actor does per mini-batch
 
-    fixed = cpu_patches.fix_ragged_position_ids(packed)
+    fixed = equal_length_position_ids.fix_ragged_position_ids(packed)
     assert fixed._ragged_idx == 2 and fixed.offsets().tolist() == [0, 6, 12, 18, 24]
     chunks = chunk_tensordict(as_a_worker_receives_it(fixed), 2)
     received = [tensor for chunk in chunks for tensor in chunk["position_ids"].unbind()]
@@ -184,14 +196,14 @@ def test_v1_batches_are_repaired_where_verl_only_resets_the_ragged_index(lengths
     from verl.utils.tensordict_utils import index_select_tensor_dict, maybe_fix_3d_position_ids
 
     original = getattr(maybe_fix_3d_position_ids, "__wrapped__", maybe_fix_3d_position_ids)
-    assert cpu_patches.FIX_3D_EXPECTED_SOURCE in inspect.getsource(original)
+    assert FIX_3D_EXPECTED_SOURCE in inspect.getsource(original)
     broken = transfer_queue_batch(lengths)
     original(broken)
     if len(set(lengths)) == 1:
         with pytest.raises(RuntimeError):  # torch words it differently by path: split_with_sizes, cond
             index_select_tensor_dict(broken, torch.tensor([0, 2]))
     fixed = transfer_queue_batch(lengths)
-    fixed["position_ids"] = cpu_patches.fix_ragged_position_ids(fixed["position_ids"])
+    fixed["position_ids"] = equal_length_position_ids.fix_ragged_position_ids(fixed["position_ids"])
     selected = index_select_tensor_dict(fixed, torch.tensor([0, 2]))["position_ids"].unbind()
     assert [tensor.tolist() for tensor in selected] == [
         (torch.arange(lengths[row]).expand(4, lengths[row]) + 100 * row).tolist() for row in (0, 2)
@@ -203,21 +215,20 @@ def test_unequal_lengths_are_left_exactly_as_verl_packs_them():
 
     original = getattr(left_right_2_no_padding, "__wrapped__", left_right_2_no_padding)
     packed = original(left_right_batch([6, 5, 7]))["position_ids"]
-    assert cpu_patches.fix_ragged_position_ids(packed) is packed
+    assert equal_length_position_ids.fix_ragged_position_ids(packed) is packed
 
 
 def test_two_dimensional_position_ids_are_left_alone():
     nested = torch.nested.as_nested_tensor([torch.arange(3), torch.arange(3)], layout=torch.jagged)
-    assert cpu_patches.fix_ragged_position_ids(nested) is nested
+    assert equal_length_position_ids.fix_ragged_position_ids(nested) is nested
 
 
 def test_verl_still_builds_forward_only_models_with_pinned_offload():
     """Fails, naming the module, when verl changes how it offloads the reference model: re-check the patch."""
     from verl.workers.engine.fsdp import transformer_impl
 
-    assert cpu_patches.OFFLOAD_EXPECTED_SOURCE in inspect.getsource(transformer_impl), (
-        "verl.workers.engine.fsdp.transformer_impl changed: re-check verl_mm_tools/adaptations/cpu_patches.py "
-        "patch_unpinned_offload"
+    assert OFFLOAD_EXPECTED_SOURCE in inspect.getsource(transformer_impl), (
+        "verl.workers.engine.fsdp.transformer_impl changed: re-check verl_mm_tools/adaptations/cpu/unpinned_offload.py"
     )
 
 
@@ -231,7 +242,7 @@ def test_pinned_offload_fails_without_an_accelerator_and_the_patched_policy_neve
             print("pinned")
         except RuntimeError:
             print("pinning needs an accelerator")
-        from verl_mm_tools.adaptations.cpu_patches import patch_unpinned_offload
+        from verl_mm_tools.adaptations.cpu.unpinned_offload import apply as patch_unpinned_offload
         from torch.distributed.fsdp import CPUOffloadPolicy
         from verl.workers.engine.fsdp import transformer_impl
         patch_unpinned_offload()
@@ -247,10 +258,13 @@ def test_a_changed_offload_module_is_refused_with_its_name(monkeypatch):
     from torch.distributed.fsdp import CPUOffloadPolicy
     from verl.workers.engine.fsdp import transformer_impl
 
-    monkeypatch.setattr(cpu_patches, "OFFLOAD_EXPECTED_SOURCE", "offload_policy = CPUOffloadPolicy(pin_memory=False)")
+    changed = Target(unpinned_offload.OFFLOAD_MODULE, "FSDPEngine._build_fsdp_module", "0" * 64)
+    monkeypatch.setattr(
+        unpinned_offload, "ADAPTATION", dataclasses.replace(unpinned_offload.ADAPTATION, targets=(changed,))
+    )
     monkeypatch.setattr(transformer_impl, "CPUOffloadPolicy", CPUOffloadPolicy)  # unpatched
-    with pytest.raises(cpu_patches.VerlChangedError, match=r"verl\.workers\.engine\.fsdp\.transformer_impl"):
-        cpu_patches.patch_unpinned_offload()
+    with pytest.raises(guard.VerlChangedError, match=r"verl\.workers\.engine\.fsdp\.transformer_impl"):
+        unpinned_offload.apply()
 
 
 # ----- the torchrun process group (verl.trainer.sft_trainer) ---------------------------------------------------------
@@ -261,9 +275,9 @@ def test_verl_still_builds_the_duplicate_gloo_backend_string_on_the_torchrun_pat
 
     function = distributed.initialize_global_process_group
     function = getattr(function, "__wrapped__", function)
-    assert cpu_patches.SFT_GLOO_EXPECTED_SOURCE in inspect.getsource(function), (
+    assert SFT_GLOO_EXPECTED_SOURCE in inspect.getsource(function), (
         "verl.utils.distributed.initialize_global_process_group changed: re-check "
-        "verl_mm_tools/adaptations/cpu_patches.py patch_torchrun_gloo_backend"
+        "verl_mm_tools/adaptations/cpu/torchrun_gloo_backend.py"
     )
     assert tuple(inspect.signature(function).parameters) == ("timeout_second",)
 
@@ -321,9 +335,8 @@ def test_verl_still_saves_the_hf_model_through_a_bfloat16_model():
 
     method = FSDPCheckpointManager.save_checkpoint
     method = getattr(method, "__wrapped__", method)
-    assert cpu_patches.HF_SAVE_EXPECTED_SOURCE in inspect.getsource(method), (
-        "verl's FSDPCheckpointManager.save_checkpoint changed: re-check verl_mm_tools/adaptations/cpu_patches.py "
-        "patch_saved_hf_dtype"
+    assert HF_SAVE_EXPECTED_SOURCE in inspect.getsource(method), (
+        "verl's FSDPCheckpointManager.save_checkpoint changed: re-check verl_mm_tools/adaptations/cpu/saved_hf_dtype.py"
     )
 
 
@@ -376,8 +389,8 @@ def test_the_patched_save_records_the_weights_dtype(tmp_path, monkeypatch):
 
     verls = FSDPCheckpointManager.save_checkpoint
     monkeypatch.setattr(FSDPCheckpointManager, "save_checkpoint", getattr(verls, "__wrapped__", verls))  # restored
-    cpu_patches.patch_saved_hf_dtype()
-    cpu_patches.patch_saved_hf_dtype()  # idempotent
+    saved_hf_dtype.apply()
+    saved_hf_dtype.apply()  # idempotent
     dtypes, loaded = save_hf_model_as_verl_does(tmp_path / "step", tmp_path / "rendezvous")
     assert dtypes == ["float32", "float32", "float32"]
     assert loaded == {torch.float32}
@@ -388,5 +401,5 @@ def test_weights_of_several_dtypes_leave_the_config_alone(tmp_path):
 
     save_file({"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
-    cpu_patches.record_weights_dtype(tmp_path)
+    saved_hf_dtype.record_weights_dtype(tmp_path)
     assert (tmp_path / "config.json").read_text() == '{"dtype": "bfloat16"}'

@@ -1,16 +1,21 @@
-"""verl's tool loader taught the ``remote:`` key (``adaptations/tool_loader.py``). What the patched loader builds is
-tested with the remote tools (``tests/remote/test_remote_spec_on_cpu.py``); here: that verl's own loader still needs
-it, and that the patch checks verl before replacing anything."""
+"""verl's tool loader taught the ``remote:`` key (``adaptations/fixes/remote_tools.py``). What the patched loader
+builds is tested with the remote tools (``tests/remote/test_remote_spec_on_cpu.py``); here: that verl's own loader
+still needs it, and that the patch checks verl before replacing anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
-from verl_mm_tools.adaptations import tool_loader
+import pytest
+
+from verl_mm_tools.adaptations import guard
+from verl_mm_tools.adaptations.fixes import remote_tools
+from verl_mm_tools.adaptations.record import Target
 
 REMOTE_ROTATE_YAML = """tools:
   - class_name: verl_mm_tools.tools.RotateTool
@@ -42,15 +47,34 @@ def test_verls_own_loader_ignores_remote_and_builds_the_tool_in_process(tmp_path
 def test_verl_still_looks_up_each_class_the_way_the_patch_assumes():
     from verl.tools import tool_registry
 
-    assert tool_loader.EXPECTED_SOURCE in tool_registry.__loader__.get_source(tool_registry.__name__)
+    assert "tool_cls = get_tool_class(cls_name)" in tool_registry.__loader__.get_source(tool_registry.__name__)
 
 
-def test_a_changed_loader_is_reported_and_left_as_verl_has_it(monkeypatch, caplog):
+def changed_loader(monkeypatch):
+    """The loader as verl has it, and a record that pins other code (what a changed verl looks like to the guard)."""
     from verl.tools import tool_registry
 
-    before = tool_registry.initialize_tools_from_config
-    monkeypatch.setattr(tool_loader, "EXPECTED_SOURCE", "a line verl never had")
+    changed = Target(remote_tools.TARGET.module, remote_tools.TARGET.name, "0" * 64)
+    monkeypatch.setattr(remote_tools, "ADAPTATION", dataclasses.replace(remote_tools.ADAPTATION, targets=(changed,)))
     monkeypatch.setattr(tool_registry.initialize_tools_from_config, "__verl_mm_tools_patched__", False, raising=False)
-    tool_loader.install_remote_tools()
+    return tool_registry.initialize_tools_from_config
+
+
+def test_a_changed_loader_refuses_to_start_naming_the_row_and_the_target(monkeypatch):
+    from verl.tools import tool_registry
+
+    before = changed_loader(monkeypatch)
+    monkeypatch.delenv(guard.POLICY_ENV, raising=False)
+    with pytest.raises(guard.VerlChangedError, match=r"#9 .*verl\.tools\.tool_registry\.initialize_tools_from_config"):
+        remote_tools.apply()
     assert tool_registry.initialize_tools_from_config is before
-    assert "remote tools are NOT available" in caplog.text and "a line verl never had" in caplog.text
+
+
+def test_a_changed_loader_downgraded_is_reported_and_left_as_verl_has_it(monkeypatch, caplog):
+    from verl.tools import tool_registry
+
+    before = changed_loader(monkeypatch)
+    monkeypatch.setenv(guard.POLICY_ENV, "warn")
+    remote_tools.apply()
+    assert tool_registry.initialize_tools_from_config is before
+    assert "runs WITHOUT this adaptation" in caplog.text and "initialize_tools_from_config" in caplog.text

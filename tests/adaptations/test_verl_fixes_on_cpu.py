@@ -1,4 +1,4 @@
-"""The fixes verl-mm-tools applies to verl 0.9.1 bugs every run can hit (``verl_fixes``), on the real tiny model."""
+"""The fixes verl-mm-tools applies to verl 0.9.1 bugs every run can hit (``adaptations/fixes/``), on the tiny model."""
 
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def test_the_fixed_gemma4_parser_reads_every_value_through_verls_extract_tool_ca
 
 
 def test_a_malformed_gemma4_call_raises_a_clear_error_and_verl_skips_only_that_call(gemma4_parser, caplog):
-    from verl_mm_tools.adaptations.verl_fixes import parse_gemma4_arguments
+    from verl_mm_tools.parsers.gemma4 import parse_gemma4_arguments
 
     with pytest.raises(ValueError) as raised:
         parse_gemma4_arguments("bbox_2d:[1,2")

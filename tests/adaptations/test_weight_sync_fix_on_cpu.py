@@ -1,6 +1,6 @@
-"""verl's bucketed weight transfer into vLLM (``verl_fixes`` fix 2), with verl's real sender and receiver over a real
-ZMQ socket and shared memory, as a CPU run uses them: a bucket vLLM fails to load stops the sync with vLLM's error,
-on both sides, instead of hanging the trainer."""
+"""verl's bucketed weight transfer into vLLM (``adaptations/fixes/weight_sync.py``), with verl's real sender and
+receiver over a real ZMQ socket and shared memory, as a CPU run uses them: a bucket vLLM fails to load stops the sync
+with vLLM's error, on both sides, instead of hanging the trainer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import verl_mm_tools.plugin  # noqa: F401  (applies the fixes when verl imports the modules they fix)
-from verl_mm_tools.adaptations.verl_fixes import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
+from verl_mm_tools.adaptations.fixes.weight_sync import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
 
 WEIGHTS = [("layer.weight", torch.arange(96 * 32, dtype=torch.float32).reshape(96, 32)), ("layer.bias", torch.ones(96))]
 LOAD_ERROR = "Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))"

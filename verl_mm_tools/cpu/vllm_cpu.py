@@ -7,7 +7,7 @@ vLLM version ``verl[vllm]`` pins; ``scripts/install_cpu.sh`` installs it).
 - ``vllm_cpu_problem``: why the installed stack cannot run verl's vLLM rollout, if it cannot.
 
 The vLLM plugin that keeps verl's weight sync into vllm-cpu working is an adaptation of vLLM:
-``verl_mm_tools.adaptations.vllm_cpu_weights``. It reads this module's settings, so this module must import without
+``verl_mm_tools.adaptations.vllm_plugin``. It reads this module's settings, so this module must import without
 verl and torch (vLLM imports the plugin in every engine process).
 """
 

@@ -4,7 +4,7 @@ A record's ``chat`` is the conversation as the chat template rendered it in the 
 the layout ``verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset`` reads: ``messages`` (role, content with
 an ``<image>`` placeholder per image, and the keys the template reads: ``tool_calls``, ``name``), ``images`` (the
 PNGs the model saw, in placeholder order), ``tools`` (the template's ``tools`` as JSON text, when it had any: verl
-reads it with this package's fix 9, ``adaptations/verl_fixes.py``) and
+reads it with this package's fix, ``adaptations/fixes/sft_tools_nulls.py``) and
 ``enable_thinking`` (when the loop set it). verl renders each message alone and trains every assistant message
 (its generation prompt excluded); ``--per-turn`` writes one row per assistant turn, the conversation up to it.
 """
@@ -159,7 +159,7 @@ def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]
     row = {
         "messages": messages,
         "images": [{"bytes": png} for png in pngs],
-        # JSON text: a Parquet column of dicts would reorder and pad the schemas (verl_fixes fix 9 reads it)
+        # JSON text: a Parquet column of dicts would reorder and pad the schemas (adaptations/fixes/sft_tools_nulls.py reads it)
         "tools": json.dumps(chat["tools"]) if chat.get("tools") else None,
         "source": str(item.path),
     }

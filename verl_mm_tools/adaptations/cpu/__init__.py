@@ -1,0 +1,35 @@
+"""The changes to verl a CPU run needs, one module each, applied only when the CPU platform is selected
+(``VERL_PLATFORM=cpu``, by ``verl_mm_tools.cpu.register_cpu_backend``). Each checks its targets (``guard.checked``)
+before changing anything.
+
+verl's modules bind these functions by name at import (``from verl.utils.distributed import ...``), so a patch replaces
+the function in its home module and in every already-imported verl module that bound it. Plugins load inside
+``import verl``, before the trainer and worker modules are imported.
+"""
+
+from __future__ import annotations
+
+from verl_mm_tools.adaptations.cpu import (
+    equal_length_position_ids,
+    gloo_backend,
+    saved_hf_dtype,
+    sharded_save_to_cpu,
+    torchrun_gloo_backend,
+    unpinned_offload,
+    v1_position_ids,
+)
+
+CPU_PATCHES = (
+    gloo_backend,
+    torchrun_gloo_backend,
+    equal_length_position_ids,
+    v1_position_ids,
+    unpinned_offload,
+    sharded_save_to_cpu,
+    saved_hf_dtype,
+)
+
+
+def apply_cpu_patches() -> None:
+    for patch in CPU_PATCHES:
+        patch.apply()

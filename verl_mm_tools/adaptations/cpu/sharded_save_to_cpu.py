@@ -1,0 +1,55 @@
+"""``fsdp2_sharded_save_to_cpu`` (the ``separate_async`` trainer's ``DetachActorWorker`` keeps pi_old with it) copies
+each shard with ``.cpu()``, which on CPU returns the live parameter itself: the "saved" model would follow every
+update, and ``restore_model_from_cpu`` would restore the current weights instead of pi_old, silently."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from verl_mm_tools.adaptations.guard import checked, install
+from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+TARGET = Target(
+    "verl.utils.fsdp_utils",
+    "fsdp2_sharded_save_to_cpu",
+    "ecdb335bb1d3948f27c96dc6be0edc2c93bcc94d7c19c2f52fbfca489edaab7e",
+)
+ADAPTATION = Adaptation(
+    row=8,
+    section=Section.REPLACEMENTS,
+    where="`adaptations/cpu/sharded_save_to_cpu.py` (CPU only)",
+    targets=(TARGET,),
+    what="clones the saved shards that alias a live parameter",
+    why="on CPU `.cpu()` returns the parameter itself: `separate_async`'s saved pi_old would follow every update and "
+    'be "restored" silently wrong',
+    applies_to=VERL,
+    proof="`tests/cpu/test_checkpoint_engine_on_cpu.py::test_separate_async_keeps_a_real_copy_of_pi_old_on_cpu` "
+    '("verl\'s save follows the update")',
+)
+
+
+def apply() -> None:
+    found = checked(ADAPTATION)
+    if found is None:
+        return
+    (original,) = found
+
+    @functools.wraps(original)
+    def fsdp2_sharded_save_to_cpu(model):
+        cpu_sharded_state, global_spec = original(model)
+        return detach_from_parameters(cpu_sharded_state, model), global_spec
+
+    install(TARGET, original, fsdp2_sharded_save_to_cpu)
+
+
+def detach_from_parameters(cpu_sharded_state: dict, model: torch.nn.Module) -> dict:
+    """``cpu_sharded_state`` ({name: (tensor, spec)}) with every tensor that shares memory with one of ``model``'s
+    parameters (an FSDP2 parameter's local shard) replaced by a copy."""
+    # A DTensor has no storage of its own (asking raises); its shard, the one verl's save reads, has.
+    live = {getattr(param, "_local_tensor", param).untyped_storage().data_ptr() for param in model.parameters()}
+    return {
+        name: (tensor.clone() if tensor.untyped_storage().data_ptr() in live else tensor, spec)
+        for name, (tensor, spec) in cpu_sharded_state.items()
+    }

@@ -1,0 +1,43 @@
+"""Fixes for verl bugs that any verl-mm-tools run can hit (CPU or GPU), and the ``remote:`` key of verl's tool YAML:
+one module each, applied by the plugin (``plugin.apply_verl_fixes``) when verl imports the module each one changes.
+Each module declares its ``ADAPTATION`` record (target, sha256, what, why, versions, proof test) and an ``apply``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from verl_mm_tools.adaptations.fixes import (
+    gemma4_arguments,
+    glm4v_flops,
+    glm4v_image_features,
+    glm_stop_token,
+    glm_vision_embeddings,
+    qwen2_vl_text_only,
+    remote_tools,
+    sft_rows_without_images,
+    sft_tools_nulls,
+    vllm_image_tokens,
+    weight_sync,
+)
+from verl_mm_tools.adaptations.import_order import call_after_import
+
+EVERY_RUN: tuple[ModuleType, ...] = (
+    qwen2_vl_text_only,
+    weight_sync,
+    glm_stop_token,
+    glm4v_image_features,
+    glm4v_flops,
+    glm_vision_embeddings,
+    gemma4_arguments,
+    vllm_image_tokens,
+    sft_tools_nulls,
+    sft_rows_without_images,
+    remote_tools,
+)
+
+
+def apply_verl_fixes() -> None:
+    """Each fix right after verl imports the module of its (first) target: at once where verl imported it already.
+    A target whose source changed refuses to start (``guard``), from inside that import."""
+    for fix in EVERY_RUN:
+        call_after_import(fix.ADAPTATION.targets[0].module, fix.apply)

@@ -1,0 +1,68 @@
+"""GLM-V, any step with images. verl's GLM-V ``_get_input_embeds`` takes ``model.visual(...)`` for the image features
+and calls ``.shape`` on it; transformers >= 5 returns a ``BaseModelOutputWithPooling`` ("AttributeError:
+'BaseModelOutputWithPooling' object has no attribute 'shape'"), the bug of ``qwen2_vl_text_only`` in verl's GLM code
+(its Qwen code unpacks with ``unpack_visual_output``). Fixed: verl's function runs on a view of the model whose
+``visual`` returns the unpacked features; everything else is verl's."""
+
+from __future__ import annotations
+
+import functools
+
+from verl_mm_tools.adaptations.guard import checked, install
+from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+TARGET = Target(
+    "verl.models.transformers.glm4v",
+    "_get_input_embeds",
+    "f68d147a215d1b6799cfa6ea8c04541fc2f3cacb5a2dc7284f673b49eb00fd7e",
+)
+ADAPTATION = Adaptation(
+    row=26,
+    section=Section.REPLACEMENTS,
+    where="`adaptations/fixes/glm4v_image_features.py` (every run)",
+    targets=(TARGET,),
+    what="runs verl's function on a view of the model whose `visual(...)` returns the unpacked features",
+    why="transformers 5 returns a `BaseModelOutputWithPooling`; verl's GLM code calls `.shape` on it (its Qwen code "
+    "unpacks)",
+    applies_to=f"{VERL} with transformers >= 5",
+    proof="`tests/adaptations/test_verl_fixes_on_cpu.py::"
+    "test_verls_glm4v_image_features_fail_on_transformers_5_and_the_fix_embeds_them`",
+)
+
+
+def apply(_module=None) -> None:
+    found = checked(ADAPTATION)
+    if found is None:
+        return
+    (original,) = found
+
+    @functools.wraps(original)
+    def _get_input_embeds(model, input_ids, *args, **kwargs):
+        return original(UnpackedVisual(model), input_ids, *args, **kwargs)
+
+    install(TARGET, original, _get_input_embeds)
+
+
+class UnpackedVisual:
+    """A view of a VLM whose ``visual(...)`` returns the image features themselves (transformers >= 5 wraps them in
+    a ``BaseModelOutputWithPooling``); every other attribute is the model's."""
+
+    def __init__(self, model):
+        self._model = model
+        self.visual = _FeaturesOnly(model.visual)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _FeaturesOnly:
+    def __init__(self, visual):
+        self._visual = visual
+
+    def __getattr__(self, name):
+        return getattr(self._visual, name)
+
+    def __call__(self, *args, **kwargs):
+        from verl.utils.transformers_compat import unpack_visual_output
+
+        return unpack_visual_output(self._visual(*args, **kwargs))[0]

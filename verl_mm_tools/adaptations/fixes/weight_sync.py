@@ -1,0 +1,149 @@
+"""A weight sync into vLLM that fails hangs the trainer. verl's ``BucketedWeightSender`` (trainer side) waits for each
+bucket's acknowledgement with a blocking ``recv()`` and no timeout; when vLLM's side (``BucketedWeightReceiver``, in
+vLLM's worker process) fails to load a bucket, nothing ever answers. The receiver then fails a second time: the failed
+bucket's tensors still view its shared memory, so closing it raises ``BufferError: cannot close exported pointers
+exist``, which replaces the real error. Fixed: the receiver answers the pending bucket with its error
+(``ERROR_REPLY``) and keeps its original exception; the sender raises ``WeightSyncError`` with that error, or after
+``WEIGHT_SYNC_TIMEOUT_ENV`` seconds without an answer (an engine process that died). Normal syncs are unchanged (the
+acknowledgement stays an empty message)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+
+from verl_mm_tools.adaptations.guard import checked, install_method
+from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+from verl_mm_tools.errors import VerlMMToolsError
+
+logger = logging.getLogger(__name__)
+
+BUCKETED_MODULE = "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer"
+RECEIVE = Target(
+    BUCKETED_MODULE,
+    "BucketedWeightReceiver.receive_weights",
+    "229fcae433aeb2ae7a1a914c18a9cf44ec3fa9dd11b569295ac9ce4c254c9b53",
+)
+CLEANUP = Target(
+    BUCKETED_MODULE,
+    "BucketedWeightReceiver._cleanup",
+    "6befe44421ad98c88358e6402b3a2e84cb287861bfa9daa541de1e20db61932e",
+)
+INIT_SOCKET = Target(
+    BUCKETED_MODULE,
+    "BucketedWeightSender._init_socket",
+    "acd9dd63022ee7d05e4c571d31901eabe1d4fc93fc6e1d009174bb515dc9edb9",
+)
+WEIGHT_SYNC_TIMEOUT_ENV = "VERL_MM_TOOLS_WEIGHT_SYNC_TIMEOUT_S"
+DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 600.0
+ERROR_REPLY = "verl_mm_tools_weight_sync_error"
+_FAILURE = "_verl_mm_tools_failure"
+ADAPTATION = Adaptation(
+    row=3,
+    section=Section.REPLACEMENTS,
+    where="`adaptations/fixes/weight_sync.py` (every run)",
+    targets=(RECEIVE, CLEANUP, INIT_SOCKET),
+    what="a bucket vLLM fails to load is answered with its error, the sender raises `WeightSyncError` with it, or "
+    f"after `{WEIGHT_SYNC_TIMEOUT_ENV}` (default 600 s) without an answer",
+    why="verl's sender waits with a blocking `recv()` and no timeout for an answer a failed receiver never sends (the "
+    "trainer hangs), and the receiver's `BufferError` on cleanup replaces the real error",
+    applies_to=VERL,
+    proof="`tests/adaptations/test_weight_sync_fix_on_cpu.py::test_verls_original_hangs_the_sender_and_loses_the_error`",
+)
+
+
+def apply(_module=None) -> None:
+    found = checked(ADAPTATION)
+    if found is None:
+        return
+    receive, cleanup, init_socket = found
+
+    @functools.wraps(receive)
+    def receive_weights(self, on_bucket_received):
+        def load_bucket(weights, is_last):
+            try:
+                on_bucket_received(weights, is_last)
+            except BaseException as error:
+                setattr(self, _FAILURE, error)
+                raise
+
+        return receive(self, load_bucket)
+
+    @functools.wraps(cleanup)
+    def _cleanup(self):
+        failure = getattr(self, _FAILURE, None)
+        if failure is None:
+            return cleanup(self)
+        answer_failed_bucket(self, failure)
+
+    @functools.wraps(init_socket)
+    def _init_socket(self):
+        init_socket(self)
+        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())
+
+    install_method(RECEIVE, receive_weights)
+    install_method(CLEANUP, _cleanup)
+    install_method(INIT_SOCKET, _init_socket)
+
+
+class WeightSyncError(VerlMMToolsError, RuntimeError):
+    """The rollout engine did not take the trainer's weights."""
+
+
+def answer_failed_bucket(receiver, failure: BaseException) -> None:
+    """Release what the receiver holds and answer the bucket it failed on with the error (the sender waits for it)."""
+    receiver.buffer = None
+    if receiver.shm is not None:
+        try:
+            receiver.shm.close()
+        except BufferError:  # the failed bucket's tensors, held by the traceback, still view it; freed with them
+            logger.debug("weight-sync shared memory stays mapped until the failed bucket's tensors are freed")
+        receiver.shm = None
+    if receiver.socket is not None:
+        receiver.socket.send_pyobj({ERROR_REPLY: f"{type(failure).__name__}: {failure}"})
+        receiver.socket.close()
+        receiver.socket = None
+
+
+def weight_sync_timeout_s() -> float:
+    value = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
+    try:
+        return float(value) if value else DEFAULT_WEIGHT_SYNC_TIMEOUT_S
+    except ValueError:
+        raise WeightSyncError(f"{WEIGHT_SYNC_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+
+
+class CheckedReplies:
+    """The sender's ZMQ socket: ``send_pyobj`` and ``recv`` raise ``WeightSyncError`` when the engine does not take
+    the message in time (a REQ socket blocks on send until a receiver connects), ``recv`` also on an error answer."""
+
+    def __init__(self, socket, timeout_s: float):
+        self._socket, self._timeout_s = socket, timeout_s
+
+    def __getattr__(self, name):
+        return getattr(self._socket, name)
+
+    def _wait(self, event: int, what: str) -> None:
+        if not self._socket.poll(int(self._timeout_s * 1000), event):
+            raise WeightSyncError(
+                f"the rollout engine {what} within {self._timeout_s:.0f} s: its worker process died or hangs (see "
+                f"its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
+            )
+
+    def send_pyobj(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLOUT, "did not connect to take the weights")
+        return self._socket.send_pyobj(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        import zmq
+
+        self._wait(zmq.POLLIN, "took no weight bucket")
+        reply = self._socket.recv(*args, **kwargs)
+        if reply:
+            error = pickle.loads(reply).get(ERROR_REPLY, reply)
+            raise WeightSyncError(f"the rollout engine failed to load the trainer's weights: {error}")
+        return reply

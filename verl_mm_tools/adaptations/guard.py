@@ -1,0 +1,144 @@
+"""The one guard and the one failure policy of every adaptation, and the installation of a replacement.
+
+Guard: before an adaptation patches anything, the sha256 of each target's source (``inspect.getsource``, decorators'
+``__wrapped__`` followed) must equal the one its record holds (``record.Target.sha256``): the code it was written
+against. A replacement carries ``PATCHED_MARK``; a target that carries it is already adapted (the plugin can be
+imported twice) and is left alone.
+
+Failure policy: a changed target refuses to start (``VerlChangedError``, naming the inventory row, the target, the
+expected and the found hash, and what to do). ``VERL_MM_TOOLS_ADAPTATIONS=warn`` downgrades that to an ERROR in the
+log, and the adaptation is then not applied: verl's (or vLLM's) code runs as it is.
+
+Must import without verl and torch: the vLLM plugin uses it in every vLLM engine process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+from verl_mm_tools.errors import PluginRegistrationError
+
+logger = logging.getLogger(__name__)
+
+PATCHED_MARK = "__verl_mm_tools_patched__"
+POLICY_ENV = "VERL_MM_TOOLS_ADAPTATIONS"
+REFUSE, WARN = "refuse", "warn"
+INVENTORY = "docs/verl_adaptations.md"
+_ENTRY = re.compile(r"^(?P<table>\w+)\[(?P<key>[\w.]+)\]$")
+
+
+class VerlChangedError(PluginRegistrationError):
+    """Code of verl's (or vLLM's) that an adaptation relies on is not the code it was written against."""
+
+
+def source_sha256(code: object) -> str:
+    return hashlib.sha256(inspect.getsource(code).encode()).hexdigest()  # type: ignore[arg-type]
+
+
+def locate(target: Target) -> Any:
+    """The object ``target`` names (importing its module). A class's own attribute, not an inherited one."""
+    found: Any = importlib.import_module(target.module)
+    *path, last = target.name.split(".") if not _ENTRY.match(target.name) else [target.name]
+    for part in path:
+        found = getattr(found, part)
+    entry = _ENTRY.match(last)
+    if entry is not None:
+        table = getattr(found, entry["table"])
+        key: Any = found
+        for part in entry["key"].split("."):
+            key = getattr(key, part)
+        return table[key]
+    return vars(found)[last] if isinstance(found, type) else getattr(found, last)
+
+
+def policy() -> str:
+    value = os.environ.get(POLICY_ENV, REFUSE).strip().lower() or REFUSE
+    if value not in (REFUSE, WARN):
+        raise VerlChangedError(f"{POLICY_ENV} must be {REFUSE!r} (the default) or {WARN!r}, got {value!r}")
+    return value
+
+
+def checked(adaptation: Adaptation) -> list[Any] | None:
+    """The objects ``adaptation``'s targets name, once their source hashes are checked. None when the adaptation is
+    applied already, or when a target changed and the policy is ``warn`` (logged); raises ``VerlChangedError``
+    when a target changed and the policy is ``refuse`` (the default)."""
+    found = [locate(target) for target in adaptation.targets]
+    if any(getattr(code, PATCHED_MARK, False) for code in found):
+        return None
+    changed = [
+        (target, digest)
+        for target, code in zip(adaptation.targets, found, strict=True)
+        if (digest := source_sha256(code)) != target.sha256
+    ]
+    if not changed:
+        return found
+    message = changed_message(adaptation, changed)
+    if policy() == REFUSE:
+        raise VerlChangedError(message)
+    logger.error("%s\n%s=%s: verl-mm-tools runs WITHOUT this adaptation.", message, POLICY_ENV, WARN)
+    return None
+
+
+def changed_message(adaptation: Adaptation, changed: Sequence[tuple[Target, str]]) -> str:
+    targets = "; ".join(
+        f"{target.qualname}: expected sha256 {target.sha256}, found {digest}" for target, digest in changed
+    )
+    return (
+        f"verl-mm-tools' adaptation #{adaptation.row} ({adaptation.where}; {INVENTORY} row {adaptation.row}) relies "
+        f"on code that is not the code it was written against ({adaptation.applies_to}): {targets}. Install "
+        f"{adaptation.applies_to}; or re-read the changed code, update the adaptation and its sha256 (or drop it if "
+        f"its proof test shows the problem is gone); or set {POLICY_ENV}={WARN} to run without it."
+    )
+
+
+def mark(replacement: Callable) -> Callable:
+    setattr(replacement, PATCHED_MARK, True)
+    return replacement
+
+
+def install(target: Target, original: Callable, replacement: Callable) -> None:
+    """Put ``replacement`` wherever ``target``'s module and verl's modules hold ``original`` under its name."""
+    mark(replacement)
+    for name, module in list(sys.modules.items()):
+        is_home = name == target.module
+        if (is_home or name.startswith("verl.")) and getattr(module, target.name, None) is original:
+            setattr(module, target.name, replacement)
+    logger.debug("replaced %s", target.qualname)
+
+
+def install_method(target: Target, replacement: Callable) -> None:
+    """Put ``replacement`` on the class: ``target.name`` is ``Class.method``."""
+    class_name, method_name = target.name.rsplit(".", 1)
+    owner: Any = importlib.import_module(target.module)
+    for part in class_name.split("."):
+        owner = getattr(owner, part)
+    setattr(owner, method_name, mark(replacement))
+    logger.debug("replaced %s", target.qualname)
+
+
+ADAPTATION = Adaptation(
+    row=1,
+    section=Section.REPLACEMENTS,
+    where="`adaptations/guard.py`: `checked`, `install` / `install_method`; the records: `adaptations/record.py`",
+    what="the mechanism of every replacement (rows 2-10, 24-34, 36): checks the sha256 of each target's source "
+    "against its record, then installs the replacement in its home module and in every verl module that bound it by "
+    "name (marked, so a second import is a no-op). A changed target refuses to start, naming the row, the target, the "
+    f"expected and found hashes and what to do; `{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and "
+    "the adaptation is then not applied",
+    why="verl's modules bind functions by name at import (`from verl.utils.distributed import ...`), and a blind "
+    "patch of a changed function would hide the change",
+    applies_to="any",
+    proof="n/a (mechanism); its refusal is tested: "
+    "`tests/adaptations/test_cpu_patches_on_cpu.py::test_a_changed_verl_function_is_refused_with_its_name`, "
+    "`::test_a_changed_offload_module_is_refused_with_its_name`, "
+    "`tests/adaptations/test_records_on_cpu.py::test_a_changed_target_refuses_to_start_unless_downgraded`",
+)
