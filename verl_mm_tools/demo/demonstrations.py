@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -24,7 +25,7 @@ DEMO_SEED_OFFSET = 7_000_001
 SIGHT_SEED_OFFSET = 9_000_011
 
 
-def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, torch.Tensor]]:
+def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> list[dict[str, Any]]:
     """Token-exact trajectories of the mm_tool loop with random tool calls and random answers (and the task's
     ``sight`` demonstrations with their true answers)."""
     task = TASKS[spec.task]
@@ -50,7 +51,7 @@ def task_demonstrations(
     rng: random.Random,
     *,
     true_labels: bool = False,
-) -> list[dict[str, torch.Tensor]]:
+) -> list[dict[str, Any]]:
     """One demonstration per picture: a tool call (drawn from the task's) or none (``direct_share`` of each true
     answer's pictures), then an answer: uninformative labels, or the true answers with ``true_labels`` (the premise
     check, ``premise``)."""
@@ -90,7 +91,7 @@ class LabelTokens:
 
 def row_example(
     output, index: int, calls: bool, task: FormatTask, tokens: LabelTokens, *, true_labels: bool
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """Row ``index`` of the rollout's output as a training example: its ids, labels on the trained response
     tokens, each labelled token's weight, its image inputs, and where its answer starts."""
     from verl_mm_tools.testkit.rows import unpadded_row

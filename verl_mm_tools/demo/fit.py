@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -94,7 +95,7 @@ def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequenc
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     first_tokens = [tokenizer.encode(answer)[0] for answer in answers]
-    totals = sum(answer_probabilities(model, example, first_tokens) for example in examples)
+    totals = cast(torch.Tensor, sum(answer_probabilities(model, example, first_tokens) for example in examples))
     return {answer: round(float(total) / len(examples), 4) for answer, total in zip(answers, totals, strict=True)}
 
 

@@ -30,7 +30,7 @@ token counts but no token ids (``manager_input``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
@@ -63,7 +63,7 @@ class ChatRenderer:
         from omegaconf import OmegaConf
         from verl.utils import hf_processor, hf_tokenizer
 
-        mm_processor_kwargs = OmegaConf.to_container(config.data.mm_processor_kwargs, resolve=True)
+        mm_processor_kwargs = cast("dict | None", OmegaConf.to_container(config.data.mm_processor_kwargs, resolve=True))
         return cls(hf_tokenizer(model_path), hf_processor(model_path), mm_processor_kwargs)
 
     def token_ids(self, messages: list[dict], images: list, chat: dict, add_generation_prompt: bool) -> list[int]:
