@@ -159,7 +159,8 @@ def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]
     row = {
         "messages": messages,
         "images": [{"bytes": png} for png in pngs],
-        # JSON text: a Parquet column of dicts would reorder and pad the schemas (adaptations/fixes/sft_tools_nulls.py reads it)
+        # JSON text: a Parquet column of dicts would reorder and pad the schemas
+        # (adaptations/fixes/sft_tools_nulls.py reads it)
         "tools": json.dumps(chat["tools"]) if chat.get("tools") else None,
         "source": str(item.path),
     }
