@@ -16,6 +16,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RecordError, chat_image_ids
@@ -45,7 +46,7 @@ class SFTFilters:
             return "masked (the loop trained on nothing)"
         if (self.min_reward is not None or self.best_of) and score is None:
             return "no reward score"
-        if self.min_reward is not None and score < self.min_reward:
+        if self.min_reward is not None and score is not None and score < self.min_reward:
             return f"reward below {self.min_reward}"
         if self.stops and record.get("stop_reason") not in self.stops:
             return f"stop reason not in {list(self.stops)}"
@@ -156,7 +157,7 @@ def _images(messages: list[dict]) -> int:
 
 
 def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]) -> dict:
-    row = {
+    row: dict[str, Any] = {
         "messages": messages,
         "images": [{"bytes": png} for png in pngs],
         # JSON text: a Parquet column of dicts would reorder and pad the schemas
