@@ -20,6 +20,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.chat_utils import ChatCompletionMessageParam
 
 TURNS = 4
 IMAGE_SIDE = 224
@@ -44,7 +48,7 @@ def conversation_turns(model_dir: str) -> list[dict]:
         encoded.extend(len(inputs) for inputs in output.scheduled_encoder_inputs.values())
         return output
 
-    Scheduler.schedule = counting_schedule
+    Scheduler.schedule = counting_schedule  # type: ignore[method-assign]  # counts each step's encoder inputs
     llm = LLM(
         model=model_dir,
         dtype="float32",
@@ -54,7 +58,8 @@ def conversation_turns(model_dir: str) -> list[dict]:
         max_model_len=4096,
         seed=0,
     )
-    messages, turns = [], []
+    messages: list[ChatCompletionMessageParam] = []
+    turns = []
     for turn in range(TURNS):
         image = Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), COLORS[turn])
         text = "What colour is the picture?" if turn == 0 else f"The tool's picture {turn}."
@@ -65,7 +70,7 @@ def conversation_turns(model_dir: str) -> list[dict]:
         output = llm.chat(messages, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
         turns.append(
             {
-                "prompt_tokens": len(output.prompt_token_ids),
+                "prompt_tokens": len(cast("list[int]", output.prompt_token_ids)),  # a served request has them
                 "cached_tokens": output.num_cached_tokens or 0,
                 "images": turn + 1,
                 "images_encoded": sum(encoded),

@@ -48,6 +48,8 @@ class Figure:
 
     def reason(self) -> str:
         """Why a check was missed, in a few words: ``median 1.06 > 1.05``."""
+        if self.target is None:
+            raise ValueError(f"figure {self.name!r} has no target: it is informational, never missed")
         op, bound = self.target.split()
         return f"{'median ' if len(self.samples) > 1 else ''}{self.value:.4g} {'>' if op == '<=' else '<'} {bound}"
 

@@ -129,7 +129,8 @@ def loop_overhead(model_dir: str, repeats: int = 12, pairs_per_size: int = 96) -
             for name in LOOPS:  # warm-up: first-call costs (imports, caches) are not per-trajectory costs
                 one_trajectory(make, tokenizer, name, 2, side, loop)
             for turns in (1, 4, 8, 16):
-                elapsed, gaps = {name: [] for name in LOOPS}, {name: [] for name in LOOPS}
+                elapsed: dict[str, list[float]] = {name: [] for name in LOOPS}
+                gaps: dict[str, list[list[float]]] = {name: [] for name in LOOPS}
                 for _ in range(max(repeats, pairs_per_size // turns)):  # interleaved: both see the same load
                     for name in LOOPS:
                         seconds, trajectory_gaps, _ = one_trajectory(make, tokenizer, name, turns, side, loop)
@@ -182,7 +183,8 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
             for export in ("per_trajectory", "per_turn")
         }
         for turns in (4, 8):
-            seconds, samples = {export: [] for export in factories}, {}
+            seconds: dict[str, list[float]] = {export: [] for export in factories}
+            samples: dict[str, list] = {}
             for repeat in range(repeats + 1):  # the first pair warms up (first-call costs are not per-trajectory)
                 for export, (make, tokenizer) in factories.items():
                     elapsed, _, samples[export] = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)

@@ -56,7 +56,7 @@ def op_cases(image: Image.Image) -> dict[str, Callable[[int], object]]:
     }
 
 
-def timed_functions(small: Image.Image, large: Image.Image) -> dict[str, Callable[[], object]]:
+def timed_functions(small: Image.Image, large: Image.Image) -> dict[str, Callable[..., object]]:
     """Every op and the baseline on ``small`` uncapped (``NAME``), every op on ``large`` with the tools' default cap
     and the baseline on ``large`` (``default_cap/NAME``)."""
     functions = {name: lambda op=op: op(UNCAPPED) for name, op in op_cases(small).items()}
@@ -74,7 +74,7 @@ def interleaved_cpu_seconds(repeats: int) -> dict[str, list[float]]:
     inputs = [(input_image(OP_SIDE), input_image(CAPPED_SIDE))]
     functions = timed_functions(*inputs[0])
     calls = {name: _calls_per_sample(function) for name, function in functions.items()}  # doubles as the warm-up
-    samples = {name: [] for name in functions}
+    samples: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(repeats):
         inputs.append((input_image(OP_SIDE), input_image(CAPPED_SIDE)))
         for name, function in timed_functions(*inputs[-1]).items():

@@ -18,8 +18,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 from PIL import Image
+
+if TYPE_CHECKING:
+    from verl_mm_tools.remote.tool import RemoteTool
 
 ACTORS = (1, 2, 4)
 BLOCK_S = 0.5
@@ -66,7 +70,8 @@ def scaling(model_dir: str, trajectories: int) -> list:
             )
             tools = load_all_tools(str(yaml), None)
             if actors:
-                _on_event_loop(tools[0].pool.start())  # started outside the timing, as before a training step
+                remote_tool = cast("RemoteTool", tools[0])  # the YAML above gives it a remote: block
+                _on_event_loop(remote_tool.pool.start())  # started outside the timing, as before a training step
             began = time.perf_counter()
             output, _, _ = rollout.run(turns, prompts, tools=tools)
             seconds[actors] = time.perf_counter() - began
@@ -96,7 +101,7 @@ def image_crossing(repeats: int) -> list:
     figures = []
     for side in (448, 1024):
         image = Image.new("RGB", (side, side), (30, 90, 150))
-        samples = {"remote": [], "in_process": []}
+        samples: dict[str, list[float]] = {"remote": [], "in_process": []}
         for _ in range(repeats + 1):  # the first pair warms up
             agent_data = SimpleNamespace(image_data=[image])
             attach_tool_context(agent_data, ToolContext(ImageWorkspace(agent_data.image_data), FileRoots()))

@@ -23,7 +23,8 @@ def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
     it."""
     from verl_mm_tools.bench.ops import BASELINE
 
-    seconds, ratios = {}, {}
+    seconds: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
     for _ in range(processes):
         samples = _ops_in_fresh_process(math.ceil(repeats / processes))
         for name, values in samples.items():
