@@ -48,7 +48,8 @@ def per_sample_worker_class() -> type:
                 for item in (output if isinstance(output, list) else [output])
             ]
 
-        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):
+        # inputs: each trajectory's list of samples (verl's: one output per trajectory)
+        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):  # type: ignore[override]
             counts = [len(samples) for samples in inputs]
             repeated = {
                 key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()
@@ -68,7 +69,8 @@ def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
     worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
-    manager.agent_loop_workers = [InProcessActor(worker)]
+    # an in-process stand-in for Ray's actor handle: the same ``method.remote(...)`` calls
+    manager.agent_loop_workers = [InProcessActor(worker)]  # type: ignore[list-item]
     return manager, worker
 
 

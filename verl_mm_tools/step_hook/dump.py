@@ -59,7 +59,8 @@ def _finalize(batch: StepBatch, references: list) -> dict[str, float]:
     for row, reference in enumerate(references):
         if isinstance(reference, dict):
             by_dir.setdefault(reference["dump_dir"], []).append(row)
-    totals, used = Counter(), 0
+    totals: Counter[str] = Counter()
+    used = 0
     for dump_dir, rows in by_dir.items():
         pairs = [(references[row], finals[row]) for row in rows]
         counts, dir_bytes = _publish_rows(Path(dump_dir), pairs, batch.step, batch.validate)

@@ -53,7 +53,9 @@ class MMToolReplayBuffer(ReplayBuffer):
         return super().__new__(cls)
 
     def __init__(self, *args, sampler_kwargs: Mapping | None = None, **kwargs):
-        super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
+        # verl's trainer passes sampler_kwargs by keyword (its config node, None when unset); it goes on unchanged
+        kwargs["sampler_kwargs"] = sampler_kwargs
+        super().__init__(*args, **kwargs)
         self.poll_interval = _poll_interval(sampler_kwargs or {})
         self.call_rate_watch = CallRateWatch()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +29,7 @@ CALL_RATE_COLLAPSED = CALL_RATE + "/collapsed"
 PREFIX_CACHE_HIT_RATE = PREFIX + "prefix_cache_hit_rate"
 
 
-def aggregate_metrics(non_tensor_batch: dict) -> dict[str, float]:
+def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
     """Step-level metrics from a batch's mm_tool extra fields (trajectories of other loops are skipped)."""
     stop = non_tensor_batch.get(STOP_REASON_KEY)
     if stop is None:

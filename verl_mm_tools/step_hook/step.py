@@ -96,7 +96,7 @@ def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[s
     if trajectories.rm_scores is not None and ours:
         # per trajectory: verl's critic/score/mean counts a trajectory exported as several samples once per sample
         metrics[PREFIX + "reward/mean"] = float(trajectories.rm_scores[ours].sum(dim=-1).mean())
-        metrics.update(_reward_by_tool_use(trajectories, ours))
+        metrics.update(_reward_by_tool_use(trajectories, ours, trajectories.rm_scores))
     check_masked_fraction(trajectories)
     # before turn rewards join rm_scores: a dump shows the manager's score
     metrics.update(finalize_step_dumps(trajectories))
@@ -106,11 +106,11 @@ def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[s
     return metrics
 
 
-def _reward_by_tool_use(batch: StepBatch, rows: list[int]) -> dict[str, float]:
+def _reward_by_tool_use(batch: StepBatch, rows: list[int], rm_scores: torch.Tensor) -> dict[str, float]:
     """The mean reward of the trajectories that called a tool and of those that did not: whether calling pays, what
     a policy that is dropping its tools (or taking them up) follows."""
     calls = batch.column(PREFIX + "tool_calls")
-    rewards = batch.rm_scores.sum(dim=-1)
+    rewards = rm_scores.sum(dim=-1)
     metrics = {}
     for name, called in (("with_tool_calls", True), ("without_tool_calls", False)):
         chosen = [row for row in rows if ((calls[row] or 0) > 0) == called]

@@ -44,7 +44,7 @@ def sample_image(size: tuple[int, int] = (84, 56)) -> Image.Image:
 def sample_rows(words: Sequence[str]) -> tuple[list[list[dict]], dict[str, list]]:
     """Rotation prompts (one image each) and their dataset columns; the word picks the script."""
     prompts = [image_prompt(f"{word}: by how many degrees was this image rotated?", [sample_image()]) for word in words]
-    columns = {
+    columns: dict[str, list] = {
         "data_source": ["verl_mm_tools/rotation"] * len(words),
         "reward_model": [{"style": "rule", "ground_truth": "90"}] * len(words),
         "extra_info": [{"index": index} for index in range(len(words))],
