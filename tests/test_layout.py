@@ -42,22 +42,6 @@ LAYERS: list[set[str]] = [
     {""},  # the package's own __init__ (it only sets up the import order)
 ]
 
-# Modules other helpers are splitting right now (issue 45): they must come under MAX_LINES, then leave this list.
-OVERSIZED = {
-    "verl_mm_tools.adaptations.verl_fixes",
-    "verl_mm_tools.tiny.builder",
-    "verl_mm_tools.demo.run",
-    "verl_mm_tools.trajectories.rescore",
-    "verl_mm_tools.demo.warm_start",
-}
-# TEMPORARY: import cycles in modules outside this change's ownership (issue 45); each to be broken, then removed.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # cpu/replica.py reads ROLLOUT_NAME from the package, whose register function imports replica
-    frozenset({"verl_mm_tools.cpu", "verl_mm_tools.cpu.replica"}),
-    # files.py reads workspace's STATE_ATTR; workspace.py annotates with files' FileRoots (TYPE_CHECKING)
-    frozenset({"verl_mm_tools.files", "verl_mm_tools.workspace"}),
-}
-
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
@@ -141,14 +125,8 @@ def layer_of(module: str) -> int:
 
 
 def test_the_import_graph_has_no_cycle():
-    found = [cycle for cycle in cycles(GRAPH) if frozenset(cycle) not in KNOWN_CYCLES]
+    found = cycles(GRAPH)
     assert found == [], "import cycles (modules of each): " + "; ".join(" <-> ".join(cycle) for cycle in found)
-
-
-def test_the_known_cycles_still_exist():
-    """A broken cycle leaves KNOWN_CYCLES, so the list only shrinks."""
-    current = {frozenset(cycle) for cycle in cycles(GRAPH)}
-    assert [sorted(cycle) for cycle in KNOWN_CYCLES - current] == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -159,5 +137,5 @@ def test_no_module_imports_one_from_a_layer_above_its_own(module):
 
 def test_no_module_passes_500_lines():
     lengths = {module: len(path.read_text(encoding="utf-8").splitlines()) for module, path in MODULES.items()}
-    too_long = {module: lines for module, lines in lengths.items() if lines > MAX_LINES and module not in OVERSIZED}
+    too_long = {module: lines for module, lines in lengths.items() if lines > MAX_LINES}
     assert too_long == {}, f"modules over {MAX_LINES} lines (split them): {too_long}"

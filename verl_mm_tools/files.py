@@ -31,7 +31,10 @@ import numpy as np
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, FileAccessError, ImageInputError
-from verl_mm_tools.workspace import STATE_ATTR
+
+# The one attribute the mm_tool loop sets on verl's AgentData: the trajectory's state (``TrajectoryState``), whose
+# ``workspace`` and ``files`` are what a tool may use (``files_of``, ``workspace.workspace_of``).
+STATE_ATTR = "mm_state"
 
 logger = logging.getLogger(__name__)
 

@@ -8,18 +8,12 @@ placeholder tokens appear in the token stream. The workspace wraps the trajector
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError
-
-if TYPE_CHECKING:
-    from verl_mm_tools.files import FileRoots
-
-# The one attribute the mm_tool loop sets on verl's AgentData: the trajectory's state (``TrajectoryState``), whose
-# ``workspace`` and ``files`` are what a tool may use (``workspace_of``, ``files.files_of``).
-STATE_ATTR = "mm_state"
+from verl_mm_tools.files import STATE_ATTR, FileRoots
 
 
 class ImageWorkspace:

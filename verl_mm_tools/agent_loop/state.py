@@ -14,9 +14,9 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.envs.base import call as call_env
-from verl_mm_tools.files import FileRoots
+from verl_mm_tools.files import STATE_ATTR, FileRoots
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, TOOL_CALLS_KEY
-from verl_mm_tools.workspace import STATE_ATTR, ImageWorkspace, attach_tool_context
+from verl_mm_tools.workspace import ImageWorkspace, attach_tool_context
 
 if TYPE_CHECKING:
     import numpy as np

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import os
 
+from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.verl_registry import register_unique
 
 PLATFORM_ENV = "VERL_PLATFORM"
-# The rollout name that selects the HF server; here, not in replica.py, so that registering it (at every
-# ``import verl``) does not import the server, and with it our agent loop and verl's (~0.8 s).
-ROLLOUT_NAME = "hf"
 
 
 def cpu_platform_selected() -> bool:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from verl_mm_tools.cpu import ROLLOUT_NAME
 from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME as CHECKPOINT_BACKEND
+from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.cpu.platform import PLATFORM_NAME
 
 # (override, why)

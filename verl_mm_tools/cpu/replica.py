@@ -23,7 +23,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from verl_mm_tools.cpu import ROLLOUT_NAME
+from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.cpu.server import HFRolloutServer
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_mm_tools.cpu import ROLLOUT_NAME as HF_ROLLOUT
+from verl_mm_tools.cpu.names import ROLLOUT_NAME as HF_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_UNSUPPORTED, VLLM_CPU_VERSION, vllm_cpu_problem
 from verl_mm_tools.demo.tasks import TASKS, DemoTask, get_task
