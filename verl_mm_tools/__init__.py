@@ -56,6 +56,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.trajectories",  # the package, the commands' arguments and the record reader
         "verl_mm_tools.trajectories.command",
         "verl_mm_tools.trajectories.read",
+        "verl_mm_tools.trajectories.record_checks",
         "verl_mm_tools.trajectories.rescore_command",
         "verl_mm_tools.trajectories.rescore_options",
         "verl_mm_tools.verl_registry",

@@ -158,12 +158,12 @@ def test_filters_count_what_they_leave_out(qwen25_dump, tmp_path):
 
 
 def test_best_of_keeps_each_prompts_best_sample(qwen25_dump, tmp_path):
-    """Three samples of one prompt (eval --samples 3): the best, and the earliest of equals."""
+    """Three samples of one prompt (eval --samples 3: one uid): the best, and the earliest of equals."""
     dump_dir, _ = qwen25_dump
 
     def one_prompt(record):
         record["rollout_n"] = record["sample"]["index"]
-        record["sample"]["index"] = 0
+        record["sample"]["uid"] = "prompt-0"
 
     copy = rewritten_copy(dump_dir, tmp_path / "dump", one_prompt)
     summary = export_sft([copy], tmp_path / "sft", SFTFilters(best_of=True))
@@ -183,7 +183,7 @@ def test_bad_records_are_listed_with_their_file_and_the_good_ones_exported(qwen2
     with pytest.raises(ConfigError) as refused:
         export_sft([copy], tmp_path / "none")
     assert all(str(path) in str(refused.value) for path in paths.values())
-    shutil.copytree(dump_dir, copy / "good")
+    rewritten_copy(dump_dir, copy / "good", lambda record: record.update(id=record["id"][::-1]))  # other ids
     summary = export_sft([copy], tmp_path / "sft")
     reasons = {bad["path"]: bad["reason"] for bad in summary["bad_records"]}
     assert summary["rows"] == 3
@@ -200,7 +200,13 @@ def test_the_command_line_writes_the_parquet_and_says_how_to_train(qwen25_dump, 
     dump_dir, _ = qwen25_dump
     assert main(["export-sft", str(dump_dir), "--out", str(tmp_path), "--min-reward", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"wrote 2 rows from 2 trajectories to {tmp_path / TRAIN_FILE}"
+    assert lines[0] == (
+        f"wrote 2 rows from 2 trajectories to {tmp_path / TRAIN_FILE} (seen: 4 train, 0 val; exported: the train split)"
+    )
     assert lines[1].startswith("skipped: 1 masked (the loop trained on nothing), 1 reward below 1.0; unreadable: 0")
-    assert lines[2].startswith(f"train: python -m verl.trainer.sft_trainer data.train_files={tmp_path / TRAIN_FILE}")
+    assert lines[2] == (  # complete: absolute paths, the model that generated the trajectories, no "..."
+        "train: torchrun --standalone --nproc_per_node=1 -m verl.trainer.sft_trainer "
+        f"data.train_files={tmp_path / TRAIN_FILE} data.messages_key=messages data.image_key=images "
+        f"model.path={tiny_model_path()} trainer.default_local_dir={tmp_path / 'checkpoints'}"
+    )
     assert main(["export-sft", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2

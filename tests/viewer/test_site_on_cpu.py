@@ -184,7 +184,7 @@ def test_what_cannot_be_shown_is_refused_with_what_to_do(tmp_path, prepare, mess
         build_site(source, tmp_path / "site")
 
 
-def test_a_missing_image_file_and_a_foreign_out_dir_are_refused(dump_copy, tmp_path):
+def test_a_missing_image_file_is_listed_on_the_index_and_a_foreign_out_dir_refused(dump_copy, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
@@ -192,9 +192,11 @@ def test_a_missing_image_file_and_a_foreign_out_dir_are_refused(dump_copy, tmp_p
         build_site(dump_copy, foreign)
     assert (foreign / "notes.txt").read_text() == "mine"
 
-    (first_record_path(dump_copy).parent / "images" / "1.png").unlink()
-    with pytest.raises(ViewerError, match=r"1.png is listed in its trajectory record but missing"):
-        build_site(dump_copy, tmp_path / "site")
+    broken = first_record_path(dump_copy)
+    (broken.parent / "images" / "1.png").unlink()
+    site = build_site(dump_copy, tmp_path / "site")  # the others shown, the broken one listed on the index page
+    assert len(site.pages) == 7 and [bad.path for bad in site.bad] == [broken]
+    assert "images/1.png is missing" in site.index.read_text() and "Left out: 1 records" in site.index.read_text()
 
 
 def test_view_reports_errors_on_stderr_with_exit_code_2(tmp_path, capsys):

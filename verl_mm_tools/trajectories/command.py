@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.cli_types import whole_number
+from verl_mm_tools.trajectories.read import BadRecord
 
 DESCRIPTION = """\
 Write recorded trajectories (training dumps: the mm_tool loop's dump_dir;
@@ -15,7 +16,9 @@ verl-mm-tools eval output) as verl's multi-turn SFT parquet: OUT/train.parquet
 verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset reads) and
 OUT/export.json (rows, records used, records skipped by each filter, records
 that could not be read and why, the data overrides of verl's SFT trainer).
-Masked trajectories are never exported.
+Masked trajectories are never exported, validation ones only with --split val
+or all. Records that cannot be read (bad fields, files outside their folder,
+unreadable images) are left out, each named on stderr; --strict then exits 1.
 """
 
 
@@ -43,6 +46,13 @@ def add_export_sft_command(commands) -> None:
         help="keep each prompt's best-scored trajectory (eval --samples N, or a GRPO group)",
     )
     command.add_argument(
+        "--split",
+        choices=("train", "val", "all"),
+        default="train",
+        help="which trajectories: training ones (default), validation ones (eval output is validation) or all",
+    )
+    command.add_argument("--strict", action="store_true", help="exit 1 if any record could not be read")
+    command.add_argument(
         "--per-turn",
         action="store_true",
         help="one row per assistant turn (the conversation up to it) instead of one per trajectory",
@@ -59,15 +69,20 @@ def run_export_sft(args: argparse.Namespace) -> int:
         tools_used=tuple(args.tool_used),
         data_sources=tuple(args.data_source),
         best_of=args.best_of,
+        split=args.split,
     )
     summary = export_sft(args.records, args.out, filters, per_turn=args.per_turn)
     skipped = ", ".join(f"{count} {reason}" for reason, count in summary["skipped"].items()) or "none"
+    seen = ", ".join(f"{count} {split}" for split, count in summary["splits_seen"].items())
+    for bad in summary["bad_records"]:
+        sys.stderr.write(f"verl-mm-tools export-sft: left out {BadRecord(Path(bad['path']), bad['reason']).line()}\n")
     sys.stdout.write(
-        f"wrote {summary['rows']} rows from {summary['records']} trajectories to {args.out / TRAIN_FILE}\n"
+        f"wrote {summary['rows']} rows from {summary['records']} trajectories to {args.out / TRAIN_FILE} "
+        f"(seen: {seen}; exported: the {args.split} split)\n"
         f"skipped: {skipped}; unreadable: {len(summary['bad_records'])} (listed in {args.out / SUMMARY_FILE})\n"
-        f"train: python -m verl.trainer.sft_trainer {' '.join(summary['verl_overrides'])} ...\n"
+        f"train: {summary['verl_command']}\n"
     )
-    return 0
+    return 1 if args.strict and summary["bad_records"] else 0
 
 
 SFT_DESCRIPTION = """\

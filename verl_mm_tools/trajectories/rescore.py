@@ -31,7 +31,7 @@ def rescore(options: RescoreOptions) -> dict:
     """Score the records under ``options.records`` again and write ``options.out``; returns the report
     (``{"records", "rescore", "modes", "table", "bad_records"}``). A ConfigError when no record could be scored."""
     check_choices(options)
-    loaded = usable_records(options.records)
+    loaded = usable_records(options.records, options.out)
     prepare_out(options, loaded.records)
     scored = []
     for model_path, items in by_model(loaded, options.model_path).items():

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.trajectories.read import BadRecord
 from verl_mm_tools.trajectories.rescore_options import DEFAULT_MANAGER, REPORT_FILE, TRAJECTORIES, RescoreOptions
 
 DESCRIPTION = """\
@@ -53,6 +54,7 @@ def add_rescore_command(commands) -> None:
         help="a hydra override of verl's trainer config, as in training (e.g. +reward.reward_kwargs.gamma=0.5); "
         "repeatable",
     )
+    command.add_argument("--strict", action="store_true", help="exit 1 if any record could not be rescored")
     command.set_defaults(run=run_rescore)
 
 
@@ -74,12 +76,14 @@ def run_rescore(args: argparse.Namespace) -> int:
     )
     report = rescore(options)
     rows = sum(figures["rows"] for mode, figures in _rescored(report).items())
+    for bad in report["bad_records"]:
+        sys.stderr.write(f"verl-mm-tools rescore: left out {BadRecord(Path(bad['path']), bad['reason']).line()}\n")
     sys.stdout.write(report["table"] + "\n")
     sys.stdout.write(
         f"rescored {rows} trajectories; could not rescore {len(report['bad_records'])} (listed in "
         f"{args.out / REPORT_FILE}); trajectories: verl-mm-tools view {args.out / TRAJECTORIES}\n"
     )
-    return 0
+    return 1 if args.strict and report["bad_records"] else 0
 
 
 def _rescored(report: dict) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RECORD_FILE
-from verl_mm_tools.trajectories.read import LoadedRecord
+from verl_mm_tools.trajectories.read import LoadedRecord, check_out_folder
 from verl_mm_tools.trajectories.rescore_options import SETTINGS_FILE, TRAJECTORIES, RescoreOptions
 from verl_mm_tools.trajectories.rescore_scoring import Rescored
 
@@ -23,6 +23,7 @@ def prepare_out(options: RescoreOptions, records: list[LoadedRecord]) -> None:
     for item in records:
         if resolved in item.path.resolve().parents:
             raise ConfigError(f"--out {out} holds the record {item.path} being rescored; write to another folder")
+    check_out_folder(out, options.records)
     if out.exists() and any(out.iterdir()):
         if not (out / SETTINGS_FILE).is_file():
             raise ConfigError(f"--out {out} is not empty and not a rescore output; pass an empty or new folder")
@@ -36,7 +37,7 @@ def write_copy(result: Rescored, options: RescoreOptions) -> Path:
     under ``reward_before``."""
     record = dict(result.item.record)
     target = options.out / TRAJECTORIES / _step_dir(result.item) / str(record["id"])
-    shutil.copytree(result.item.folder, target)
+    _copy_checked_files(result.item, target)
     before = record.get("reward") or {}
     record["reward_before"] = before
     record["reward"] = {"score": result.score, "turn_rewards": before.get("turn_rewards", []), "extra": result.extra}
@@ -49,6 +50,15 @@ def write_copy(result: Rescored, options: RescoreOptions) -> Path:
     temporary.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
     os.replace(temporary, target / RECORD_FILE)
     return target / RECORD_FILE
+
+
+def _copy_checked_files(item: LoadedRecord, target: Path) -> None:
+    """The record's image files the reader checked, nothing else of its folder (a link there may lead anywhere)."""
+    target.mkdir(parents=True)
+    for path in [*item.files.values(), *item.thumbs.values()]:
+        copied = target / path.relative_to(item.folder)
+        copied.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copied)
 
 
 def _step_dir(item: LoadedRecord) -> str:

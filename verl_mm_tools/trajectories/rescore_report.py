@@ -95,7 +95,7 @@ def _mode_report(results: list[Rescored], out: Path) -> tuple[dict, list[dict]]:
 
     new = [result.score for result in results]
     old = [(result.item.record.get("reward") or {}).get("score") for result in results]
-    samples = max(Counter(prompt_uid(result.item.record) for result in results).values())
+    samples = max(Counter(result.item.prompt_key() for result in results).values())
     try:
         figures, rows = build_report(_report_columns(results, new), {}, samples)
         before = build_report(_report_columns(results, old), {}, samples)[0] if None not in old else None
@@ -117,18 +117,6 @@ def _mode_report(results: list[Rescored], out: Path) -> tuple[dict, list[dict]]:
     return ({BEFORE: before} if before is not None else {}) | {RESCORED: figures}, rows
 
 
-def prompt_uid(record: dict) -> str:
-    """The prompt a record answers (eval groups a prompt's samples by it): its uid (verl's GRPO group; eval's
-    row), else its step, data source and sample index, else the record alone."""
-    sample = record.get("sample") or {}
-    if sample.get("uid") is not None:
-        return str(sample["uid"])
-    if sample.get("index") is not None:  # a step's rollouts of one row (another step's are other draws)
-        step = f"{'validation ' if record.get('validate') else ''}step {record.get('step')}"
-        return f"{step} {sample.get('data_source')}#{sample['index']}"
-    return f"record {record.get('id')}"
-
-
 def _report_columns(results: list[Rescored], scores: list):
     """What eval's report reads of a generated batch: the loop's extra fields per row, the dataset row's columns
     (data source, extra_info, index, uid), its sample number (the record's rollout number) and ``rm_scores``
@@ -146,7 +134,7 @@ def _report_columns(results: list[Rescored], scores: list):
     columns["data_source"] = object_array([sample.get("data_source") for sample in samples])
     columns["extra_info"] = object_array([sample.get("extra_info") for sample in samples])
     columns["index"] = object_array([sample.get("index") for sample in samples])
-    columns["uid"] = object_array([prompt_uid(record) for record in records])
+    columns["uid"] = object_array([result.item.prompt_key() for result in results])
     columns[SAMPLE_KEY] = object_array([record.get("rollout_n") or 0 for record in records])
     rm_scores = torch.tensor([[score] for score in scores], dtype=torch.float64)
     return DataProto.from_dict(tensors={"rm_scores": rm_scores}, non_tensors=columns)

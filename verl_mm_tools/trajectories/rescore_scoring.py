@@ -66,6 +66,8 @@ def score_with_model(
             inputs.append((item, manager_input(item, renderer, options.reward_fn)))
         except RecordError as error:
             loaded.refuse(item, str(error))
+        except Exception as error:  # noqa: BLE001  a record the template or processor cannot take costs only itself
+            loaded.refuse(item, f"its conversation cannot be rebuilt ({type(error).__name__}: {error})")
     results = _compute_scores(worker, [prepared.data for _, prepared in inputs])
     scored = []
     for (item, prepared), result in zip(inputs, results, strict=True):

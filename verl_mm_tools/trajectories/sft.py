@@ -20,14 +20,23 @@ from typing import Any
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RecordError, chat_image_ids
-from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet, load_records
+from verl_mm_tools.trajectories.read import (
+    EXPORT_MARKER,
+    TRAIN,
+    VAL,
+    LoadedRecord,
+    RecordSet,
+    check_out_folder,
+    load_records,
+)
 
 logger = logging.getLogger(__name__)
 
 CHAT_VERSION = 4  # the first record version with ``chat``
 PLACEHOLDERS = ("<image>", "<video>")  # what MultiTurnSFTDataset replaces in message text
 TRAIN_FILE = "train.parquet"
-SUMMARY_FILE = "export.json"
+SUMMARY_FILE = EXPORT_MARKER  # also what keeps a later command from reading this folder as input
+SPLITS = (TRAIN, VAL, "all")
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,12 @@ class SFTFilters:
     tools_used: tuple[str, ...] = ()
     data_sources: tuple[str, ...] = ()
     best_of: bool = False  # only each prompt's best-scored record
+    split: str = TRAIN  # train, val or all: validation trajectories are no training data unless asked for
 
     def reason_to_skip(self, record: dict) -> str | None:
         score = (record.get("reward") or {}).get("score")
+        if self.split != "all" and (VAL if record.get("validate") else TRAIN) != self.split:
+            return f"not in the {self.split} split (--split)"
         if record.get("masked"):
             return "masked (the loop trained on nothing)"
         if (self.min_reward is not None or self.best_of) and score is None:
@@ -62,6 +74,8 @@ class ExportSummary:
     rows: int = 0
     records: int = 0
     skipped: Counter = field(default_factory=Counter)
+    splits: dict = field(default_factory=dict)  # trajectories seen of each split
+    models: set = field(default_factory=set)  # the models of the exported trajectories
     bad: list[dict] = field(default_factory=list)
     template_kwargs: dict = field(default_factory=dict)
 
@@ -70,29 +84,33 @@ class ExportSummary:
             "rows": self.rows,
             "records": self.records,
             "skipped": dict(sorted(self.skipped.items())),
+            "splits_seen": self.splits,
             "bad_records": self.bad,
-            "verl_overrides": verl_overrides(out / TRAIN_FILE, self.template_kwargs),
+            "verl_overrides": verl_overrides(out.absolute() / TRAIN_FILE, self.template_kwargs),
+            "verl_command": verl_command(out, self.template_kwargs, self.models),
         }
 
 
 def export_sft(paths: list[Path], out: Path, filters: SFTFilters = SFTFilters(), per_turn: bool = False) -> dict:
-    """Write ``out/train.parquet`` and ``out/export.json`` (counts, skipped and bad records, verl's overrides) from
-    the records under ``paths``; returns the summary. A ConfigError when no row would be written."""
-    loaded = load_records(paths)
+    """Write ``out/train.parquet`` and ``out/export.json`` (counts, splits seen, skipped and bad records, verl's
+    command) from the good records under ``paths`` (``read.load_records``); returns the summary. A ConfigError when
+    no row would be written."""
+    check_out_folder(out, paths)
+    loaded = load_records(paths, exclude=[out])
     summary = ExportSummary(bad=[{"path": str(bad.path), "reason": bad.reason} for bad in loaded.bad])
-    kept = _kept(loaded, filters, summary)
-    rows = []
-    for item in kept:
+    summary.splits = loaded.splits()
+    exported = []
+    for item in _kept(loaded, filters, summary):
         try:
-            rows += record_rows(item, per_turn)
+            exported.append((item, record_rows(item, per_turn)))
         except RecordError as error:
             summary.bad.append({"path": str(item.path), "reason": str(error)})
-            continue
-        summary.records += 1
+    summary.template_kwargs, exported = _shared_template_kwargs(exported, summary)
+    rows = [row for _, record_rows_ in exported for row in record_rows_]
     if not rows:
         raise ConfigError(f"no SFT row to write from {[str(path) for path in paths]}: {_nothing_reason(summary)}")
-    summary.template_kwargs = _shared_template_kwargs(kept)
-    summary.rows = len(rows)
+    summary.records, summary.rows = len(exported), len(rows)
+    summary.models = {item.record.get("model") for item, _ in exported}
     out.mkdir(parents=True, exist_ok=True)
     _write_parquet(rows, out / TRAIN_FILE)
     result = summary.as_dict(out)
@@ -118,13 +136,11 @@ def _kept(loaded: RecordSet, filters: SFTFilters, summary: ExportSummary) -> lis
 
 
 def best_of_each_prompt(records: list[LoadedRecord]) -> list[LoadedRecord]:
-    """The best-scored record of each prompt (data source and sample index, else uid), the earliest sample on a
-    tie; a record naming no prompt stands alone."""
+    """The best-scored record of each prompt (``LoadedRecord.prompt_key``: verl's uid, else the prompt's text and
+    images), the earliest sample on a tie."""
     best: dict = {}
     for order, item in enumerate(records):
-        sample = item.record.get("sample") or {}
-        prompt = sample.get("index") if sample.get("index") is not None else sample.get("uid")
-        key = (sample.get("data_source"), prompt) if prompt is not None else ("record", order)
+        key = item.prompt_key()
         rank = (item.record["reward"]["score"], -(item.record.get("rollout_n") or 0), -order)
         if key not in best or rank > best[key][0]:
             best[key] = (rank, order, item)
@@ -190,28 +206,29 @@ def _sft_message(item: LoadedRecord, message: dict) -> dict:
     return {**extra, "content": text}
 
 
-def _shared_template_kwargs(records: list[LoadedRecord]) -> dict:
-    """The chat template kwargs every record was rendered with (verl's SFT takes one set), enable_thinking aside
-    (a column)."""
-    found = {
-        json.dumps(
-            {
-                k: v
-                for k, v in ((item.record.get("chat") or {}).get("template_kwargs") or {}).items()
-                if k != "enable_thinking"
-            },
-            sort_keys=True,
-        )
-        for item in records
-        if item.record.get("chat")
-    }
-    if len(found) > 1:
-        raise ConfigError(
-            f"the records were rendered with different chat template kwargs {sorted(found)}; verl's SFT trainer "
-            "takes one set (data.apply_chat_template_kwargs): export them separately (--data-source, or one folder "
-            "at a time)"
-        )
-    return json.loads(found.pop()) if found else {}
+def _template_kwargs(item: LoadedRecord) -> str:
+    kwargs = (item.record.get("chat") or {}).get("template_kwargs") or {}
+    return json.dumps({key: value for key, value in kwargs.items() if key != "enable_thinking"}, sort_keys=True)
+
+
+def _shared_template_kwargs(exported: list, summary: ExportSummary) -> tuple[dict, list]:
+    """The chat template kwargs most records were rendered with (verl's SFT takes one set,
+    ``data.apply_chat_template_kwargs``; enable_thinking aside, a column) and the records rendered with them; the
+    others are listed as bad, to export separately."""
+    found = Counter(_template_kwargs(item) for item, _ in exported)
+    if not found:
+        return {}, exported
+    shared = found.most_common(1)[0][0]
+    for item, _ in exported:
+        if _template_kwargs(item) != shared:
+            summary.bad.append(
+                {
+                    "path": str(item.path),
+                    "reason": f"{item.path}: rendered with chat template kwargs {_template_kwargs(item)}, not the "
+                    f"{shared} of the others (verl's SFT trainer takes one set): export it separately",
+                }
+            )
+    return json.loads(shared), [entry for entry in exported if _template_kwargs(entry[0]) == shared]
 
 
 def _nothing_reason(summary: ExportSummary) -> str:
@@ -236,3 +253,17 @@ def verl_overrides(train_file: Path, template_kwargs: dict) -> list[str]:
         f"+data.apply_chat_template_kwargs.{key}={json.dumps(value)}" for key, value in template_kwargs.items()
     ]
     return overrides
+
+
+def verl_command(out: Path, template_kwargs: dict, models: set) -> str:
+    """The whole command line of verl's SFT trainer for the written parquet, absolute paths: the model the
+    trajectories were generated by when they share one (else MODEL_PATH, to fill in), checkpoints under ``out``."""
+    out = out.absolute()
+    named = sorted(str(model) for model in models if model)
+    model = str(Path(named[0]).absolute()) if len(named) == 1 and len(models) == 1 else "MODEL_PATH"
+    overrides = [
+        *verl_overrides(out / TRAIN_FILE, template_kwargs),
+        f"model.path={model}",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+    ]
+    return " ".join(["torchrun --standalone --nproc_per_node=1 -m verl.trainer.sft_trainer", *overrides])

@@ -22,6 +22,7 @@ def add_view_command(commands) -> None:
         metavar="PORT",
         help="then serve the site on http://127.0.0.1:PORT/ until Ctrl-C (0: any free port)",
     )
+    view.add_argument("--strict", action="store_true", help="exit 1 if any record could not be read (after the site)")
     view.set_defaults(run=run_view)
 
 
@@ -31,9 +32,12 @@ def run_view(args: argparse.Namespace) -> int:
 
     try:
         site = build_site(args.dir, args.out)
-        sys.stdout.write(f"{len(site.pages)} trajectories: {site.index}\n")
+        for bad in site.bad:
+            sys.stderr.write(f"verl-mm-tools view: left out {bad.line()}\n")
+        left_out = f" ({len(site.bad)} records left out, listed on the index page)" if site.bad else ""
+        sys.stdout.write(f"{len(site.pages)} trajectories: {site.index}{left_out}\n")
         if args.serve is None:
-            return 0
+            return 1 if args.strict and site.bad else 0
         server = make_server(site.index.parent, args.serve)
     except ViewerError as error:
         sys.stderr.write(f"verl-mm-tools view: {error}\n")

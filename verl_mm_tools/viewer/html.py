@@ -4,6 +4,7 @@ network, so a site can be opened from disk, copied, or served on a machine witho
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import PurePath
@@ -157,8 +158,9 @@ def model_note(model: str | None) -> str:
     return f"model {name} ({TINY_MODEL_NOTE})" if name.startswith("tiny-") else f"model {name}"
 
 
-def index_page(rows: list[IndexRow], source: str, curve: str | None = None) -> str:
-    """The table of trajectories, under the run's learning curve (``curve``: the picture's file name) when given."""
+def index_page(rows: list[IndexRow], source: str, curve: str | None = None, bad: Sequence[str] = ()) -> str:
+    """The table of trajectories, under the run's learning curve (``curve``: the picture's file name) when given,
+    above the records that could not be read (``bad``: one line each, its file and why)."""
     models = sorted({model_note(row.model) for row in rows})
     header = (
         f'<header><h1>Trajectories</h1><div class="note">{len(rows)} trajectories from '
@@ -175,7 +177,15 @@ def index_page(rows: list[IndexRow], source: str, curve: str | None = None) -> s
         + "".join(_index_row(row) for row in rows)
         + "</tbody></table>"
     )
-    return page("Trajectories", f"{header}<main>{_filters(rows)}{table}</main>", INDEX_SCRIPT)
+    return page("Trajectories", f"{header}<main>{_filters(rows)}{table}{_unreadable(bad)}</main>", INDEX_SCRIPT)
+
+
+def _unreadable(bad: Sequence[str]) -> str:
+    if not bad:
+        return ""
+    items = "".join(f"<li><code>{escape(line)}</code></li>" for line in bad)
+    heading = f"<h2>Left out: {len(bad)} records that could not be read</h2>"
+    return f'<section id="unreadable">{heading}<ul>{items}</ul></section>'
 
 
 def _filters(rows: list[IndexRow]) -> str:

@@ -1,5 +1,7 @@
-"""Find and load trajectory records for the viewer: mm_tool dumps (``dump_dir``) and verl's own
-``trainer.rollout_data_dir`` JSONL (text only: verl writes the decoded prompt and response, no images)."""
+"""Find and load trajectory records for the viewer: mm_tool dumps (``dump_dir``), each record through the one reader
+(``trajectories.read.read_checked``: fields, images and the files they name checked inside the record's folder; a bad
+record is listed, not shown), and verl's own ``trainer.rollout_data_dir`` JSONL (text only: verl writes the decoded
+prompt and response, no images)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_mm_tools.errors import VerlMMToolsError
-from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR, RecordError, read_record
+from verl_mm_tools.record import RECORD_FILE, STAGED_RECORD_FILE, STAGING_DIR, RecordError
+from verl_mm_tools.trajectories.read import BadRecord, read_checked
 
 logger = logging.getLogger(__name__)
 
@@ -30,24 +33,56 @@ class Trajectory:
     record: dict
     folder: Path | None
     origin: str  # "dump", "staged" (published by no manager yet) or "verl-jsonl"
+    files: dict[str, Path] = field(default_factory=dict)  # each file the record names (checked) -> where it is
 
     @property
     def id(self) -> str:
         return self.record["id"]
 
 
+@dataclass
+class TrajectorySet:
+    trajectories: list[Trajectory]
+    bad: list[BadRecord]
+
+
 def load_trajectories(directory: str | os.PathLike) -> list[Trajectory]:
-    """Every trajectory under ``directory``, sorted by validation flag, step, sample index and rollout number."""
+    """The good trajectories under ``directory`` (``load_trajectory_set``)."""
+    return load_trajectory_set(directory).trajectories
+
+
+def load_trajectory_set(directory: str | os.PathLike) -> TrajectorySet:
+    """Every good trajectory under ``directory``, sorted by validation flag, step, sample index and rollout number,
+    and each bad record with its reason; a ViewerError when there is no good one."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ViewerError(f"{directory} is not a directory; pass the mm_tool dump_dir or verl's rollout_data_dir")
-    found = [*_dumped(directory), *_staged(directory), *_verl_jsonl(directory)]
+    bad: list[BadRecord] = []
+    found = [*_dumped(directory, bad), *_staged(directory, bad), *_verl_jsonl(directory, bad)]
+    found = _each_id_once(found, bad)
+    if not found and bad:
+        reasons = "; ".join(item.line() for item in bad[:5])
+        raise ViewerError(
+            f"no readable trajectory under {directory}: {reasons}; delete the trajectory folder or re-run"
+        )
     if not found:
         raise ViewerError(
             f"no trajectories under {directory}: expected step_*/<id>/{RECORD_FILE} (the mm_tool loop's dump_dir "
             f"option) or <step>.jsonl files (verl's trainer.rollout_data_dir)"
         )
-    return sorted(found, key=_order)
+    return TrajectorySet(sorted(found, key=_order), bad)
+
+
+def _each_id_once(found: list[Trajectory], bad: list[BadRecord]) -> list[Trajectory]:
+    """A trajectory's page is named by its id: a second record with the same id is listed as bad."""
+    seen: dict[str, Trajectory] = {}
+    for trajectory in found:
+        if trajectory.id in seen:
+            where = trajectory.folder or Path(trajectory.id)
+            bad.append(BadRecord(where, f"the same trajectory (id {trajectory.id}) as {seen[trajectory.id].folder}"))
+            continue
+        seen[trajectory.id] = trajectory
+    return list(seen.values())
 
 
 def _order(trajectory: Trajectory) -> tuple:
@@ -64,12 +99,27 @@ def _order(trajectory: Trajectory) -> tuple:
     )
 
 
-def _dumped(directory: Path) -> list[Trajectory]:
+def _dumped(directory: Path, bad: list[BadRecord]) -> list[Trajectory]:
     paths = sorted(directory.glob(f"{STEP_DIR_PATTERN}/*/{RECORD_FILE}"))
-    return [Trajectory(_read_record(path), path.parent, "dump") for path in paths]
+    return _checked(paths, "dump", bad)
 
 
-def _staged(directory: Path) -> list[Trajectory]:
+def _checked(paths: list[Path], origin: str, bad: list[BadRecord]) -> list[Trajectory]:
+    trajectories = []
+    for path in paths:
+        try:
+            loaded = read_checked(path)
+        except RecordError as error:
+            bad.append(BadRecord(path, str(error)))
+            continue
+        images = {entry["id"]: entry for entry in loaded.record["images"]}
+        files = {images[image_id]["file"]: file for image_id, file in loaded.files.items()}
+        files |= {images[image_id]["thumb"]: file for image_id, file in loaded.thumbs.items()}
+        trajectories.append(Trajectory(loaded.record, path.parent, origin, files))
+    return trajectories
+
+
+def _staged(directory: Path, bad: list[BadRecord]) -> list[Trajectory]:
     """Records the manager has not published: a step in progress, or a run that stopped mid-step."""
     paths = sorted((directory / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}"))
     if paths:
@@ -78,22 +128,19 @@ def _staged(directory: Path) -> list[Trajectory]:
             len(paths),
             directory / STAGING_DIR,
         )
-    return [Trajectory(_read_record(path), path.parent, "staged") for path in paths]
+    return _checked(paths, "staged", bad)
 
 
-def _read_record(path: Path) -> dict:
-    try:
-        return read_record(path)
-    except RecordError as error:
-        raise ViewerError(f"{error}; delete the trajectory folder or re-run") from error
-
-
-def _verl_jsonl(directory: Path) -> list[Trajectory]:
+def _verl_jsonl(directory: Path, bad: list[BadRecord]) -> list[Trajectory]:
     trajectories = []
     for path in sorted(directory.glob("*.jsonl")):
-        for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
+        for line_number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
                 trajectories.append(Trajectory(_verl_record(path, line_number, line), None, "verl-jsonl"))
+            except ViewerError as error:
+                bad.append(BadRecord(path, str(error)))
     return trajectories
 
 

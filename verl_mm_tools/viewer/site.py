@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from verl_mm_tools.errors import FileAccessError
-from verl_mm_tools.files import FileRoots
 from verl_mm_tools.record import SITE_DIR, trajectory_name
+from verl_mm_tools.trajectories.read import SITE_MARKER, BadRecord
 from verl_mm_tools.viewer.curve import CURVE_PICTURE
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
-from verl_mm_tools.viewer.loading import Trajectory, ViewerError, load_trajectories
+from verl_mm_tools.viewer.loading import Trajectory, ViewerError, load_trajectory_set
 
 logger = logging.getLogger(__name__)
 
-SITE_MARKER = ".verl-mm-tools-site"  # lets a rebuild replace a site it made, and nothing else
+# SITE_MARKER (read.py) lets a rebuild replace a site it made, and nothing else, and keeps readers out of it
 QUESTION_CHARS = 120
 
 
@@ -31,6 +30,7 @@ QUESTION_CHARS = 120
 class Site:
     index: Path
     pages: dict[str, Path]  # trajectory id -> page
+    bad: list[BadRecord]  # the records that could not be shown, listed on the index page
 
 
 def default_site_dir(dump_dir: str | os.PathLike) -> Path:
@@ -38,8 +38,10 @@ def default_site_dir(dump_dir: str | os.PathLike) -> Path:
 
 
 def build_site(dump_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Site:
-    """Write the site for every trajectory under ``dump_dir`` into ``out`` (default ``<dump_dir>/_site``)."""
-    trajectories = load_trajectories(dump_dir)
+    """Write the site for every good trajectory under ``dump_dir`` into ``out`` (default ``<dump_dir>/_site``), the
+    bad records listed on its index page."""
+    loaded = load_trajectory_set(dump_dir)
+    trajectories = loaded.trajectories
     out = Path(out) if out is not None else default_site_dir(dump_dir)
     _prepare(out)
     pages = {trajectory.id: f"t/{trajectory.id}.html" for trajectory in trajectories}
@@ -54,9 +56,10 @@ def build_site(dump_dir: str | os.PathLike, out: str | os.PathLike | None = None
         (out / pages[trajectory.id]).write_text(html, encoding="utf-8")
     rows = [_index_row(trajectory, pages[trajectory.id]) for trajectory in trajectories]
     curve = _copy_learning_curve(Path(dump_dir), out)
-    (out / "index.html").write_text(index_page(rows, str(dump_dir), curve), encoding="utf-8")
+    bad_lines = [item.line() for item in loaded.bad]
+    (out / "index.html").write_text(index_page(rows, str(dump_dir), curve, bad_lines), encoding="utf-8")
     logger.info("wrote %d trajectory pages to %s", len(trajectories), out)
-    return Site(index=out / "index.html", pages={key: out / value for key, value in pages.items()})
+    return Site(index=out / "index.html", pages={key: out / value for key, value in pages.items()}, bad=loaded.bad)
 
 
 def _copy_learning_curve(dump_dir: Path, out: Path) -> str | None:
@@ -91,23 +94,9 @@ def _copy_images(trajectory: Trajectory, out: Path) -> str | None:
     if trajectory.folder is None:
         return None
     base = f"img/{trajectory.id}"
-    for image in trajectory.record.get("images") or []:
-        for key in ("file", "thumb"):
-            if image.get(key):
-                _link_or_copy(_record_file(trajectory.folder, image[key]), out / base / image[key])
+    for name, source in trajectory.files.items():  # checked by the reader: inside the record's own folder
+        _link_or_copy(source, out / base / name)
     return base
-
-
-def _record_file(folder: Path, name: str) -> Path:
-    """A file a record names: a relative path inside the trajectory's own folder. A dump from elsewhere may name any
-    path, and the site would then publish (and write) files outside the dump and the site."""
-    try:
-        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == "..":
-            raise FileAccessError(f"refused to read {name!r}: outside the file roots [{str(folder)!r}]")
-        FileRoots.from_config([folder.resolve()]).confined(name)
-    except FileAccessError as error:
-        raise ViewerError(f"the record in {folder} names a file it may not: {error}") from None
-    return folder / name
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -118,7 +107,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.link(source, target)  # no extra disk for the site
+        os.link(os.path.realpath(source), target)  # no extra disk for the site
     except OSError:
         shutil.copyfile(source, target)
 
