@@ -188,3 +188,15 @@ def test_uniform_rotation_pictures_of_text_and_shapes(tmp_path, tiny_tokenizer, 
     )
     [image] = images_of(rlhf_dataset(tmp_path / "train.parquet", tiny_tokenizer, tiny_processor)[0], tiny_processor)
     assert image.mode == "RGB" and min(image.size) >= 112
+
+
+def test_make_data_out_on_a_file_is_a_usage_error(tmp_path, capsys):
+    from verl_mm_tools.cli import main
+
+    (tmp_path / "file").write_text("mine")
+    assert main(["make-data", "rotation", "--out", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (
+        f"verl-mm-tools make-data: error: --out {tmp_path / 'file'} is a file, not a folder; pass a folder (new or "
+        "existing) to write the parquet into\n"
+    )
+    assert (tmp_path / "file").read_text() == "mine"

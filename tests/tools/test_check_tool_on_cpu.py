@@ -177,3 +177,23 @@ def test_the_readme_tool_passes_and_the_report_lists_what_was_checked():
         "'Image 2:', leaving the workspace to the loop"
     )
     assert "  ok  bad input answered as text: image_id 99 of 1 image" in lines
+
+
+def test_a_tool_class_whose_schema_cannot_be_built_is_reported_as_a_problem():
+    """A docstring without ``Args:``: transformers' get_json_schema fails at construction; check_tool says why."""
+    from verl_mm_tools.tools import ImageTool
+
+    def undocumented(factor: float) -> None:
+        """Brighten the image."""
+
+    class Undocumented(ImageTool):
+        schema_fn = undocumented
+
+        def apply(self, image, **arguments):
+            return image
+
+    with pytest.raises(
+        ToolCheckError, match=r"(?s)tool 'Undocumented' fails check_tool:\n- the tool cannot be built \(.*'Args:'"
+    ):
+        check_tool(Undocumented)
+    assert check_tool(RotateTool).checks  # a class that builds is checked as its instance

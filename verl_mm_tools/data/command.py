@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.cli_types import whole_number
+from verl_mm_tools.errors import ConfigError
 
 
 def _rotation(args: argparse.Namespace) -> list[Path]:
@@ -46,6 +47,11 @@ def _geo3k(args: argparse.Namespace) -> list[Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--out {out} is a file, not a folder; pass a folder (new or existing) to write the parquet into"
+        )
     for path in args.write(args):
         sys.stdout.write(f"{path}\n")
     return 0

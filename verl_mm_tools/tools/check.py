@@ -20,7 +20,7 @@ import asyncio
 import math
 import re
 import types
-from typing import Any
+from typing import Any, cast
 
 from PIL import Image
 from verl.tools.base_tool import BaseTool
@@ -142,8 +142,27 @@ async def bad_input_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[
     return problems
 
 
-async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> CheckReport:
+def constructed(tool: Any) -> tuple[BaseTool, list[str]]:
+    """``tool``, built with no config when it is a class, and the problem when it cannot be: most often a schema
+    function whose docstring transformers' ``get_json_schema`` cannot read (no ``Args:`` section, a parameter
+    without a type or a description)."""
+    if not isinstance(tool, type):
+        return tool, []
+    try:
+        return tool(), []
+    except Exception as error:  # noqa: BLE001  any construction failure is the tool's problem to report
+        return cast("BaseTool", None), [
+            f"the tool cannot be built ({type(error).__name__}: {error}); its schema comes from schema_fn: give it a "
+            "Google docstring with a description and an 'Args:' section describing every typed parameter"
+        ]
+
+
+async def acheck_tool(given: BaseTool | type, arguments: dict[str, Any] | None = None) -> CheckReport:
     """Async ``check_tool``."""
+    name = getattr(given, "name", getattr(given, "__name__", type(given).__name__))
+    tool, problems = constructed(given)
+    if problems:
+        raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
     arguments = dict(getattr(tool, "example_arguments", {}) if arguments is None else arguments)
     name = getattr(tool, "name", type(tool).__name__)
     problems = schema_problems(tool)
@@ -163,9 +182,9 @@ async def acheck_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -
     return report
 
 
-def check_tool(tool: BaseTool, arguments: dict[str, Any] | None = None) -> CheckReport:
+def check_tool(tool: BaseTool | type, arguments: dict[str, Any] | None = None) -> CheckReport:
     """Raise ToolCheckError unless ``tool`` keeps the image-tool contract (see the module docstring); returns what
-    was checked.
+    was checked. ``tool``: an instance, or a class built with no config (a schema it cannot build is a problem).
 
     ``arguments``: a valid call for the 64x48 probe image (default: ``tool.example_arguments``). Synchronous: it
     runs its own event loop, so call ``await acheck_tool(tool)`` inside a running loop.
