@@ -1,6 +1,6 @@
 """The trainer supervisor (``verl_mm_tools.supervise``) on plain subprocesses: a process group stopped whole when the
 watching block raises, SIGTERM to us raised as SystemExit, a SIGTERM-deaf trainer killed after its grace, and a
-run's stray processes found by their environment."""
+run's stray processes found by their environment; a trainer's command written down as a script that reruns it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from verl_mm_tools.supervise import (
     supervised,
     terminate_raises,
     tree_memory_bytes,
+    write_trainer_script,
 )
 
 # A parent that starts a child in its own process group (as torchrun and Ray's driver do) and prints its pid.
@@ -119,3 +120,19 @@ def test_a_run_s_processes_are_found_by_their_environment_and_leftovers_killed(t
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_the_trainer_script_reruns_the_command_with_its_named_environment_and_extra_arguments(tmp_path):
+    command = [
+        sys.executable,
+        "-c",
+        "import os, sys; print(os.environ.get('SET'), os.environ.get('LEFT'), sys.argv[1:])",
+    ]
+    env = {"SET": "a value with 'quotes'", "LEFT": "not written"}
+    script = write_trainer_script(tmp_path / "command.sh", command, env, ("SET", "ABSENT"), "why this command")
+    assert script.read_text().splitlines()[:2] == ["#!/usr/bin/env bash", "# why this command"]
+    assert os.access(script, os.X_OK)
+    result = subprocess.run(
+        [str(script), "extra=1"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}
+    )
+    assert result.stdout.strip() == "a value with 'quotes' None ['extra=1']", result.stderr

@@ -1,7 +1,7 @@
 """A trainer subprocess under watch: started in its own session (so its process group holds everything it starts:
 torchrun's workers, a Ray cluster), its output in a log file, and stopped with its whole group when the caller is
 interrupted, times out or decides to stop it. The demo (``demo.watch``) and verl's SFT trainer (``cpu.sft``) run
-their trainers through it.
+their trainers through it, and write their command down with ``write_trainer_script`` to rerun or edit.
 
 Light: the standard library and psutil only.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -38,6 +39,21 @@ def supervised(
         except BaseException:
             stop(process)
             raise
+
+
+def write_trainer_script(
+    path: Path, command: list[str], env: dict[str, str], env_names: Iterable[str], comment: str
+) -> Path:
+    """Write ``command`` as an executable bash script at ``path``: the variables of ``env`` named in ``env_names`` (the
+    ones it sets) before it, ``# comment`` above it; extra arguments to the script go last (hydra overrides win)."""
+    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in env_names if name in env)
+    path.write_text(
+        f"#!/usr/bin/env bash\n# {comment}\n{exports} \\\n  "
+        + " \\\n  ".join(shlex.quote(part) for part in command)
+        + ' "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_mm_tools.cpu.overrides import cpu_environment
+from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment
 from verl_mm_tools.errors import ConfigError, VerlMMToolsError, did_you_mean
-from verl_mm_tools.supervise import kill_group, supervised
+from verl_mm_tools.supervise import kill_group, supervised, write_trainer_script
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ SFT_TRAINER_MODULE = "verl.trainer.sft_trainer"
 CHECKPOINTS_DIR = "checkpoints"  # trainer.default_local_dir, under out_dir
 LOG_FILE = "sft_trainer.log"  # the trainer's stdout and stderr, under out_dir
 COMMAND_FILE = "command.sh"  # the exact command, to rerun or edit, under out_dir
+# the environment variables command.sh sets before the command, and its comment
+SCRIPT_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "TOKENIZERS_PARALLELISM", *THREAD_ENV)
+SCRIPT_COMMENT = "verl's SFT trainer on CPU (verl_mm_tools.cpu.sft)."
 HF_MODEL = "hf_model"  # the checkpoint content verl saves as a Hugging Face model folder
 LATEST_STEP_FILE = "latest_checkpointed_iteration.txt"  # verl's checkpoint tracker
 TAIL_LINES = 25
@@ -205,7 +208,7 @@ def run_verl_sft(
     command = sft_command([*sft_overrides(model_path, train_files, out_dir, **knobs), *overrides])
     env = cpu_environment()
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_command(command, env, out_dir / COMMAND_FILE)
+    write_trainer_script(out_dir / COMMAND_FILE, command, env, SCRIPT_ENV, SCRIPT_COMMENT)
     started = time.monotonic()
     returncode = run_logged(command, env, out_dir / LOG_FILE, timeout_s)
     if returncode != 0:
@@ -220,16 +223,6 @@ def refuse_earlier_checkpoints(checkpoints: Path) -> None:
         raise ConfigError(
             f"verl SFT: {checkpoints} holds checkpoints of an earlier run; give an empty out_dir or remove that folder"
         )
-
-
-def write_command(command: list[str], env: dict[str, str], path: Path) -> None:
-    names = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in names if name in env)
-    path.write_text(
-        "#!/usr/bin/env bash\n# verl's SFT trainer on CPU (verl_mm_tools.cpu.sft).\n"
-        f"{exports} \\\n  " + " \\\n  ".join(shlex.quote(part) for part in command) + ' "$@"\n'
-    )
-    path.chmod(0o755)
 
 
 def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout_s: float | None) -> int:

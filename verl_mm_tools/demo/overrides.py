@@ -5,7 +5,6 @@ step hook, and the user's last; ``config/command.sh`` writes them down to rerun 
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
 from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.tasks import MICRO_BATCH
+from verl_mm_tools.supervise import write_trainer_script
 
 MAX_TURNS = 3  # assistant turns per trajectory
 
@@ -107,21 +107,18 @@ def trainer_environment(paths: DemoPaths) -> dict[str, str]:
     return env
 
 
+# The environment variables ``config/command.sh`` sets before the trainer command.
+SCRIPT_ENV = (
+    "VERL_PLATFORM",
+    "VERL_ENGINE_DEVICE",
+    "VERL_FILE_LOGGER_PATH",
+    "TOKENIZERS_PARALLELISM",
+    "PYTHONPATH",
+    *THREAD_ENV,
+)
+
+
 def write_command_script(command: list[str], env: dict[str, str], paths: DemoPaths) -> Path:
-    script = paths.config / "command.sh"
-    names = (
-        "VERL_PLATFORM",
-        "VERL_ENGINE_DEVICE",
-        "VERL_FILE_LOGGER_PATH",
-        "TOKENIZERS_PARALLELISM",
-        "PYTHONPATH",
-        *THREAD_ENV,
+    return write_trainer_script(
+        paths.config / "command.sh", command, env, SCRIPT_ENV, "The trainer command of this demo run."
     )
-    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in names if name in env)
-    script.write_text(
-        f"#!/usr/bin/env bash\n# The trainer command of this demo run.\n{exports} \\\n  "
-        + " \\\n  ".join(shlex.quote(part) for part in command)
-        + ' "$@"\n'
-    )
-    script.chmod(0o755)
-    return script
