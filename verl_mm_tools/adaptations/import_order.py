@@ -19,7 +19,9 @@ import importlib
 import importlib.abc
 import sys
 from collections.abc import Callable, Collection
+from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import cast
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -30,7 +32,7 @@ class _HookedLoader(importlib.abc.Loader):
     ):
         self.loader, self.before, self.after = loader, before, after
         self.imported_by_before: ModuleType | None = None
-        self.own_spec = None
+        self.own_spec: ModuleSpec | None = None
 
     def __getattr__(self, name):  # get_code, get_source, get_resource_reader, ...: the real loader's (runpy uses them)
         if name == "loader":  # not set yet (a copy in the making): no endless recursion
@@ -48,8 +50,9 @@ class _HookedLoader(importlib.abc.Loader):
                 return self.imported_by_before
         return self.loader.create_module(spec)
 
-    def exec_module(self, module):
-        module.__spec__.loader = module.__loader__ = self.loader  # the wrapper was for this one import only
+    def exec_module(self, module: ModuleType) -> None:
+        spec = cast(ModuleSpec, module.__spec__)  # the import system set it before calling exec_module
+        spec.loader = module.__loader__ = self.loader  # the wrapper was for this one import only
         if module is self.imported_by_before:
             module.__spec__ = self.own_spec
             return

@@ -56,7 +56,8 @@ def final_sample_scoring_worker():
     module-level subclass of a ``@ray.remote`` class is pickled by reference while its base travels by value, and the
     base's own ``super()`` then fails in the actor ("obj must be an instance or subtype of type")."""
 
-    class FinalSampleScoringWorker(AgentLoopWorkerTQ.__ray_actor_class__):
+    # the @ray.remote class's own class, an attribute Ray adds (so unknown to mypy)
+    class FinalSampleScoringWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined, unused-ignore]
         async def _compute_score(self, outputs, kwargs):
             await super()._compute_score(outputs[-1:], kwargs=kwargs)
 

@@ -32,7 +32,7 @@ class LoopContext:
     tools: dict  # name -> verl tool, before per-sample selection
     # images: the processor's geometry (None when the model sees none), its placeholder ids, generated ids refused
     geometry: ImageGeometry | SoftTokenGeometry | None
-    placeholder_ids: list | None
+    placeholder_ids: tuple[int | None, int | None] | None  # (image, video); None when the model sees no images
     image_token_id: int | None
     forbidden_generated: frozenset[int]
     turn_credit: bool

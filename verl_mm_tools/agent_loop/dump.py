@@ -28,12 +28,13 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from PIL import Image
 
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.export import rendered_history
-from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, state_of
+from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, TrajectoryState, state_of
 from verl_mm_tools.record import (
     FULL_MARKER,
     STAGED_RECORD_FILE,
@@ -45,6 +46,9 @@ from verl_mm_tools.record import (
     sample_ids,
 )
 
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.agent_data import LoopAgentData
+
 logger = logging.getLogger(__name__)
 
 THUMBNAIL_SIZE = (160, 160)
@@ -53,14 +57,14 @@ THUMBNAIL_SIZE = (160, 160)
 # ----- phase 1: the loop stages one trajectory (phase 2: step_hook/dump.py) -----------------------------------------
 
 
-async def stage_trajectory(context: LoopContext, agent_data, outputs: list, sample: dict) -> dict:
+async def stage_trajectory(context: LoopContext, agent_data: LoopAgentData | None, outputs: list, sample: dict) -> dict:
     """Stage one finished trajectory of the loop of ``context``, its training samples ``outputs`` (the final one
     last); returns the reference for the final output's ``extra_fields``.
 
     A dump must never cost a trajectory: any failure here is logged and reported in the reference instead."""
     config = context.options
     # Absolute, so the manager (another process, maybe another working directory) finds the same folder.
-    dump_dir = Path(config.dump_dir).expanduser().resolve()
+    dump_dir = Path(cast(str, config.dump_dir)).expanduser().resolve()  # the loop stages only with a dump_dir
     reference = {
         "dump_dir": str(dump_dir),
         "max_per_step": config.dump_max_per_step,
@@ -79,7 +83,9 @@ async def stage_trajectory(context: LoopContext, agent_data, outputs: list, samp
     return {**reference, **written}
 
 
-def _loop_record(context: LoopContext, agent_data, outputs: list, sample: dict) -> tuple[dict, list]:
+def _loop_record(
+    context: LoopContext, agent_data: LoopAgentData | None, outputs: list, sample: dict
+) -> tuple[dict, list]:
     messages = list(getattr(agent_data, "messages", None) or sample.get("raw_prompt") or [])
     state = state_of(agent_data)
     images = list(getattr(agent_data, "image_data", None) or [])
@@ -97,11 +103,12 @@ def _loop_record(context: LoopContext, agent_data, outputs: list, sample: dict) 
         model=context.model_path,
         request_id=getattr(agent_data, "request_id", None),
         timing=output.metrics.model_dump() if hasattr(output.metrics, "model_dump") else dict(output.metrics or {}),
-        chat=_chat(context, agent_data, state) if state is not None and messages else None,
+        # a state is attached to agent data only
+        chat=_chat(context, agent_data, state) if agent_data is not None and state is not None and messages else None,
     )
 
 
-def _chat(context: LoopContext, agent_data, state) -> dict:
+def _chat(context: LoopContext, agent_data: LoopAgentData, state: TrajectoryState) -> dict:
     schemas = getattr(agent_data, "_active_tool_schemas", None) or []
     return chat_record(
         rendered_history(context, agent_data, state),
@@ -110,7 +117,7 @@ def _chat(context: LoopContext, agent_data, state) -> dict:
     )
 
 
-def _turn_records(agent_data, outputs: list, decode) -> list[TurnRecord]:
+def _turn_records(agent_data: LoopAgentData | None, outputs: list, decode) -> list[TurnRecord]:
     """The turns the loop recorded that the outputs hold, with their spans in their own sample's response."""
     state = state_of(agent_data)
     turns = state.output_turns if state is not None else []
@@ -158,7 +165,7 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(temporary, path)  # a reader never sees half a record
 
 
-def folder_bytes(folder: str | os.PathLike, skip: frozenset[str] = frozenset()) -> int:
+def folder_bytes(folder: str | os.PathLike[str], skip: frozenset[str] = frozenset()) -> int:
     """Bytes of the files under ``folder``, not descending into top-level entries named in ``skip``."""
     total = 0
     for entry in os.scandir(folder):

@@ -26,12 +26,15 @@ advantages over each trajectory's final sample and broadcasts them (``verl.train
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.state import SampleCut, TrajectoryState
 from verl_mm_tools.errors import TrajectoryValidationError
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 
 
 class Exporter:
@@ -46,7 +49,7 @@ class Exporter:
         if self.export is Export.AUTO and context.sees_images and context.placeholder_ids:
             self.placeholder_ids = frozenset(found for found in context.placeholder_ids if found is not None)
 
-    async def new_sample(self, agent_data: Any, state: TrajectoryState) -> bool | None:
+    async def new_sample(self, agent_data: LoopAgentData, state: TrajectoryState) -> bool | None:
         """Before a turn after the first: True when a new sample starts, None when it would but the template's
         render of the conversation leaves no room to generate, False to continue the current sample."""
         if self.export is Export.PER_TRAJECTORY:
@@ -55,19 +58,19 @@ class Exporter:
             return False
         return await self._start_sample(agent_data, state) or None
 
-    async def _history_rewritten(self, agent_data: Any, state: TrajectoryState) -> bool:
+    async def _history_rewritten(self, agent_data: LoopAgentData, state: TrajectoryState) -> bool:
         rendered = await self.context.run_in_executor(None, self._rendered_text, agent_data, state)
         stream = collapse_runs(agent_data.prompt_ids, self.placeholder_ids)
         return rendered != self.context.tokenizer.decode(stream, skip_special_tokens=False)
 
-    def _history_messages(self, agent_data: Any, state: TrajectoryState) -> list[dict]:
+    def _history_messages(self, agent_data: LoopAgentData, state: TrajectoryState) -> list[dict]:
         return rendered_history(self.context, agent_data, state)
 
-    def _rendered_text(self, agent_data: Any, state: TrajectoryState) -> str:
+    def _rendered_text(self, agent_data: LoopAgentData, state: TrajectoryState) -> str:
         from verl.utils.tokenizer.chat_template import apply_chat_template
 
         context = self.context
-        return apply_chat_template(
+        text = apply_chat_template(
             context.renderer,
             self._history_messages(agent_data, state),
             tokenize=False,
@@ -75,8 +78,9 @@ class Exporter:
             tools=context.tool_format.template_tools(agent_data._active_tool_schemas),
             **context.apply_chat_template_kwargs,
         )
+        return cast(str, text)  # tokenize=False: the text
 
-    async def _start_sample(self, agent_data: Any, state: TrajectoryState) -> bool:
+    async def _start_sample(self, agent_data: LoopAgentData, state: TrajectoryState) -> bool:
         """End the current sample after its last generated token and continue from the template's render of the
         whole conversation; False (nothing changed) when that render leaves no room to generate. The tokens after
         the first prompt's length count as the response, so the response budget and verl's own length checks hold
@@ -125,7 +129,7 @@ class Exporter:
         return True
 
 
-def rendered_history(context: LoopContext, agent_data: Any, state: TrajectoryState) -> list[dict]:
+def rendered_history(context: LoopContext, agent_data: LoopAgentData, state: TrajectoryState) -> list[dict]:
     """The conversation as the chat template renders it at inference (and as the record's ``chat`` keeps it):
     generated turns from their text."""
     texts = {turn.message: turn.text for turn in state.turns if turn.message is not None}

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.utils.profiler import simple_timer
 
 from verl_mm_tools.agent_loop import startup
+from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 from verl_mm_tools.agent_loop.budget import ImageGeometry, check_pixel_bounds
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.context import LoopContext
@@ -31,7 +33,7 @@ from verl_mm_tools.agent_loop.export import Exporter
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
-from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, state_of
+from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, attached_state
 from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
 from verl_mm_tools.envs import Observation
@@ -40,6 +42,9 @@ from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.tokens import placeholder_token_ids, vision_token_ids
+
+if TYPE_CHECKING:
+    from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +64,20 @@ VERL_LOOP_KWARGS = frozenset(
 )
 
 
+class TextDecoder(Protocol):
+    """The loop's use of its tokenizer: one sequence of ids decodes to its text."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+
 class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 
     def __init__(self, *args, **kwargs):
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)
-        self.server_manager = CheckedEngine(self.server_manager)  # aborted replies raise; prefix-cache hits kept
+        # aborted replies raise; prefix-cache hits kept (a wrapper of verl's client, with its generate)
+        self.server_manager = CheckedEngine(self.server_manager)  # type: ignore[assignment, unused-ignore]
         # select, not .get: DictConfig.get costs ~0.1 ms, and verl builds a loop per trajectory
         limit_images = OmegaConf.select(self.rollout_config, "limit_images", default=None)
         self.mm_config = MMToolLoopConfig.from_options(options, limit_images=limit_images)
@@ -125,14 +137,22 @@ class MMToolAgentLoop(ToolAgentLoop):
             new_request_id=lambda priority: self._make_request_id(priority, full_determinism),
         )
 
+    @property
+    def text_tokenizer(self) -> TextDecoder:
+        """``tokenizer`` as the loop decodes with it (verl annotates it with the ``AutoTokenizer`` factory, and
+        transformers' decode with the batch case's list too)."""
+        return cast(TextDecoder, self.tokenizer)
+
     # ----- one trajectory -------------------------------------------------------------------------------------
 
-    async def run(
+    # verl's run returns one output; with export per_turn / auto this one returns the list its worker also takes
+    async def run(  # type: ignore[override, unused-ignore]
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
         state = TrajectoryState(files=self.files)
-        agent_data = None
+        agent_data: LoopAgentData | None = None
+        outputs: Sequence[tuple[AgentLoopOutput, list | None]]
         try:
             agent_data = await new_agent_data(self.context, kwargs, priority, state)
             await start_remote_tools(agent_data._active_tools)
@@ -157,7 +177,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     # ----- the state machine ----------------------------------------------------------------------------------
 
-    async def _run_states(self, agent_data: AgentData, state: TrajectoryState, sampling_params: dict) -> None:
+    async def _run_states(self, agent_data: LoopAgentData, state: TrajectoryState, sampling_params: dict) -> None:
         handlers = {
             LoopState.PENDING: lambda: self._handle_pending_state(agent_data, sampling_params),
             LoopState.GENERATING: lambda: self._handle_generating_state(agent_data, sampling_params),
@@ -169,10 +189,13 @@ class MMToolAgentLoop(ToolAgentLoop):
         while step is not LoopState.TERMINATED:
             step = await handlers[step]()
 
-    async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> LoopState:
+    # This and the next: the mm_tool state machine's (LoopState, on the agent data prompt.new_agent_data built).
+    async def _handle_pending_state(  # type: ignore[override, unused-ignore]
+        self, agent_data: LoopAgentData, sampling_params: dict[str, Any]
+    ) -> LoopState:
         """verl's pending state, rendering the conversation in the resolved tool format, after the image budget's
         check of the prompt's images."""
-        state = state_of(agent_data)
+        state = attached_state(agent_data)
         if state.budget is not None:
             state.budget.count_prompt_images(agent_data.image_data)
             problem = state.budget.prompt_problem
@@ -183,25 +206,28 @@ class MMToolAgentLoop(ToolAgentLoop):
         mm_inputs: dict = {}
         agent_data.prompt_ids = await self.ct_build_initial_tokens(
             self.tool_format.view(agent_data.messages, schemas),
-            tools=self.tool_format.template_tools(schemas),
+            tools=self.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
             images=agent_data.image_data,
             videos=agent_data.video_data,
-            audios=agent_data.audio_data,
+            audios=agent_data.audio_data,  # type: ignore[arg-type, unused-ignore]  # verl's default is None
             mm_inputs_out=mm_inputs,
         )
         agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
         state.prompt_ids = list(agent_data.prompt_ids)
         startup.require_visible_tools(
-            self.tokenizer.decode(agent_data.prompt_ids), agent_data._active_tools, self.mm_config, self.tool_format
+            self.text_tokenizer.decode(agent_data.prompt_ids),
+            agent_data._active_tools,
+            self.mm_config,
+            self.tool_format,
         )
         return LoopState.GENERATING
 
-    async def _handle_generating_state(
-        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
+    async def _handle_generating_state(  # type: ignore[override, unused-ignore]
+        self, agent_data: LoopAgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
     ) -> LoopState:
         """verl's generating state, within the response budget (so an output is never cut, nor an image in it),
         after starting a new training sample where ``export`` says so."""
-        state = state_of(agent_data)
+        state = attached_state(agent_data)
         if len(agent_data.response_mask) >= self.response_length:
             return state.stop(StopReason.LENGTH_LIMIT)
         if state.turns and await self.exporter.new_sample(agent_data, state) is None:
@@ -211,12 +237,14 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
         messages = len(agent_data.messages)
         verl_next = await super()._handle_generating_state(
-            agent_data, {**sampling_params, "max_tokens": limit}, ignore_termination
+            cast("AgentData", agent_data),  # verl's own: prompt.new_agent_data builds an AgentData
+            {**sampling_params, "max_tokens": limit},
+            ignore_termination,
         )
         self._record_turn(turn, agent_data, messages if len(agent_data.messages) > messages else None)
         return self._after_generation(agent_data, state, verl_next, ignore_termination)
 
-    def _record_turn(self, turn: Turn, agent_data: AgentData, message: int | None) -> None:
+    def _record_turn(self, turn: Turn, agent_data: LoopAgentData, message: int | None) -> None:
         generated = set(agent_data.response_ids) & self.forbidden_generated
         if generated:
             raise TrajectoryValidationError(f"the model generated vision placeholder tokens {sorted(generated)}")
@@ -224,20 +252,20 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
         turn.text = self._generated_text(agent_data.response_ids)
         turn.message = message
-        turn.cached_tokens = self.server_manager.cached_tokens[-1]
+        turn.cached_tokens = cast(CheckedEngine, self.server_manager).cached_tokens[-1]  # set in __init__
         turn.routed_experts = agent_data.routed_experts
 
     def _generated_text(self, token_ids: list[int]) -> str:
         """What the model wrote, as a chat server keeps it: special tokens and reasoning in, the end token out."""
         if token_ids and token_ids[-1] in self.end_of_turn:
             token_ids = token_ids[:-1]
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.text_tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def _after_generation(
-        self, agent_data: AgentData, state: TrajectoryState, verl_next: AgentState, ignore_termination: bool
+        self, agent_data: LoopAgentData, state: TrajectoryState, verl_next: AgentState, ignore_termination: bool
     ) -> LoopState:
         """Where the turn leads: its tool calls, an answer to its unparsable calls, the environment, or the end."""
-        state.stats.last_assistant_text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        state.stats.last_assistant_text = self.text_tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
         attempted = self._attempted_calls(agent_data.response_ids)
         at_limit = self._at_limit(agent_data, ignore_termination)
         if verl_next == AgentState.PROCESSING_TOOLS or not at_limit:
@@ -258,16 +286,16 @@ class MMToolAgentLoop(ToolAgentLoop):
     def _attempted_calls(self, token_ids: list[int]) -> int:
         """Calls the model began, by the parser's own opening tag (Gemma 4's <|tool_call> is a special token)."""
         opening = getattr(self.tool_parser, "tool_call_start_token", None) or "<tool_call>"
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False).count(opening)
+        return self.text_tokenizer.decode(token_ids, skip_special_tokens=False).count(opening)
 
-    def _at_limit(self, agent_data: AgentData, ignore_termination: bool = False) -> bool:
+    def _at_limit(self, agent_data: LoopAgentData, ignore_termination: bool = False) -> bool:
         return (
             (not ignore_termination and len(agent_data.response_mask) >= self.response_length)
             or bool(self.max_assistant_turns and agent_data.assistant_turns >= self.max_assistant_turns)
             or bool(self.max_user_turns and agent_data.user_turns >= self.max_user_turns)
         )
 
-    async def _answer_tools(self, agent_data: AgentData, state: TrajectoryState, calls: list) -> LoopState:
+    async def _answer_tools(self, agent_data: LoopAgentData, state: TrajectoryState, calls: list) -> LoopState:
         """A tool turn: the turn's calls run, and its unparsable calls answered, as one context turn."""
         checkpoint = Checkpoint.of(agent_data, state)
         with simple_timer("tool_calls", agent_data.metrics):
@@ -277,8 +305,10 @@ class MMToolAgentLoop(ToolAgentLoop):
             return state.stop(StopReason.BUDGET)
         return await self._merge_context_turn(agent_data, state, checkpoint, answers.messages, answers.rewards)
 
-    async def _env_turn(self, agent_data: AgentData, state: TrajectoryState) -> LoopState:
+    async def _env_turn(self, agent_data: LoopAgentData, state: TrajectoryState) -> LoopState:
         """The environment scores the answer; unless done (or out of turns), its observation is the next user turn."""
+        if state.env is None:
+            raise TypeError("an environment turn in a trajectory without an environment")
         observation, reward, done, info = await call_env(state.env.step, state.stats.last_assistant_text)
         state.stats.attempts += 1
         agent_data.turn_scores.append(float(reward))
@@ -297,7 +327,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         return await self._merge_context_turn(agent_data, state, checkpoint, [{"role": "user", "content": content}], [])
 
     async def _merge_context_turn(
-        self, agent_data: AgentData, state: TrajectoryState, checkpoint: Checkpoint, messages: list, rewards: list
+        self, agent_data: LoopAgentData, state: TrajectoryState, checkpoint: Checkpoint, messages: list, rewards: list
     ) -> LoopState:
         """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
         schemas = agent_data._active_tool_schemas
@@ -309,7 +339,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             agent_data.prompt_ids,
             agent_data.response_mask,
             agent_data.response_logprobs or None,
-            tools=self.tool_format.template_tools(schemas),
+            tools=self.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
         )
         if len(response_mask) >= self.response_length:
             # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.

@@ -7,7 +7,8 @@ valid output that trains on nothing.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
@@ -35,6 +36,9 @@ from verl_mm_tools.errors import (
 from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.tokens import processor_image_tokens
 
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.agent_data import LoopAgentData
+
 logger = logging.getLogger(__name__)
 
 # errors whose message says it all: logged without a traceback
@@ -56,7 +60,7 @@ class OutputBuilder:
         self.context = context
         self.response_length = context.response_length
 
-    def checked(self, agent_data: Any, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
+    def checked(self, agent_data: LoopAgentData, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
         """Each training sample as a validated output, with its turns' response spans in it."""
         excess = agent_data.response_mask[self.response_length :]
         if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
@@ -82,7 +86,7 @@ class OutputBuilder:
         state.stats.images, state.stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
         return outputs
 
-    def add_extra_fields(self, outputs: list[tuple[AgentLoopOutput, list | None]], state: TrajectoryState) -> None:
+    def add_extra_fields(self, outputs: Sequence[tuple[AgentLoopOutput, list | None]], state: TrajectoryState) -> None:
         """The fixed keys of every output (verl concatenates per-key arrays across workers): the trajectory's
         statistics and turns, and the options the trainer-side step hook reads."""
         options = self.context.options
@@ -114,7 +118,7 @@ class OutputBuilder:
             forbidden_generated=self.context.forbidden_generated,
         )
 
-    def _output(self, agent_data: Any, sample: SampleCut, turns: list[Turn]) -> tuple[AgentLoopOutput, list]:
+    def _output(self, agent_data: LoopAgentData, sample: SampleCut, turns: list[Turn]) -> tuple[AgentLoopOutput, list]:
         """One training sample: its prompt is everything before its first turn's generation (the first prompt for
         a one-sample trajectory); returns it with its turns' response spans in it. For a one-sample trajectory every
         field is what verl's ToolAgentLoop.run sets (tests/agent_loop/test_parity_on_cpu.py)."""
@@ -132,7 +136,7 @@ class OutputBuilder:
             mm_processor_kwargs=agent_data.mm_processor_kwargs,
             mm_processor_output=agent_data.mm_processor_output,
             num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,
-            metrics=agent_data.metrics,
+            metrics=agent_data.metrics,  # type: ignore[arg-type, unused-ignore]  # pydantic reads the dict, as verl's loop passes it
             routed_experts=routed[: first + limit] if routed is not None else None,
             extra_fields={
                 **agent_data.extra_fields,
@@ -142,7 +146,9 @@ class OutputBuilder:
         )
         return output, [[start - shift, end - shift] for start, end in (turn.response_span for turn in turns)]
 
-    def masked(self, agent_data: Any, state: TrajectoryState, error: BaseException, name: str) -> AgentLoopOutput:
+    def masked(
+        self, agent_data: LoopAgentData | None, state: TrajectoryState, error: BaseException, name: str
+    ) -> AgentLoopOutput:
         """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
         if isinstance(error, ConfigError):
             raise error  # a broken configuration must stop the run, not mask every sample
@@ -157,10 +163,10 @@ class OutputBuilder:
         if output is None:
             notice = self.context.tokenizer.encode(MASKED_NOTICE, add_special_tokens=False)
             output = self._masked(notice[-self.context.prompt_length :], [], agent_data)
-        state.stats.images = len(output.multi_modal_data.get("images", []))
+        state.stats.images = len((output.multi_modal_data or {}).get("images", []))
         return output
 
-    def _prompt_only(self, agent_data: Any, state: TrajectoryState) -> AgentLoopOutput | None:
+    def _prompt_only(self, agent_data: LoopAgentData | None, state: TrajectoryState) -> AgentLoopOutput | None:
         """The rendered prompt with its own images, if it was rendered and is sound."""
         if agent_data is None or not state.prompt_length:
             return None
@@ -169,7 +175,7 @@ class OutputBuilder:
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
         return None if self._problems(output, image_tokens) else output
 
-    def _masked(self, prompt_ids: list[int], images: list, agent_data: Any) -> AgentLoopOutput:
+    def _masked(self, prompt_ids: list[int], images: list, agent_data: LoopAgentData | None) -> AgentLoopOutput:
         # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
         logprobs = [0.0] if self.context.calculate_log_probs else None
         routed = getattr(agent_data, "routed_experts", None)
@@ -181,7 +187,7 @@ class OutputBuilder:
             multi_modal_data={"images": list(images)} if images else {},
             mm_processor_kwargs=getattr(agent_data, "mm_processor_kwargs", None),
             num_turns=1,
-            metrics=getattr(agent_data, "metrics", {}),
+            metrics=getattr(agent_data, "metrics", {}),  # type: ignore[arg-type, unused-ignore]  # pydantic reads the dict, as verl's
             # no routing was taken for these tokens: zeros of the engine's shape, where this trajectory got one
             routed_experts=None if routed is None else np.zeros((len(prompt_ids) + 1, *np.shape(routed)[1:]), np.int16),
             # what the engine reported for the turns generated (the weight versions verl's v1 trainer reads per sample)
@@ -189,7 +195,7 @@ class OutputBuilder:
         )
 
 
-def _multi_modal_data(agent_data: Any, images: list) -> dict:
+def _multi_modal_data(agent_data: LoopAgentData, images: list) -> dict:
     """verl's multi_modal_data: the sample's images, and the prompt's videos and audios as verl passes them."""
     data: dict[str, Any] = {"images": images} if images else {}
     if agent_data.video_data is not None:

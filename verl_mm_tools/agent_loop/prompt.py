@@ -6,10 +6,11 @@ sample's environment reset, whose observation joins the prompt.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
+from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 from verl_mm_tools.agent_loop.budget import ImageBudget
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
@@ -20,7 +21,7 @@ from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.workspace import ImageWorkspace
 
 
-async def new_agent_data(context: LoopContext, row: dict, priority: int, state: TrajectoryState) -> AgentData:
+async def new_agent_data(context: LoopContext, row: dict, priority: int, state: TrajectoryState) -> LoopAgentData:
     """verl's AgentData for the row, with ``state`` attached and set up for it."""
     # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
     # unless they are few small PIL images
@@ -30,15 +31,19 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     else:
         messages = await asyncio.get_running_loop().run_in_executor(None, safe_messages, *arguments)
     multi_modal_data = await context.process_multi_modal_info(messages)
-    agent_data = AgentData(
-        messages=messages,
-        image_data=list(multi_modal_data.get("images") or []),
-        video_data=multi_modal_data.get("videos"),
-        audio_data=multi_modal_data.get("audios"),
-        mm_processor_kwargs=context.mm_processor_kwargs(multi_modal_data.get("audios")),
-        metrics={},
-        request_id=context.new_request_id(priority),
-        tools_kwargs=row.get("tools_kwargs") or {},
+    # verl's AgentData; select_tools gives it the two tool fields LoopAgentData adds to the ones verl declares
+    agent_data = cast(
+        LoopAgentData,
+        AgentData(
+            messages=messages,
+            image_data=list(multi_modal_data.get("images") or []),
+            video_data=multi_modal_data.get("videos"),  # type: ignore[arg-type, unused-ignore]  # None without videos, as verl's loop
+            audio_data=multi_modal_data.get("audios"),
+            mm_processor_kwargs=context.mm_processor_kwargs(multi_modal_data.get("audios")),
+            metrics={},
+            request_id=context.new_request_id(priority),
+            tools_kwargs=row.get("tools_kwargs") or {},
+        ),
     )
     select_tools(agent_data, context.tools, (row.get("extra_info") or {}).get("tool_selection"))
     state.attach(agent_data)
@@ -50,7 +55,7 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     return agent_data
 
 
-def select_tools(agent_data: AgentData, tools: dict, selection: Any) -> None:
+def select_tools(agent_data: LoopAgentData, tools: dict, selection: Any) -> None:
     """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
     if selection and tools:
         tools = {name: tools[name] for name in selection if name in tools}
@@ -60,7 +65,7 @@ def select_tools(agent_data: AgentData, tools: dict, selection: Any) -> None:
     ]
 
 
-async def start_environment(agent_data: AgentData, row: dict, state: TrajectoryState, default_env: Any) -> None:
+async def start_environment(agent_data: LoopAgentData, row: dict, state: TrajectoryState, default_env: Any) -> None:
     """Create and reset the sample's environment (``extra_info.env``, else the loop's ``env``); an observation
     from reset joins the prompt."""
     extra_info = row.get("extra_info") or {}

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from verl_mm_tools.agent_loop.agent_data import LoopAgentData
     from verl_mm_tools.agent_loop.budget import ImageBudget
     from verl_mm_tools.agent_loop.sessions import ToolSessions
     from verl_mm_tools.envs.base import Environment
@@ -204,7 +205,7 @@ class TrajectoryState:
     def prompt_length(self) -> int:
         return len(self.prompt_ids)
 
-    def attach(self, agent_data: Any) -> None:
+    def attach(self, agent_data: LoopAgentData) -> None:
         attach_tool_context(agent_data, self)
 
     async def release(self) -> None:
@@ -276,6 +277,17 @@ def state_of(agent_data: Any) -> TrajectoryState | None:
     return state if isinstance(state, TrajectoryState) else None
 
 
+def attached_state(agent_data: Any) -> TrajectoryState:
+    """The state ``TrajectoryState.attach`` put on ``agent_data`` (``prompt.new_agent_data`` attaches it)."""
+    state = state_of(agent_data)
+    if state is None:
+        raise TypeError(
+            f"no mm_tool TrajectoryState attached to this {type(agent_data).__name__}; "
+            "build it with agent_loop.prompt.new_agent_data"
+        )
+    return state
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Where a tool or environment turn started: a dropped turn is rolled back to it, images and budget included."""
@@ -285,11 +297,11 @@ class Checkpoint:
     budget: tuple[int, int] | None
 
     @classmethod
-    def of(cls, agent_data: Any, state: TrajectoryState) -> Checkpoint:
+    def of(cls, agent_data: LoopAgentData, state: TrajectoryState) -> Checkpoint:
         budget = (state.budget.images, state.budget.tokens) if state.budget else None
         return cls(len(agent_data.messages), len(agent_data.image_data), budget)
 
-    def restore(self, agent_data: Any, state: TrajectoryState) -> None:
+    def restore(self, agent_data: LoopAgentData, state: TrajectoryState) -> None:
         del agent_data.messages[self.messages :]
         state.workspace.truncate(self.images)
         if state.budget is not None and self.budget is not None:

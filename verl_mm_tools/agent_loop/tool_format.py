@@ -26,6 +26,7 @@ import json
 import os
 import weakref
 from dataclasses import dataclass
+from typing import cast
 
 from verl_mm_tools.agent_loop.options import ToolPrompt, ToolResponseRole
 from verl_mm_tools.errors import ConfigError
@@ -234,9 +235,10 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     from verl.utils.tokenizer.chat_template import apply_chat_template
 
     def render(messages, tools=None, generation=True) -> str:
-        return apply_chat_template(
+        text = apply_chat_template(
             renderer, messages, tokenize=False, add_generation_prompt=generation, tools=tools, **kwargs
         )
+        return cast(str, text)  # tokenize=False: the text
 
     user = [{"role": "user", "content": _PROBE_TEXT}]
     renders_tools = _PROBE_TOOL in render(user, tools=[_PROBE_SCHEMA])

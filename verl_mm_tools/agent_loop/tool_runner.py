@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 from verl.experimental.agent_loop.tool_parser import FunctionCall
@@ -26,6 +26,9 @@ from verl_mm_tools.errors import did_you_mean
 from verl_mm_tools.ops.argument_checks import show
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
 from verl_mm_tools.remote.tool import RemoteTool
+
+if TYPE_CHECKING:
+    from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class ToolRunner:
     parser: str = "hermes"  # verl's multi_turn.format: what an unparsable call is told
 
     async def run_turn(
-        self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: Any
+        self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: LoopAgentData
     ) -> ToolTurn | None:
         """The turn's answers; None when an image does not fit the budget with over_budget=stop."""
         run = calls[: self.max_parallel_calls]
@@ -105,7 +108,9 @@ class ToolRunner:
             "make it again in a later turn."
         )
 
-    async def execute(self, call: FunctionCall, state: TrajectoryState, agent_data: Any) -> tuple[ToolResponse, Any]:
+    async def execute(
+        self, call: FunctionCall, state: TrajectoryState, agent_data: LoopAgentData
+    ) -> tuple[ToolResponse, Any]:
         """Run one call on the trajectory's tool session. Model mistakes become text; a raising tool raises."""
         stats, tools = state.stats, agent_data._active_tools
         if call.name not in tools:
@@ -143,7 +148,7 @@ class ToolRunner:
         return response, reward
 
     @staticmethod
-    async def _invoke(tool_name: str, arguments: dict, state: TrajectoryState, agent_data: Any):
+    async def _invoke(tool_name: str, arguments: dict, state: TrajectoryState, agent_data: LoopAgentData):
         tool = agent_data._active_tools[tool_name]
         if isinstance(tool, FunctionTool):
             return normalize_function_tool_return(await tool.call(arguments))
@@ -182,7 +187,7 @@ class ToolRunner:
                 return None
             if admission.note:
                 notes.append(admission.note)
-            if admission.admitted:
+            if admission.image is not None:  # admitted
                 new_ids.append(state.workspace.add(admission.image))
                 content.append({"type": "image", "image": admission.image})
         text = self._response_text(text, images, new_ids, notes)

@@ -158,7 +158,7 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         return actor_kwargs, rollout_kwargs
 
     # verl's base takes **kwargs: its manager passes build_topology's keys, which are these.
-    def init_process_group(self, role: str, mailbox: ray.actor.ActorHandle, sync_id: str) -> None:  # type: ignore[override]
+    def init_process_group(self, role: str, mailbox: ray.actor.ActorHandle, sync_id: str) -> None:  # type: ignore[override, unused-ignore]
         self.role, self.mailbox, self.sync_id = role, mailbox, sync_id
 
     def finalize(self) -> None:
@@ -222,7 +222,7 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         await self._mailbox().post.remote(self.sync_id, index, [ref], is_last)
 
     # verl's base annotates a coroutine of a generator; its engines and their callers use an async generator.
-    async def receive_weights(  # type: ignore[override]
+    async def receive_weights(  # type: ignore[override, unused-ignore]
         self, global_steps: int | None = None
     ) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         self._require(RECEIVER)

@@ -87,7 +87,7 @@ class PlatformCPU(PlatformBase):
         # Never auto-detected: a CPU run is chosen explicitly with VERL_PLATFORM=cpu.
         return False
 
-    def current_device(self) -> str:  # type: ignore[override]  # verl's base says int; on CPU that means cuda:<int>
+    def current_device(self) -> str:  # type: ignore[override, unused-ignore]  # verl's base says int; on CPU that means cuda:<int>
         # verl passes this straight to ``.to(...)`` / ``device=``: an int would mean cuda:<int>.
         return "cpu"
 

@@ -116,7 +116,7 @@ class HFServerAdapter(BaseRollout):
 
     # verl's base leaves global_steps to **kwargs; its callers pass everything but the weights as keywords.
     @torch.no_grad()
-    async def update_weights(  # type: ignore[override]
+    async def update_weights(  # type: ignore[override, unused-ignore]
         self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
     ) -> None:
         if wire_format != "named_tensors":

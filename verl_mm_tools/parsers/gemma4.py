@@ -24,7 +24,7 @@ def parse_gemma4_arguments(text: str) -> dict:
 def read_gemma4_items(text: str, position: int, closer: str, read_item: Callable, opened: str) -> tuple[list, int]:
     """Comma-separated items from ``position`` up to ``closer`` (``""``: the end of the text); returns them and the
     position after the closer. ``opened`` names the bracket that ``closer`` closes, for the error."""
-    items = []
+    items: list = []
     position = _skip_space(text, position)
     if _at_closer(text, position, closer):
         return items, position + len(closer)

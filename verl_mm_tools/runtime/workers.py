@@ -49,7 +49,7 @@ def per_sample_worker_class() -> type:
             ]
 
         # inputs: each trajectory's list of samples (verl's: one output per trajectory)
-        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):  # type: ignore[override]
+        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):  # type: ignore[override, unused-ignore]
             counts = [len(samples) for samples in inputs]
             repeated = {
                 key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()
@@ -70,7 +70,7 @@ def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
     # an in-process stand-in for Ray's actor handle: the same ``method.remote(...)`` calls
-    manager.agent_loop_workers = [InProcessActor(worker)]  # type: ignore[list-item]
+    manager.agent_loop_workers = [InProcessActor(worker)]  # type: ignore[list-item, unused-ignore]
     return manager, worker
 
 

@@ -5,11 +5,15 @@ only."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from torch.nested._internal.nested_tensor import NestedTensor
 
 TARGET = Target(
     "verl.workers.utils.padding",
@@ -54,11 +58,12 @@ def fix_ragged_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     offsets run along L (values (4, sum L)): verl's ``maybe_fix_3d_position_ids`` repairs that by setting the index,
     which on the first case produced ``split_with_sizes expects split_sizes to sum exactly to ...``.
     """
-    if not position_ids.is_nested or position_ids.dim() != 3 or position_ids._ragged_idx == 2:
+    nested = cast("NestedTensor", position_ids)  # read only where is_nested: torch's jagged nested tensor
+    if not position_ids.is_nested or position_ids.dim() != 3 or nested._ragged_idx == 2:
         return position_ids
-    values, offsets = position_ids.values(), position_ids.offsets()
+    values, offsets = nested.values(), nested.offsets()
     if int(offsets[-1]) != values.shape[0]:  # offsets run along L: only the index was lost
-        position_ids._ragged_idx = 2
+        nested._ragged_idx = 2
         return position_ids
     components = values.split(offsets.diff().tolist(), dim=0)
     lengths = torch.tensor([0] + [component.shape[-1] for component in components])

@@ -5,6 +5,7 @@ parameters already live in host memory)."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from verl_mm_tools.adaptations.guard import PATCHED_MARK, checked, mark
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
@@ -30,12 +31,12 @@ ADAPTATION = Adaptation(
 
 
 def apply() -> None:
-    module = importlib.import_module(OFFLOAD_MODULE)
+    module: Any = importlib.import_module(OFFLOAD_MODULE)  # patched below
     original = module.CPUOffloadPolicy
     if getattr(original, PATCHED_MARK, False) or checked(ADAPTATION) is None:
         return
 
-    class UnpinnedCPUOffloadPolicy(original):
+    class UnpinnedCPUOffloadPolicy(module.CPUOffloadPolicy):  # original, verl's class
         def __init__(self, pin_memory: bool = True):
             super().__init__(pin_memory=False)
 
