@@ -150,8 +150,8 @@ def _image(value: Any, position: int) -> None:
     image = mapping(value, where, optional=False)
     if image.get("id") != position + 1 or isinstance(image.get("id"), bool):
         raise _fail(f"{where}.id", f"{position + 1} (images are numbered in order)", image.get("id"))
-    text(image.get("source"), f"{where}.source")
-    count(image.get("turn"), f"{where}.turn")
+    text(image.get("source"), f"{where}.source", optional=False)
+    count(image.get("turn"), f"{where}.turn", optional=False)
     count(image.get("width"), f"{where}.width", minimum=1)
     count(image.get("height"), f"{where}.height", minimum=1)
     text(image.get("file"), f"{where}.file")
@@ -173,7 +173,7 @@ def _message(value: Any, where: str, image_count: int) -> None:
 
 def _tool_call(value: Any, where: str, image_count: int) -> None:
     call = mapping(value, where, optional=False)
-    count(call.get("turn"), f"{where}.turn")
+    count(call.get("turn"), f"{where}.turn", optional=False)
     text(call.get("name"), f"{where}.name")
     text(call.get("result"), f"{where}.result")
     flag(call.get("error"), f"{where}.error")
@@ -183,8 +183,10 @@ def _tool_call(value: Any, where: str, image_count: int) -> None:
 
 def _turn(value: Any, where: str, image_count: int) -> None:
     turn = mapping(value, where, optional=False)
-    count(turn.get("turn"), f"{where}.turn", minimum=1)
-    for key in ("prompt_tokens", "trained_tokens", "context_tokens_after", "sample"):
+    count(turn.get("turn"), f"{where}.turn", minimum=1, optional=False)
+    count(turn.get("trained_tokens"), f"{where}.trained_tokens", optional=False)
+    count(turn.get("context_tokens_after"), f"{where}.context_tokens_after", optional=False)
+    for key in ("prompt_tokens", "sample"):  # version 1 and 2 records lack them
         count(turn.get(key), f"{where}.{key}")
     each(turn.get("tool_calls"), f"{where}.tool_calls", text)
     for position, image_id in enumerate(items(turn.get("images_added"), f"{where}.images_added")):
@@ -195,7 +197,7 @@ def _turn(value: Any, where: str, image_count: int) -> None:
 def _training_sample(value: Any, where: str) -> None:
     sample = mapping(value, where, optional=False)
     for key in ("sample", "prompt_tokens", "response_tokens", "trained_tokens", "images"):
-        count(sample.get(key), f"{where}.{key}")
+        count(sample.get(key), f"{where}.{key}", optional=False)
     each(sample.get("turns"), f"{where}.turns", lambda turn, at: count(turn, at, minimum=1, optional=False))
 
 
