@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.cli_types import whole_number
-from verl_mm_tools.trajectories.read import BadRecord
 
 DESCRIPTION = """\
 Write recorded trajectories (training dumps: the mm_tool loop's dump_dir;
@@ -61,6 +60,7 @@ def add_export_sft_command(commands) -> None:
 
 
 def run_export_sft(args: argparse.Namespace) -> int:
+    from verl_mm_tools.trajectories.read import BadRecord
     from verl_mm_tools.trajectories.sft import SUMMARY_FILE, TRAIN_FILE, SFTFilters, export_sft
 
     filters = SFTFilters(

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.trajectories.read import BadRecord
 from verl_mm_tools.trajectories.rescore_options import DEFAULT_MANAGER, REPORT_FILE, TRAJECTORIES, RescoreOptions
 
 DESCRIPTION = """\
@@ -59,6 +58,7 @@ def add_rescore_command(commands) -> None:
 
 
 def run_rescore(args: argparse.Namespace) -> int:
+    from verl_mm_tools.trajectories.read import BadRecord
     from verl_mm_tools.trajectories.rescore import rescore
 
     if args.reward_fn is None and args.reward_manager == DEFAULT_MANAGER and not args.override:
