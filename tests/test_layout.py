@@ -17,10 +17,11 @@ MAX_LINES = 500
 # prefix listed (``verl_mm_tools.cpu.vllm_cpu`` is in ``cpu``'s layer unless it has its own entry).
 LAYERS: list[set[str]] = [
     # the light base: errors, file access, the record, token ids, the pure image ops, the model families' records,
-    # the subprocess supervisor, and the vLLM settings (``cpu.vllm_cpu``: the vLLM plugin reads them in every engine
-    # process, so they sit far below the rest of the CPU backend)
+    # the subprocess supervisor, the vLLM settings (``cpu.vllm_cpu``: the vLLM plugin reads them in every engine
+    # process, so they sit far below the rest of the CPU backend), and the adaptations' records and their guard (no
+    # verl import: the loop, the step hooks and the runtime check the verl code they subclass or copy through them)
     {"errors", "files", "workspace", "record", "tokens", "ops", "check_report", "cli_types", "verl_registry"},
-    {"families", "supervise", "cpu.vllm_cpu"},
+    {"families", "supervise", "cpu.vllm_cpu", "adaptations.record", "adaptations.guard", "adaptations.touchpoints"},
     {"tools", "rewards", "data", "tiny", "parsers"},
     {"remote"},  # tools on Ray actor pools
     {"envs"},  # environments (a remote environment runs on the pools)
@@ -28,7 +29,8 @@ LAYERS: list[set[str]] = [
     {"step_hook"},
     # verl's and vLLM's adaptations: the graph puts them here. They reach down into remote tools (verl's tool
     # loader learns them), the Gemma 4 parser and the vLLM settings; the CPU backend and the plugin apply them (the
-    # package's __init__ installs only their import-order hook). Nothing of the loop or the hook imports them.
+    # package's __init__ installs only their import-order hook). Nothing of the loop or the hook imports them but
+    # their records and guard (above).
     {"adaptations"},
     {"cpu"},  # the CPU backend (platform, hf rollout server)
     # verl's entry point: it registers the loop (by name), the reward managers and the CPU backend and applies the

@@ -9,6 +9,9 @@ Failure policy: a changed target refuses to start (``VerlChangedError``, naming 
 expected and the found hash, and what to do). ``VERL_MM_TOOLS_ADAPTATIONS=warn`` downgrades that to an ERROR in the
 log, and the adaptation is then not applied: verl's (or vLLM's) code runs as it is.
 
+The rows that patch nothing but subclass or copy verl's code (the mm_tool loop, the step hooks, the in-process
+worker) are checked by ``confirm`` where that code is used, under the same policy; downgraded, our code still runs.
+
 Must import without verl and torch: the vLLM plugin uses it in every vLLM engine process.
 """
 
@@ -34,6 +37,7 @@ POLICY_ENV = "VERL_MM_TOOLS_ADAPTATIONS"
 REFUSE, WARN = "refuse", "warn"
 INVENTORY = "docs/verl_adaptations.md"
 _ENTRY = re.compile(r"^(?P<table>\w+)\[(?P<key>[\w.]+)\]$")
+_CONFIRMED: set[int] = set()  # the rows ``confirm`` checked in this process
 
 
 class VerlChangedError(PluginRegistrationError):
@@ -74,21 +78,45 @@ def checked(adaptation: Adaptation) -> list[Any] | None:
     found = [locate(target) for target in adaptation.targets]
     if any(getattr(code, PATCHED_MARK, False) for code in found):
         return None
+    message = mismatch(adaptation, found)
+    if message is None:
+        return found
+    refuse_or_warn(message, "verl-mm-tools runs WITHOUT this adaptation.")
+    return None
+
+
+def confirm(adaptation: Adaptation) -> None:
+    """Check the targets of a row that patches nothing (an extension subclass, a copied method) where its code is
+    used, once per process: a changed target refuses to start (``VerlChangedError``), or, downgraded, is logged once
+    and our code runs as it is (a subclass cannot be left out)."""
+    if adaptation.row in _CONFIRMED:
+        return
+    message = mismatch(adaptation, [locate(target) for target in adaptation.targets], downgraded="run it anyway")
+    if message is not None:
+        refuse_or_warn(message, "verl-mm-tools runs this code, written against the old one, as it is.")
+    _CONFIRMED.add(adaptation.row)
+
+
+def mismatch(adaptation: Adaptation, found: Sequence[Any], downgraded: str = "run without it") -> str | None:
+    """What is wrong when a target's source is not the one ``adaptation`` was written against; None when none is.
+    ``downgraded``: what the ``warn`` policy does, for the message."""
     changed = [
         (target, digest)
         for target, code in zip(adaptation.targets, found, strict=True)
         if (digest := source_sha256(code)) != target.sha256
     ]
-    if not changed:
-        return found
-    message = changed_message(adaptation, changed)
+    return changed_message(adaptation, changed, downgraded) if changed else None
+
+
+def refuse_or_warn(message: str, consequence: str) -> None:
     if policy() == REFUSE:
         raise VerlChangedError(message)
-    logger.error("%s\n%s=%s: verl-mm-tools runs WITHOUT this adaptation.", message, POLICY_ENV, WARN)
-    return None
+    logger.error("%s\n%s=%s: %s", message, POLICY_ENV, WARN, consequence)
 
 
-def changed_message(adaptation: Adaptation, changed: Sequence[tuple[Target, str]]) -> str:
+def changed_message(
+    adaptation: Adaptation, changed: Sequence[tuple[Target, str]], downgraded: str = "run without it"
+) -> str:
     targets = "; ".join(
         f"{target.qualname}: expected sha256 {target.sha256}, found {digest}" for target, digest in changed
     )
@@ -96,7 +124,7 @@ def changed_message(adaptation: Adaptation, changed: Sequence[tuple[Target, str]
         f"verl-mm-tools' adaptation #{adaptation.row} ({adaptation.where}; {INVENTORY} row {adaptation.row}) relies "
         f"on code that is not the code it was written against ({adaptation.applies_to}): {targets}. Install "
         f"{adaptation.applies_to}; or re-read the changed code, update the adaptation and its sha256 (or drop it if "
-        f"its proof test shows the problem is gone); or set {POLICY_ENV}={WARN} to run without it."
+        f"its proof test shows the problem is gone); or set {POLICY_ENV}={WARN} to {downgraded}."
     )
 
 
@@ -128,17 +156,22 @@ def install_method(target: Target, replacement: Callable) -> None:
 ADAPTATION = Adaptation(
     row=1,
     section=Section.REPLACEMENTS,
-    where="`adaptations/guard.py`: `checked`, `install` / `install_method`; the records: `adaptations/record.py`",
+    where="`adaptations/guard.py`: `checked`, `install` / `install_method`, `confirm`; the records: "
+    "`adaptations/record.py`",
     what="the mechanism of every replacement (rows 2-10, 24-34, 36): checks the sha256 of each target's source "
     "against its record, then installs the replacement in its home module and in every verl module that bound it by "
     "name (marked, so a second import is a no-op). A changed target refuses to start, naming the row, the target, the "
     f"expected and found hashes and what to do; `{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and "
-    "the adaptation is then not applied",
+    "the adaptation is then not applied. The same check, by `confirm`, guards the rows whose code subclasses or copies "
+    "verl's (17-19, 21) where that code is used (downgraded, that code runs as it is)",
     why="verl's modules bind functions by name at import (`from verl.utils.distributed import ...`), and a blind "
     "patch of a changed function would hide the change",
     applies_to="any",
     proof="n/a (mechanism); its refusal is tested: "
     "`tests/adaptations/test_cpu_patches_on_cpu.py::test_a_changed_verl_function_is_refused_with_its_name`, "
     "`::test_a_changed_offload_module_is_refused_with_its_name`, "
-    "`tests/adaptations/test_records_on_cpu.py::test_a_changed_target_refuses_to_start_unless_downgraded`",
+    "`tests/adaptations/test_records_on_cpu.py::test_a_changed_target_refuses_to_start_unless_downgraded`; "
+    "`confirm`'s: `tests/adaptations/test_extension_checks_on_cpu.py::"
+    "test_using_the_code_of_a_changed_row_refuses_to_start_naming_the_row`, "
+    "`::test_a_changed_row_downgraded_to_warn_is_logged_once_and_its_code_runs`",
 )

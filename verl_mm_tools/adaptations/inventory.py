@@ -49,12 +49,15 @@ location.
 
 - **Guard.** Each record pins the code it relies on (a function, a method, a dict entry: the target) by the sha256 of
   its source (`inspect.getsource`) in the version it was written against. Before anything is patched,
-  `adaptations/guard.py` (`checked`) compares each target's current hash with the record's.
+  `adaptations/guard.py` (`checked`) compares each target's current hash with the record's; for the rows whose code
+  subclasses or copies verl's (17-19, 21), `confirm` does where that code is used (a loop, a step hook or the
+  per-sample worker class is built), once per process.
 - **A changed target refuses to start**: `VerlChangedError` names the row, the target, the expected and the found hash,
   and what to do (install the supported version; or re-read the changed code, update the adaptation and its hash, or
   drop it when its proof test shows the problem gone).
 - **Downgrade:** `{POLICY_ENV}={WARN}` turns the refusal into an ERROR in the log; the adaptation is then not applied,
-  and verl's (or vLLM's) code runs as it is, bug included.
+  and verl's (or vLLM's) code runs as it is, bug included (a subclass or a copy, which cannot be left out, runs as it
+  is).
 - `tests/adaptations/test_records_on_cpu.py` checks every target's hash against the installed verl and vLLM, so a CI on
   a new version fails before any run does.
 """

@@ -1,7 +1,8 @@
 """The rows of the inventory that replace no code of verl's: how the plugin loads and registers, extension-point
 subclasses and the verl methods the mm_tool loop copies, configuration and packaging workarounds. Their code lives with
 what they serve; a subclass or a copy is pinned by the sha256 of the verl code it overrides or copies, which
-``tests/adaptations/test_records_on_cpu.py`` checks against the installed verl. Imports nothing of verl."""
+``tests/adaptations/test_records_on_cpu.py`` checks against the installed verl and ``guard.confirm`` checks where that
+code is used (a changed target refuses to start, as every other row's does). Imports nothing of verl."""
 
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ TOUCHPOINTS = (
         section=Section.EXTENSIONS,
         where=(
             "`agent_loop/`: `MMToolAgentLoop(ToolAgentLoop)` — **the parts of verl's `ToolAgentLoop` it re-implements**"
+            "; its targets checked when a loop is built (`guard.confirm`)"
         ),
         targets=(
             Target(
@@ -144,6 +146,7 @@ TOUCHPOINTS = (
             "`step_hook/manager.py`: `MMToolAgentLoopManager(AgentLoopManager)`, the classic trainer's step"
             " hook "
             "(`+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.step_hook.manager.MMToolAgentLoopManager`)"
+            "; its target checked when it is built (`guard.confirm`)"
         ),
         targets=(
             Target(
@@ -165,7 +168,8 @@ TOUCHPOINTS = (
         section=Section.EXTENSIONS,
         where=(
             "`step_hook/replay_buffer.py`: `MMToolReplayBuffer(ReplayBuffer)` / `MMToolReplayBufferAsync`, "
-            "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`)"
+            "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`); its target checked when it is built "
+            "(`guard.confirm`)"
         ),
         targets=(
             Target(
@@ -200,7 +204,10 @@ TOUCHPOINTS = (
     Adaptation(
         row=21,
         section=Section.EXTENSIONS,
-        where=("`runtime/workers.py`: `per_sample_worker_class()` (a subclass of verl's classic `AgentLoopWorker`)"),
+        where=(
+            "`runtime/workers.py`: `per_sample_worker_class()` (a subclass of verl's classic `AgentLoopWorker`); its "
+            "targets checked when it builds the class (`guard.confirm`)"
+        ),
         targets=(
             Target(
                 "verl.experimental.agent_loop.agent_loop",
@@ -269,3 +276,10 @@ TOUCHPOINTS = (
         proof="none; the overrides compose with verl's config and train: `tests/cpu/test_verl_sft_on_cpu.py`",
     ),
 )
+
+_BY_ROW = {adaptation.row: adaptation for adaptation in TOUCHPOINTS}
+# The rows whose code subclasses or copies verl's, for ``guard.confirm`` where that code is used.
+LOOP_COPIES = _BY_ROW[17]  # agent_loop/mm_tool_loop.py: MMToolAgentLoop
+CLASSIC_MANAGER = _BY_ROW[18]  # step_hook/manager.py: MMToolAgentLoopManager
+V1_REPLAY_BUFFER = _BY_ROW[19]  # step_hook/replay_buffer.py: MMToolReplayBuffer
+PER_SAMPLE_WORKER = _BY_ROW[21]  # runtime/workers.py: per_sample_worker_class

@@ -22,6 +22,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.utils.profiler import simple_timer
 
+from verl_mm_tools.adaptations.guard import confirm
+from verl_mm_tools.adaptations.touchpoints import LOOP_COPIES
 from verl_mm_tools.agent_loop import startup
 from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 from verl_mm_tools.agent_loop.budget import ImageGeometry, check_pixel_bounds
@@ -74,6 +76,7 @@ class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 
     def __init__(self, *args, **kwargs):
+        confirm(LOOP_COPIES)  # the verl code this loop copies changed: refuses to start (checked once per process)
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)
         # aborted replies raise; prefix-cache hits kept (a wrapper of verl's client, with its generate)

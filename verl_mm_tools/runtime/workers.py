@@ -10,6 +10,9 @@ import numpy as np
 from omegaconf import DictConfig
 from verl.protocol import DataProto
 
+from verl_mm_tools.adaptations.guard import confirm
+from verl_mm_tools.adaptations.touchpoints import PER_SAMPLE_WORKER
+
 
 @contextlib.contextmanager
 def restored_loop_registry():
@@ -39,6 +42,8 @@ def per_sample_worker_class() -> type:
     position ids) into its own row; a trajectory's rows follow each other, its dataset columns repeated. Rewards
     are not copied between samples here (the v1 worker does that)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    confirm(PER_SAMPLE_WORKER)  # the verl methods it overrides changed: refuses to start
 
     class PerSampleAgentLoopWorker(AgentLoopWorker):
         async def _agent_loop_postprocess(self, output, validate, **kwargs):

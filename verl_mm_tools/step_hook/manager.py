@@ -17,12 +17,18 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
+from verl_mm_tools.adaptations.guard import confirm
+from verl_mm_tools.adaptations.touchpoints import CLASSIC_MANAGER
 from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
 
 class MMToolAgentLoopManager(AgentLoopManager):
+    def __init__(self, *args, **kwargs):
+        confirm(CLASSIC_MANAGER)  # the verl method it calls into changed: refuses to start
+        super().__init__(*args, **kwargs)
+
     @functools.cached_property
     def call_rate_watch(self) -> CallRateWatch:  # the tool-call guard's memory of earlier steps
         return CallRateWatch()

@@ -31,6 +31,8 @@ import transfer_queue as tq
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
+from verl_mm_tools.adaptations.guard import confirm
+from verl_mm_tools.adaptations.touchpoints import V1_REPLAY_BUFFER
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
@@ -53,6 +55,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         return super().__new__(cls)
 
     def __init__(self, *args, sampler_kwargs: Mapping | None = None, **kwargs):
+        confirm(V1_REPLAY_BUFFER)  # the verl method it samples as changed: refuses to start
         # verl's trainer passes sampler_kwargs by keyword (its config node, None when unset); it goes on unchanged
         kwargs["sampler_kwargs"] = sampler_kwargs
         super().__init__(*args, **kwargs)
