@@ -3,6 +3,9 @@ trajectory dump of the tiny model."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pytest
 
 from verl_mm_tools.tiny import QWEN_VL_FAMILIES, tiny_model_path
@@ -55,3 +58,32 @@ def _restore_verl_agent_loop_registry():
 
     with restored_loop_registry():
         yield
+
+
+# pytest-xdist (`-n 2`, pytest.ini): the modules that start processes holding both cores and GiBs (verl's trainer, vLLM
+# engines, Ray clusters: any module with a slow test or a Ray cluster) run one after another on one worker, while the
+# other worker takes the rest; every module stays whole on one worker, so its module-scoped fixtures are built once.
+# (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no longer rename.)
+SERIAL_GROUP = "processes"
+SERIAL_MARKS = ("pytest.mark.slow", "ray.init(")
+TESTS = Path(__file__).resolve().parent
+
+
+@functools.cache
+def serial_modules() -> frozenset[str]:
+    return frozenset(
+        path.relative_to(TESTS.parent).as_posix()
+        for path in TESTS.rglob("test_*.py")
+        if any(mark in path.read_text() for mark in SERIAL_MARKS)
+    )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialProcessesScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SERIAL_GROUP if module in serial_modules() else module
+
+    return SerialProcessesScheduling(config, log)

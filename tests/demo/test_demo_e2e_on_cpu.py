@@ -31,8 +31,36 @@ STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
 
 
-# The hf server (the fallback) runs in the other end-to-end tests below and in the learning tests.
+# The hf server (the fallback) runs in the other end-to-end tests below and in the learning tests. Each trainer's run
+# also carries one feature that would otherwise cost a trainer start-up of its own (~2 minutes): the async modes the
+# turn-level estimator and a user's blocking tool on Ray actors.
 RUNS = [("vllm", trainer) for trainer in TRAINERS]
+TURN_CREDIT_RUN = "separate_async"  # algorithm.adv_estimator=mm_turn_grpo
+REMOTE_TOOL_RUN = "colocate_async"  # the rotate tool from a user's module, on two Ray actors
+
+SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""
+import time
+
+from verl_mm_tools.tools import RotateTool
+
+
+class SlowRotateTool(RotateTool):
+    def apply(self, image, **arguments):
+        time.sleep(0.1)
+        return super().apply(image, **arguments)
+'''
+
+
+def remote_tool_yaml(folder) -> object:
+    """A user's blocking tool with ``remote:`` in verl's tool YAML, its module next to where the demo runs (as the
+    README says): verl's agent-loop worker forwards every call to the actor pool."""
+    (folder / "slow_rotate.py").write_text(SLOW_ROTATE)
+    tools = folder / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - class_name: slow_rotate.SlowRotateTool\n    config: {type: native}\n"
+        "    remote: {actors: 2, timeout_s: 60}\n"
+    )
+    return tools
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{rollout}-{trainer}" for rollout, trainer in RUNS])
@@ -41,7 +69,7 @@ def demo(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"demo_{trainer}_{rollout}")
     lines: list[str] = []
     options = DemoOptions(
-        out=out,
+        out=out / "run",
         task="rotation",
         steps=STEPS,
         prompts_per_step=PROMPTS,
@@ -50,10 +78,14 @@ def demo(request, tmp_path_factory):
         val_size=8,
         trainer=trainer,
         rollout=rollout,
+        tools=remote_tool_yaml(out) if trainer == REMOTE_TOOL_RUN else None,
+        overrides=("algorithm.adv_estimator=mm_turn_grpo",) if trainer == TURN_CREDIT_RUN else (),
     )
-    returncode = run_demo(options, lines.append)
-    metrics = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return returncode, out, lines, metrics
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(out)
+        returncode = run_demo(options, lines.append)
+    metrics = [json.loads(line) for line in (options.out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return returncode, options.out, lines, metrics
 
 
 def stray_processes(metrics_path) -> list[str]:
@@ -134,14 +166,14 @@ def test_staleness_tags_are_consistent(demo):
     """v1 tags each trajectory with the weight versions it was generated on (min/max_global_steps): sync trains on
     the current weights only; the async modes may train on older ones, within verl's off-policy threshold."""
     _, out, _, metrics = demo
-    if "classic" in out.name:
+    if "classic" in out.parent.name:
         pytest.skip("the classic trainer has no staleness tags")
     for record in metrics:
         data, step = record["data"], record["step"]
         assert data["training/off_policy/trajectory_spans/min"] >= 1
         assert data["training/off_policy/trajectory_staleness/min"] >= 0
         assert data["training/off_policy/trajectory_staleness_worst/max"] <= min(step - 1, MAX_OFF_POLICY)
-        if "demo_sync" in out.name:
+        if "demo_sync" in out.parent.name:
             assert data["training/off_policy/trajectory_staleness_worst/max"] == 0
 
 
@@ -192,32 +224,6 @@ def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path
 
 
 @pytest.mark.slow
-def test_turn_level_credit_runs_on_the_v1_trainer(tmp_path):
-    """algorithm.adv_estimator=mm_turn_grpo on verl's default trainer: the replay buffer places every trajectory's
-    turn rewards (none left unplaced) and verl's advantage step calls the registered estimator."""
-    lines: list[str] = []
-    options = DemoOptions(
-        rollout=HF_ROLLOUT,
-        out=tmp_path,
-        task="rotation",
-        steps=STEPS,
-        prompts_per_step=PROMPTS,
-        rollouts_per_prompt=ROLLOUTS,
-        train_size=16,
-        val_size=8,
-        dumps=False,
-        overrides=("algorithm.adv_estimator=mm_turn_grpo",),
-    )
-    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
-    metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == STEPS
-    for data in metrics:
-        assert data["mm_tool/turn_rewards/unplaced"] == 0
-        assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"]
-        assert data["actor/grad_norm"] > 0
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["grpo", "mm_turn_grpo"])
 def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     """export=per_turn: every trajectory becomes one sample per assistant turn, verl's v1 trainer trains on them
@@ -255,48 +261,30 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     assert [sample["turns"] for sample in record["samples"]] == [[n] for n in range(1, len(record["turns"]) + 1)]
 
 
-SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""
-import time
-
-from verl_mm_tools.tools import RotateTool
-
-
-class SlowRotateTool(RotateTool):
-    def apply(self, image, **arguments):
-        time.sleep(0.1)
-        return super().apply(image, **arguments)
-'''
+@pytest.mark.slow
+def test_turn_level_credit_runs_on_the_v1_trainer(demo):
+    """algorithm.adv_estimator=mm_turn_grpo on verl's v1 trainer: the replay buffer places every trajectory's turn
+    rewards (none left unplaced) and verl's advantage step calls the registered estimator."""
+    _, out, _, metrics = demo
+    if TURN_CREDIT_RUN not in out.parent.name:
+        pytest.skip(f"the turn-level estimator runs in the {TURN_CREDIT_RUN} run")
+    for record in metrics:
+        data = record["data"]
+        assert data["mm_tool/turn_rewards/unplaced"] == 0
+        assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"]
+        assert data["actor/grad_norm"] > 0
 
 
 @pytest.mark.slow
-def test_a_blocking_tool_on_ray_actors_trains_on_the_v1_trainer(tmp_path, monkeypatch):
-    """A user's blocking tool with ``remote:`` in verl's tool YAML: verl's agent-loop worker forwards every call to
-    the actor pool (every call counted remote), nothing is masked, and the trainer trains on the trajectories."""
-    monkeypatch.chdir(tmp_path)  # the user's module next to where the demo runs, as the README says
-    (tmp_path / "slow_rotate.py").write_text(SLOW_ROTATE)
-    tools = tmp_path / "tools.yaml"
-    tools.write_text(
-        "tools:\n  - class_name: slow_rotate.SlowRotateTool\n    config: {type: native}\n"
-        "    remote: {actors: 2, timeout_s: 60}\n"
-    )
-    lines: list[str] = []
-    options = DemoOptions(
-        rollout=HF_ROLLOUT,
-        out=tmp_path / "out",
-        task="rotation",
-        steps=STEPS,
-        prompts_per_step=PROMPTS,
-        rollouts_per_prompt=ROLLOUTS,
-        train_size=16,
-        val_size=8,
-        tools=tools,
-        dumps=False,
-    )
-    assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
-    log = [json.loads(line)["data"] for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert len(log) == STEPS
-    for data in log:
-        assert data["mm_tool/tool/rotate/calls_per_trajectory"] > 0  # the warm-started model calls the tool
+def test_a_blocking_tool_on_ray_actors_trains(demo):
+    """A user's blocking tool with ``remote:`` in verl's tool YAML: every call is forwarded to the actor pool (every
+    call counted remote), nothing is masked, and the trainer trains on the trajectories."""
+    _, out, _, metrics = demo
+    if REMOTE_TOOL_RUN not in out.parent.name:
+        pytest.skip(f"the remote tool runs in the {REMOTE_TOOL_RUN} run")
+    for record in metrics:
+        data = record["data"]
+        assert data["mm_tool/tool/rotate/calls_per_trajectory"] > 0
         assert (
             data["mm_tool/tool/rotate/remote_calls_per_trajectory"] == data["mm_tool/tool/rotate/calls_per_trajectory"]
         )
