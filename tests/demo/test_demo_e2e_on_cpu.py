@@ -234,7 +234,7 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
         rollout=HF_ROLLOUT,
         out=tmp_path,
         task="rotation",
-        steps=3,
+        steps=STEPS,
         prompts_per_step=PROMPTS,
         rollouts_per_prompt=ROLLOUTS,
         train_size=16,
@@ -244,7 +244,7 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     )
     assert run_demo(options, lines.append) == 0, "\n".join(lines[-30:])
     metrics = [json.loads(line)["data"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 3
+    assert len(metrics) == STEPS
     for data in metrics:
         assert data["mm_tool/samples_per_trajectory"] == pytest.approx(data["mm_tool/turns/mean"])
         assert data["mm_tool/samples_per_trajectory"] > 1  # the warm-started model calls the tool

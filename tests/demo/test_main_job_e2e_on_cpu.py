@@ -21,6 +21,8 @@ from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.sweep import window_mean
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD
 from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.viewer.curve import curve_svg
+from verl_mm_tools.viewer.site import build_site
 
 SEEDS = (0, 1)
 WITH_TOOLS = "mm_tool/reward/with_tool_calls"
@@ -61,7 +63,9 @@ def test_the_model_learns_to_call_zoom_in(run):
     assert window_mean(rates, last=True) >= 0.9 and window_mean(rewards, last=True) >= 0.9
     assert window_mean([metric(step, WITH_TOOLS) for step in trained], last=True) >= 0.9
     assert list(curve["validation"].values())[-1] >= 0.9
-    assert (paths.out / "learning_curve.svg").is_file()
+    # the picture of the curve, next to it, shown by the viewer above the run's trajectories
+    assert (paths.out / "learning_curve.svg").read_text() == curve_svg(curve)
+    assert build_site(paths.trajectories, paths.out / "site").index.read_text().count('src="learning_curve.svg"') == 1
     # the summary shows what changed: the call rate rose, and a trajectory before and after
     summary = next(line for line in lines if line.startswith("summary: "))
     assert f"tool calls per trajectory {window_mean(rates, False):.2f} -> {window_mean(rates, True):.2f}" in summary
@@ -87,3 +91,36 @@ def test_every_step_trained_on_every_trajectory(run):
     for step in trained:
         assert metric(step, "mm_tool/masked/count") == 0
         assert step["actor/kl_loss"] >= 0
+
+
+@pytest.mark.slow
+def test_the_learned_checkpoint_is_saved(run):
+    result, paths, _, _ = run
+    last = max(step["step"] for step in result.steps)
+    saved = sorted(int(path.name.removeprefix("global_step_")) for path in paths.checkpoints.glob("global_step_*"))
+    assert saved and saved[-1] == last - last % 5  # save_freq 5: the last one at or before the stop
+
+
+@pytest.mark.slow
+def test_eval_scores_the_saved_checkpoint_as_verls_validation_did(run, tmp_path, capsys):
+    """``verl-mm-tools eval --checkpoint`` on the run's checkpoint folder: verl's model merger turns the latest FSDP
+    checkpoint into a model folder, and greedy answers on the validation pictures score what the trainer's own
+    validation scored at that step (the same rows, loop, tools and reward; vLLM's greedy tokens there, the
+    transformers model's here: one row may differ)."""
+    from verl_mm_tools.cli import main
+
+    _, paths, _, _ = run
+    curve = json.loads((paths.out / "learning_curve.json").read_text())
+    saved = int((paths.checkpoints / "latest_checkpointed_iteration.txt").read_text())
+    status = main(
+        [
+            *("eval", "--checkpoint", str(paths.checkpoints), "--data", str(paths.val)),
+            *("--tools", str(paths.config / "tools.yaml"), "--loop-config", str(paths.config / "agent_loops.yaml")),
+            *("--reward-fn", "exact_answer_reward", "--max-turns", "3", "--response-length", "256"),
+            *("--out", str(tmp_path), "data.max_prompt_length=768"),
+        ]
+    )
+    assert status == 0, capsys.readouterr().err[-3000:]
+    figures = json.loads((tmp_path / "report.json").read_text())["modes"]["tools"]["verl_mm_tools/zoom_color"]
+    assert figures["masked"] == 0
+    assert figures["reward_mean"] == pytest.approx(curve["validation"][str(saved)], abs=1 / figures["rows"])
