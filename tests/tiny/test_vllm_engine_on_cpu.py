@@ -36,7 +36,7 @@ def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
     assert [report["model_type"] for report in reports] == families
     for report in reports:
         assert report["generated"] == 8 and report["max_logprob_difference"] <= 1e-4, report
-        # vLLM generated from the prompt the trainer scores: verl's ids with fix 8 (adaptations/verl_fixes.py)
+        # vLLM generated from the prompt the trainer scores: verl's ids with adaptations/fixes/vllm_image_tokens.py
         assert report["vllm_prompt_tokens"] == report["prompt_tokens"], report
         # verl's own ids: vLLM expands GLM-V's and Gemma 4's image runs a second time
         expanded_again = report["vllm_prompt_tokens_from_verls_own_ids"] > report["prompt_tokens"]

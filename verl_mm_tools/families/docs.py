@@ -1,6 +1,6 @@
 """The tables of docs/model_families.md, generated from the family records. ``python -m verl_mm_tools.families.docs
 --write`` rewrites them; without ``--write`` it exits 1 where the page differs from the records
-(tests/families/test_families.py runs that check)."""
+(tests/families/test_families_on_cpu.py runs that check)."""
 
 from __future__ import annotations
 

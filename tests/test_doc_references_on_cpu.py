@@ -230,7 +230,7 @@ def test_every_file_module_and_symbol_the_docs_name_exists():
     missing = [entry for doc in doc_files() for entry in missing_references(doc)]
     assert not missing, (
         f"{len(missing)} names in the docs do not exist (moved or gone): fix the doc, or, for a path that is not "
-        "code, add it to NOT_CODE in tests/test_docs.py:\n" + "\n".join(missing)
+        "code, add it to NOT_CODE in tests/test_doc_references_on_cpu.py:\n" + "\n".join(missing)
     )
 
 
@@ -238,8 +238,8 @@ def test_the_checker_finds_what_is_gone_and_accepts_what_exists():
     """The check itself: names that exist pass, made-up ones are reported."""
     assert dotted_name_exists("verl_mm_tools.agent_loop.MMToolAgentLoop")
     assert not dotted_name_exists("verl_mm_tools.agent_loop.NoSuchLoop")
-    assert path_exists("tests/test_docs.py::test_every_file_module_and_symbol_the_docs_name_exists")
-    assert not path_exists("tests/test_docs.py::test_that_does_not_exist")
+    assert path_exists("tests/test_doc_references_on_cpu.py::test_every_file_module_and_symbol_the_docs_name_exists")
+    assert not path_exists("tests/test_doc_references_on_cpu.py::test_that_does_not_exist")
     assert path_exists("plugin.py") and not path_exists("no_such_module.py")
     assert identifier_defined("StopReason", [PACKAGE / "agent_loop" / "state.py"])
     assert not identifier_defined("EXPORTS_GONE", [PACKAGE / "agent_loop" / "state.py"])
