@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from PIL import Image
@@ -247,22 +248,27 @@ def sample_dump(tiny_model_dir, tmp_path_factory):
     ["../../../outside/secret.png", "{outside}/secret.png", "images/../../../outside/secret.png", "images/link.png"],
 )
 def test_a_dump_record_cannot_make_the_viewer_publish_files_outside_its_folder(sample_dump, tmp_path, name):
+    """The record naming a file outside its folder is left out and listed on the index with the reason; the site of
+    the other trajectories is built, and no file of it holds the outside file's bytes."""
     import shutil
 
     from verl_mm_tools.record import RECORD_FILE
-    from verl_mm_tools.viewer.loading import ViewerError
     from verl_mm_tools.viewer.site import build_site
 
     outside, dump = tmp_path / "outside", tmp_path / "dump"
     outside.mkdir()
     (outside / "secret.png").write_bytes(b"secret")
     shutil.copytree(sample_dump, dump, ignore=shutil.ignore_patterns("_site"))
-    record_path = sorted(dump.glob(f"step_000001/*/{RECORD_FILE}"))[0]
+    records = sorted(dump.glob(f"step_000001/*/{RECORD_FILE}"))
+    record_path = records[0]
     (record_path.parent / "images" / "link.png").symlink_to(outside / "secret.png")
     record = json.loads(record_path.read_text())
     record["images"][0]["file"] = name.format(outside=outside)
     record_path.write_text(json.dumps(record))
-    with pytest.raises(ViewerError, match=r"names a file it may not: refused to read .*outside the file roots"):
-        build_site(dump, tmp_path / "site")
+    site = build_site(dump, tmp_path / "site")
+    assert [bad.path for bad in site.bad] == [record_path]
+    assert re.search(r"outside its folder; not read", site.bad[0].reason), site.bad[0].reason
+    assert len(site.pages) == len(records) - 1
+    assert str(record_path) in site.index.read_text()
     site_files = [path for path in (tmp_path / "site").rglob("*") if path.is_file()]
     assert not [path for path in site_files if path.read_bytes() == b"secret"]
