@@ -3,6 +3,7 @@ trajectory dump of the tiny model."""
 
 from __future__ import annotations
 
+import ast
 import functools
 from pathlib import Path
 
@@ -60,30 +61,33 @@ def _restore_verl_agent_loop_registry():
         yield
 
 
-# pytest-xdist (`-n 2`, pytest.ini): the modules that start processes holding both cores and GiBs (verl's trainer, vLLM
-# engines, Ray clusters: any module with a slow test or a Ray cluster) run one after another on one worker, while the
-# other worker takes the rest; every module stays whole on one worker, so its module-scoped fixtures are built once.
-# (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no longer rename.)
-SERIAL_GROUP = "processes"
-SERIAL_MARKS = ("pytest.mark.slow", "ray.init(")
+# pytest-xdist (`-n 2`, pytest.ini): the slow tests (verl's trainer, vLLM engines: both cores and GiBs each) run one
+# after another on one worker while the other worker takes the rest; every other module stays whole on one worker, so
+# its module-scoped fixtures are built once. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids
+# it can no longer rename; the scheduler sees node ids only, so the slow mark is read from the source.)
+SERIAL_GROUP = "slow"
 TESTS = Path(__file__).resolve().parent
 
 
 @functools.cache
-def serial_modules() -> frozenset[str]:
+def slow_tests(module: str) -> frozenset[str]:
+    """The names of ``module``'s test functions marked ``pytest.mark.slow``."""
+    tree = ast.parse((TESTS.parent / module).read_text())
     return frozenset(
-        path.relative_to(TESTS.parent).as_posix()
-        for path in TESTS.rglob("test_*.py")
-        if any(mark in path.read_text() for mark in SERIAL_MARKS)
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and any(ast.unparse(decorator) == "pytest.mark.slow" for decorator in node.decorator_list)
     )
 
 
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class SerialProcessesScheduling(LoadScopeScheduling):
+    class SlowTestsInOneLine(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return SERIAL_GROUP if module in serial_modules() else module
+            module, _, rest = nodeid.partition("::")
+            function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
+            return SERIAL_GROUP if function in slow_tests(module) else module
 
-    return SerialProcessesScheduling(config, log)
+    return SlowTestsInOneLine(config, log)
