@@ -245,9 +245,10 @@ def _checked_image(record_path: Path, image: dict, key: str) -> Path:
         ) from None
     if kind not in IMAGE_FORMATS[key]:
         raise RecordError(f"{record_path}: image {image['id']}'s {key} {path.name} is {kind}, not {IMAGE_FORMATS[key]}")
-    if key == "file" and image.get("width") is not None and size != (image["width"], image["height"]):
+    recorded = (image.get("width"), image.get("height"))  # both optional; one without the other is a mismatch
+    if key == "file" and recorded != (None, None) and size != recorded:
         raise RecordError(
-            f"{record_path}: image {image['id']} is {image['width']}x{image['height']} in the record but "
+            f"{record_path}: image {image['id']} is {recorded[0]}x{recorded[1]} in the record but "
             f"{size[0]}x{size[1]} in {path.name}"
         )
     return path

@@ -1,0 +1,30 @@
+"""The one reader of recorded trajectories: a record whose image size is half given is a bad record, named with its
+reason, and never an exception (found by the damaged-records fuzz: a deleted ``height`` raised KeyError)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.trajectories.read import load_records
+
+
+@pytest.mark.parametrize("dropped", ["width", "height"])
+def test_an_image_with_half_its_size_recorded_is_a_bad_record(sample_dump, tmp_path, dropped):
+    dump = tmp_path / "dump"
+    shutil.copytree(sample_dump, dump, ignore=shutil.ignore_patterns("_site"))
+    records = sorted(dump.glob(f"step_*/*/{RECORD_FILE}"))
+    record = json.loads(records[0].read_text())
+    width, height = record["images"][0]["width"], record["images"][0]["height"]
+    del record["images"][0][dropped]
+    records[0].write_text(json.dumps(record))
+
+    loaded = load_records([dump])
+
+    assert [bad.path for bad in loaded.bad] == [records[0]]
+    shown = f"{None if dropped == 'width' else width}x{None if dropped == 'height' else height}"
+    assert f"image 1 is {shown} in the record but {width}x{height} in " in loaded.bad[0].reason
+    assert len(loaded.records) == len(records) - 1
