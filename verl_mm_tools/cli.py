@@ -95,6 +95,7 @@ def _bench(args: argparse.Namespace) -> int:
             remote=args.remote,
             vllm=args.rollout == "vllm",
             say=lambda line: sys.stderr.write(line + "\n"),
+            repeats=args.repeats,
         )
     for figure in figures:
         sys.stdout.write(figure.line() + "\n")
@@ -242,6 +243,11 @@ def _add_bench_command(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (a wider spread)")
+    bench.add_argument(
+        "--repeats",
+        type=whole_number(1),
+        help="samples of each timed figure (default 31, 11 with --quick); 2 checks the output in ~2 minutes",
+    )
     bench.add_argument("--strict", action="store_true", help="exit 1 when a check is missed (for CI)")
     bench.add_argument(
         "--step",

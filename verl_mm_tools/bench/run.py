@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from verl_mm_tools.bench.figures import Figure, figure
@@ -50,6 +51,24 @@ def _ops_in_fresh_process(repeats: int) -> dict[str, list[float]]:
     return json.loads(done.stdout)
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """How often each timed figure of figures 1-3 and 6 is sampled: ``ops`` image-op samples, ``loop`` trajectory
+    pairs for each length (at least; ``pairs_per_size // turns`` where that is more), ``export`` pairs."""
+
+    ops: int
+    loop: int
+    pairs_per_size: int
+    export: int
+
+    @classmethod
+    def of(cls, quick: bool, repeats: int | None) -> Repeats:
+        """The default sizes, the quick ones, or ``repeats`` samples of each (a wider spread, a shorter run)."""
+        if repeats is not None:
+            return cls(ops=repeats, loop=repeats, pairs_per_size=8 * repeats, export=repeats)
+        return cls(ops=11, loop=12, pairs_per_size=96, export=6) if quick else cls(31, 24, 192, 12)
+
+
 def run(
     model_dir: str,
     quick: bool = False,
@@ -57,14 +76,17 @@ def run(
     remote: bool = False,
     vllm: bool = False,
     say=lambda line: None,
+    repeats: int | None = None,
 ) -> list[Figure]:
     """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
-    ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``."""
-    figures = image_ops(repeats=11 if quick else 31)
+    ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``. ``repeats``
+    sets every timed figure's sample count (``Repeats.of``)."""
+    sizes = Repeats.of(quick, repeats)
+    figures = image_ops(repeats=sizes.ops)
     with pillow_reusing_image_memory():
-        figures += loop_overhead(model_dir, repeats=12 if quick else 24, pairs_per_size=96 if quick else 192)
+        figures += loop_overhead(model_dir, repeats=sizes.loop, pairs_per_size=sizes.pairs_per_size)
     figures += trajectory_memory(model_dir)
-    figures += export_cost(model_dir, repeats=6 if quick else 12)
+    figures += export_cost(model_dir, repeats=sizes.export)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
     if remote:
