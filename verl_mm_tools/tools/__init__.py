@@ -17,6 +17,7 @@ from verl_mm_tools.tools.image_tools import (
     ZoomInConfig,
     ZoomInTool,
 )
+from verl_mm_tools.tools.python_tool import PythonTool, PythonToolConfig
 
 BUILTIN_TOOLS = (RotateTool, FlipTool, CropTool, ZoomInTool, DrawBBoxTool, DrawLineTool)
 
@@ -28,6 +29,8 @@ __all__ = [
     "FlipTool",
     "ImageTool",
     "ImageToolConfig",
+    "PythonTool",
+    "PythonToolConfig",
     "RotateConfig",
     "RotateTool",
     "ToolCheckError",

@@ -1,0 +1,303 @@
+"""``KernelProcess``: the host's side of one sandboxed kernel (one trajectory's Python session).
+
+Blocking and thread-safe (one call at a time per kernel): the tool runs it on a worker thread. Everything read from
+the kernel is untrusted (the model's code runs in that process): sizes are checked before bytes are read, every read
+has a deadline, and a kernel that breaks the wire format, exits or runs past ``timeout_s`` is killed with its whole
+process group and PID namespace; the next call starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from PIL import Image
+
+from verl_mm_tools.sandbox import kernel as wire
+from verl_mm_tools.sandbox.bwrap import (
+    ENV,
+    KERNEL_SCRIPT,
+    SITE,
+    WORKDIR,
+    Bind,
+    check_bwrap,
+    default_packages,
+    kernel_program,
+    package_binds,
+    sandbox_command,
+)
+from verl_mm_tools.sandbox.limits import SandboxLimits
+
+logger = logging.getLogger(__name__)
+
+BWRAP, NONE = "bwrap", "none"
+SANDBOX_MODES = (BWRAP, NONE)
+MAX_HEADER_BYTES = 1 << 20  # the JSON header of a reply, output text included
+_LIVE: weakref.WeakSet[KernelProcess] = weakref.WeakSet()
+
+
+class KernelLost(RuntimeError):
+    """The kernel died, timed out or broke the wire format; it was killed. The message is for the model."""
+
+
+@dataclass
+class RunResult:
+    """What one call produced: printed text (with the traceback when ``failed``), images with where they came from,
+    notes on refused images; ``lost``: the session was lost (time-out, crash), so the next call starts afresh."""
+
+    output: str = ""
+    failed: bool = False
+    images: list[tuple[Image.Image, str]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    lost: str | None = None
+
+
+class KernelProcess:
+    """One kernel: started by ``start`` (or the first ``run``), ended by ``close``. ``sandbox``: "bwrap" or "none"."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits,
+        sandbox: str = BWRAP,
+        packages: tuple[str, ...] | None = None,
+        bwrap: str = "bwrap",
+    ):
+        self.limits, self.sandbox = limits, sandbox
+        self.bwrap = check_bwrap(bwrap) if sandbox == BWRAP else bwrap
+        self.binds = package_binds(default_packages() if packages is None else packages)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.held_images: list[Image.Image] = []  # the trajectory's images the kernel holds, by identity
+        self.lock = threading.Lock()
+        self.started_s = 0.0  # how long the last start took
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._errors: IO[bytes] | None = None
+        self._launched_at = 0.0
+        self.ready = False
+        _LIVE.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # ----- start and stop -------------------------------------------------------------------------------------
+
+    def _command(self) -> tuple[list[str], str]:
+        """The command and the work directory of a new kernel."""
+        settings = {"limits": self.limits.as_dict(), "own_pid_namespace": self.sandbox == BWRAP}
+        if self.sandbox == BWRAP:
+            settings.update(workdir=WORKDIR, site=[SITE])
+            binds = [Bind(wire.__file__, KERNEL_SCRIPT), *self.binds]
+            command = sandbox_command(self.bwrap, binds, self.limits.workdir_mb, kernel_program(json.dumps(settings)))
+            return command, "/"
+        self._scratch = tempfile.TemporaryDirectory(prefix="verl-mm-python-")
+        sites = sorted({str(Path(bind.source).parent) for bind in self.binds})
+        settings.update(workdir=self._scratch.name, site=sites)
+        program = kernel_program(json.dumps(settings))
+        return [program[0], "-I", "-S", "-B", wire.__file__, program[-1]], self._scratch.name
+
+    def launch(self) -> None:
+        """Start a kernel process (ending the one running) without waiting for it. Call it from a long-lived thread
+        (the event loop's): bubblewrap's --die-with-parent ends the sandbox when the thread that started it ends."""
+        with self.lock:
+            self._launch()
+
+    def _launch(self) -> None:
+        self.close()
+        if self.sandbox == NONE:
+            logger.warning(
+                "python tool: starting a kernel WITHOUT a sandbox (sandbox: none): model-written code runs with this "
+                "process's user, files and network; only resource limits apply"
+            )
+        command, cwd = self._command()
+        self._launched_at = time.perf_counter()
+        self._errors = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            cwd=cwd,
+            env=dict(ENV) if self.sandbox == NONE else {"PATH": ENV["PATH"]},
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.ready, self.held_images = False, []
+
+    def start(self) -> float:
+        """Start a kernel (ending the one running) and wait until it is ready; the seconds that took."""
+        with self.lock:
+            self._launch()
+            return self._await_ready()
+
+    def _await_ready(self) -> float:
+        assert self.process is not None and self._errors is not None
+        try:
+            header, _ = self._read(self._launched_at + self.limits.startup_timeout_s, "start")
+        except KernelLost as error:
+            self._errors.seek(0)
+            detail = self._errors.read(2000).decode(errors="replace").strip()
+            raise KernelLost(f"{error}{'; it said: ' + detail if detail else ''}") from None
+        finally:
+            self._errors.close()
+        if header.get("ready") is not True:
+            raise KernelLost(f"the kernel answered {str(header)[:200]} instead of ready")
+        self.ready, self.started_s = True, time.perf_counter() - self._launched_at
+        logger.debug("python tool: kernel pid %s started in %.3f s", self.process.pid, self.started_s)
+        return self.started_s
+
+    def close(self) -> None:
+        """Kill the kernel, its process group and (bubblewrap's --die-with-parent) its PID namespace."""
+        process, self.process = self.process, None
+        if process is not None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    stream.close()
+            process.wait(timeout=10)
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+        self.held_images, self.ready = [], False
+
+    # ----- a call ---------------------------------------------------------------------------------------------
+
+    def run(self, code: str, images: list[Image.Image]) -> RunResult:
+        """Run ``code`` with the trajectory's ``images`` (1-based ids, in order) readable; a lost kernel (dead,
+        timed out, broken messages) is killed and reported in ``lost``, never raised."""
+        with self.lock:
+            try:
+                if not self.alive:
+                    self._launch()
+                if not self.ready:
+                    self._await_ready()
+                return self._run(code, images)
+            except KernelLost as error:
+                self.close()
+                return RunResult(lost=str(error))
+
+    def _run(self, code: str, images: list[Image.Image]) -> RunResult:
+        keep = 0
+        for held, current in zip(self.held_images, images):
+            if held is not current:
+                break
+            keep += 1
+        entries, blobs = [], []
+        for image_id, image in enumerate(images[keep:], start=keep + 1):
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            entries.append({"id": image_id, "mode": "RGB", "size": [rgb.width, rgb.height]})
+            blobs.append(rgb.tobytes())
+        deadline = time.perf_counter() + self.limits.timeout_s
+        self._write({"code": code, "keep": keep, "images": entries}, blobs, deadline)
+        self.held_images = list(images)
+        header, blobs = self._read(deadline, "call")
+        return self._result(header, blobs)
+
+    def _result(self, header: dict, blobs: list[bytes]) -> RunResult:
+        entries, refused = header.get("images"), header.get("refused", [])
+        if not isinstance(header.get("output"), str) or not isinstance(entries, list) or len(entries) != len(blobs):
+            raise KernelLost("the kernel's reply was malformed")
+        limits, result = self.limits, RunResult(output=header["output"], failed=bool(header.get("failed")))
+        result.refused = [str(note)[:300] for note in refused[:20]] if isinstance(refused, list) else []
+        if len(result.output) > limits.max_output_chars + 200:
+            result.output = result.output[: limits.max_output_chars] + "\n... (more output was cut)"
+        for entry, blob in zip(entries, blobs):
+            image = _decoded(entry, blob, limits.max_image_pixels)
+            if len(result.images) >= limits.max_images or image is None:
+                result.refused.append("an image the kernel returned was refused (over the limits or malformed)")
+                continue
+            result.images.append((image, str(entry.get("origin", "an image"))[:200]))
+        return result
+
+    # ----- the pipes ------------------------------------------------------------------------------------------
+
+    def _write(self, header: dict, blobs: list[bytes], deadline: float) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        header = {**header, "blobs": [len(blob) for blob in blobs]}
+        data = json.dumps(header).encode()
+        chunks = [wire.FRAME.pack(len(data), sum(map(len, blobs))), data, *blobs]
+        fd = self.process.stdin.fileno()
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                self._wait(fd, select.POLLOUT, deadline, "call")
+                try:
+                    view = view[os.write(fd, view[: 1 << 16]) :]
+                except (BrokenPipeError, ConnectionResetError):
+                    raise KernelLost(self._death("call")) from None
+
+    def _read(self, deadline: float, what: str) -> tuple[dict, list[bytes]]:
+        frame = self._read_exact(wire.FRAME.size, deadline, what)
+        header_size, blob_size = wire.FRAME.unpack(frame)
+        most_blobs = self.limits.max_images * min(self.limits.max_image_pixels, 1 << 26) * 4
+        if header_size > MAX_HEADER_BYTES + 4 * self.limits.max_output_chars or blob_size > most_blobs:
+            raise KernelLost(f"the kernel sent a reply over the size limits ({header_size} + {blob_size} bytes)")
+        try:
+            return wire.split_message(frame, self._read_exact(header_size + blob_size, deadline, what))
+        except wire.ProtocolError as error:
+            raise KernelLost(f"the kernel's reply was malformed: {error}") from None
+
+    def _read_exact(self, size: int, deadline: float, what: str) -> bytes:
+        assert self.process is not None and self.process.stdout is not None
+        fd, parts, missing = self.process.stdout.fileno(), [], size
+        while missing:
+            self._wait(fd, select.POLLIN, deadline, what)
+            chunk = os.read(fd, min(missing, 1 << 20))
+            if not chunk:
+                raise KernelLost(self._death(what))
+            parts.append(chunk)
+            missing -= len(chunk)
+        return b"".join(parts)
+
+    def _wait(self, fd: int, event: int, deadline: float, what: str) -> None:
+        poller = select.poll()
+        poller.register(fd, event)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                seconds = self.limits.timeout_s if what == "call" else self.limits.startup_timeout_s
+                raise KernelLost(f"the {what} ran longer than {seconds:g} s and was stopped")
+            if poller.poll(left * 1000):
+                return
+
+    def _death(self, what: str) -> str:
+        try:
+            code = self.process.wait(timeout=2) if self.process is not None else None
+        except subprocess.TimeoutExpired:
+            return f"the kernel closed its pipe during the {what}"
+        if code is not None and code < 0:
+            return f"the kernel was killed by signal {signal.Signals(-code).name} during the {what}"
+        return f"the kernel exited (status {code}) during the {what}"
+
+
+def _decoded(entry: object, blob: bytes, max_pixels: int) -> Image.Image | None:
+    """The image of one reply entry, or None when it is malformed or over the limits."""
+    if not isinstance(entry, dict) or entry.get("mode") not in wire.MODES:
+        return None
+    size = entry.get("size")
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size)):
+        return None
+    width, height = size
+    if width * height > max_pixels or len(blob) != width * height * wire.MODES[entry["mode"]]:
+        return None
+    return Image.frombytes(entry["mode"], (width, height), blob)
+
+
+@atexit.register
+def _close_all() -> None:
+    for kernel in list(_LIVE):
+        kernel.close()
