@@ -109,6 +109,8 @@ class TurnRecord:
     reward: float = 0.0
     sample: int = 0
     text: str = ""  # the decoded generated tokens
+    # [first, last] weight versions of the generation (differ where a weight sync interrupted it and verl resumed it)
+    weight_versions: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,7 @@ def _turns(turns: list[TurnRecord], samples: list[SampleRecord]) -> list[dict]:
                 "images_added": list(turn.images_added),
                 "reward": turn.reward,
                 "sample": turn.sample,
+                "weight_versions": list(turn.weight_versions) if turn.weight_versions is not None else None,
             }
         )
     return records

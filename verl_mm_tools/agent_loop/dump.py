@@ -134,6 +134,7 @@ def _turn_records(agent_data: LoopAgentData | None, outputs: list, decode) -> li
                     turn.reward,
                     index,
                     decode(output.response_ids[start:end]),
+                    (turn.versions.first, turn.versions.last) if turn.versions is not None else None,
                 )
             )
     return records

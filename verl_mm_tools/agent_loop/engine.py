@@ -7,6 +7,14 @@ answer. Here it raises ``EngineAbortedError``, which masks that trajectory only 
 cause in ``mm_tool/error``; the masked-batch guard stops a run whose engine aborts most of a batch. An engine that
 died raises from verl's client already (vLLM's ``EngineDeadError`` through Ray), with the same outcome.
 
+Under verl's fully async trainer with ``async_training.partial_rollout`` on, a weight sync aborts the generations in
+flight and verl's ``FullyAsyncLLMServerClient`` resumes each one with its prompt plus the tokens generated so far
+(same images, same sampling parameters, log-probs and MoE routing concatenated): the loop never sees the abort, only
+a reply whose ``min_global_steps`` and ``max_global_steps`` differ. That reply is the model's whole turn and trains
+as any other; it is recorded here as the generation's ``WeightVersions`` (``resumed``: it spans more than one). With
+``partial_rollout: false`` the same client returns the aborted reply, which raises here as above (verl's own loop
+would train on the cut text), counted in ``mm_tool/aborted_generations``.
+
 The reply's prefix-cache hits (vLLM's per-request ``num_cached_tokens``, which verl's vLLM server passes on in
 ``extra_fields``) are kept per generation: the loop writes them on the turn, and the step metrics turn them into the
 prefix-cache hit rate from the second turn on (``mm_tool/prefix_cache_hit_rate``).
@@ -14,6 +22,8 @@ prefix-cache hit rate from the second turn on (``mm_tool/prefix_cache_hit_rate``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from verl_mm_tools.errors import VerlMMToolsError
@@ -25,14 +35,45 @@ class EngineAbortedError(VerlMMToolsError, RuntimeError):
     """The rollout engine aborted a generation: the trajectory is masked (its last turn never finished)."""
 
 
+@dataclass(frozen=True)
+class WeightVersions:
+    """The weight versions (verl's ``global_steps`` of the rollout server) one generation ran under: ``first`` when
+    it started, ``last`` when it finished. verl's resuming client reports them as ``min_global_steps`` and
+    ``max_global_steps``; a generation a weight sync interrupted and the client resumed spans more than one."""
+
+    first: int
+    last: int
+
+    @property
+    def span(self) -> int:
+        return self.last - self.first
+
+    @property
+    def resumed(self) -> bool:
+        """Interrupted by a weight sync and resumed (partial rollout). A resume within one version (an abort with
+        no sync after it, which verl's fully async trainer does not do) is invisible to the loop."""
+        return self.last != self.first
+
+    @classmethod
+    def of(cls, extra_fields: Mapping[str, Any] | None) -> WeightVersions | None:
+        """From a reply's ``extra_fields``; None where the engine reports no version (e.g. the ``hf`` server)."""
+        fields = extra_fields or {}
+        first = fields.get("min_global_steps", fields.get("global_steps"))
+        last = fields.get("max_global_steps", fields.get("global_steps"))
+        if first is None or last is None:
+            return None
+        return cls(int(first), int(last))
+
+
 class CheckedEngine:
     """verl's server manager (``LLMServerClient``), whose ``generate`` raises on an aborted reply and keeps each
-    reply's prefix-cache hits in ``cached_tokens`` (None where the engine does not report them). verl builds a loop,
-    and so one of these, per trajectory."""
+    reply's prefix-cache hits in ``cached_tokens`` (None where the engine does not report them) and its weight
+    versions in ``versions``. verl builds a loop, and so one of these, per trajectory."""
 
     def __init__(self, server_manager: Any):
         self.server_manager = server_manager
         self.cached_tokens: list[int | None] = []
+        self.versions: list[WeightVersions | None] = []
 
     async def generate(self, request_id, **kwargs) -> Any:
         output = await self.server_manager.generate(request_id, **kwargs)
@@ -40,11 +81,13 @@ class CheckedEngine:
             raise EngineAbortedError(
                 f"the rollout engine aborted generation {len(self.cached_tokens) + 1} of the trajectory after "
                 f"{len(output.token_ids)} tokens (stop_reason {output.stop_reason!r}); its text is not the model's "
-                "answer, so the trajectory is masked. Aborts come from the engine (a paused or restarted server, a "
-                "dropped request): see the rollout server's log"
+                "answer, so the trajectory is masked. Aborts come from a weight sync (verl's fully async trainer with "
+                "async_training.partial_rollout=false; set it to true to resume them) or from the engine (a paused "
+                "or restarted server, a dropped request): see the rollout server's log"
             )
         reported = (output.extra_fields or {}).get("num_cached_tokens")
         self.cached_tokens.append(None if reported is None else int(reported))
+        self.versions.append(WeightVersions.of(output.extra_fields))
         return output
 
     def __getattr__(self, name: str) -> Any:  # everything else is verl's client as is

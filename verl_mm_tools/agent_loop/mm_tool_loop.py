@@ -255,7 +255,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
         turn.text = self._generated_text(agent_data.response_ids)
         turn.message = message
-        turn.cached_tokens = cast(CheckedEngine, self.server_manager).cached_tokens[-1]  # set in __init__
+        engine = cast(CheckedEngine, self.server_manager)  # set in __init__
+        turn.cached_tokens, turn.versions = engine.cached_tokens[-1], engine.versions[-1]
         turn.routed_experts = agent_data.routed_experts
 
     def _generated_text(self, token_ids: list[int]) -> str:

@@ -153,6 +153,7 @@ class OutputBuilder:
         if isinstance(error, ConfigError):
             raise error  # a broken configuration must stop the run, not mask every sample
         state.mask(f"{type(error).__name__}: {error}")
+        state.stats.aborted_generations += isinstance(error, EngineAbortedError)
         logger.warning(
             "mm_tool: masked the trajectory of sample %s (%s)",
             name,

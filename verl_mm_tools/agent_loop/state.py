@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
     from verl_mm_tools.agent_loop.budget import ImageBudget
+    from verl_mm_tools.agent_loop.engine import WeightVersions
     from verl_mm_tools.agent_loop.sessions import ToolSessions
     from verl_mm_tools.envs.base import Environment
 
@@ -55,6 +56,12 @@ REQUEST_ID_KEY = PREFIX + "request_id"  # verl's request id of the trajectory: w
 # tokens sent and those the engine's prefix cache held (0 and 0 where it does not report them)
 LATER_PROMPT_TOKENS_KEY = PREFIX + "later_prompt_tokens"
 LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
+# weight versions (verl's fully async trainer, ``engine.WeightVersions``): [first, last] over the trajectory's
+# generations (None where the engine reports none), its generations a weight sync interrupted and verl's client
+# resumed (partial rollout), and those the engine aborted without a resume (the trajectory is masked)
+WEIGHT_VERSIONS_KEY = PREFIX + "weight_versions"
+RESUMED_KEY = PREFIX + "resumed_generations"
+ABORTED_KEY = PREFIX + "aborted_generations"
 
 
 class LoopState(Enum):
@@ -103,6 +110,7 @@ class TrajectoryStats:
     env_infos: list[dict] = field(default_factory=list)
     masked: bool = False
     error: str = ""
+    aborted_generations: int = 0  # replies the engine aborted and nothing resumed (partial_rollout off)
 
     @property
     def tool_calls(self) -> int:
@@ -137,6 +145,7 @@ class TrajectoryStats:
             PREFIX + "budget_downscales": self.budget_downscales,
             PREFIX + "dropped_turns": self.dropped_turns,
             MASKED_KEY: int(self.masked),
+            ABORTED_KEY: self.aborted_generations,
             ERROR_KEY: self.error,
             PER_TOOL_KEY: {name: vars(stats).copy() for name, stats in self.per_tool.items()},
         }
@@ -154,7 +163,9 @@ class Turn:
     ``prompt_end`` and ``response_span`` are in that sample's tokens; ``export``); ``text``: what the model wrote,
     special tokens and reasoning included, its end-of-turn token excluded; ``message``: the index of the assistant
     message the turn added (None when it added none: a turn cut by a limit); ``cached_tokens``: the prompt tokens
-    the engine's prefix cache held for the turn's generation (None where the engine does not report them).
+    the engine's prefix cache held for the turn's generation (None where the engine does not report them);
+    ``versions``: the weight versions the generation ran under (``resumed`` where a weight sync interrupted it and
+    verl's client resumed it; None where the engine reports no version).
     """
 
     prompt_end: int
@@ -169,6 +180,7 @@ class Turn:
     cached_tokens: int | None = None
     malformed_calls: int = 0
     routed_experts: Routing | None = None
+    versions: WeightVersions | None = None
 
 
 @dataclass
@@ -255,7 +267,14 @@ class TrajectoryState:
             SAMPLE_KEY: [sample, samples],
             REQUEST_ID_KEY: self.request_id,
             **self._later_turn_cache(),
+            **self._weight_versions(),
         }
+
+    def _weight_versions(self) -> dict:
+        """The weight versions the trajectory's generations ran under, masked trajectories' included."""
+        versions = [turn.versions for turn in self.turns if turn.versions is not None]
+        span = [min(v.first for v in versions), max(v.last for v in versions)] if versions else None
+        return {WEIGHT_VERSIONS_KEY: span, RESUMED_KEY: sum(v.resumed for v in versions)}
 
     def _later_turn_cache(self) -> dict:
         """Prompt tokens of the generations after the first, and how many of them the prefix cache held (where the

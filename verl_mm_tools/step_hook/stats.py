@@ -9,12 +9,15 @@ from typing import Any
 import numpy as np
 
 from verl_mm_tools.agent_loop.state import (
+    ABORTED_KEY,
     LATER_CACHED_TOKENS_KEY,
     LATER_PROMPT_TOKENS_KEY,
     MASKED_KEY,
     PER_TOOL_KEY,
     PREFIX,
+    RESUMED_KEY,
     STOP_REASON_KEY,
+    WEIGHT_VERSIONS_KEY,
     StopReason,
     ToolStats,
 )
@@ -27,6 +30,13 @@ CALL_RATE_COLLAPSED = CALL_RATE + "/collapsed"
 # the share of the prompt tokens of second and later generations that the engine's prefix cache held (engines that
 # report it: verl's vLLM server)
 PREFIX_CACHE_HIT_RATE = PREFIX + "prefix_cache_hit_rate"
+# verl's fully async trainer (partial rollout): generations resumed after a weight sync, trajectories whose
+# generations ran under more than one weight version, the largest version span of one trajectory, and generations
+# aborted without a resume (partial_rollout off: their trajectories are masked)
+RESUMED_COUNT = RESUMED_KEY + "/count"
+MULTI_VERSION_COUNT = PREFIX + "multi_version_trajectories/count"
+VERSION_SPAN_MAX = PREFIX + "version_span/max"
+ABORTED_COUNT = ABORTED_KEY + "/count"
 
 
 def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
@@ -71,7 +81,22 @@ def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
         metrics[PREFIX_CACHE_HIT_RATE] = (
             sum(non_tensor_batch[LATER_CACHED_TOKENS_KEY][index] for index in rows) / prompt_tokens
         )
+    metrics.update(_version_metrics(non_tensor_batch, rows))
     return metrics
+
+
+def _version_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> dict[str, float]:
+    """Resumed and aborted generations and weight-version spans (batches of loops older than these keys: none)."""
+    if RESUMED_KEY not in non_tensor_batch:
+        return {}
+    spans = [non_tensor_batch[WEIGHT_VERSIONS_KEY][index] for index in rows]
+    spans = [int(last) - int(first) for first, last in (span for span in spans if span is not None)]
+    return {
+        RESUMED_COUNT: float(sum(non_tensor_batch[RESUMED_KEY][index] for index in rows)),
+        MULTI_VERSION_COUNT: float(sum(span > 0 for span in spans)),
+        VERSION_SPAN_MAX: float(max(spans, default=0)),
+        ABORTED_COUNT: float(sum(non_tensor_batch[ABORTED_KEY][index] for index in rows)),
+    }
 
 
 def _per_tool_metrics(per_tool_rows: list[dict]) -> dict[str, float]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -67,21 +68,25 @@ class LocalRollout:
         tools=None,
         score: bool = False,
         per_sample: bool = False,
+        server: Callable[[Any], Any] | None = None,
+        client: Callable[[DictConfig, Any], Any] | None = None,
         **config_kwargs,
     ):
         """Returns (the generated DataProto, the server with its recorded requests, the worker). ``tools`` replaces
         the tools loaded from the YAML (instances, e.g. defined in a test); ``score`` streams every trajectory
         through verl's real reward worker (the configured reward manager), in-process; ``per_sample`` takes loops
-        that return several training samples per trajectory, one row each (``per_sample_worker_class``)."""
+        that return several training samples per trajectory, one row each (``per_sample_worker_class``);
+        ``server(tokenizer)`` builds the server instead of a ScriptedServer of ``turns``; ``client(config, server)``
+        puts a client of verl's between the worker and the server (e.g. ``resume.resuming_client``)."""
         with restored_loop_registry():
             worker = make_worker(self.config(**config_kwargs), None, per_sample=per_sample)
             if tools is not None:
                 worker.tools = list(tools)
             if score:
                 worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(worker.config))]
-            server = ScriptedServer(worker.tokenizer, turns, model=model)
-            worker.llm_client = server
-            return generate(worker, make_batch(prompts, **(columns or {}))), server, worker
+            backend = server(worker.tokenizer) if server else ScriptedServer(worker.tokenizer, turns, model=model)
+            worker.llm_client = client(worker.config, backend) if client else backend
+            return generate(worker, make_batch(prompts, **(columns or {}))), backend, worker
 
 
 def rotate_rollout(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> LocalRollout:
