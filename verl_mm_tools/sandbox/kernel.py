@@ -24,6 +24,7 @@ import resource
 import signal
 import struct
 import sys
+import time
 import traceback
 from typing import Any, BinaryIO
 
@@ -69,12 +70,24 @@ def split_message(frame: bytes, payload: bytes) -> tuple[dict[str, Any], list[by
 
 def read_message(stream: BinaryIO) -> tuple[dict[str, Any], list[bytes]] | None:
     """The next message, or None at the end of the stream (the kernel's side: the host is trusted)."""
-    frame = stream.read(FRAME.size)
-    if len(frame) < FRAME.size:
+    frame = _read_exact(stream, FRAME.size)
+    if frame is None:
         return None
     header_size, blob_size = FRAME.unpack(frame)
-    payload = stream.read(header_size + blob_size)
-    return split_message(frame, payload)
+    payload = _read_exact(stream, header_size + blob_size)
+    return None if payload is None else split_message(frame, payload)
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
+    """``size`` bytes (a pipe gives them in pieces), or None when the stream ends first."""
+    parts, missing = [], size
+    while missing:
+        chunk = stream.read(missing)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        missing -= len(chunk)
+    return b"".join(parts)
 
 
 # ----- inside the sandbox ---------------------------------------------------------------------------------------
@@ -247,11 +260,14 @@ class Kernel:
         return head + "".join(lines) + "".join(traceback.format_exception_only(type(error), error))
 
     def _end_leftover_processes(self) -> None:
-        """Kill every process the code left running (the sandbox's own PID namespace: pid 1 is bubblewrap)."""
+        """Kill every process the code left running (the sandbox's own PID namespace: pid 1 is bubblewrap, which
+        reaps them); up to about a second for a fork bomb's last children."""
         if not self.settings["own_pid_namespace"]:
             return
-        for _ in range(100):
-            others = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in (1, self.pid)]
+        for _ in range(200):
+            others = [pid for pid in _live_pids() if pid not in (1, self.pid)]
+            if not others:
+                return
             for pid in others:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -262,8 +278,7 @@ class Kernel:
                     pass
             except ChildProcessError:
                 pass
-            if not others:
-                return
+            time.sleep(0.005)
 
     def _collect_figures(self) -> None:
         pyplot = sys.modules.get("matplotlib.pyplot")
@@ -296,6 +311,19 @@ class Kernel:
         return header, blobs
 
 
+def _live_pids() -> list[int]:
+    """The processes of this PID namespace that are not zombies."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                if name.isdigit() and stat.read().rpartition(")")[2].split()[0] != "Z":
+                    pids.append(int(name))
+        except (OSError, IndexError):
+            continue
+    return pids
+
+
 def serve(settings: dict[str, Any]) -> None:
     kernel = Kernel(settings)
     os.chdir(settings["workdir"])
@@ -305,9 +333,12 @@ def serve(settings: dict[str, Any]) -> None:
     write_message(writer, {"ready": True, "pil": kernel.pil is not None})
     while (message := read_message(reader)) is not None:
         header, blobs = message
-        if kernel.pil is not None:
-            kernel.take_images(header, blobs)
-        text, failed = kernel.run(header["code"])
+        try:
+            if kernel.pil is not None:
+                kernel.take_images(header, blobs)
+            text, failed = kernel.run(header["code"])
+        except Exception as error:  # noqa: BLE001 - the kernel's own failure (the code may have broken it): say it
+            text, failed = f"the kernel itself failed: {type(error).__name__}: {error}", True
         write_message(writer, *kernel.reply(text, failed))
 
 

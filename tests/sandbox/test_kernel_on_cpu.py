@@ -1,0 +1,344 @@
+"""The sandboxed kernel, through ``KernelProcess`` with real bubblewrap: what a call returns (text, traceback, images
+with exact pixels), state within a session and never across, and hostile programs contained and answered as text:
+network (a real listener on 127.0.0.1), host files, host PIDs, the trainer's environment, writes outside the work
+directory, fork and memory bombs, endless loops, giant output, too many and too large images, a forged reply."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.sandbox import KernelProcess, SandboxLimits, SandboxUnavailableError, check_bwrap
+from verl_mm_tools.sandbox.bwrap import ENV, package_binds
+
+LIMITS = SandboxLimits(
+    timeout_s=5, cpu_s=2, memory_mb=512, max_processes=16, max_output_chars=1000, max_images=3, max_image_pixels=10_000
+)
+
+
+def gradient(width: int = 64, height: int = 48) -> Image.Image:
+    """Every pixel different: (4x, 5y, 128)."""
+    array = np.zeros((height, width, 3), np.uint8)
+    array[..., 0] = (4 * np.arange(width))[None, :]
+    array[..., 1] = (5 * np.arange(height))[:, None]
+    array[..., 2] = 128
+    return Image.fromarray(array)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel shared by the tests that do not end it (each start costs a bubblewrap and a Python)."""
+    process = KernelProcess(LIMITS)
+    process.start()
+    run(process, "import os")
+    yield process
+    process.close()
+
+
+@pytest.fixture
+def fresh():
+    """A kernel of its own, for tests that end or restart it; closed afterwards."""
+    made: list[KernelProcess] = []
+
+    def make(**limits) -> KernelProcess:
+        made.append(KernelProcess(SandboxLimits(**{**LIMITS.as_dict(), **limits})))
+        return made[-1]
+
+    yield make
+    for process in made:
+        process.close()
+
+
+def run(kernel: KernelProcess, code: str, images=()):
+    return kernel.run(code, list(images))
+
+
+LIVE_PIDS = (  # the sandbox's processes that are not zombies
+    "sorted(int(p) for p in os.listdir('/proc')\n"
+    "       if p.isdigit() and open(f'/proc/{p}/stat').read().split(')')[-1].split()[0] != 'Z')"
+)
+
+
+def last_line(result) -> str:
+    return result.output.strip().splitlines()[-1]
+
+
+# ----- what a call returns --------------------------------------------------------------------------------------
+
+
+def test_images_are_readable_by_id_and_saved_ones_come_back_with_exact_pixels(kernel):
+    image = gradient()
+    result = run(
+        kernel,
+        "crop = images[1].crop((8, 4, 24, 20))\ncrop.save('crop.png')\n"
+        "{'crop.png', 'image_1.png'} <= set(os.listdir())",
+        [image],
+    )
+    assert (result.lost, result.failed, result.output) == (None, False, "True\n")
+    assert len(result.images) == 1
+    returned, origin = result.images[0]
+    assert origin == "saved to crop.png"
+    assert returned.size == (16, 16)
+    assert np.array_equal(np.asarray(returned), np.asarray(image)[4:20, 8:24])
+
+
+def test_the_image_files_hold_the_images_and_show_returns_an_image(kernel):
+    image = gradient()
+    code = "from PIL import Image as I\nI.open('image_1.png').transpose(I.Transpose.FLIP_LEFT_RIGHT).show()"
+    result = run(kernel, code, [image])
+    assert (result.output, result.failed) == ("", False)
+    [(shown, origin)] = result.images
+    assert origin == "shown"
+    assert np.array_equal(np.asarray(shown), np.asarray(image)[:, ::-1])
+
+
+def test_output_traceback_and_the_last_expression_come_back_as_text(kernel):
+    result = run(kernel, "print('a')\nimport sys\nprint('b', file=sys.stderr)\n6 * 7")
+    assert (result.output, result.failed) == ("a\nb\n42\n", False)
+    error = run(kernel, "def f():\n    return 1 / 0\nf()")
+    assert error.failed
+    assert error.output == (
+        "Traceback (most recent call last):\n"
+        '  File "<code>", line 3, in <module>\n'
+        '  File "<code>", line 2, in f\n'
+        "ZeroDivisionError: division by zero\n"
+    )
+    syntax = run(kernel, "def (:")
+    assert syntax.failed and last_line(syntax) == "SyntaxError: invalid syntax"
+
+
+def test_state_persists_within_a_session_and_never_across_sessions(kernel, fresh):
+    assert run(kernel, "kept = 41").output == ""
+    assert run(kernel, "kept + 1").output == "42\n"
+    other = fresh()
+    result = run(other, "kept")
+    assert result.failed and last_line(result) == "NameError: name 'kept' is not defined"
+    assert run(other, "os.listdir('.')").failed  # not even the first session's imports
+
+
+def test_release_kills_the_sandbox_and_everything_in_it(fresh):
+    process = fresh()
+    uid = int(run(process, "import os, subprocess\nos.getuid()").output)
+    run(process, "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()")
+    pid = process.process.pid
+    process.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert uid >= 1_500_000_000
+    owners = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        owners += [line.split()[1] for line in status.splitlines() if line.startswith("Uid:")]
+    assert str(uid) not in owners
+
+
+# ----- hostile programs -----------------------------------------------------------------------------------------
+
+
+def test_no_network_not_even_the_hosts_loopback(kernel):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        result = run(kernel, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+        # the sandbox has a loopback of its own: nothing listens there, and the host's listener hears nothing
+        assert result.failed and last_line(result) == "ConnectionRefusedError: [Errno 111] Connection refused"
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    outside = run(kernel, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)")
+    assert last_line(outside) == "OSError: [Errno 101] Network is unreachable"
+    dns = run(kernel, "import socket\nsocket.getaddrinfo('example.com', 80)")
+    assert dns.failed and "gaierror" in last_line(dns)
+
+
+def test_host_files_are_not_there(kernel, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    here = Path(__file__).resolve()
+    for path in (secret, "/etc/shadow", "/etc/passwd", here, Path.home() / ".bashrc", "/proc/1/root/etc/hostname"):
+        result = run(kernel, f"open({str(path)!r}).read()")
+        assert result.failed, path
+        assert last_line(result).startswith(("FileNotFoundError", "PermissionError")), (path, result.output)
+    listing = run(kernel, "sorted(os.listdir('/'))")
+    assert (
+        listing.output == "['dev', 'lib', 'lib64', 'opt', 'proc', 'root', 'tmp', 'usr']\n"
+    )  # root: the interpreter's prefix
+    link = run(kernel, "os.symlink('/etc/passwd', 'link')\nopen('link').read()")
+    assert last_line(link).startswith("FileNotFoundError")
+
+
+def test_the_project_and_verl_cannot_be_imported(kernel):
+    for name in ("verl", "verl_mm_tools", "torch", "ray"):
+        result = run(kernel, f"import {name}")
+        assert last_line(result) == f"ModuleNotFoundError: No module named '{name}'"
+
+
+def test_no_host_pids_and_no_signals_out(kernel):
+    result = run(kernel, "sorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
+    assert result.output == "[1, 2]\n"  # bubblewrap's init and the kernel
+    kill = run(kernel, "import signal\nos.kill(1, signal.SIGKILL)")
+    assert last_line(kill) == "PermissionError: [Errno 1] Operation not permitted"
+    ptrace = run(kernel, "import ctypes\nctypes.CDLL(None, use_errno=True).ptrace(16, 1, 0, 0), ctypes.get_errno()")
+    assert ptrace.output == "(-1, 1)\n"  # PTRACE_ATTACH to pid 1: EPERM
+
+
+def test_the_environment_is_the_minimal_one(fresh, monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "sk-host-secret")
+    process = fresh()
+    result = run(process, "import os\ndict(os.environ)")
+    assert result.output == f"{ {**ENV, 'PWD': '/tmp'}!r}\n"
+    assert "sk-host-secret" not in run(process, "open('/proc/self/environ').read()").output
+
+
+def test_writes_outside_the_work_directory_fail(kernel, tmp_path):
+    for path in ("/opt/sandbox/kernel.py", "/usr/lib/evil", "/opt/evil", "/evil", str(tmp_path / "evil")):
+        result = run(kernel, f"open({path!r}, 'w').write('x')")
+        assert result.failed, path
+        assert last_line(result).split(":")[0] in ("OSError", "PermissionError", "FileNotFoundError"), result.output
+    assert list(tmp_path.iterdir()) == []
+    assert run(kernel, "open('inside.txt', 'w').write('ok')").output == "2\n"
+
+
+def test_a_fork_bomb_hits_the_process_limit_and_nothing_is_left_running(fresh):
+    process = fresh()
+    result = run(process, "import os\nwhile True:\n    os.fork()")
+    assert result.failed and last_line(result) == "BlockingIOError: [Errno 11] Resource temporarily unavailable"
+    assert run(process, LIVE_PIDS).output == "[1, 2]\n"  # the bomb's processes killed (zombies aside)
+
+
+def test_a_memory_bomb_is_a_memory_error_and_the_session_goes_on(kernel):
+    run(kernel, "survivor = 'still here'")
+    result = run(kernel, "hog = bytearray(1 << 30)")
+    assert result.failed and last_line(result) == "MemoryError"
+    grow = run(kernel, "hog = []\nwhile True:\n    hog.append(bytearray(1 << 24))")
+    assert grow.failed and last_line(grow) == "MemoryError"
+    assert run(kernel, "del hog\nsurvivor").output == "'still here'\n"
+
+
+def test_an_endless_loop_is_killed_at_the_wall_time_and_the_session_restarts(fresh):
+    process = fresh(timeout_s=1)
+    run(process, "before = 1")
+    began = time.perf_counter()
+    result = run(process, "import time\nwhile True:\n    time.sleep(0.05)")
+    assert 1 <= time.perf_counter() - began < 4
+    assert result.lost == "the call ran longer than 1 s and was stopped"
+    assert not process.alive
+    after = run(process, "before")
+    assert after.lost is None and last_line(after) == "NameError: name 'before' is not defined"
+
+
+def test_cpu_seconds_are_limited_per_call_and_the_session_goes_on(fresh):
+    process = fresh(cpu_s=1, timeout_s=10)
+    run(process, "kept = 'yes'")
+    result = run(process, "while True:\n    pass")
+    assert result.failed and last_line(result) == "CPUTimeExceeded: the code used up its 1 CPU seconds"
+    assert run(process, "kept").output == "'yes'\n"
+
+
+def test_huge_output_is_capped(kernel):
+    result = run(kernel, "print('x' * 10**6)")
+    assert result.output == "x" * 1000 + f"\n... ({10**6 - 1000 + 1} more characters of output were cut)"
+    direct = run(kernel, "os.write(1, b'y' * 10**6)\nNone")
+    assert direct.output == "y" * 1000
+
+
+def test_files_and_the_work_directory_are_size_limited(fresh):
+    process = fresh(max_file_mb=1, workdir_mb=2)
+    big = run(process, "open('big', 'wb').write(b'0' * (2 << 20))")
+    assert last_line(big) == "OSError: [Errno 27] File too large"
+    full = run(process, "for i in range(4):\n    open(f'f{i}', 'wb').write(b'0' * (1 << 20))")
+    assert last_line(full) == "OSError: [Errno 28] No space left on device"
+
+
+def test_too_many_and_too_large_images_are_refused_with_a_note(kernel):
+    many = run(kernel, "for i in range(5):\n    Image.new('RGB', (4, 4), (i, 0, 0)).save(f'{i}.png')")
+    assert [np.asarray(image)[0, 0, 0] for image, _ in many.images] == [0, 1, 2]
+    assert many.refused == [f"an image saved to {i}.png was not returned: at most 3 per call" for i in (3, 4)]
+    large = run(kernel, "Image.new('L', (200, 100)).save('large.png')")
+    assert large.images == []
+    assert large.refused == [
+        "an image saved to large.png was not returned: 200x100 px is over the limit of 10000 pixels; resize it first"
+    ]
+
+
+def test_a_forged_reply_ends_the_session_not_the_host(fresh):
+    process = fresh()
+    run(process, "x = 1")
+    result = run(process, "import os, struct\nos.write(4, struct.pack('>II', 1 << 31, 0))\nos._exit(0)")
+    assert result.lost is not None and result.lost.startswith("the kernel sent a reply over the size limits")
+    assert last_line(run(process, "x")) == "NameError: name 'x' is not defined"
+
+
+def test_a_trajectory_rolled_back_sends_its_images_again(kernel):
+    first, second, other = gradient(), Image.new("RGB", (8, 8), (1, 2, 3)), Image.new("RGB", (8, 8), (9, 9, 9))
+    assert run(kernel, "images[2].getpixel((0, 0))", [first, second]).output == "(1, 2, 3)\n"
+    assert run(kernel, "images[2].getpixel((0, 0)), len(images)", [first, other]).output == "((9, 9, 9), 2)\n"
+    assert run(kernel, "len(images)", [first]).output == "1\n"
+
+
+# ----- where the sandbox cannot run -----------------------------------------------------------------------------
+
+
+def test_a_missing_bubblewrap_refuses_to_start_with_what_to_do():
+    with pytest.raises(SandboxUnavailableError, match="'no-such-bwrap' is not on PATH: install it with scripts/"):
+        KernelProcess(LIMITS, bwrap="no-such-bwrap")
+
+
+def test_a_bubblewrap_without_namespaces_refuses_to_start(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError) as error:
+        check_bwrap(str(fake))
+    assert "cannot create the sandbox's namespaces here (exit 1: 'bwrap: No permissions to creating new" in str(
+        error.value
+    )
+    assert "sandbox: none" in str(error.value)
+
+
+def test_sandbox_none_runs_unisolated_and_warns_at_every_start(caplog):
+    process = KernelProcess(LIMITS, sandbox="none")
+    try:
+        with caplog.at_level("WARNING", logger="verl_mm_tools.sandbox.session"):
+            assert run(process, "6 * 7").output == "42\n"
+            process.close()
+            assert run(process, "import os\nos.getpid() != 2").output == "True\n"
+    finally:
+        process.close()
+    warnings = [r.message for r in caplog.records if "WITHOUT a sandbox" in r.message]
+    assert len(warnings) == 2
+
+
+def test_limits_are_checked_with_what_to_fix():
+    with pytest.raises(ConfigError, match=r"unknown sandbox limit 'timeout'\. Did you mean 'timeout_s'\?"):
+        SandboxLimits.from_dict({"timeout": 3})
+    with pytest.raises(ConfigError, match="memory_mb must be an integer between 256 and 1048576, got 10"):
+        SandboxLimits.from_dict({"memory_mb": 10})
+    with pytest.raises(ConfigError, match="timeout_s must be a number between 0.1 and 3600, got True"):
+        SandboxLimits.from_dict({"timeout_s": True})
+    with pytest.raises(ConfigError, match="'no_such_module', which is not installed"):
+        package_binds(("numpy", "no_such_module"))
+
+
+def test_the_kernel_script_never_imports_the_package():
+    source = Path(__file__).resolve().parents[2] / "verl_mm_tools" / "sandbox" / "kernel.py"
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", f"import runpy; runpy.run_path({str(source)!r}, run_name='probe')"],
+        capture_output=True,
+        check=False,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert done.returncode == 0, done.stderr.decode()  # with no site-packages: the standard library only
