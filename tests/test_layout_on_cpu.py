@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     # process, so they sit far below the rest of the CPU backend), and the adaptations' records and their guard (no
     # verl import: the loop, the step hooks and the runtime check the verl code they subclass or copy through them)
     {"errors", "files", "workspace", "record", "tokens", "ops", "check_report", "cli_types", "verl_registry"},
+    {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
     {"families", "supervise", "cpu.vllm_cpu", "adaptations.record", "adaptations.guard", "adaptations.touchpoints"},
     {"tools", "rewards", "data", "tiny", "parsers"},
     {"remote"},  # tools on Ray actor pools
