@@ -47,6 +47,11 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.parsers",  # pure readers of model output (Gemma 4's tool-call arguments)
         "verl_mm_tools.parsers.gemma4",
         "verl_mm_tools.record",
+        "verl_mm_tools.sandbox",  # the python tool's sandbox (its kernel script runs where verl is not even bound)
+        "verl_mm_tools.sandbox.bwrap",
+        "verl_mm_tools.sandbox.kernel",
+        "verl_mm_tools.sandbox.limits",
+        "verl_mm_tools.sandbox.session",
         "verl_mm_tools.tiny",
         "verl_mm_tools.tiny.builder",
         "verl_mm_tools.tiny.corpus",
