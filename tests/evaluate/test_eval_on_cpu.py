@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
@@ -18,6 +20,8 @@ from verl_mm_tools.evaluate.messages import answer_text, chat_messages
 from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries, sampling_overrides
 from verl_mm_tools.testkit.sample_dump import sample_image
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
+from verl_mm_tools.trajectories.read import load_records
+from verl_mm_tools.trajectories.sft import SFTFilters, export_sft
 from verl_mm_tools.viewer.loading import load_trajectories
 from verl_mm_tools.viewer.site import build_site
 
@@ -242,6 +246,27 @@ def test_each_sample_has_its_row_and_its_trajectory(sampled_eval):
     }
     steps = sorted(path.parent.parent.name for path in (out / NO_TOOLS / "trajectories").glob("*/*/trajectory.json"))
     assert steps == ["val_step_000000"] * SAMPLES + ["val_step_000001"] * SAMPLES
+
+
+def test_export_sft_reads_every_sample_and_keeps_each_prompts_best(sampled_eval, tmp_path):
+    """The one reader on eval's output: every record good, all of the validation split (so export-sft's default,
+    the training split, writes nothing), and --best-of groups the samples by their row's uid: one row per prompt."""
+    _, out, _ = sampled_eval
+    loaded = load_records([out])
+    assert loaded.bad == [] and loaded.splits() == {"train": 0, "val": 2 * SAMPLES}
+    assert sorted(Counter(item.prompt_key() for item in loaded.records).items()) == [("row-0", 3), ("row-1", 3)]
+    with pytest.raises(ConfigError, match="not in the train split"):
+        export_sft([out], tmp_path / "train_only")
+    summary = export_sft([out], tmp_path / "best", SFTFilters(best_of=True, split="val"))
+    assert (summary["records"], summary["rows"], summary["bad_records"]) == (2, 2, [])
+    assert summary["splits_seen"] == {"train": 0, "val": 6}
+    # each answer came at max_turns 1, where verl adds no message: the record's chat still ends with it
+    rows = pd.read_parquet(tmp_path / "best" / "train.parquet")
+    # (the best of row 0 scored 1.0, RIGHT; of row 1 0.75, WRONG)
+    assert sorted(list(row)[-1]["content"] for row in rows["messages"]) == [
+        "<answer>45</answer>",
+        "<answer>90</answer>",
+    ]
 
 
 def test_the_temperature_reaches_the_endpoint(sampled_eval):

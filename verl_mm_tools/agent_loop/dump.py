@@ -34,7 +34,7 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.export import rendered_history
-from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, TrajectoryState, state_of
+from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, StopReason, TrajectoryState, state_of
 from verl_mm_tools.record import (
     FULL_MARKER,
     STAGED_RECORD_FILE,
@@ -111,10 +111,21 @@ def _loop_record(
 def _chat(context: LoopContext, agent_data: LoopAgentData, state: TrajectoryState) -> dict:
     schemas = getattr(agent_data, "_active_tool_schemas", None) or []
     return chat_record(
-        rendered_history(context, agent_data, state),
+        rendered_history(context, agent_data, state) + _final_turn_outside_messages(state),
         context.tool_format.template_tools(schemas),
         context.apply_chat_template_kwargs,
     )
+
+
+def _final_turn_outside_messages(state: TrajectoryState) -> list[dict]:
+    """The last turn when it is a finished message verl never added: generated at max_assistant_turns or
+    max_user_turns, where verl stops before parsing it (an answer there is the trajectory's answer). A turn cut by
+    the length limit is no finished message and stays out."""
+    last = state.turns[-1] if state.turns else None
+    finished = state.stop_reason in (StopReason.ANSWERED, StopReason.TURN_LIMIT)
+    if last is None or last.message is not None or not finished:
+        return []
+    return [{"role": "assistant", "content": last.text}]
 
 
 def _turn_records(agent_data: LoopAgentData | None, outputs: list, decode) -> list[TurnRecord]:
