@@ -11,6 +11,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.tools.tool_registry import initialize_tools_from_config
 
+from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.tools import (
     BUILTIN_TOOLS,
     RotateTool,
@@ -192,8 +193,31 @@ def test_a_tool_class_whose_schema_cannot_be_built_is_reported_as_a_problem():
         def apply(self, image, **arguments):
             return image
 
-    with pytest.raises(
-        ToolCheckError, match=r"(?s)tool 'Undocumented' fails check_tool:\n- the tool cannot be built \(.*'Args:'"
-    ):
+    with pytest.raises(ToolCheckError) as raised:
         check_tool(Undocumented)
+    assert str(raised.value).startswith(
+        "tool 'Undocumented' fails check_tool:\n- the tool cannot be built: the tool schema cannot be built from "
+        f"{__name__}.test_a_tool_class_whose_schema_cannot_be_built_is_reported_as_a_problem.<locals>.undocumented ("
+    )
+    assert "an 'Args:' section describing every parameter" in str(raised.value)
     assert check_tool(RotateTool).checks  # a class that builds is checked as its instance
+
+
+def test_verls_tool_loader_says_which_schema_function_cannot_be_read(tmp_path, monkeypatch):
+    """The same tool listed in a tool YAML: verl's loader builds it, and the error names the function and the fix
+    (not transformers' docstring exception)."""
+    module = tmp_path / "undocumented_tools.py"
+    module.write_text(
+        "from verl_mm_tools.tools import ImageTool\n\n\n"
+        "def brighten(factor: float) -> None:\n"
+        '    """Brighten the image."""\n\n\n'
+        "class BrightenTool(ImageTool):\n"
+        "    schema_fn = brighten\n\n"
+        "    def apply(self, image, **arguments):\n"
+        "        return image\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: undocumented_tools.BrightenTool\n    config: {type: native}\n")
+    with pytest.raises(ConfigError, match=r"^the tool schema cannot be built from undocumented_tools\.brighten \("):
+        initialize_tools_from_config(str(path))

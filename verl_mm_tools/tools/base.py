@@ -71,8 +71,17 @@ class ImageToolConfig:
 
 def build_schema(fn: Callable[..., Any]) -> OpenAIFunctionToolSchema:
     """The OpenAI tool schema of a schema function (name, Google docstring, typed parameters), with the
-    docstring's line breaks folded into spaces."""
-    schema = OpenAIFunctionToolSchema.model_validate(get_json_schema(fn))
+    docstring's line breaks folded into spaces. A ConfigError naming the function when transformers'
+    ``get_json_schema`` cannot read it (the tool is then not built, whether by ``check_tool`` or verl's tool YAML)."""
+    try:
+        json_schema = get_json_schema(fn)
+    except Exception as error:  # noqa: BLE001  transformers' parsing errors share no base class worth naming
+        where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+        raise ConfigError(
+            f"the tool schema cannot be built from {where} ({type(error).__name__}: {error}); give it a Google "
+            "docstring with a description and an 'Args:' section describing every parameter, each with a type hint"
+        ) from None
+    schema = OpenAIFunctionToolSchema.model_validate(json_schema)
     schema.function.description = " ".join(schema.function.description.split())
     for prop in schema.function.parameters.properties.values():
         prop.description = " ".join((prop.description or "").split()) or None

@@ -27,7 +27,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.check_report import CheckReport
-from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.errors import ConfigError, VerlMMToolsError
 
 PROBE_SIZE = (64, 48)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -150,11 +150,10 @@ def constructed(tool: Any) -> tuple[BaseTool, list[str]]:
         return tool, []
     try:
         return tool(), []
+    except ConfigError as error:  # its message says what to fix (build_schema's: the docstring)
+        return cast("BaseTool", None), [f"the tool cannot be built: {error}"]
     except Exception as error:  # noqa: BLE001  any construction failure is the tool's problem to report
-        return cast("BaseTool", None), [
-            f"the tool cannot be built ({type(error).__name__}: {error}); its schema comes from schema_fn: give it a "
-            "Google docstring with a description and an 'Args:' section describing every typed parameter"
-        ]
+        return cast("BaseTool", None), [f"the tool cannot be built with no config ({type(error).__name__}: {error})"]
 
 
 async def acheck_tool(given: BaseTool | type, arguments: dict[str, Any] | None = None) -> CheckReport:
