@@ -14,6 +14,8 @@ from verl_mm_tools.demo.metrics import metric
 from verl_mm_tools.demo.options import HF_ROLLOUT, TRAINERS, DemoOptions
 from verl_mm_tools.demo.run import run_demo
 from verl_mm_tools.demo.watch import run_processes
+from verl_mm_tools.trajectories.read import load_records
+from verl_mm_tools.trajectories.sft import export_sft
 
 # Rollout vs actor (FSDP2) probabilities of the same tokens on the first step, both fp32 (verl's
 # training/rollout_probs_diff_max, the largest over the step's tokens, and _mean). vLLM runs its own CPU kernels
@@ -259,6 +261,13 @@ def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     record = json.loads(records[0].read_text())
     assert len(record["samples"]) == len(record["turns"])
     assert [sample["turns"] for sample in record["samples"]] == [[n] for n in range(1, len(record["turns"]) + 1)]
+    # the one reader takes every record of the per-turn dump, and export-sft's per-turn rows are the samples trained
+    loaded = load_records([tmp_path / "trajectories"])
+    assert loaded.bad == [] and loaded.splits()["train"] == len(records)
+    summary = export_sft([tmp_path / "trajectories"], tmp_path / "sft", per_turn=True)
+    trained = [item.record for item in loaded.records if item.split == "train" and not item.record["masked"]]
+    assert (summary["records"], summary["bad_records"]) == (len(trained), [])
+    assert summary["rows"] == sum(len(record["samples"]) for record in trained)
 
 
 @pytest.mark.slow
