@@ -21,6 +21,8 @@ from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.sweep import window_mean
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD
 from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.trajectories.read import load_records
+from verl_mm_tools.trajectories.sft import SFTFilters, export_sft
 from verl_mm_tools.viewer.curve import curve_svg
 from verl_mm_tools.viewer.site import build_site
 
@@ -91,6 +93,23 @@ def test_every_step_trained_on_every_trajectory(run):
     for step in trained:
         assert metric(step, "mm_tool/masked/count") == 0
         assert step["actor/kl_loss"] >= 0
+
+
+@pytest.mark.slow
+def test_the_runs_dump_is_read_whole_with_its_splits_and_prompts_apart(run, tmp_path):
+    """The one reader on the main job's dump: every record good, the validation trajectories (whose rows share data
+    source and index with training rows) kept out of export-sft's default split, and --best-of one row per prompt
+    (the uid verl gave each group of rollouts; a step's dump holds parts of several groups)."""
+    _, paths, _, _ = run
+    train = len(list(paths.trajectories.glob("step_*/*/trajectory.json")))
+    val = len(list(paths.trajectories.glob("val_step_*/*/trajectory.json")))
+    loaded = load_records([paths.trajectories])
+    assert loaded.bad == [] and loaded.splits() == {"train": train, "val": val} and val > 0
+    summary = export_sft([paths.trajectories], tmp_path / "all")
+    assert (summary["records"], summary["rows"], summary["splits_seen"]) == (train, train, loaded.splits())
+    best = export_sft([paths.trajectories], tmp_path / "best", SFTFilters(best_of=True))
+    uids = {item.record["sample"]["uid"] for item in loaded.records if item.split == "train"}
+    assert best["rows"] == len(uids) > 1
 
 
 @pytest.mark.slow
