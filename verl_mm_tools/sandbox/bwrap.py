@@ -149,13 +149,18 @@ def kernel_program(settings_json: str) -> list[str]:
     return [interpreter()[0], "-I", "-S", "-B", KERNEL_SCRIPT, settings_json]
 
 
-def sandbox_command(bwrap: str, binds: list[Bind], workdir_mb: int, program: list[str]) -> list[str]:
-    """The full bubblewrap command line running ``program`` in the sandbox, ``binds`` shown read-only."""
+def sandbox_command(
+    bwrap: str, binds: list[Bind], workdir_mb: int, program: list[str], info_fd: int | None = None
+) -> list[str]:
+    """The full bubblewrap command line running ``program`` in the sandbox, ``binds`` shown read-only; bubblewrap
+    writes the host pid of the sandbox's init to ``info_fd`` (``{"child-pid": N}``)."""
     root = os.geteuid() == 0
     namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not root:
         namespaces.insert(0, "--unshare-user")
     args = [bwrap, *namespaces, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
     args += system_binds()
     args += ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", "/opt/sandbox"]
     args += ["--perms", "0755", "--dir", SITE]

@@ -83,6 +83,9 @@ class KernelProcess:
         self.started_s = 0.0  # how long the last start took
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._errors: IO[bytes] | None = None
+        self._info: int | None = None  # the read end of bubblewrap's --info-fd
+        self._info_fd = -1
+        self.sandbox_pid: int | None = None
         self._launched_at = 0.0
         self.ready = False
         _LIVE.add(self)
@@ -99,7 +102,8 @@ class KernelProcess:
         if self.sandbox == BWRAP:
             settings.update(workdir=WORKDIR, site=[SITE])
             binds = [Bind(wire.__file__, KERNEL_SCRIPT), *self.binds]
-            command = sandbox_command(self.bwrap, binds, self.limits.workdir_mb, kernel_program(json.dumps(settings)))
+            program = kernel_program(json.dumps(settings))
+            command = sandbox_command(self.bwrap, binds, self.limits.workdir_mb, program, self._info_fd)
             return command, "/"
         self._scratch = tempfile.TemporaryDirectory(prefix="verl-mm-python-")
         sites = sorted({str(Path(bind.source).parent) for bind in self.binds})
@@ -120,10 +124,19 @@ class KernelProcess:
                 "python tool: starting a kernel WITHOUT a sandbox (sandbox: none): model-written code runs with this "
                 "process's user, files and network; only resource limits apply"
             )
-        command, cwd = self._command()
-        self._launched_at = time.perf_counter()
-        self._errors = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
+        info_read, self._info_fd = os.pipe()
+        try:
+            command, cwd = self._command()
+            self._launched_at = time.perf_counter()
+            self._errors = tempfile.TemporaryFile()
+            self.process = self._popen(command, cwd)
+        finally:
+            os.close(self._info_fd)
+        self._info = info_read
+        self.ready, self.held_images = False, []
+
+    def _popen(self, command: list[str], cwd: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -132,8 +145,8 @@ class KernelProcess:
             env=dict(ENV) if self.sandbox == NONE else {"PATH": ENV["PATH"]},
             start_new_session=True,
             close_fds=True,
+            pass_fds=(self._info_fd,),
         )
-        self.ready, self.held_images = False, []
 
     def start(self) -> float:
         """Start a kernel (ending the one running) and wait until it is ready; the seconds that took."""
@@ -153,13 +166,33 @@ class KernelProcess:
             self._errors.close()
         if header.get("ready") is not True:
             raise KernelLost(f"the kernel answered {str(header)[:200]} instead of ready")
+        self.sandbox_pid = self._sandbox_pid()
         self.ready, self.started_s = True, time.perf_counter() - self._launched_at
         logger.debug("python tool: kernel pid %s started in %.3f s", self.process.pid, self.started_s)
         return self.started_s
 
+    def _sandbox_pid(self) -> int | None:
+        """The host pid of the sandbox's init (bubblewrap's --info-fd; None without bubblewrap)."""
+        if self._info is None:
+            return None
+        os.set_blocking(self._info, False)
+        try:
+            info = json.loads(os.read(self._info, 4096) or b"{}")
+        except (OSError, ValueError):
+            info = {}
+        pid = info.get("child-pid") if isinstance(info, dict) else None
+        return pid if isinstance(pid, int) and pid > 1 else None
+
     def close(self) -> None:
-        """Kill the kernel, its process group and (bubblewrap's --die-with-parent) its PID namespace."""
+        """Kill the kernel: the sandbox's init first (its PID namespace dies with it: the kernel and every process
+        it started, before the init is gone), then bubblewrap's process group; returns when they are gone."""
         process, self.process = self.process, None
+        if self._info is not None:
+            os.close(self._info)
+            self._info = None
+        sandbox_pid, self.sandbox_pid = self.sandbox_pid, None
+        if sandbox_pid is not None:
+            _kill_and_wait(sandbox_pid)
         if process is not None:
             try:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -295,6 +328,25 @@ def _decoded(entry: object, blob: bytes, max_pixels: int) -> Image.Image | None:
     if width * height > max_pixels or len(blob) != width * height * wire.MODES[entry["mode"]]:
         return None
     return Image.frombytes(entry["mode"], (width, height), blob)
+
+
+def _kill_and_wait(pid: int, seconds: float = 5.0) -> None:
+    """SIGKILL ``pid`` and wait until it has exited (gone, or a zombie: a namespace's init becomes one only after
+    every other process of its namespace has exited)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.002)
+    logger.warning("python tool: the sandbox init %s did not exit %g s after SIGKILL", pid, seconds)
 
 
 @atexit.register
