@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -231,9 +230,7 @@ def test_a_memory_bomb_is_a_memory_error_and_the_session_goes_on(kernel):
 def test_an_endless_loop_is_killed_at_the_wall_time_and_the_session_restarts(fresh):
     process = fresh(timeout_s=1)
     run(process, "before = 1")
-    began = time.perf_counter()
     result = run(process, "import time\nwhile True:\n    time.sleep(0.05)")
-    assert 1 <= time.perf_counter() - began < 4
     assert result.lost == "the call ran longer than 1 s and was stopped"
     assert not process.alive
     after = run(process, "before")
