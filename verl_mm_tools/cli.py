@@ -36,6 +36,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 # checks they equal verl_mm_tools.demo.options' TASKS, TRAINERS and ROLLOUTS.
 DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation", "zoom")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+DEMO_FULLY_ASYNC = "fully_async"  # verl's fully async trainer (demo.options.FULLY_ASYNC)
 DEMO_ROLLOUTS = ("vllm", "hf")
 
 
@@ -169,10 +170,10 @@ def _add_demo_command(commands) -> None:
     )
     demo.add_argument(
         "--trainer",
-        choices=DEMO_TRAINERS,
+        choices=(*DEMO_TRAINERS, DEMO_FULLY_ASYNC),
         default="sync",
-        help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async) or its classic "
-        "(deprecated) trainer",
+        help="verl's v1 trainer mode (sync, its default; colocate_async; separate_async), its classic "
+        "(deprecated) trainer, or its fully async trainer with partial rollout (fully_async)",
     )
     demo.add_argument(
         "--rollout",

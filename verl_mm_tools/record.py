@@ -6,9 +6,9 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 4; version 3 records lack ``chat``, version 2
-records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
-``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 5; version 4 records lack the turns'
+``weight_versions``, version 3 records also ``chat``, version 2 records also ``samples`` and the turns' ``sample``,
+version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -26,7 +26,9 @@ records also ``samples`` and the turns' ``sample``, version 1 records also the t
   environment tokens until the next turn, mask 0), ``tool_calls`` (names of the calls it made that were run),
   ``images_added`` (ids of the images the answering tool or environment turn added), ``reward`` (tool step rewards
   plus the environment's reward for the turn), ``sample`` (the training sample holding it; its token counts are in
-  that sample); empty for a masked trajectory;
+  that sample), ``weight_versions`` ([first, last] weight version its generation ran under: they differ where a
+  weight sync interrupted it and verl's fully async client resumed it; None where the engine reports none); empty
+  for a masked trajectory;
 - ``samples``: the training samples the trajectory became (one unless the loop's ``export`` is per_turn or auto),
   each ``sample``, ``turns`` (the turn numbers it trains on), ``prompt_tokens``, ``response_tokens``,
   ``trained_tokens``, ``images``;
@@ -62,7 +64,7 @@ from verl_mm_tools.errors import VerlMMToolsError
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 4
+RECORD_VERSION = 5
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"

@@ -8,11 +8,14 @@ resumed: the trajectory is masked and counted."""
 from __future__ import annotations
 
 import json
+import re
+from html import unescape
 
 import numpy as np
 import pytest
 import torch
 
+from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import CLASSIC_HOOK
 from verl_mm_tools.step_hook.stats import aggregate_metrics
@@ -20,6 +23,7 @@ from verl_mm_tools.testkit.resume import InterruptingServer, resuming_client, sc
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, scripted_turn_expectations, tool_call_text
 from verl_mm_tools.tools import RotateTool
+from verl_mm_tools.viewer.site import build_site
 
 TURNS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1), "<answer>90</answer>"]
 TURNS[-1] += "<|im_end|>"
@@ -133,6 +137,33 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
     plain_metrics = aggregate_metrics(plain.non_tensor_batch)
     assert [plain_metrics[key] for key in VERSION_METRICS] == [0.0, 0.0, 0.0, 0.0]
 
+    # the viewer shows where each turn was resumed: a note on the turn's message, its weights in the turns table
+    assert weights_column(tmp_path, "plain") == (["v7", "v7", "v7"], 0)
+    assert weights_column(tmp_path, "resumed") == (
+        ["v7 → v8, resumed", "v8 → v10, resumed", "v10 → v11, resumed"],
+        3,
+    )
+
+
+def weights_column(tmp_path, name) -> tuple[list[str], int]:
+    """The viewer's page of the one trajectory dumped under ``name``: its turns table's Weights column and how many
+    messages carry a resumed note."""
+    (page,) = build_site(tmp_path / name, tmp_path / f"site_{name}").pages.values()
+    html = page.read_text()
+    table = html[html.index('<table id="turns">') :]
+    table = table[: table.index("</table>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table)[1:]]
+    return [unescape(row[-1]) for row in rows], html.count('<div class="note resumed">')
+
+
+# verl's fully async trainer's config as verl-mm-tools' entry point marks it (its step hook runs)
+HOOKED = f"+async_training.{FULLY_ASYNC_HOOK_KEY}={FULLY_ASYNC_HOOK}"
+
+
+def test_a_dump_under_verls_own_fully_async_entry_point_is_refused_naming_ours(rollout, tmp_path):
+    with pytest.raises(Exception, match=r"run python -m verl_mm_tools\.step_hook\.fully_async \(same config"):
+        run(rollout, tmp_path, "verl", {}, extra=["+async_training.partial_rollout=true"])
+
 
 VERSION_METRICS = (
     "mm_tool/resumed_generations/count",
@@ -144,7 +175,7 @@ VERSION_METRICS = (
 
 def test_without_partial_rollout_an_aborted_generation_masks_its_trajectory_and_is_counted(rollout, tmp_path):
     output, server, _, tool, record = run(
-        rollout, tmp_path, "off", {1: [2]}, extra=["+async_training.partial_rollout=false"]
+        rollout, tmp_path, "off", {1: [2]}, extra=[HOOKED, "+async_training.partial_rollout=false"]
     )
     assert (server.aborts, server.resumes) == (1, 0)
     fields = output.non_tensor_batch

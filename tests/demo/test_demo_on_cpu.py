@@ -163,7 +163,7 @@ def test_an_unknown_trainer_is_refused_with_the_choices(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"unknown trainer 'snyc'; choose one of \('sync', 'colocate_async', "
-        r"'separate_async', 'classic'\)\. Did you mean 'sync'\?",
+        r"'separate_async', 'classic', 'fully_async'\)\. Did you mean 'sync'\?",
     ):
         run_demo(DemoOptions(out=tmp_path, trainer="snyc"), print)
 

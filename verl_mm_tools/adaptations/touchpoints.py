@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 
-TOUCHPOINTS = (
+TOUCHPOINTS: tuple[Adaptation, ...] = (
     Adaptation(
         row=12,
         section=Section.IMPORT_ORDER,
@@ -277,9 +277,48 @@ TOUCHPOINTS = (
     ),
 )
 
+FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
+TOUCHPOINTS = (
+    *TOUCHPOINTS,
+    Adaptation(
+        row=37,
+        section=Section.EXTENSIONS,
+        where=(
+            "`step_hook/fully_async.py`: `MMToolFullyAsyncTrainer(FullyAsyncTrainer)`, "
+            "`MMToolFullyAsyncTaskRunner(FullyAsyncTaskRunner)` and `main`, the fully async trainer's step hook "
+            "(`python -m verl_mm_tools.step_hook.fully_async`); its targets checked when it starts (`guard.confirm`)"
+        ),
+        targets=(
+            Target(
+                "verl.experimental.fully_async_policy.fully_async_trainer",
+                "FullyAsyncTrainer.__ray_actor_class__._fit_generate",
+                "d118db6cb8d5af80c4350c80cb4c3487d80a3e02d596f5254808167d43f04653",
+            ),
+            Target(
+                FULLY_ASYNC_MODULE,
+                "FullyAsyncTaskRunner.__ray_actor_class__._create_trainer",
+                "5068b54486dfcbaaf26a7c6713c0d01059b3c7b23e283464d430ec82bc9ea765",
+            ),
+            Target(FULLY_ASYNC_MODULE, "main", "484e81c5352d0dfdeed8d54d53308d4a38f242effd037e1608ebf0f9893675f0"),
+        ),
+        what=(
+            "runs `step.process_step` on each batch the trainer takes from the rollouter's queue (after verl's "
+            "`_fit_generate`; metrics into the step's `self.metrics`); copies the task runner's `_create_trainer` "
+            "and verl's `main` to create that trainer and mark the config (`async_training.step_hook`)"
+        ),
+        why=(
+            "verl's fully async rollouter builds verl's agent-loop manager whatever the config names and its "
+            "trainer takes no custom sampler: no hook point is configurable"
+        ),
+        applies_to="verl 0.9.1 fully async trainer (`verl.experimental.fully_async_policy`)",
+        proof="none (an extension); it runs in `tests/demo/test_fully_async_on_cpu.py`",
+    ),
+)
+
 _BY_ROW = {adaptation.row: adaptation for adaptation in TOUCHPOINTS}
 # The rows whose code subclasses or copies verl's, for ``guard.confirm`` where that code is used.
 LOOP_COPIES = _BY_ROW[17]  # agent_loop/mm_tool_loop.py: MMToolAgentLoop
 CLASSIC_MANAGER = _BY_ROW[18]  # step_hook/manager.py: MMToolAgentLoopManager
 V1_REPLAY_BUFFER = _BY_ROW[19]  # step_hook/replay_buffer.py: MMToolReplayBuffer
 PER_SAMPLE_WORKER = _BY_ROW[21]  # runtime/workers.py: per_sample_worker_class
+FULLY_ASYNC_TRAINER = _BY_ROW[37]  # step_hook/fully_async.py: MMToolFullyAsyncTrainer, its task runner and main

@@ -12,10 +12,28 @@ MANAGER_TQ_FQN = "verl_mm_tools.adaptations.manager_tq.MMToolAgentLoopManagerTQ"
 MANAGER_TQ_OVERRIDE = f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_TQ_FQN}"
 SAMPLER_PATH = "pkg://verl_mm_tools.step_hook.replay_buffer"
 SAMPLER_NAME = "MMToolReplayBuffer"
+# verl's fully async trainer (``fully_async_main``, configs with ``async_training``): the hook is an entry point of
+# ours, which marks the config with ``async_training.step_hook`` (``step_hook.fully_async``)
+FULLY_ASYNC_ENTRY = "verl_mm_tools.step_hook.fully_async"
+FULLY_ASYNC_HOOK_KEY = "step_hook"
+FULLY_ASYNC_HOOK = f"{FULLY_ASYNC_ENTRY}.MMToolFullyAsyncTrainer"
+
+
+def uses_fully_async_trainer(trainer_config) -> bool:
+    """Whether the config is verl's fully async trainer's (``fully_async_ppo_trainer``: it has ``async_training``)."""
+    return "async_training" in trainer_config
 
 
 def uses_v1_trainer(trainer_config) -> bool:
-    return bool(trainer_config.trainer.get("use_v1", True))  # verl 0.9.1's default
+    """verl's v1 trainer (``main_ppo`` with ``trainer.use_v1``, verl 0.9.1's default); not its fully async one."""
+    return bool(trainer_config.trainer.get("use_v1", True)) and not uses_fully_async_trainer(trainer_config)
+
+
+def how_to_hook(trainer_config) -> str:
+    """What selects the step hook of the trainer this config runs, for a message."""
+    if uses_fully_async_trainer(trainer_config):
+        return f"run python -m {FULLY_ASYNC_ENTRY} (verl's fully_async_main with the hook; same overrides)"
+    return "set " + " ".join(hook_overrides(trainer_config))
 
 
 def hook_overrides(trainer_config=None, *, v1: bool | None = None) -> list[str]:
@@ -37,7 +55,9 @@ def multi_sample_manager_configured(trainer_config) -> bool:
 
 def step_hook_configured(trainer_config) -> bool:
     """Whether ``process_step`` runs in this config's trainer: verl-mm-tools' replay buffer on the v1 trainer, its
-    agent-loop manager (or a subclass) on the classic one."""
+    agent-loop manager (or a subclass) on the classic one, its entry point on the fully async one."""
+    if uses_fully_async_trainer(trainer_config):
+        return trainer_config.async_training.get(FULLY_ASYNC_HOOK_KEY) == FULLY_ASYNC_HOOK
     if uses_v1_trainer(trainer_config):
         sampler = trainer_config.trainer.get("v1", {}).get("sampler", {}).get("custom_sampler") or {}
         return _loads_subclass(sampler.get("path"), sampler.get("name"), SAMPLER_NAME)
@@ -69,6 +89,12 @@ def require_step_hook(trainer_config, needed_for: str) -> None:
     """Refuse an option that only works with the trainer-side hook when the hook is not configured."""
     if step_hook_configured(trainer_config):
         return
+    if uses_fully_async_trainer(trainer_config):
+        raise ConfigError(
+            f"{needed_for} needs verl-mm-tools' step hook, which verl's fully async trainer gets only through "
+            f"verl-mm-tools' entry point: run python -m {FULLY_ASYNC_ENTRY} (same config and overrides) instead of "
+            "python -m verl.experimental.fully_async_policy.fully_async_main"
+        )
     trainer = "v1 (trainer.use_v1=true, verl's default)" if uses_v1_trainer(trainer_config) else "classic"
     raise ConfigError(
         f"{needed_for} needs verl-mm-tools' step hook, which this run's {trainer} trainer does not have: set "

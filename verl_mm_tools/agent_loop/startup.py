@@ -16,11 +16,12 @@ from omegaconf import OmegaConf
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import (
     MANAGER_TQ_OVERRIDE,
-    hook_overrides,
+    how_to_hook,
     multi_sample_manager_configured,
     refuse_unsupported_with_hook,
     require_step_hook,
     step_hook_configured,
+    uses_fully_async_trainer,
     uses_v1_trainer,
 )
 from verl_mm_tools.agent_loop.options import Export, ToolPrompt, ToolResponseRole
@@ -97,9 +98,8 @@ def _check_step_hook(trainer_config: Any, options: MMToolLoopConfig) -> bool:
         require_step_hook(trainer_config, f"algorithm.adv_estimator={TURN_CREDIT_ESTIMATOR}")
     if not step_hook_configured(trainer_config):
         logger.warning(
-            "mm_tool runs without verl-mm-tools' step hook: no mm_tool/* step metrics and no "
-            "masked-batch guard. Set %s",
-            " ".join(hook_overrides(trainer_config)),
+            "mm_tool runs without verl-mm-tools' step hook: no mm_tool/* step metrics and no masked-batch guard: %s",
+            how_to_hook(trainer_config),
         )
     return uses_turn_credit
 
@@ -111,6 +111,12 @@ def check_export(trainer_config: Any, export: Export, traits: TemplateTraits) ->
 
 
 def _check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -> bool:
+    if export is not Export.PER_TRAJECTORY and uses_fully_async_trainer(trainer_config):
+        raise ConfigError(
+            f"mm_tool export={export.value!r} returns several training samples per trajectory, which verl's fully "
+            "async trainer does not take (its rollouter's agent-loop worker takes one output per trajectory). Use "
+            "export: per_trajectory, or verl's v1 trainer (python -m verl.trainer.main_ppo)."
+        )
     if export is not Export.PER_TRAJECTORY and not uses_v1_trainer(trainer_config):
         raise ConfigError(
             f"mm_tool export={export.value!r} returns several training samples per trajectory, which only verl's v1 "

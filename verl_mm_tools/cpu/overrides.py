@@ -84,6 +84,26 @@ SEPARATE_ASYNC_OVERRIDES: tuple[tuple[str, str], ...] = (
         "whole batch as one mini-batch; 1 also syncs weights to the rollout after every step",
     ),
 )
+# Only on verl's fully async trainer (``verl.experimental.fully_async_policy``, config fully_async_ppo_trainer): a
+# rollouter and a trainer on separate resource pools, weights through a checkpoint engine. After CPU_TRAINER_OVERRIDES.
+FULLY_ASYNC_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.hybrid_engine=false", "the rollouter's servers are standalone (it asserts no hybrid engine)"),
+    ("rollout.nnodes=1", "the rollouter's resource pool: one node ..."),
+    ("rollout.n_gpus_per_node=1", "... with one logical GPU: one vLLM server replica (verl's default is 8)"),
+    ("++ray_kwargs.ray_init.num_gpus=2", "one logical Ray GPU for the trainer's pool, one for the rollouter's"),
+    (
+        "ray_kwargs.ray_init.num_cpus=48",
+        "logical CPUs (scheduling tokens): verl's FullyAsyncTrainer and FullyAsyncRollouter actors ask 10 each, its "
+        "message queue 2, each pool bundle 3, plus the task runner and the agent-loop and reward workers",
+    ),
+    (
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={CHECKPOINT_BACKEND}",
+        "verl's fully async config defaults to nccl (GPUs); weights go through Ray's object store",
+    ),
+    ("data.train_batch_size=0", "the rollouter asserts it: it feeds prompts one at a time ..."),
+    ("data.gen_batch_size=1", "... one prompt (with its n rollouts) per generation"),
+    ("async_training.require_batches=1", "the trainer takes one mini-batch of prompts per step"),
+)
 CLASSIC_OVERRIDES: tuple[tuple[str, str], ...] = (("trainer.use_v1=false", "verl's classic (deprecated) trainer"),)
 
 
@@ -95,6 +115,11 @@ def cpu_trainer_overrides(classic: bool = False) -> list[str]:
 def separate_async_overrides() -> list[str]:
     """Add to ``cpu_trainer_overrides()`` (after it) for ``trainer.v1.trainer_mode=separate_async``."""
     return [override for override, _ in SEPARATE_ASYNC_OVERRIDES]
+
+
+def fully_async_overrides() -> list[str]:
+    """Add to ``cpu_trainer_overrides()`` (after it) for verl's fully async trainer."""
+    return [override for override, _ in FULLY_ASYNC_OVERRIDES]
 
 
 # One torch/OpenMP thread per process unless the user says otherwise. A CPU run is five busy processes (driver,

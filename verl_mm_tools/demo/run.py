@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from verl_mm_tools.demo.options import TRAINERS, DemoOptions
+from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions
 from verl_mm_tools.demo.overrides import trainer_command, trainer_environment, write_command_script
 from verl_mm_tools.demo.prepare import DemoPaths, prepare
 from verl_mm_tools.demo.summary import learning_curve, summarize
@@ -47,9 +47,10 @@ def run_demo(options: DemoOptions, say: Callable[[str], None]) -> int:
 def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[RunResult, DemoPaths]:
     if options.total_steps < 1:
         raise ValueError(f"--steps must be >= 1, got {options.total_steps}")
-    if options.trainer not in TRAINERS:
+    if options.trainer not in DEMO_TRAINERS:
         raise ConfigError(
-            f"unknown trainer {options.trainer!r}; choose one of {TRAINERS}." + did_you_mean(options.trainer, TRAINERS)
+            f"unknown trainer {options.trainer!r}; choose one of {DEMO_TRAINERS}."
+            + did_you_mean(options.trainer, DEMO_TRAINERS)
         )
     clock = time.monotonic()
     paths = prepare(options, lambda what: say(f"[{time.monotonic() - clock:5.1f}s] {what}"))
@@ -57,9 +58,10 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
     paths.metrics.unlink(missing_ok=True)
     script = write_command_script(command, env, paths)
     trainer = "classic trainer" if options.trainer == "classic" else f"v1 trainer, {options.trainer}"
+    if options.trainer == FULLY_ASYNC:
+        trainer = "fully async trainer (partial rollout)"
     say(
-        f"[{time.monotonic() - clock:5.1f}s] verl {trainer}: python -m verl.trainer.main_ppo ({script}); "
-        f"log {paths.trainer_log}"
+        f"[{time.monotonic() - clock:5.1f}s] verl {trainer}: python -m {command[2]} ({script}); log {paths.trainer_log}"
     )
     say(
         f"[{time.monotonic() - clock:5.1f}s] starting Ray, the rollout server and the actor: the first step usually "

@@ -52,6 +52,8 @@ dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
                       font: 13px/1.4 ui-monospace, monospace; }
 .call { border-left: 3px solid var(--accent); padding: 2px 8px; margin: 6px 0; background: #fff; }
 .note { font-size: 12px; color: var(--muted); font-style: italic; }
+.note.resumed { color: #b45309; font-style: normal; }
+tr.resumed td { background: rgba(245, 158, 11, 0.12); }
 figure { display: inline-block; margin: 6px 10px 4px 0; vertical-align: top; }
 figure img { display: block; max-width: 360px; max-height: 360px; min-height: 96px; image-rendering: pixelated;
              border: 1px solid var(--line); border-radius: 4px; background: #fff; }
@@ -351,15 +353,45 @@ def _samples_table(samples: list[dict]) -> str:
 def _turns_table(turns: list[dict]) -> str:
     if not turns:
         return ""
+    versions = any(turn.get("weight_versions") for turn in turns)  # records of version 5 on, from engines reporting
     rows = "".join(
-        f'<tr><td>{turn["turn"]}</td><td class="num">{turn["trained_tokens"]}</td>'
-        f'<td class="num">{turn["context_tokens_after"]}</td>'
-        f'<td class="num">{escape(_number_text(turn.get("reward")))}</td></tr>'
+        f"<tr{' class=resumed' if _resumed(turn) else ''}><td>{turn['turn']}</td>"
+        f'<td class="num">{turn["trained_tokens"]}</td><td class="num">{turn["context_tokens_after"]}</td>'
+        f'<td class="num">{escape(_number_text(turn.get("reward")))}</td>'
+        + (f"<td>{escape(_versions_text(turn.get('weight_versions')))}</td>" if versions else "")
+        + "</tr>"
         for turn in turns
     )
     return (
         '<table id="turns"><thead><tr><th>Turn</th><th>Trained tokens</th><th>Context tokens after</th>'
-        f"<th>Turn reward</th></tr></thead><tbody>{rows}</tbody></table>"
+        f"<th>Turn reward</th>{'<th>Weights</th>' if versions else ''}</tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _resumed(turn: dict | None) -> bool:
+    """Whether a weight sync interrupted the turn's generation and verl's fully async client resumed it."""
+    versions = (turn or {}).get("weight_versions") or []
+    return len(versions) == 2 and versions[0] != versions[1]
+
+
+def _versions_text(versions: list | None) -> str:
+    if not versions:
+        return "?"
+    first, last = versions
+    return f"v{first}" if first == last else f"v{first} → v{last}, resumed"
+
+
+def _resumed_note(message: dict, record: dict) -> str:
+    """Where an assistant turn was resumed: the weights it was generated under, before and after the sync."""
+    turns = record.get("turns") or []
+    index = message.get("turn") or 0
+    turn = turns[index - 1] if message.get("role") == "assistant" and 0 < index <= len(turns) else None
+    if turn is None or not _resumed(turn):
+        return ""
+    first, last = turn["weight_versions"]
+    return (
+        f'<div class="note resumed">resumed: a weight sync interrupted this generation, which continued from its '
+        f"tokens so far (weights v{first} → v{last}, partial rollout)</div>"
     )
 
 
@@ -382,6 +414,7 @@ def _message(message: dict, record: dict, image_base: str | None) -> str:
         for call in message.get("tool_calls") or []
     )
     note = f'<div class="note">{escape(message["note"])}</div>' if message.get("note") else ""
+    note += _resumed_note(message, record)
     text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
     return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
 
