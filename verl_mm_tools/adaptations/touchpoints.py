@@ -35,7 +35,7 @@ TOUCHPOINTS: tuple[Adaptation, ...] = (
         "`adaptations/fixes/__init__.py`)",
         what=(
             "runs a function right after a verl module's code ran: fills verl's agent-loop registry and "
-            "applies the verl fixes (rows 2-3, 9, 24-27, 29-31 and 34) only when verl imports those modules"
+            "applies the verl fixes (rows 2-3, 9, 24-27, 29-31, 34 and 38) only when verl imports those modules"
         ),
         why=("importing them at plugin load would make every `import verl` pay for fastapi, datasets, vLLM glue"),
         applies_to="any",

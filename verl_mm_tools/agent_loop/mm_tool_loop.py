@@ -32,6 +32,7 @@ from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.engine import CheckedEngine
 from verl_mm_tools.agent_loop.export import Exporter
+from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
@@ -106,6 +107,8 @@ class MMToolAgentLoop(ToolAgentLoop):
             self.tool_response_truncate_side,
             self.tool_parser_name,
         )
+        # verl's builder renders through the processor: each trajectory's copy of it processes each image once
+        self.caches_images = self.sees_images and getattr(self.continuous_token_builder, "processor", None) is not None
         self.context = self._context()
         self.exporter = Exporter(self.context)
         self.outputs = OutputBuilder(self.context)
@@ -153,7 +156,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
-        state = TrajectoryState(files=self.files)
+        state = TrajectoryState(files=self.files, features=self._image_features())
         agent_data: LoopAgentData | None = None
         outputs: Sequence[tuple[AgentLoopOutput, list | None]]
         try:
@@ -168,6 +171,10 @@ class MMToolAgentLoop(ToolAgentLoop):
             outputs = [(self.outputs.masked(agent_data, state, error, sample_name(kwargs)), None)]
         finally:
             await state.release()
+        if state.features is not None:  # verl's postprocess takes each sample's images from the store
+            state.stats.processor_runs = state.features.runs
+            for output, _ in outputs:
+                state.features.attach(output)
         self.outputs.add_extra_fields(outputs, state)
         final = outputs[-1][0]
         if self.mm_config.dump_dir:
@@ -177,6 +184,14 @@ class MMToolAgentLoop(ToolAgentLoop):
         if self.mm_config.export is Export.PER_TRAJECTORY:
             return final
         return [output for output, _ in outputs]
+
+    def _image_features(self) -> ImageFeatureStore | None:
+        """The trajectory's per-image processor outputs, and verl's builder rendering through them."""
+        if not self.caches_images:
+            return None
+        features = ImageFeatureStore(self.processor)
+        self.continuous_token_builder.processor = features.processor  # type: ignore[attr-defined, unused-ignore]
+        return features
 
     # ----- the state machine ----------------------------------------------------------------------------------
 

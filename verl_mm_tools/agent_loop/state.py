@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
     from verl_mm_tools.agent_loop.budget import ImageBudget
     from verl_mm_tools.agent_loop.engine import WeightVersions
+    from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
     from verl_mm_tools.agent_loop.sessions import ToolSessions
     from verl_mm_tools.envs.base import Environment
 
@@ -62,6 +63,7 @@ LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
 WEIGHT_VERSIONS_KEY = PREFIX + "weight_versions"
 RESUMED_KEY = PREFIX + "resumed_generations"
 ABORTED_KEY = PREFIX + "aborted_generations"
+PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor processed in the rollout
 
 
 class LoopState(Enum):
@@ -111,6 +113,7 @@ class TrajectoryStats:
     masked: bool = False
     error: str = ""
     aborted_generations: int = 0  # replies the engine aborted and nothing resumed (partial_rollout off)
+    processor_runs: int = 0  # images the HF image processor processed during the rollout (1 per image: each once)
 
     @property
     def tool_calls(self) -> int:
@@ -141,6 +144,7 @@ class TrajectoryStats:
             PREFIX + "ignored_calls": self.ignored_calls,
             PREFIX + "images": self.images,
             PREFIX + "image_tokens": self.image_tokens,
+            PROCESSOR_RUNS_KEY: self.processor_runs,
             PREFIX + "budget_refusals": self.budget_refusals,
             PREFIX + "budget_downscales": self.budget_downscales,
             PREFIX + "dropped_turns": self.dropped_turns,
@@ -212,6 +216,7 @@ class TrajectoryState:
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
     request_id: str = ""  # verl's, once the trajectory has one
+    features: ImageFeatureStore | None = None  # each image's processor output (None for a model that sees none)
 
     @property
     def prompt_length(self) -> int:

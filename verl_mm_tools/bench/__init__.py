@@ -26,9 +26,11 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    generation.
 6. What ``export: per_turn`` costs against ``per_trajectory`` on 4- and 8-turn trajectories (448 px images): the
    tokens the trainer processes per trajectory (every sample's prompt and response; counted) and the trained ones
-   (equal: the same generated tokens), and the ratio of the loop's CPU time per trajectory over interleaved pairs.
-   A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders it (the processor runs on
-   every image again) before every turn.
+   (equal: the same generated tokens), and the ratio of the loop's CPU time per trajectory over interleaved pairs
+   (target at 8 turns: <= 1.5). A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders
+   it before every turn (its text only: each image's processor output is kept from the turn that admitted it). And,
+   counted over one 8-turn trajectory of each export, verl's postprocess of its samples included: the images the HF
+   image processor processed per image (target <= 1: each image once, ``agent_loop/image_features.py``).
 7. (``--remote``) tools on Ray actor pools: a blocking tool's wall time in process and on 1, 2, 4 actors, and what an
    image costs to cross to an actor and back (``bench.remote``).
 8. (``--rollout vllm``) verl's vLLM rollout: with ``--step``, figure 5's mm_tool run again on vLLM, its step time

@@ -20,7 +20,7 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list
     from verl.utils.ray_utils import get_event_loop
 
     with tempfile.TemporaryDirectory() as workdir:
-        make, tokenizer = loop_factory(model_dir, Path(workdir), side, images)
+        make, tokenizer, _ = loop_factory(model_dir, Path(workdir), side, images)
         _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
     held, raw = held_bytes(output), images * side * side * 3
     return [

@@ -15,6 +15,7 @@ from verl_mm_tools.agent_loop.state import (
     MASKED_KEY,
     PER_TOOL_KEY,
     PREFIX,
+    PROCESSOR_RUNS_KEY,
     RESUMED_KEY,
     STOP_REASON_KEY,
     WEIGHT_VERSIONS_KEY,
@@ -37,6 +38,9 @@ RESUMED_COUNT = RESUMED_KEY + "/count"
 MULTI_VERSION_COUNT = PREFIX + "multi_version_trajectories/count"
 VERSION_SPAN_MAX = PREFIX + "version_span/max"
 ABORTED_COUNT = ABORTED_KEY + "/count"
+# images the HF image processor processed in the rollout, per image of the step's trajectories: 1 when each image was
+# processed once (``agent_loop/image_features.py``)
+PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
 
 
 def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
@@ -82,7 +86,20 @@ def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
             sum(non_tensor_batch[LATER_CACHED_TOKENS_KEY][index] for index in rows) / prompt_tokens
         )
     metrics.update(_version_metrics(non_tensor_batch, rows))
+    metrics.update(_processor_metrics(non_tensor_batch, rows))
     return metrics
+
+
+def _processor_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> dict[str, float]:
+    """Image-processor runs per image (batches of loops older than the key, or without images: none)."""
+    if PROCESSOR_RUNS_KEY not in non_tensor_batch:
+        return {}
+    images = sum(non_tensor_batch[PREFIX + "images"][index] for index in rows)
+    if not images:
+        return {}
+    return {
+        PROCESSOR_RUNS_PER_IMAGE: float(sum(non_tensor_batch[PROCESSOR_RUNS_KEY][index] for index in rows) / images)
+    }
 
 
 def _version_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> dict[str, float]:

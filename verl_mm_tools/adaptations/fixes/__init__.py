@@ -12,6 +12,7 @@ from verl_mm_tools.adaptations.fixes import (
     glm4v_image_features,
     glm_stop_token,
     glm_vision_embeddings,
+    processed_images,
     qwen2_vl_text_only,
     remote_tools,
     sft_rows_without_images,
@@ -33,6 +34,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     sft_tools_nulls,
     sft_rows_without_images,
     remote_tools,
+    processed_images,
 )
 
 

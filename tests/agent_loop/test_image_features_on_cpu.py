@@ -1,0 +1,195 @@
+"""Each image through the HF image processor once per trajectory (``agent_loop/image_features.py``, issue #49): on
+every family the package supports, a per-turn trajectory through verl's real AgentLoopWorker runs the real image
+processor once per image, and every training sample's ``multi_modal_inputs`` equal what verl's own
+``_compute_multi_modal_inputs`` (its processor pass over the sample's text and images) gives, tensor for tensor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
+from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
+from verl_mm_tools.agent_loop.state import PROCESSOR_RUNS_KEY, SAMPLE_KEY
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.step_hook.stats import PROCESSOR_RUNS_PER_IMAGE, aggregate_metrics
+from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image
+from verl_mm_tools.tiny import FAMILIES, tiny_model_path
+from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
+
+QUESTION = "How far is this image rotated?"
+V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)
+CALLS = ({"degrees": 90}, {"degrees": 90, "image_id": 1})
+
+
+def hermes(opening: str = "") -> list[str]:
+    calls = [
+        f"{opening}<tool_call>\n{json.dumps({'name': 'rotate', 'arguments': a})}\n</tool_call><|im_end|>" for a in CALLS
+    ]
+    return [*calls, f"{opening}<answer>90</answer><|im_end|>"]
+
+
+def qwen3_coder() -> list[str]:
+    opening = "\n</think>\n\n"
+    calls = [
+        opening
+        + "<tool_call>\n<function=rotate>\n"
+        + "".join(f"<parameter={k}>\n{json.dumps(v)}\n</parameter>\n" for k, v in a.items())
+        + "</function>\n</tool_call><|im_end|>"
+        for a in CALLS
+    ]
+    return [*calls, f"{opening}<answer>90</answer><|im_end|>"]
+
+
+def glm() -> list[str]:
+    opening = "\n<think></think>\n"
+    calls = [
+        opening
+        + "<tool_call>rotate"
+        + "".join(f"\n<arg_key>{k}</arg_key>\n<arg_value>{json.dumps(v)}</arg_value>" for k, v in a.items())
+        + "\n</tool_call><|observation|>"
+        for a in CALLS
+    ]
+    return [*calls, f"{opening}<answer>90</answer><|user|>"]
+
+
+def gemma4() -> list[str]:
+    calls = [
+        "<|tool_call>call:" + "rotate{" + ",".join(f"{k}:{v}" for k, v in a.items()) + "}<tool_call|>" for a in CALLS
+    ]
+    return [*calls, "<answer>90</answer><turn|>"]
+
+
+# family -> (tiny template, tool parser, the scripted turns: two rotate calls and an answer, in its own format)
+SCRIPTS = {
+    "qwen2_vl": ("tool_aware", "hermes", hermes()),
+    "qwen2_5_vl": ("tool_aware", "hermes", hermes()),
+    "qwen3_vl": ("family", "hermes", hermes()),
+    "qwen3_vl_moe": ("family", "hermes", hermes()),
+    "qwen3_5": ("family", "qwen3_coder", qwen3_coder()),
+    "glm4v": ("family", "glm", glm()),
+    "glm4v_moe": ("family", "glm", glm()),
+    "gemma4": ("family", "gemma4", gemma4()),
+}
+
+
+def test_every_family_has_a_script():
+    assert sorted(SCRIPTS) == sorted(FAMILIES)
+
+
+class ProcessorWatch:
+    """Counts the images the real image processor of a family processes, and checks every call of verl's (fixed)
+    ``_compute_multi_modal_inputs`` against verl's own method on the same output."""
+
+    def __init__(self, monkeypatch, image_processor_class):
+        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+        self.images = 0
+        self.compared = 0
+        self._checking = False
+        real_call = image_processor_class.__call__
+        fixed = AgentLoopWorker._compute_multi_modal_inputs
+        verls_own = fixed.__wrapped__
+
+        def counting(processor, images=None, *args, **kwargs):
+            if not self._checking:
+                self.images += len(images) if isinstance(images, list) else 1
+            return real_call(processor, images, *args, **kwargs)
+
+        def compared(worker, output, input_ids):
+            assert attached_store(output) is not None
+            got = fixed(worker, output, input_ids)
+            self._checking = True
+            try:
+                expected = verls_own(worker, output, input_ids)
+            finally:
+                self._checking = False
+            assert sorted(got) == sorted(expected)
+            for key, value in expected.items():
+                assert torch.equal(got[key], value), key
+                assert got[key].dtype == value.dtype, key
+            self.compared += 1
+            return got
+
+        monkeypatch.setattr(image_processor_class, "__call__", counting)
+        monkeypatch.setattr(AgentLoopWorker, "_compute_multi_modal_inputs", compared)
+
+
+def run_family(family: str, tmp_path, monkeypatch, export: str):
+    from verl.utils import hf_processor
+
+    template, parser, turns = SCRIPTS[family]
+    model = tiny_model_path(family=family, template=template)
+    watch = ProcessorWatch(monkeypatch, type(hf_processor(str(model)).image_processor))
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(ROTATE_TOOLS_YAML)
+    output, _, worker = LocalRollout(model, tools_yaml, tmp_path).run(
+        turns,
+        [image_prompt(QUESTION, [marked_image()])],
+        per_sample=export != "per_trajectory",
+        loop_options={"export": export},
+        extra=[*(V1 if export != "per_trajectory" else ()), f"actor_rollout_ref.rollout.multi_turn.format={parser}"],
+    )
+    return output, watch
+
+
+@pytest.mark.parametrize("family", sorted(SCRIPTS))
+def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(family, tmp_path, monkeypatch):
+    """Three samples (the prompt image, then two rotated images): verl's postprocess of each equals verl's own
+    processor pass, and the real image processor ran on 3 images in the whole trajectory (it ran on 1 + 2 + 3 in
+    the postprocess alone, and on 2 + 3 more in the renders of the history, before)."""
+    output, watch = run_family(family, tmp_path, monkeypatch, "per_turn")
+    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+    assert list(output.non_tensor_batch["mm_tool/masked"]) == [0, 0, 0]
+    assert watch.compared == 3
+    assert watch.images == 3
+    assert list(output.non_tensor_batch[PROCESSOR_RUNS_KEY]) == [3, 3, 3]
+    assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+    assert [
+        len(inputs["image_grid_thw"]) if "image_grid_thw" in inputs else len(inputs["pixel_values"])
+        for inputs in output.non_tensor_batch["multi_modal_inputs"]
+    ] == [1, 2, 3]
+
+
+def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(
+    tmp_path, monkeypatch
+):
+    """The proof of adaptation 38: per_trajectory on the default family, one sample of 3 images: verl's own method
+    (compared on every call) runs the image processor on all 3 again; the fixed one on none."""
+    output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory")
+    assert watch.compared == 1
+    assert watch.images == 3  # the prompt's and the two tool images, each once, in the loop's renders
+    assert output.non_tensor_batch[PROCESSOR_RUNS_KEY][0] == 3
+    assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+
+
+def test_the_store_keeps_each_images_output_and_joins_them_as_the_image_processor_does():
+    from verl.utils import hf_processor
+
+    processor = hf_processor(str(tiny_model_path()))
+    store = ImageFeatureStore(processor)
+    images = [Image.new("RGB", (448, 448), (9, 90, 200)), marked_image(), Image.new("RGB", (56, 112))]
+    expected = processor.image_processor(images=images, return_tensors="pt")
+    for _ in range(2):
+        got = store.processor.image_processor(images=images, return_tensors="pt")
+        assert sorted(got) == sorted(expected)
+        assert all(torch.equal(got[key], expected[key]) for key in expected)
+    assert store.runs == 3
+    with store.tokens_only():
+        grids = store.processor.image_processor(images=images[:2], return_tensors="pt")
+    assert sorted(grids) == ["image_grid_thw"]
+    assert torch.equal(grids["image_grid_thw"], expected["image_grid_thw"][:2])
+    # other arguments, or an image that is not a PIL image: the real image processor, counted
+    store.processor.image_processor(images=images[:1], return_tensors="pt", max_pixels=56 * 56)
+    assert store.runs == 4
+    # the processor's own call: token ids and pixels as the real processor's
+    text = "<|vision_start|><|image_pad|><|vision_end|>two<|vision_start|><|image_pad|><|vision_end|>"
+    ours = store.processor(text=[text], images=images[:2], return_tensors="pt")
+    theirs = processor(text=[text], images=images[:2], return_tensors="pt")
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+    assert store.runs == 4

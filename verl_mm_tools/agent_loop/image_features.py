@@ -1,0 +1,156 @@
+"""Each image through the HF image processor once per trajectory.
+
+verl runs the model's processor over every image of the conversation wherever it renders it: the first prompt, each
+tool turn's new images (verl's Continuous-Token builder), every render of the whole history (``export: per_turn`` /
+``auto``), and once more per training sample in its worker's postprocess (``_compute_multi_modal_inputs``, for the
+``multi_modal_inputs`` and position ids the trainer reads). The image processor (resize, rescale, normalise, patchify)
+is the costly part, and its output for an image depends only on the image and the processor's arguments.
+
+``ImageFeatureStore`` is a trajectory's per-image processor outputs, kept from the render that admitted each image.
+Its ``processor`` is a shallow copy of the model's processor whose image processor is ``CachedImageProcessor``: called
+with a list of images, it runs the real image processor on each image it has not seen (one image per call) and returns
+the concatenation of every listed image's output, along the first dimension (lists joined): what the real one returns
+for the list, bit for bit, on every family the package supports (``tests/agent_loop/test_image_features_on_cpu.py``).
+The processor's own work on the text (placeholder expansion, tokenizing, its token check) runs as before, so the
+token ids are the processor's own.
+
+The loop hands the store's processor to verl's builder; ``attach`` ties the store to the trajectory's outputs, where
+the worker's postprocess finds it (``adaptations/fixes/processed_images.py``). Images are matched by identity (the
+same ``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store has not seen, another
+argument set, or an input that is not a list of PIL images goes to the real image processor, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """One image's image-processor output: every key the image processor returns for it alone (Qwen-VL / GLM-V:
+    ``pixel_values`` rows and one ``image_grid_thw`` row; Gemma 4: ``pixel_values``, ``image_position_ids`` and
+    ``num_soft_tokens_per_image``)."""
+
+    values: dict[str, Any]
+
+
+class ImageFeatureStore:
+    """A trajectory's per-image processor outputs, keyed by image identity, and ``processor``: the model's processor
+    reading them (see the module docstring). ``runs`` counts the images the real image processor processed."""
+
+    def __init__(self, processor: Any):
+        self.source = processor
+        self.runs = 0
+        self._features: dict[int, tuple[weakref.ref, ImageFeatures]] = {}
+        self._arguments: dict[str, Any] | None = None  # the arguments the kept outputs were made with
+        self._tokens_only = False
+        self.processor = copy.copy(processor)
+        self.processor.image_processor = CachedImageProcessor(processor.image_processor, self)
+
+    def features(self, images: list, arguments: dict[str, Any], run: Any) -> list[ImageFeatures] | None:
+        """Each image's output, running ``run`` (the real image processor) on those not kept yet; None when the
+        store cannot answer for these images and arguments (the caller runs the real image processor)."""
+        if not all(isinstance(image, Image.Image) for image in images):
+            return None
+        if self._arguments is None:
+            self._arguments = dict(arguments)
+        elif arguments != self._arguments:
+            return None
+        found = []
+        for image in images:
+            kept = self._features.get(id(image))
+            if kept is None or kept[0]() is not image:
+                kept = (weakref.ref(image), ImageFeatures(dict(run(images=[image], **arguments))))
+                self._features[id(image)] = kept
+                self.runs += 1
+            found.append(kept[1])
+        return found
+
+    @contextlib.contextmanager
+    def tokens_only(self) -> Iterator[None]:
+        """Within: a render that needs only the token ids (the images' grids and token counts), not their pixel
+        values, gets the kept outputs without the ``pixel_values*`` keys (no copy of every image's pixels)."""
+        self._tokens_only = True
+        try:
+            yield
+        finally:
+            self._tokens_only = False
+
+    def joined(self, features: list[ImageFeatures]) -> Any:
+        """The image processor's output for these images (``concatenated``), without pixel values in
+        ``tokens_only``."""
+        if self._tokens_only:
+            features = [
+                ImageFeatures({key: value for key, value in each.values.items() if not key.startswith(PIXELS)})
+                for each in features
+            ]
+        return concatenated(features)
+
+    def counted(self, images: Any) -> None:
+        """The real image processor ran on ``images`` outside the store."""
+        self.runs += len(images) if isinstance(images, (list, tuple)) else 1
+
+    def attach(self, output: Any) -> None:
+        """Tie the store to one of the trajectory's outputs until that output is gone (verl's postprocess reads it)."""
+        key = id(output)
+        _ATTACHED[key] = (weakref.ref(output), self)
+        weakref.finalize(output, _ATTACHED.pop, key, None)
+
+
+_ATTACHED: dict[int, tuple[weakref.ref, ImageFeatureStore]] = {}
+PIXELS = "pixel_values"  # the prefix of the keys holding pixels (the rest: grids, positions, token counts)
+
+
+def attached_store(output: Any) -> ImageFeatureStore | None:
+    """The store ``ImageFeatureStore.attach`` tied to ``output``, if any."""
+    found = _ATTACHED.get(id(output))
+    return found[1] if found is not None and found[0]() is output else None
+
+
+class CachedImageProcessor:
+    """The image processor of ``ImageFeatureStore.processor``: every other attribute is the real one's."""
+
+    def __init__(self, image_processor: Any, store: ImageFeatureStore):
+        self._image_processor = image_processor
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._image_processor, name)
+
+    def __call__(self, images: Any = None, *args: Any, **kwargs: Any) -> Any:
+        found = None
+        if not args and isinstance(images, list) and images:
+            found = self._store.features(images, kwargs, self._image_processor)
+        joined = self._store.joined(found) if found is not None else None
+        if joined is None:
+            self._store.counted(images)
+            return self._image_processor(images, *args, **kwargs)
+        return joined
+
+
+def concatenated(features: list[ImageFeatures]) -> Any:
+    """The image processor's output for the images whose outputs these are: tensors joined along the first
+    dimension, lists joined; None for an output holding anything else."""
+    import torch
+    from transformers.feature_extraction_utils import BatchFeature
+
+    data: dict[str, Any] = {}
+    for key in features[0].values:
+        parts = [each.values[key] for each in features]
+        if isinstance(parts[0], torch.Tensor):
+            data[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        elif isinstance(parts[0], list):
+            data[key] = [item for part in parts for item in part]
+        else:
+            return None
+    return BatchFeature(data=data)
