@@ -1,12 +1,11 @@
 """The sandboxed kernel, through ``KernelProcess`` with real bubblewrap: what a call returns (text, traceback, images
-with exact pixels), state within a session and never across, and hostile programs contained and answered as text:
-network (a real listener on 127.0.0.1), host files, host PIDs, the trainer's environment, writes outside the work
-directory, fork and memory bombs, endless loops, giant output, too many and too large images, a forged reply."""
+with exact pixels), state within a session and never across, each limit and what the session does past it (memory,
+wall and CPU time, file sizes, images), the trainer's environment, and where the sandbox cannot run. The hostile
+programs (network, host files, escapes, syscalls, leftovers, ...) are test_hostile_on_cpu.py's table."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -59,12 +58,6 @@ def fresh():
 
 def run(kernel: KernelProcess, code: str, images=()):
     return kernel.run(code, list(images))
-
-
-LIVE_PIDS = (  # the sandbox's processes that are not zombies
-    "sorted(int(p) for p in os.listdir('/proc')\n"
-    "       if p.isdigit() and open(f'/proc/{p}/stat').read().split(')')[-1].split()[0] != 'Z')"
-)
 
 
 def last_line(result) -> str:
@@ -146,76 +139,12 @@ def test_release_kills_the_sandbox_and_everything_in_it(fresh):
 # ----- hostile programs -----------------------------------------------------------------------------------------
 
 
-def test_no_network_not_even_the_hosts_loopback(kernel):
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.setblocking(False)
-        port = listener.getsockname()[1]
-        result = run(kernel, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
-        # the sandbox has a loopback of its own: nothing listens there, and the host's listener hears nothing
-        assert result.failed and last_line(result) == "ConnectionRefusedError: [Errno 111] Connection refused"
-        with pytest.raises(BlockingIOError):
-            listener.accept()
-    outside = run(kernel, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)")
-    assert last_line(outside) == "OSError: [Errno 101] Network is unreachable"
-    dns = run(kernel, "import socket\nsocket.getaddrinfo('example.com', 80)")
-    assert dns.failed and "gaierror" in last_line(dns)
-
-
-def test_host_files_are_not_there(kernel, tmp_path):
-    secret = tmp_path / "secret.txt"
-    secret.write_text("host secret")
-    here = Path(__file__).resolve()
-    for path in (secret, "/etc/shadow", "/etc/passwd", here, Path.home() / ".bashrc", "/proc/1/root/etc/hostname"):
-        result = run(kernel, f"open({str(path)!r}).read()")
-        assert result.failed, path
-        assert last_line(result).startswith(("FileNotFoundError", "PermissionError")), (path, result.output)
-    listing = run(kernel, "sorted(os.listdir('/'))")
-    assert (
-        listing.output == "['dev', 'lib', 'lib64', 'opt', 'proc', 'root', 'tmp', 'usr']\n"
-    )  # root: the interpreter's prefix
-    link = run(kernel, "os.symlink('/etc/passwd', 'link')\nopen('link').read()")
-    assert last_line(link).startswith("FileNotFoundError")
-
-
-def test_the_project_and_verl_cannot_be_imported(kernel):
-    for name in ("verl", "verl_mm_tools", "torch", "ray"):
-        result = run(kernel, f"import {name}")
-        assert last_line(result) == f"ModuleNotFoundError: No module named '{name}'"
-
-
-def test_no_host_pids_and_no_signals_out(kernel):
-    result = run(kernel, "sorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
-    assert result.output == "[1, 2]\n"  # bubblewrap's init and the kernel
-    kill = run(kernel, "import signal\nos.kill(1, signal.SIGKILL)")
-    assert last_line(kill) == "PermissionError: [Errno 1] Operation not permitted"
-    ptrace = run(kernel, "import ctypes\nctypes.CDLL(None, use_errno=True).ptrace(16, 1, 0, 0), ctypes.get_errno()")
-    assert ptrace.output == "(-1, 1)\n"  # PTRACE_ATTACH to pid 1: EPERM
-
-
 def test_the_environment_is_the_minimal_one(fresh, monkeypatch):
     monkeypatch.setenv("SECRET_KEY", "sk-host-secret")
     process = fresh()
     result = run(process, "import os\ndict(os.environ)")
     assert result.output == f"{ {**ENV, 'PWD': '/tmp'}!r}\n"
     assert "sk-host-secret" not in run(process, "open('/proc/self/environ').read()").output
-
-
-def test_writes_outside_the_work_directory_fail(kernel, tmp_path):
-    for path in ("/opt/sandbox/kernel.py", "/usr/lib/evil", "/opt/evil", "/evil", str(tmp_path / "evil")):
-        result = run(kernel, f"open({path!r}, 'w').write('x')")
-        assert result.failed, path
-        assert last_line(result).split(":")[0] in ("OSError", "PermissionError", "FileNotFoundError"), result.output
-    assert list(tmp_path.iterdir()) == []
-    assert run(kernel, "open('inside.txt', 'w').write('ok')").output == "2\n"
-
-
-def test_a_fork_bomb_hits_the_process_limit_and_nothing_is_left_running(fresh):
-    process = fresh()
-    result = run(process, "import os\nwhile True:\n    os.fork()")
-    assert result.failed and last_line(result) == "BlockingIOError: [Errno 11] Resource temporarily unavailable"
-    assert run(process, LIVE_PIDS).output == "[1, 2]\n"  # the bomb's processes killed (zombies aside)
 
 
 def test_a_memory_bomb_is_a_memory_error_and_the_session_goes_on(kernel):
@@ -245,13 +174,6 @@ def test_cpu_seconds_are_limited_per_call_and_the_session_goes_on(fresh):
     assert run(process, "kept").output == "'yes'\n"
 
 
-def test_huge_output_is_capped(kernel):
-    result = run(kernel, "print('x' * 10**6)")
-    assert result.output == "x" * 1000 + f"\n... ({10**6 - 1000 + 1} more characters of output were cut)"
-    direct = run(kernel, "os.write(1, b'y' * 10**6)\nNone")
-    assert direct.output == "y" * 1000
-
-
 def test_files_and_the_work_directory_are_size_limited(fresh):
     process = fresh(max_file_mb=1, workdir_mb=2)
     big = run(process, "open('big', 'wb').write(b'0' * (2 << 20))")
@@ -269,14 +191,6 @@ def test_too_many_and_too_large_images_are_refused_with_a_note(kernel):
     assert large.refused == [
         "an image saved to large.png was not returned: 200x100 px is over the limit of 10000 pixels; resize it first"
     ]
-
-
-def test_a_forged_reply_ends_the_session_not_the_host(fresh):
-    process = fresh()
-    run(process, "x = 1")
-    result = run(process, "import os, struct\nos.write(4, struct.pack('>II', 1 << 31, 0))\nos._exit(0)")
-    assert result.lost is not None and result.lost.startswith("the kernel sent a reply over the size limits")
-    assert last_line(run(process, "x")) == "NameError: name 'x' is not defined"
 
 
 def test_a_trajectory_rolled_back_sends_its_images_again(kernel):
@@ -317,6 +231,17 @@ def test_sandbox_none_runs_unisolated_and_warns_at_every_start(caplog):
         process.close()
     warnings = [r.message for r in caplog.records if "WITHOUT a sandbox" in r.message]
     assert len(warnings) == 2
+
+
+def test_without_a_seccomp_filter_for_the_machine_it_warns_at_every_start(fresh, monkeypatch, caplog):
+    monkeypatch.setattr("verl_mm_tools.sandbox.session.seccomp_filter", lambda: None)
+    process = fresh()
+    with caplog.at_level("WARNING", logger="verl_mm_tools.sandbox.session"):
+        assert run(process, "6 * 7").output == "42\n"
+    assert [r.message for r in caplog.records] == [
+        "python tool: no seccomp filter for this architecture: the sandbox's code reaches every system call "
+        "(namespaces, ptrace, bpf) as an unprivileged user"
+    ]
 
 
 def test_limits_are_checked_with_what_to_fix():

@@ -78,7 +78,13 @@ class Bind:
 
 def package_binds(names: tuple[str, ...]) -> list[Bind]:
     """Read-only binds of the named top-level modules (and their wheels' ``<dist>.libs`` folders) under ``SITE``.
-    A name that is not installed here is a ConfigError."""
+    A name that is not installed here is a ConfigError. Found once per process and tuple of names (scanning the
+    installed distributions takes ~0.15 s, longer than a kernel's start)."""
+    return list(_package_binds(tuple(names)))
+
+
+@functools.lru_cache(maxsize=16)
+def _package_binds(names: tuple[str, ...]) -> tuple[Bind, ...]:
     binds: list[Bind] = []
     distributions = importlib.metadata.packages_distributions()
     for name in names:
@@ -98,7 +104,7 @@ def package_binds(names: tuple[str, ...]) -> list[Bind]:
             libs = Path(source).parent / f"{dist.lower().replace('-', '_')}.libs"
             if libs.is_dir():
                 binds.append(Bind(str(libs), f"{SITE}/{libs.name}"))
-    return list({bind.target: bind for bind in binds}.values())
+    return tuple({bind.target: bind for bind in binds}.values())
 
 
 def default_packages() -> tuple[str, ...]:
@@ -150,10 +156,16 @@ def kernel_program(settings_json: str) -> list[str]:
 
 
 def sandbox_command(
-    bwrap: str, binds: list[Bind], workdir_mb: int, program: list[str], info_fd: int | None = None
+    bwrap: str,
+    binds: list[Bind],
+    workdir_mb: int,
+    program: list[str],
+    info_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The full bubblewrap command line running ``program`` in the sandbox, ``binds`` shown read-only; bubblewrap
-    writes the host pid of the sandbox's init to ``info_fd`` (``{"child-pid": N}``)."""
+    writes the host pid of the sandbox's init to ``info_fd`` (``{"child-pid": N}``) and installs the seccomp filter
+    it reads from ``seccomp_fd`` (``seccomp.seccomp_filter``)."""
     root = os.geteuid() == 0
     namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not root:
@@ -161,6 +173,8 @@ def sandbox_command(
     args = [bwrap, *namespaces, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += system_binds()
     args += ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", "/opt/sandbox"]
     args += ["--perms", "0755", "--dir", SITE]

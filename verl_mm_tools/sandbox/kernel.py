@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 # a message: 4-byte big-endian length of a JSON header, 4-byte length of the binary blobs, the header, the blobs
 FRAME = struct.Struct(">II")
 MODES = {"RGB": 3, "RGBA": 4, "L": 1}  # image modes on the wire, with their bytes per pixel
+MAX_NOTES = 5  # notes on refused images per call; further refusals are counted in one more note
 
 
 class ProtocolError(Exception):
@@ -126,6 +127,7 @@ class Kernel:
         self.images: dict[int, Any] = {}
         self.outputs: list[tuple[Any, str]] = []
         self.refused: list[str] = []
+        self.more_refused = 0
         self.pil: Any = None
         self.original_save: Any = None
         self.output_fd = -1
@@ -193,7 +195,9 @@ class Kernel:
     def collect(self, image: Any, origin: str) -> None:
         limits = self.settings["limits"]
         pixels = image.width * image.height
-        if len(self.outputs) >= limits["max_images"]:
+        if len(self.outputs) >= limits["max_images"] and len(self.refused) >= MAX_NOTES:
+            self.more_refused += 1
+        elif len(self.outputs) >= limits["max_images"]:
             self.refused.append(f"an image {origin} was not returned: at most {limits['max_images']} per call")
         elif pixels > limits["max_image_pixels"]:
             self.refused.append(
@@ -306,8 +310,10 @@ class Kernel:
                 image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
             entries.append({"mode": image.mode, "size": [image.width, image.height], "origin": origin})
             blobs.append(image.tobytes())
+        if self.more_refused:
+            self.refused.append(f"{self.more_refused} more images were not returned")
         header = {"output": text, "failed": failed, "images": entries, "refused": self.refused}
-        self.outputs, self.refused = [], []
+        self.outputs, self.refused, self.more_refused = [], [], 0
         return header, blobs
 
 

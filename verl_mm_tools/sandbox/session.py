@@ -39,6 +39,7 @@ from verl_mm_tools.sandbox.bwrap import (
     sandbox_command,
 )
 from verl_mm_tools.sandbox.limits import SandboxLimits
+from verl_mm_tools.sandbox.seccomp import seccomp_filter
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class KernelProcess:
         self._errors: IO[bytes] | None = None
         self._info: int | None = None  # the read end of bubblewrap's --info-fd
         self._info_fd = -1
+        self._seccomp_fd: int | None = None  # the read end of the pipe bubblewrap reads the seccomp filter from
         self.sandbox_pid: int | None = None
         self._launched_at = 0.0
         self.ready = False
@@ -103,7 +105,9 @@ class KernelProcess:
             settings.update(workdir=WORKDIR, site=[SITE])
             binds = [Bind(wire.__file__, KERNEL_SCRIPT), *self.binds]
             program = kernel_program(json.dumps(settings))
-            command = sandbox_command(self.bwrap, binds, self.limits.workdir_mb, program, self._info_fd)
+            command = sandbox_command(
+                self.bwrap, binds, self.limits.workdir_mb, program, self._info_fd, self._seccomp_fd
+            )
             return command, "/"
         self._scratch = tempfile.TemporaryDirectory(prefix="verl-mm-python-")
         sites = sorted({str(Path(bind.source).parent) for bind in self.binds})
@@ -125,6 +129,7 @@ class KernelProcess:
                 "process's user, files and network; only resource limits apply"
             )
         info_read, self._info_fd = os.pipe()
+        self._seccomp_fd = self._filter_pipe() if self.sandbox == BWRAP else None
         try:
             command, cwd = self._command()
             self._launched_at = time.perf_counter()
@@ -132,6 +137,8 @@ class KernelProcess:
             self.process = self._popen(command, cwd)
         finally:
             os.close(self._info_fd)
+            if self._seccomp_fd is not None:
+                os.close(self._seccomp_fd)
         self._info = info_read
         self.ready, self.held_images = False, []
 
@@ -145,8 +152,23 @@ class KernelProcess:
             env=dict(ENV) if self.sandbox == NONE else {"PATH": ENV["PATH"]},
             start_new_session=True,
             close_fds=True,
-            pass_fds=(self._info_fd,),
+            pass_fds=tuple(fd for fd in (self._info_fd, self._seccomp_fd) if fd is not None),
         )
+
+    @staticmethod
+    def _filter_pipe() -> int | None:
+        """A pipe holding the seccomp filter (it fits the pipe's buffer), its read end; None where none is built."""
+        program = seccomp_filter()
+        if program is None:
+            logger.warning(
+                "python tool: no seccomp filter for this architecture: the sandbox's code reaches every system call "
+                "(namespaces, ptrace, bpf) as an unprivileged user"
+            )
+            return None
+        read, write = os.pipe()
+        os.write(write, program)
+        os.close(write)
+        return read
 
     def start(self) -> float:
         """Start a kernel (ending the one running) and wait until it is ready; the seconds that took."""
