@@ -2,7 +2,8 @@
 
 ``limits`` (``SandboxLimits``), ``bwrap`` (the command line, the read-only binds, ``check_bwrap``), ``seccomp`` (the
 system calls refused inside), ``kernel`` (the script that runs inside, and the wire format), ``session``
-(``KernelProcess``, the host's side). No verl or torch import: the verl adapter is ``verl_mm_tools.tools.python_tool``. See docs/python_tool.md.
+(``KernelProcess``, the host's side). No verl or torch import: the verl adapter is
+``verl_mm_tools.tools.python_tool``. See docs/python_tool.md.
 """
 
 from verl_mm_tools.sandbox.bwrap import SandboxUnavailableError, check_bwrap
