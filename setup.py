@@ -44,7 +44,18 @@ setup(
         # openai: the request types of transformers' own OpenAI-compatible server (``transformers serve``), which the
         # eval tests run on the tiny model
         # ruff and mypy: the lint, format and type checks (ruff.toml, mypy.ini)
-        "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "hypothesis>=6", "openai", "ruff>=0.17,<0.18", "mypy>=2.4,<2.5"],
+        # plot: matplotlib figures from the python tool's sandboxed code (docs/python_tool.md), bound read-only into the
+        # sandbox when installed
+        "plot": ["matplotlib>=3.8,<4"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.6,<4",
+            "hypothesis>=6",
+            "openai",
+            "ruff>=0.17,<0.18",
+            "mypy>=2.4,<2.5",
+            "matplotlib>=3.8,<4",
+        ],
     },
     entry_points={
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],

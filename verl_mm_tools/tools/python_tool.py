@@ -40,7 +40,8 @@ def python(code: str):
     and files persist between calls. The conversation's images are images[1], images[2], ... (PIL images; Image 1 is
     the first) and the files image_1.png, image_2.png, ... in the working directory. Every image the code saves
     (img.save("crop.png")) or shows (img.show(), an open matplotlib figure) comes back as a new image. Printed output
-    and the value of the last line come back as text. numpy and PIL are available; there is no network.
+    and the value of the last line come back as text. numpy and PIL (and matplotlib, where installed) are
+    available; there is no network.
 
     Args:
         code: Python source to run, for example: images[1].crop((0, 0, 100, 100)).save("crop.png")
@@ -128,7 +129,7 @@ class PythonTool(BaseTool):
         images: list[Image.Image] = []
         for image, origin in result.images:
             fitted = fit_pixels(as_rgb(image), self.settings.max_pixels)
-            resized = f" (downscaled from {image.width}x{image.height})" if fitted is not image else ""
+            resized = f" (downscaled from {image.width}x{image.height})" if fitted.size != image.size else ""
             lines.append(f"Image {next_id + len(images)}: {origin}, {fitted.width}x{fitted.height} px{resized}.")
             images.append(fitted)
         if result.lost:
