@@ -149,6 +149,7 @@ def test_release_ends_the_kernel(make_agent_data, two_images):
         ({"packages": ["numpy", "no_such_module"]}, "'no_such_module', which is not installed"),
         ({"bwrap": "no-such-bwrap"}, "'no-such-bwrap' is not on PATH"),
         ({"sandboxx": "none"}, "unknown config key 'sandboxx'. Did you mean 'sandbox'?"),
+        ({"on_error": "raise"}, "on_error must be one of ['answer', 'end'], got 'raise'"),
     ],
 )
 def test_config_errors_say_what_to_fix(config, message):
@@ -196,3 +197,31 @@ def test_an_image_workspace_of_the_loop_gives_the_ids(two_images):
     attach_tool_context(agent_data, ToolContext(ImageWorkspace([*two_images, Image.new("RGB", (2, 2))]), None))
     [(response, _, _)] = calls(PythonTool(), [{"code": "len(images), images[3].size"}], agent_data)
     assert response.text == "Output:\n(3, (2, 2))"
+
+
+@pytest.mark.parametrize("on_error", ["answer", "end"])
+def test_a_failing_call_is_answered_or_ends_the_trajectory_as_configured(tiny_model_dir, tmp_path, on_error):
+    """Through the real mm_tool loop: by default the model reads the error and answers; with on_error: end the
+    trajectory ends at the failed call, masked, and its kernel is released."""
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(YAML.read_text().replace("sandbox: bwrap", f"sandbox: bwrap\n      on_error: {on_error}"))
+    turns = [tool_call_text("python", code="1 / 0"), "<answer>none</answer><|im_end|>"]
+    output, server, worker = LocalRollout(tiny_model_dir, tools_yaml, tmp_path).run(
+        turns, [image_prompt("Divide.", [marked_image()])]
+    )
+    [tool] = worker.tools
+    assert tool.settings.on_error == on_error and tool.kernels == {}
+    masked, error = output.non_tensor_batch["mm_tool/masked"][0], output.non_tensor_batch["mm_tool/error"][0]
+    if on_error == "answer":
+        assert (len(server.requests), masked, error) == (2, 0, "")
+        seen = worker.tokenizer.decode(server.requests[1]["prompt_ids"])
+        assert (
+            'Error:\nTraceback (most recent call last):\n  File "<code>", line 1, in <module>\nZeroDivisionError'
+            in seen
+        )
+    else:
+        assert (len(server.requests), masked) == (1, 1)
+        assert error == (
+            "ToolCrashError: tool 'python' raised CodeFailedError: the code failed and on_error is 'end': "
+            "ZeroDivisionError: division by zero"
+        )
