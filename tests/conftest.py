@@ -63,31 +63,35 @@ def _restore_verl_agent_loop_registry():
 
 # pytest-xdist (`-n 2`, pytest.ini): the slow tests (verl's trainer, vLLM engines: both cores and GiBs each) run one
 # after another on one worker while the other worker takes the rest; every other module stays whole on one worker, so
-# its module-scoped fixtures are built once. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids
-# it can no longer rename; the scheduler sees node ids only, so the slow mark is read from the source.)
-SERIAL_GROUP = "slow"
+# its module-scoped fixtures are built once. Slow tests also marked ``beside_units`` (the hf rollout server, no vLLM
+# engine: a few GiB) form a second serial line, which the scheduler hands to the worker that frees first: the unit
+# tests' one, as the slow line keeps the other busy far longer. (xdist's own --dist loadgroup cannot do this on
+# pytest 9, whose node ids it can no longer rename; the scheduler sees node ids only, so the marks are read from the
+# source.)
+SERIAL_GROUP, BESIDE_UNITS_GROUP = "slow", "slow beside the unit tests"
 TESTS = Path(__file__).resolve().parent
 
 
 @functools.cache
-def slow_tests(module: str) -> frozenset[str]:
-    """The names of ``module``'s test functions marked ``pytest.mark.slow``."""
+def slow_test_groups(module: str) -> dict[str, str]:
+    """``module``'s test functions marked ``pytest.mark.slow``, each with its serial group."""
     tree = ast.parse((TESTS.parent / module).read_text())
-    return frozenset(
-        node.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and any(ast.unparse(decorator) == "pytest.mark.slow" for decorator in node.decorator_list)
-    )
+    groups = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            marks = {ast.unparse(decorator) for decorator in node.decorator_list}
+            if "pytest.mark.slow" in marks:
+                groups[node.name] = BESIDE_UNITS_GROUP if "pytest.mark.beside_units" in marks else SERIAL_GROUP
+    return groups
 
 
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class SlowTestsInOneLine(LoadScopeScheduling):
+    class SlowTestsInTwoLines(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module, _, rest = nodeid.partition("::")
             function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
-            return SERIAL_GROUP if function in slow_tests(module) else module
+            return slow_test_groups(module).get(function, module)
 
-    return SlowTestsInOneLine(config, log)
+    return SlowTestsInTwoLines(config, log)
