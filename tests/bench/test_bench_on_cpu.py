@@ -40,6 +40,10 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
         "memory/held_over_raw_image_bytes",
         "export/8turns/per_turn/tokens_per_trajectory",
         "export/8turns/per_turn_over_per_trajectory_loop_cpu",
+        "python/start_ms",
+        "python/448px/warm_call_ms",
+        "python/448px/in_process_ms",
+        "python/448px/warm_over_in_process_ms",
     ):
         assert expected in names
     for match in matches:  # a spread is min <= median <= max
@@ -51,6 +55,21 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
     memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
     # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
     assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5
+
+
+def test_the_python_tool_figure_is_skipped_with_a_line_where_bubblewrap_cannot_run(monkeypatch):
+    from verl_mm_tools.bench.python_tool import python_tool_figures
+    from verl_mm_tools.sandbox import SandboxUnavailableError
+
+    def missing(bwrap):
+        raise SandboxUnavailableError(f"the python tool needs bubblewrap, and {bwrap!r} is not on PATH")
+
+    monkeypatch.setattr("verl_mm_tools.tools.python_tool.check_bwrap", missing)
+    said: list[str] = []
+    assert python_tool_figures(2, said.append) == []
+    assert said == [
+        "bench: the python tool's figures are skipped: the python tool needs bubblewrap, and 'bwrap' is not on PATH"
+    ]
 
 
 def test_image_ops_are_timed_in_fresh_processes_that_load_no_verl():

@@ -37,8 +37,12 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    over the hf server's and the prefix-cache hit rate of its turns after the first (from verl's server, during
    training); and over a 4-turn trajectory with an image per turn, vLLM's prefix-cache hit rate from turn 2 on and
    the vision-encoder runs per image (``bench.engine``).
+9. The sandboxed ``python`` tool: a sandbox's start, and a warm call exchanging a 448 px image (sent in, its flipped
+   copy saved and returned) against the same code in this process, wall time in interleaved pairs; the difference's
+   target: <= 50 ms (``bench.python_tool``; skipped, with a line on stderr, where bubblewrap cannot run).
 
 The package: ``figures`` (a figure, its line, the summary), ``loop`` (figures 1, 2 and 6), ``memory`` (figure 4),
-``steps`` (figures 5 and 8), ``run`` (figure 3 and the whole run), and the fresh processes ``ops`` (figure 3) and
-``engine`` (figure 8), and ``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow.
+``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``run`` (figure 3 and the whole run), and the fresh
+processes ``ops`` (figure 3) and ``engine`` (figure 8), and ``remote`` (figure 7). The package itself stays light:
+``ops`` loads nothing but Pillow.
 """

@@ -13,6 +13,7 @@ from pathlib import Path
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import export_cost, loop_overhead
 from verl_mm_tools.bench.memory import pillow_reusing_image_memory, trajectory_memory
+from verl_mm_tools.bench.python_tool import python_tool_figures
 from verl_mm_tools.bench.steps import cpu_step, engine_figures
 
 
@@ -78,7 +79,7 @@ def run(
     say=lambda line: None,
     repeats: int | None = None,
 ) -> list[Figure]:
-    """Figures 1-4 and 6; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
+    """Figures 1-4, 6 and 9; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
     ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``. ``repeats``
     sets every timed figure's sample count (``Repeats.of``)."""
     sizes = Repeats.of(quick, repeats)
@@ -87,6 +88,7 @@ def run(
         figures += loop_overhead(model_dir, repeats=sizes.loop, pairs_per_size=sizes.pairs_per_size)
     figures += trajectory_memory(model_dir)
     figures += export_cost(model_dir, repeats=sizes.export)
+    figures += python_tool_figures(repeats=sizes.loop, say=say)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
     if remote:
