@@ -29,6 +29,9 @@ STEPS, PROMPTS, ROLLOUTS = 2, 4, 4
 # verl's client resumes, and the trajectories in flight span two weight versions. Measured: 1 resumed generation
 # and 8 trajectories spanning the sync (with 4 prompts in flight: 1 and 1; with 2 prompts x 8 rollouts: 1 and 1).
 AT_CAPACITY = ("actor_rollout_ref.rollout.max_num_seqs=1", "async_training.concurrent_samples_per_replica=2")
+# rides this start-up: turn-level credit, whose per-turn rewards the step hook places in rm_scores before verl's
+# advantage (the hook's other job on this trainer)
+TURN_CREDIT = "algorithm.adv_estimator=mm_turn_grpo"
 
 
 def compose_fully_async(overrides: list[str]):
@@ -81,7 +84,7 @@ def run(tmp_path_factory):
         train_size=16,
         val_size=8,
         trainer=FULLY_ASYNC,
-        overrides=AT_CAPACITY,
+        overrides=(*AT_CAPACITY, TURN_CREDIT),
     )
     returncode = run_demo(options, lines.append)
     records = [json.loads(line) for line in (options.out / "logs" / "metrics.jsonl").read_text().splitlines()]
@@ -107,6 +110,7 @@ def test_the_fully_async_trainer_runs_two_steps_and_leaves_nothing_behind(run):
 def test_weight_syncs_interrupt_generations_which_resume_and_train(run):
     _, out, _, records = run
     steps = trainer_steps(records)
+    assert all(metric(step, "mm_tool/turn_rewards/unplaced") == 0 for step in steps)  # turn rewards all placed
     for step in steps:  # every mm_tool metric the other trainers log, the step hook's own among them
         assert metric(step, "mm_tool/masked/count") == 0
         assert metric(step, "mm_tool/aborted_generations/count") == 0  # partial rollout: none left aborted
