@@ -1,4 +1,4 @@
-"""``verl-mm-tools make-data {rotation,zoom,geo3k}``: write verl RL parquet for the built-in tasks."""
+"""``verl-mm-tools make-data {rotation,zoom,count,geo3k}``: write verl RL parquet for the built-in tasks."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def _zoom(args: argparse.Namespace) -> list[Path]:
     )
 
 
+def _count(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.count import write_count_dataset
+
+    return list(write_count_dataset(args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed))
+
+
 def _geo3k(args: argparse.Namespace) -> list[Path]:
     from verl_mm_tools.data.geo3k import convert_geo3k
 
@@ -63,6 +69,7 @@ def add_make_data_command(commands) -> None:
     for name, write, help_text in (
         ("rotation", _rotation, "synthetic rotation estimation (train/val parquet)"),
         ("zoom", _zoom, "V*-like: a small digit in a large image (train/val parquet)"),
+        ("count", _count, "count the red squares, where the python tool pays (train/val parquet)"),
     ):
         task = tasks.add_parser(name, help=help_text)
         task.add_argument("--out", required=True, help="output directory")
