@@ -64,7 +64,7 @@ class ImageFeatureStore:
             return None
         if self._arguments is None:
             self._arguments = dict(arguments)
-        elif arguments != self._arguments:
+        elif not _same(arguments, self._arguments):
             return None
         found = []
         for image in images:
@@ -98,6 +98,7 @@ class ImageFeatureStore:
 
     def counted(self, images: Any) -> None:
         """The real image processor ran on ``images`` outside the store."""
+        logger.debug("the image processor ran outside the trajectory's store (%s)", type(images).__name__)
         self.runs += len(images) if isinstance(images, (list, tuple)) else 1
 
     def attach(self, output: Any) -> None:
@@ -105,6 +106,13 @@ class ImageFeatureStore:
         key = id(output)
         _ATTACHED[key] = (weakref.ref(output), self)
         weakref.finalize(output, _ATTACHED.pop, key, None)
+
+
+def _same(arguments: dict[str, Any], kept: dict[str, Any]) -> bool:
+    try:
+        return bool(arguments == kept)
+    except (TypeError, ValueError):  # e.g. an array among them: compared as different
+        return False
 
 
 _ATTACHED: dict[int, tuple[weakref.ref, ImageFeatureStore]] = {}
@@ -125,6 +133,8 @@ class CachedImageProcessor:
         self._store = store
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("_image_processor", "_store"):  # not set yet (a copy or an unpickling in progress)
+            raise AttributeError(name)
         return getattr(self._image_processor, name)
 
     def __call__(self, images: Any = None, *args: Any, **kwargs: Any) -> Any:
