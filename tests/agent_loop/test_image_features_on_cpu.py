@@ -24,6 +24,16 @@ from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 QUESTION = "How far is this image rotated?"
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)
 CALLS = ({"degrees": 90}, {"degrees": 90, "image_id": 1})
+# verl's streamed reward, with one of the package's reward managers and rotation rewards
+REWARD = [
+    "reward.reward_manager.name=mm_turn_discount",
+    "+reward.reward_kwargs.gamma=0.9",
+    "+reward.reward_kwargs.reward_fn=rotation_reward_45",
+]
+REWARD_COLUMNS = {
+    "data_source": ["verl_mm_tools/rotation"],
+    "reward_model": [{"style": "rule", "ground_truth": "90"}],
+}
 
 
 def hermes(opening: str = "") -> list[str]:
@@ -119,7 +129,7 @@ class ProcessorWatch:
         monkeypatch.setattr(AgentLoopWorker, "_compute_multi_modal_inputs", compared)
 
 
-def run_family(family: str, tmp_path, monkeypatch, export: str):
+def run_family(family: str, tmp_path, monkeypatch, export: str, score: bool = False):
     from verl.utils import hf_processor
 
     template, parser, turns = SCRIPTS[family]
@@ -131,8 +141,14 @@ def run_family(family: str, tmp_path, monkeypatch, export: str):
         turns,
         [image_prompt(QUESTION, [marked_image()])],
         per_sample=export != "per_trajectory",
+        score=score,
+        columns=REWARD_COLUMNS if score else None,
         loop_options={"export": export},
-        extra=[*(V1 if export != "per_trajectory" else ()), f"actor_rollout_ref.rollout.multi_turn.format={parser}"],
+        extra=[
+            *(REWARD if score else ()),
+            *(V1 if export != "per_trajectory" else ()),
+            f"actor_rollout_ref.rollout.multi_turn.format={parser}",
+        ],
     )
     return output, watch
 
@@ -165,6 +181,14 @@ def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_
     assert watch.images == 3  # the prompt's and the two tool images, each once, in the loop's renders
     assert output.non_tensor_batch[PROCESSOR_RUNS_KEY][0] == 3
     assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+
+
+def test_the_streamed_reward_takes_the_same_inputs_from_the_store(tmp_path, monkeypatch):
+    """verl's streamed reward (``_compute_score``) computes each sample's inputs once more: from the store too."""
+    output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory", score=True)
+    assert watch.compared == 2  # the postprocess and the reward's pass
+    assert watch.images == 3
+    assert "rm_scores" in output.batch.keys()
 
 
 def test_the_store_keeps_each_images_output_and_joins_them_as_the_image_processor_does():
