@@ -204,7 +204,7 @@ def test_a_failing_call_is_answered_or_ends_the_trajectory_as_configured(tiny_mo
     """Through the real mm_tool loop: by default the model reads the error and answers; with on_error: end the
     trajectory ends at the failed call, masked, and its kernel is released."""
     tools_yaml = tmp_path / "tools.yaml"
-    tools_yaml.write_text(YAML.read_text().replace("sandbox: bwrap", f"sandbox: bwrap\n      on_error: {on_error}"))
+    tools_yaml.write_text(YAML.read_text().replace("on_error: answer", f"on_error: {on_error}"))
     turns = [tool_call_text("python", code="1 / 0"), "<answer>none</answer><|im_end|>"]
     output, server, worker = LocalRollout(tiny_model_dir, tools_yaml, tmp_path).run(
         turns, [image_prompt("Divide.", [marked_image()])]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import math
 import os
 import resource
 import signal
@@ -241,10 +242,14 @@ class Kernel:
         return text, failed
 
     def _arm_cpu_limit(self) -> None:
+        """RLIMIT_CPU counts whole seconds of the process: the soft limit is the seconds spent so far rounded up, plus
+        ``cpu_s``, so a call gets at least ``cpu_s`` and less than a second more (rounded down, after an earlier
+        call's 1.9 s a call of ``cpu_s: 1`` had 0.1 s)."""
         used = resource.getrusage(resource.RUSAGE_SELF)
         spent = used.ru_utime + used.ru_stime
         soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        resource.setrlimit(resource.RLIMIT_CPU, (min(hard, int(spent) + int(self.settings["limits"]["cpu_s"])), hard))
+        limit = math.ceil(spent) + math.ceil(self.settings["limits"]["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (min(hard, limit), hard))
 
     def _execute(self, code: str) -> None:
         tree = ast.parse(code, "<code>")
