@@ -13,7 +13,7 @@ from transformers import AutoProcessor
 
 from verl_mm_tools.cli import main
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import unpadded_row
 from verl_mm_tools.testkit.sample_dump import run_steps, sample_rows, scripted_by_word, write_sample_dump
@@ -189,8 +189,8 @@ def test_bad_records_are_listed_with_their_file_and_the_good_ones_exported(qwen2
     assert summary["rows"] == 3
     assert reasons[str(paths[0])].startswith(f"{paths[0]}: not a readable JSON record")
     assert reasons[str(paths[1])] == (
-        f"{paths[1]}: record version 99; this verl-mm-tools reads versions 1 to 4: upgrade verl-mm-tools to read "
-        "newer records"
+        f"{paths[1]}: record version 99; this verl-mm-tools reads versions 1 to {RECORD_VERSION}: upgrade "
+        "verl-mm-tools to read newer records"
     )
     assert reasons[str(paths[2])] == f"{paths[2]}: image 1's file {paths[2].parent / 'images' / '1.png'} is missing"
     assert reasons[str(paths[3])].startswith(f"{paths[3]}: record version 3 has no rendered conversation")

@@ -28,3 +28,28 @@ def test_an_image_with_half_its_size_recorded_is_a_bad_record(sample_dump, tmp_p
     shown = f"{None if dropped == 'width' else width}x{None if dropped == 'height' else height}"
     assert f"image 1 is {shown} in the record but {width}x{height} in " in loaded.bad[0].reason
     assert len(loaded.records) == len(records) - 1
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected"),
+    [
+        (True, " must be null or [first, last] weight versions, found True"),
+        ([3], " must be null or [first, last] weight versions, found [3]"),
+        ([2, 1], "[1] must be a whole number >= 2, found 1"),
+        ([-1, 0], "[0] must be a whole number >= 0, found -1"),
+    ],
+)
+def test_a_turns_weight_versions_are_checked(sample_dump, tmp_path, versions, expected):
+    """Version 5's per-turn weight versions (the viewer marks a resumed turn from them): found by the fuzz, a
+    ``true`` there crashed the viewer."""
+    dump = tmp_path / "dump"
+    shutil.copytree(sample_dump, dump, ignore=shutil.ignore_patterns("_site"))
+    records = sorted(dump.glob(f"step_*/*/{RECORD_FILE}"))
+    record = json.loads(records[0].read_text())
+    record["turns"][0]["weight_versions"] = versions
+    records[0].write_text(json.dumps(record))
+
+    loaded = load_records([dump])
+
+    assert [bad.path for bad in loaded.bad] == [records[0]]
+    assert loaded.bad[0].reason == f"{records[0]}: field turns[0].weight_versions{expected}"

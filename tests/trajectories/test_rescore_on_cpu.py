@@ -19,7 +19,7 @@ from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overr
 from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
-from verl_mm_tools.record import RECORD_FILE
+from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.sample_dump import (
     REWARD_OVERRIDES,
@@ -310,8 +310,8 @@ def test_bad_records_are_listed_with_their_file_and_the_good_ones_rescored(sampl
     assert sorted(bad) == sorted(str(paths[index]) for index in (0, 1, 2))
     assert bad[str(paths[0])].startswith(f"{paths[0]}: not a readable JSON record (")
     assert bad[str(paths[1])] == (
-        f"{paths[1]}: record version 99; this verl-mm-tools reads versions 1 to 4: upgrade verl-mm-tools to read "
-        "newer records"
+        f"{paths[1]}: record version 99; this verl-mm-tools reads versions 1 to {RECORD_VERSION}: upgrade "
+        "verl-mm-tools to read newer records"
     )
     assert bad[str(paths[2])] == f"{paths[2]}: image 1's file {paths[2].parent / 'images' / '1.png'} is missing"
     assert (

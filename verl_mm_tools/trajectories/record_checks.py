@@ -192,6 +192,17 @@ def _turn(value: Any, where: str, image_count: int) -> None:
     for position, image_id in enumerate(items(turn.get("images_added"), f"{where}.images_added")):
         _image_id(image_id, f"{where}.images_added[{position}]", image_count)
     number(turn.get("reward"), f"{where}.reward")
+    _weight_versions(turn.get("weight_versions"), f"{where}.weight_versions")
+
+
+def _weight_versions(value: Any, where: str) -> None:
+    """Version 5 on: null, or the [first, last] weight versions of the turn's generation."""
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) != 2:
+        raise _fail(where, "null or [first, last] weight versions", value)
+    count(value[0], f"{where}[0]", optional=False)
+    count(value[1], f"{where}[1]", minimum=value[0], optional=False)
 
 
 def _training_sample(value: Any, where: str) -> None:
