@@ -8,8 +8,14 @@ import functools
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from verl_mm_tools.tiny import QWEN_VL_FAMILIES, tiny_model_path
+
+# No timed assertions: Hypothesis's default 200 ms deadline per example failed a pure-arithmetic test on a loaded
+# machine (555 ms), so no property test has a deadline; speed lives in `verl-mm-tools bench`.
+settings.register_profile("no_deadline", deadline=None)
+settings.load_profile("no_deadline")
 
 
 @pytest.fixture(scope="session")
