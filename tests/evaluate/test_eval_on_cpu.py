@@ -184,7 +184,14 @@ def test_the_report_per_data_source(scripted_eval):
     assert low == pytest.approx(0.625 - 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5) and high == pytest.approx(
         0.625 + 1.96 * (0.267857 / 8) ** 0.5, abs=1e-5
     )
-    assert figures["stop_reasons"] == {"answered": 6, "turn_limit": 0, "length_limit": 0, "budget": 0, "error": 2}
+    assert figures["stop_reasons"] == {
+        "answered": 6,
+        "turn_limit": 0,
+        "length_limit": 0,
+        "budget": 0,
+        "tool_failed": 0,
+        "error": 2,
+    }
     assert figures["tools"] == {"rotate": {"calls_per_trajectory": 0.125, "error_rate": 0.0}}
     assert figures["endpoint"] == {
         "connection_errors": 0,

@@ -257,7 +257,7 @@ async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[obj
     _, calls = await loop.tool_parser.extract_tool_calls(token_ids, agent_data._active_tool_schemas)
     answered = []
     for call in calls:
-        response, _ = await loop.tool_runner.execute(call, state, agent_data)
+        response = (await loop.tool_runner.execute(call, state, agent_data)).response
         answered.append((call, response, loop.tool_runner.tool_message(call, response, state)))
     return answered
 

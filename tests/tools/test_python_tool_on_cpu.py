@@ -5,6 +5,7 @@ this process, no Ray), and a trajectory of the real mm_tool loop whose next prom
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from PIL import Image
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.remote.host import TOOL, RemoteHost
 from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.step_hook.stats import aggregate_metrics
 from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image
+from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import tool_call_text
 from verl_mm_tools.tools import PythonTool, check_tool
+from verl_mm_tools.tools.base import END_TRAJECTORY
 from verl_mm_tools.tools.python_tool import LOST_SESSION
 from verl_mm_tools.workspace import ImageWorkspace, ToolContext, attach_tool_context
 
@@ -200,28 +203,57 @@ def test_an_image_workspace_of_the_loop_gives_the_ids(two_images):
 
 
 @pytest.mark.parametrize("on_error", ["answer", "end"])
+def test_a_failed_call_is_answered_alike_and_with_on_error_end_asks_to_end_the_trajectory(
+    make_agent_data, two_images, on_error
+):
+    """The same answer either way; ``end`` adds END_TRAJECTORY to a failed call's metrics only, and the flag crosses
+    a remote actor's host as data."""
+    tool = PythonTool({"type": "native", "on_error": on_error})
+    failed, fine = calls(tool, [{"code": "1 / 0"}, {"code": "2"}], make_agent_data(two_images))
+    assert failed[0].text == (
+        'Error:\nTraceback (most recent call last):\n  File "<code>", line 1, in <module>\n'
+        "ZeroDivisionError: division by zero"
+    )
+    ends = {END_TRAJECTORY: True} if on_error == "end" else {}
+    assert failed[2] == {"error": "ZeroDivisionError: division by zero", **ends}
+    assert (fine[0].text, fine[2]) == ("Output:\n2", {})
+    host = RemoteHost(TOOL, PythonTool, {"config": {"type": "native", "on_error": on_error}, "tool_schema": None})
+    host.create("trajectory", {})
+    try:
+        assert host.execute("trajectory", {"code": "1 / 0"}, 0, two_images, None)[2] == failed[2]
+    finally:
+        host.release("trajectory", {})
+
+
+FAILED_CALL_ANSWER = (
+    "\n<|im_start|>user\n<tool_response>\nError:\nTraceback (most recent call last):\n"
+    '  File "<code>", line 1, in <module>\nZeroDivisionError: division by zero\n</tool_response><|im_end|>\n'
+    "<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.parametrize("on_error", ["answer", "end"])
 def test_a_failing_call_is_answered_or_ends_the_trajectory_as_configured(tiny_model_dir, tmp_path, on_error):
     """Through the real mm_tool loop: by default the model reads the error and answers; with on_error: end the
-    trajectory ends at the failed call, masked, and its kernel is released."""
+    trajectory ends at the failed call's answer (stop reason tool_failed), trains on the call the model generated
+    (nothing masked), and its kernel is released."""
     tools_yaml = tmp_path / "tools.yaml"
     tools_yaml.write_text(YAML.read_text().replace("on_error: answer", f"on_error: {on_error}"))
-    turns = [tool_call_text("python", code="1 / 0"), "<answer>none</answer><|im_end|>"]
+    call, answer = tool_call_text("python", code="1 / 0"), "<answer>none</answer><|im_end|>"
     output, server, worker = LocalRollout(tiny_model_dir, tools_yaml, tmp_path).run(
-        turns, [image_prompt("Divide.", [marked_image()])]
+        [call, answer], [image_prompt("Divide.", [marked_image()])]
     )
     [tool] = worker.tools
     assert tool.settings.on_error == on_error and tool.kernels == {}
-    masked, error = output.non_tensor_batch["mm_tool/masked"][0], output.non_tensor_batch["mm_tool/error"][0]
-    if on_error == "answer":
-        assert (len(server.requests), masked, error) == (2, 0, "")
-        seen = worker.tokenizer.decode(server.requests[1]["prompt_ids"])
-        assert (
-            'Error:\nTraceback (most recent call last):\n  File "<code>", line 1, in <module>\nZeroDivisionError'
-            in seen
-        )
-    else:
-        assert (len(server.requests), masked) == (1, 1)
-        assert error == (
-            "ToolCrashError: tool 'python' raised CodeFailedError: the code failed and on_error is 'end': "
-            "ZeroDivisionError: division by zero"
-        )
+    assert (output.non_tensor_batch["mm_tool/masked"][0], output.non_tensor_batch["mm_tool/error"][0]) == (0, "")
+    encode = functools.partial(worker.tokenizer.encode, add_special_tokens=False)
+    row = unpadded_row(output)
+    # the failed call's answer is context either way; with on_error: end nothing is generated after it
+    called, told, answered = encode(call), encode(FAILED_CALL_ANSWER), encode(answer) if on_error == "answer" else []
+    assert row["response_ids"] == called + told + answered
+    assert row["response_mask"] == [1] * len(called) + [0] * len(told) + [1] * len(answered)
+    stop, generations = ("tool_failed", 1) if on_error == "end" else ("answered", 2)
+    assert (output.non_tensor_batch["mm_tool/stop_reason"][0], len(server.requests)) == (stop, generations)
+    metrics = aggregate_metrics(output.non_tensor_batch)
+    assert (metrics["mm_tool/stop/tool_failed"], metrics["mm_tool/stop/error"]) == (float(on_error == "end"), 0.0)
+    assert metrics["mm_tool/tool/python/error_rate"] == 1.0

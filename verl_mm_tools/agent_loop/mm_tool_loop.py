@@ -322,7 +322,12 @@ class MMToolAgentLoop(ToolAgentLoop):
         if answers is None:  # over budget with over_budget=stop
             checkpoint.restore(agent_data, state)
             return state.stop(StopReason.BUDGET)
-        return await self._merge_context_turn(agent_data, state, checkpoint, answers.messages, answers.rewards)
+        after = await self._merge_context_turn(agent_data, state, checkpoint, answers.messages, answers.rewards)
+        if answers.ended_by is not None:
+            # after its answer (context tokens, trained on by nothing): the record shows the failure that ended it;
+            # even where that answer did not fit, the failure is why the trajectory ends
+            return state.stop(StopReason.TOOL_FAILED)
+        return after
 
     async def _env_turn(self, agent_data: LoopAgentData, state: TrajectoryState) -> LoopState:
         """The environment scores the answer; unless done (or out of turns), its observation is the next user turn."""

@@ -84,6 +84,9 @@ class StopReason(str, Enum):
     TURN_LIMIT = "turn_limit"  # it still wanted to act at max_assistant_turns / max_user_turns
     LENGTH_LIMIT = "length_limit"  # the response budget is used up (a turn that did not fit was dropped)
     BUDGET = "budget"  # an image did not fit the image budget with over_budget=stop
+    # a tool's failed call ended it (its metrics' END_TRAJECTORY: the python tool's on_error: end), after that call's
+    # answer; trained as usual
+    TOOL_FAILED = "tool_failed"
     ERROR = "error"  # masked: trained on nothing (mm_tool/error says why)
 
 

@@ -2,7 +2,9 @@
 with a timeout and real cancellation), and turn each answer into a message the model will see: images admitted by
 the image budget (each added to the workspace, never a partial one), text truncated as verl truncates it, and notes
 on what was dropped or downscaled. Model mistakes (unknown tool, bad JSON, unparsable call) become text for the
-model; a tool that raises raises ``ToolCrashError``, which masks the trajectory.
+model; a tool that raises raises ``ToolCrashError``, which masks the trajectory. A failed call whose metrics set
+``END_TRAJECTORY`` ends the turn there: it is answered, the calls after it are not run (each answered so), and the
+loop ends the trajectory (``StopReason.TOOL_FAILED``), which trains as usual.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from PIL import Image
 from verl.experimental.agent_loop.tool_parser import FunctionCall
@@ -26,6 +28,7 @@ from verl_mm_tools.errors import did_you_mean
 from verl_mm_tools.ops.argument_checks import show
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
 from verl_mm_tools.remote.tool import RemoteTool
+from verl_mm_tools.tools.base import END_TRAJECTORY
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
@@ -56,13 +59,23 @@ class ToolCrashError(RuntimeError):
     """A tool raised instead of answering: the trajectory is masked (its tool responses cannot be trusted)."""
 
 
+class CallAnswer(NamedTuple):
+    """One call's answer: the tool's response and reward, and whether its tool ends the trajectory with it."""
+
+    response: ToolResponse
+    reward: Any
+    ends_trajectory: bool = False
+
+
 @dataclass
 class ToolTurn:
-    """What a tool turn answers: a message per call run (in call order), then one per unparsable call, then one per
-    call past max_parallel_calls; and the rewards of the calls run."""
+    """What a tool turn answers: a message per call run (in call order), then one per call not run after a call that
+    ended the trajectory, one per unparsable call, one per call past max_parallel_calls; the rewards of the calls
+    run; and the tool whose failed call ended the trajectory (None when none did)."""
 
     messages: list[dict] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    ended_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,14 +98,19 @@ class ToolRunner:
         state.turns[-1].tool_calls = [call.name for call in run]
         turn = ToolTurn()
         # Sequential, so image ids are deterministic and a call may use an image made by an earlier one.
-        for call in run:
-            response, reward = await self.execute(call, state, agent_data)
+        for position, call in enumerate(run):
+            response, reward, ends_trajectory = await self.execute(call, state, agent_data)
             message = self.tool_message(call, response, state)
             if message is None:
                 return None
             turn.messages.append(message)
             if reward is not None:
                 turn.rewards.append(float(reward))
+            if ends_trajectory:
+                turn.ended_by = call.name
+                state.turns[-1].tool_calls = [ran.name for ran in run[: position + 1]]
+                turn.messages += self._not_run_after_end(run[position + 1 :], call.name, state)
+                break
         state.stats.invalid_actions += malformed
         unparsed = {"role": "tool", "name": UNPARSED_CALL_NAME, "content": malformed_call_text(self.parser)}
         turn.messages += [dict(unparsed) for _ in range(malformed)]
@@ -102,15 +120,21 @@ class ToolRunner:
         ]
         return turn
 
+    @staticmethod
+    def _not_run_after_end(calls: list[FunctionCall], ended_by: str, state: TrajectoryState) -> list[dict]:
+        """Answers to the calls after the one that ended the trajectory (counted as ignored): every call is
+        answered, so the record shows none of them as run."""
+        state.stats.ignored_calls += len(calls)
+        text = f"Error: this call was not run: the failed {ended_by!r} call before it ended the conversation."
+        return [{"role": "tool", "name": call.name, "content": text} for call in calls]
+
     def _ignored_call_text(self) -> str:
         return (
             f"Error: only {self.max_parallel_calls} tool call(s) per turn are run, so this call was not run; "
             "make it again in a later turn."
         )
 
-    async def execute(
-        self, call: FunctionCall, state: TrajectoryState, agent_data: LoopAgentData
-    ) -> tuple[ToolResponse, Any]:
+    async def execute(self, call: FunctionCall, state: TrajectoryState, agent_data: LoopAgentData) -> CallAnswer:
         """Run one call on the trajectory's tool session. Model mistakes become text; a raising tool raises."""
         stats, tools = state.stats, agent_data._active_tools
         if call.name not in tools:
@@ -118,11 +142,11 @@ class ToolRunner:
             hint = did_you_mean(call.name, tools)
             # the name is cut short: a long one would push the list of tools past the response truncation
             text = f"Error: unknown tool {show(call.name)}; available tools: {sorted(tools)}.{hint}"
-            return ToolResponse(text=text), None
+            return CallAnswer(ToolResponse(text=text), None)
         arguments = parse_arguments(call.arguments)
         if isinstance(arguments, str):
             stats.invalid_actions += 1
-            return ToolResponse(text=f"Error: arguments of {call.name!r} {arguments}"), None
+            return CallAnswer(ToolResponse(text=f"Error: arguments of {call.name!r} {arguments}"), None)
         started = time.perf_counter()
         task = await finished_or_cancelled(
             self._invoke(call.name, arguments, state, agent_data), self.config.tool_timeout_s
@@ -130,9 +154,8 @@ class ToolRunner:
         if task is None:
             stats.record_call(call.name, time.perf_counter() - started, failed=True)
             seconds = self.config.tool_timeout_s
-            return ToolResponse(
-                text=f"Error: tool {call.name!r} took longer than {seconds:g} s and was cancelled"
-            ), None
+            text = f"Error: tool {call.name!r} took longer than {seconds:g} s and was cancelled"
+            return CallAnswer(ToolResponse(text=text), None)
         try:
             response, reward, metrics = task.result()
         except (Exception, asyncio.CancelledError) as error:  # the tool's own, TimeoutError and CancelledError too
@@ -145,7 +168,7 @@ class ToolRunner:
             failed=bool(metrics.get("error")),
             remote=REMOTE_ACTOR_METRIC in metrics,
         )
-        return response, reward
+        return CallAnswer(response, reward, bool(metrics.get(END_TRAJECTORY)))
 
     @staticmethod
     async def _invoke(tool_name: str, arguments: dict, state: TrajectoryState, agent_data: LoopAgentData):

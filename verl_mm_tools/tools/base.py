@@ -36,6 +36,11 @@ from verl_mm_tools.workspace import workspace_of
 logger = logging.getLogger(__name__)
 
 MAX_MAX_PIXELS = 1 << 26  # 64 Mpx: no configuration may let a tool answer with a larger image
+# A metrics key any tool may set (with "error") on a failed call that should end the trajectory, as the python tool's
+# on_error: end does: the mm_tool loop answers the call, runs none after it and stops (StopReason.TOOL_FAILED); the
+# trajectory trains as usual. A metrics flag, not an exception: it crosses a remote actor as data, and verl's plain
+# tool_agent loop, which does not know it, still answers the call as text and goes on.
+END_TRAJECTORY = "end_trajectory"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@ A thin verl adapter: ``create`` opens the trajectory's session (its kernel start
 the code with the trajectory's images readable (``images[id]``, ``image_<id>.png``) and answers the images the code
 saved or showed (``Image N: ...``, ids from the workspace's ``next_id`` as the image tools do, each downscaled to
 ``max_pixels``) and its output as text; ``release`` kills the kernel. Errors in the code, time-outs, limits and a lost
-kernel are answered as text, never raised, unless ``on_error: end``. See docs/python_tool.md.
+kernel are answered as text, never raised; with ``on_error: end`` that answer also ends the trajectory
+(``END_TRAJECTORY`` in its metrics). See docs/python_tool.md.
 """
 
 from __future__ import annotations
@@ -21,24 +22,19 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
-from verl_mm_tools.errors import ConfigError, ToolInputError, VerlMMToolsError
+from verl_mm_tools.errors import ConfigError, ToolInputError
 from verl_mm_tools.ops.geometry import fit_pixels
 from verl_mm_tools.ops.transform import as_rgb
 from verl_mm_tools.sandbox import SANDBOX_MODES, KernelProcess, RunResult, SandboxLimits, check_bwrap
 from verl_mm_tools.sandbox.bwrap import default_packages, package_binds
 from verl_mm_tools.tools.arguments import ArgumentSpec
-from verl_mm_tools.tools.base import ImageToolConfig, build_schema
+from verl_mm_tools.tools.base import END_TRAJECTORY, ImageToolConfig, build_schema
 from verl_mm_tools.workspace import workspace_of
 
 logger = logging.getLogger(__name__)
 
 LOST_SESSION = "The Python session was restarted: variables, imports and files of earlier calls are gone."
 ON_ERROR = ("answer", "end")
-
-
-class CodeFailedError(VerlMMToolsError, RuntimeError):
-    """A call failed (an error in the code, a time-out, a limit, a lost kernel) with ``on_error: end``: raised from
-    ``execute``, so the mm_tool loop ends the trajectory there, masked (``mm_tool/error`` says why)."""
 
 
 def python(code: str):
@@ -59,8 +55,8 @@ class PythonToolConfig(ImageToolConfig):
     """PythonTool's config: ``sandbox`` ("bwrap"; "none" runs the code unisolated, with a warning at every kernel
     start), ``bwrap`` (the bubblewrap executable), ``packages`` (top-level modules bound into the sandbox; default
     numpy and PIL, plus matplotlib when installed), ``limits`` (``SandboxLimits`` fields), ``on_error`` ("answer": a
-    failed call is answered to the model as text and the trajectory goes on; "end": the trajectory ends at it, masked).
-    ``max_pixels`` downscales each returned image."""
+    failed call is answered to the model as text and the trajectory goes on; "end": the trajectory ends at that
+    answer, its tokens trained as usual). ``max_pixels`` downscales each returned image."""
 
     sandbox: str = "bwrap"
     bwrap: str = "bwrap"
@@ -78,7 +74,7 @@ class PythonToolConfig(ImageToolConfig):
         if self.on_error not in ON_ERROR:
             raise ConfigError(
                 f"the python tool's on_error must be one of {list(ON_ERROR)}, got {self.on_error!r}: 'answer' tells "
-                "the model what failed and goes on, 'end' ends the trajectory at the failed call (masked)"
+                "the model what failed and goes on, 'end' ends the trajectory at the failed call"
             )
         if self.packages is not None and not all(isinstance(name, str) and name for name in self.packages):
             raise ConfigError(f"the python tool's packages must be a list of module names, got {self.packages!r}")
@@ -130,10 +126,10 @@ class PythonTool(BaseTool):
         if not kernel.alive:
             kernel.launch()  # on the event loop's thread, which outlives the call (--die-with-parent)
         result = await asyncio.to_thread(kernel.run, code, list(workspace.images))
-        answer = self._answer(result, workspace.next_id)
-        if self.settings.on_error == "end" and answer[2].get("error"):
-            raise CodeFailedError(f"the code failed and on_error is 'end': {answer[2]['error']}")
-        return answer
+        response, reward, metrics = self._answer(result, workspace.next_id)
+        if self.settings.on_error == "end" and metrics.get("error"):
+            metrics[END_TRAJECTORY] = True
+        return response, reward, metrics
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         kernel = self.kernels.pop(instance_id, None)
