@@ -69,35 +69,33 @@ def _restore_verl_agent_loop_registry():
 
 # pytest-xdist (`-n 2`, pytest.ini): the slow tests (verl's trainer, vLLM engines: both cores and GiBs each) run one
 # after another on one worker while the other worker takes the rest; every other module stays whole on one worker, so
-# its module-scoped fixtures are built once. Slow tests also marked ``beside_units`` (the hf rollout server, no vLLM
-# engine: a few GiB) form a second serial line, which the scheduler hands to the worker that frees first: the unit
-# tests' one, as the slow line keeps the other busy far longer. (xdist's own --dist loadgroup cannot do this on
-# pytest 9, whose node ids it can no longer rename; the scheduler sees node ids only, so the marks are read from the
-# source.)
-SERIAL_GROUP, BESIDE_UNITS_GROUP = "slow", "slow beside the unit tests"
+# its module-scoped fixtures are built once. Two trainer runs side by side never pay: at the landing of 2026-11-29 a
+# second line of hf-server runs beside the slow line made both 2-6x slower (the main job 198 s -> 1,139 s) and the CI
+# 2,065 s -> 4,641 s. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no longer
+# rename; the scheduler sees node ids only, so the marks are read from the source.)
+SERIAL_GROUP = "slow"
 TESTS = Path(__file__).resolve().parent
 
 
 @functools.cache
-def slow_test_groups(module: str) -> dict[str, str]:
-    """``module``'s test functions marked ``pytest.mark.slow``, each with its serial group."""
+def slow_tests(module: str) -> frozenset[str]:
+    """``module``'s test functions marked ``pytest.mark.slow``."""
     tree = ast.parse((TESTS.parent / module).read_text())
-    groups = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            marks = {ast.unparse(decorator) for decorator in node.decorator_list}
-            if "pytest.mark.slow" in marks:
-                groups[node.name] = BESIDE_UNITS_GROUP if "pytest.mark.beside_units" in marks else SERIAL_GROUP
-    return groups
+    return frozenset(
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and "pytest.mark.slow" in {ast.unparse(decorator) for decorator in node.decorator_list}
+    )
 
 
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class SlowTestsInTwoLines(LoadScopeScheduling):
+    class SlowTestsInOneLine(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module, _, rest = nodeid.partition("::")
             function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
-            return slow_test_groups(module).get(function, module)
+            return SERIAL_GROUP if function in slow_tests(module) else module
 
-    return SlowTestsInTwoLines(config, log)
+    return SlowTestsInOneLine(config, log)

@@ -202,7 +202,6 @@ def test_sigterm_to_the_demo_stops_the_trainer_and_its_ray_cluster(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.beside_units
 def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path):
     """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
     every trajectory, and instead of training on nothing the step hook stops the run with the most common error."""
@@ -227,7 +226,6 @@ def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.beside_units
 @pytest.mark.parametrize("estimator", ["grpo", "mm_turn_grpo"])
 def test_per_turn_export_trains_on_the_v1_trainer(tmp_path, estimator):
     """export=per_turn: every trajectory becomes one sample per assistant turn, verl's v1 trainer trains on them

@@ -49,7 +49,6 @@ def short_run(tmp_path, family: str, **options) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.beside_units
 @pytest.mark.parametrize("family", FAMILIES)
 def test_verls_v1_trainer_runs_two_steps_on_the_family(family, tmp_path):
     for data in short_run(tmp_path, family, rollout=HF_ROLLOUT):
