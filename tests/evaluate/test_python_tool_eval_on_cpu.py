@@ -63,7 +63,7 @@ def test_the_page_shows_the_code_its_output_and_its_images(python_eval):
     site = build_site(out / TOOLS / "trajectories", out / "site")
     [page] = site.pages.values()
     text = page.read_text(encoding="utf-8")
-    assert f'<div class="call"><b>python</b><pre>{html.escape(json.dumps({"code": CODE}, indent=1))}</pre>' in text
+    assert f'<div class="call"><b>python</b><pre class="code"><code>{html.escape(CODE)}</code></pre></div>' in text
     assert "Image 2: saved to crop.png, 32x24 px." in text
     assert "Image 3: matplotlib figure 1, 64x64 px." in text
     assert re.search(r"Output:\s*red mean \d", text)

@@ -11,6 +11,8 @@ from pathlib import PurePath
 
 from verl_mm_tools.record import trajectory_name
 
+# The argument a tool call's code travels in (the python tool's schema: ``python(code)``); shown as a code block
+CODE_ARGUMENT = "code"
 TINY_MODEL_NOTE = "the embedded tiny VLM (~290k parameters, random weights plus a short warm start): not a real model"
 
 STYLE = """
@@ -51,6 +53,8 @@ dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
 .msg pre, .card pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0;
                       font: 13px/1.4 ui-monospace, monospace; }
 .call { border-left: 3px solid var(--accent); padding: 2px 8px; margin: 6px 0; background: #fff; }
+.call pre.code { white-space: pre; overflow-x: auto; overflow-wrap: normal; padding: 6px 8px; background: var(--bg);
+                 border-radius: 4px; }
 .note { font-size: 12px; color: var(--muted); font-style: italic; }
 .note.resumed { color: #b45309; font-style: normal; }
 tr.resumed td { background: rgba(245, 158, 11, 0.12); }
@@ -408,15 +412,24 @@ def _message(message: dict, record: dict, image_base: str | None) -> str:
     images = {image["id"]: image for image in record.get("images") or []}
     image_ids = message.get("image_ids") or []
     figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
-    calls = "".join(
-        f'<div class="call"><b>{escape(str(call.get("name")))}</b>'
-        f"<pre>{escape(_json(call.get('arguments')))}</pre></div>"
-        for call in message.get("tool_calls") or []
-    )
+    calls = "".join(_call(call) for call in message.get("tool_calls") or [])
     note = f'<div class="note">{escape(message["note"])}</div>' if message.get("note") else ""
     note += _resumed_note(message, record)
     text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
     return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
+
+
+def _call(call: dict) -> str:
+    """A tool call: its name, then a ``code`` string argument (the python tool's) as a code block and the other
+    arguments as JSON; arguments without one (or not an object: what the model wrote when it was no JSON) as JSON."""
+    name = f"<b>{escape(str(call.get('name')))}</b>"
+    arguments = call.get("arguments")
+    if not isinstance(arguments, dict) or not isinstance(arguments.get(CODE_ARGUMENT), str):
+        return f'<div class="call">{name}<pre>{escape(_json(arguments))}</pre></div>'
+    others = {key: value for key, value in arguments.items() if key != CODE_ARGUMENT}
+    rest = f"<pre>{escape(_json(others))}</pre>" if others else ""
+    code = escape(arguments[CODE_ARGUMENT])
+    return f'<div class="call">{name}<pre class="code"><code>{code}</code></pre>{rest}</div>'
 
 
 def _figure(image: dict | None, image_id: int, image_base: str | None) -> str:
