@@ -19,7 +19,8 @@ from verl_mm_tools.demo.metrics import metric
 from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.sweep import window_mean
-from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD
+from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
+from verl_mm_tools.demo.watch import run_processes
 from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
 from verl_mm_tools.trajectories.read import load_records
 from verl_mm_tools.trajectories.sft import SFTFilters, export_sft
@@ -28,6 +29,9 @@ from verl_mm_tools.viewer.site import build_site
 
 SEEDS = (0, 1)
 WITH_TOOLS = "mm_tool/reward/with_tool_calls"
+# the picture (896 px, seen at the processor's 224 px) and zoom_in's answer (target_side 224): 8x8 merged tokens each
+TOKENS_PER_IMAGE = 64
+DUMPED_PER_STEP = 8  # the demo's dump_max_per_step
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +97,52 @@ def test_every_step_trained_on_every_trajectory(run):
     for step in trained:
         assert metric(step, "mm_tool/masked/count") == 0
         assert step["actor/kl_loss"] >= 0
+
+
+# The main job is verl's v1 trainer in its default mode (sync) on verl's vLLM server: the checks the other modes'
+# runs make (tests/demo/test_demo_e2e_on_cpu.py) are made for this mode on this run, not on a start-up of its own.
+@pytest.mark.slow
+def test_sync_mode_trained_every_step_on_the_current_weights_and_left_nothing_behind(run):
+    result, paths, _, _ = run
+    assert run_processes(paths.metrics) == []
+    for step in [step for step in result.steps if TRAINING_REWARD in step]:
+        assert step["training/off_policy/trajectory_spans/min"] >= 1
+        assert step["training/off_policy/trajectory_staleness_worst/max"] == 0
+
+
+@pytest.mark.slow
+def test_every_tool_image_reached_the_trainer(run):
+    """Each zoom_in call that ran adds one image to the trajectory, and every image its 64 tokens: the trainer's batch
+    held them all (verl's Qwen-VL forward raises unless every placeholder has its image feature) and trained on them."""
+    result, _, _, _ = run
+    for step in [step for step in result.steps if TRAINING_REWARD in step]:
+        images, calls = metric(step, "mm_tool/images/mean"), metric(step, "mm_tool/tool/zoom_in/calls_per_trajectory")
+        assert calls == step["tool_call_counts/mean"]
+        assert images == 1 + calls - metric(step, "mm_tool/tool_errors/mean")  # a failed call answers with text
+        assert metric(step, "mm_tool/image_tokens/mean") == TOKENS_PER_IMAGE * images
+        assert step["actor/grad_norm"] > 0 and step["training/rollout_probs_diff_valid"] == 1
+
+
+@pytest.mark.slow
+def test_rewards_are_logged_and_dumped_per_trajectory(run):
+    """verl's rollout dump holds every trajectory of a step, mm_tool's dump the first eight, with the same scores and
+    tool calls; tool errors are counted as the model read them."""
+    result, paths, _, _ = run
+    task = TASKS["zoom"]
+    for step in [step for step in result.steps if TRAINING_REWARD in step]:
+        number = step["step"]
+        rows = [json.loads(line) for line in (paths.rollouts / f"{number}.jsonl").read_text().splitlines()]
+        assert len(rows) == task.prompts_per_step * task.rollouts_per_prompt
+        assert all(0.0 <= row["score"] <= 1.0 and row["step"] == number for row in rows)
+        errors = sum(row["output"].count("Error from zoom_in: ") for row in rows)
+        assert metric(step, "mm_tool/tool_errors/mean") * len(rows) == errors
+        dumped = (paths.trajectories / f"step_{number:06d}").glob("*/trajectory.json")
+        records = [json.loads(path.read_text()) for path in dumped]
+        assert metric(step, "mm_tool/dump/written") == len(records) == DUMPED_PER_STEP
+        assert all(record["step"] == number and not record["validate"] for record in records)
+        # the dump sums verl's float32 rm_scores; verl's rollout dump holds the float64 score
+        assert {round(record["reward"]["score"], 6) for record in records} <= {round(row["score"], 6) for row in rows}
+        assert all(record["reward"]["extra"]["tool_calls"] == record["stats"]["tool_call_counts"] for record in records)
 
 
 @pytest.mark.slow
