@@ -32,19 +32,8 @@ def run_python(code: str, tmp_path, sitecustomize: str | None = None) -> subproc
     )
 
 
-def test_import_verl_registers_mm_tool_through_the_installed_entry_point(tmp_path):
-    result = run_python(
-        """
-        import json, sys
-        import verl
-        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-        imported = "verl_mm_tools.plugin" in sys.modules
-        print(json.dumps({"mm_tool": _agent_loop_registry.get("mm_tool"), "imported": imported}))
-        """,
-        tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {"mm_tool": {"_target_": MM_TOOL_TARGET}, "imported": True}
+def test_import_verl_registers_mm_tool_through_the_installed_entry_point(verl_imported_first):
+    assert verl_imported_first["entry point"] == {"mm_tool": {"_target_": MM_TOOL_TARGET}, "imported": True}
 
 
 def test_a_failing_plugin_is_reported_at_error_level_not_swallowed(tmp_path):
@@ -110,17 +99,8 @@ def test_register_unique_is_idempotent_for_the_same_entry_and_refuses_another():
     assert registry == {"x": {"_target_": "a.B"}}
 
 
-def test_import_verl_registers_the_reward_managers(tmp_path):
-    result = run_python(
-        """
-        import verl
-        from verl.experimental.reward_loop.reward_manager.registry import get_reward_manager_cls
-        print(get_reward_manager_cls("mm_turn_discount").__qualname__)
-        """,
-        tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "MMTurnDiscountRewardManager"
+def test_import_verl_registers_the_reward_managers(verl_imported_first):
+    assert verl_imported_first["reward manager class"] == "MMTurnDiscountRewardManager"
 
 
 def test_each_registered_agent_loop_target_is_the_loop_class():
@@ -135,6 +115,9 @@ def test_each_registered_agent_loop_target_is_the_loop_class():
 
 # Each module imported first in a fresh interpreter, then verl: before adaptations.import_order.import_first,
 # importing one of ours that imports verl made the plugin find it half-initialised (ImportError, nothing registered).
+# Each order costs a fresh interpreter importing verl (~20 s under load), so an order that runs exactly the same
+# module code as one in the list is left out: "verl_mm_tools.rewards.managers" (the package's __init__ imports it,
+# so importing it first runs verl_mm_tools.rewards's __init__ whole and then finds it loaded; checked below).
 FIRST_IMPORTS = [
     "verl",
     "verl_mm_tools.plugin",
@@ -143,7 +126,6 @@ FIRST_IMPORTS = [
     "verl_mm_tools.rewards",
     "verl_mm_tools.cpu",
     "verl_mm_tools.cpu.replica",
-    "verl_mm_tools.rewards.managers",
     "verl_mm_tools.envs",
     "verl_mm_tools.cli",
     "verl_mm_tools.adaptations.fixes",
@@ -171,12 +153,64 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("first", FIRST_IMPORTS)
-def test_any_module_imported_first_registers_everything_once(first, tmp_path):
+# With verl first, the same interpreter first answers the two tests of a plain ``import verl`` above. Their reads run
+# no module code of their own before REGISTRATIONS: verl's import has loaded the reward-manager registry (checked),
+# and the agent-loop module is imported next by REGISTRATIONS itself.
+VERL_FIRST = """
+import verl
+import json, sys
+registry_loaded = "verl.experimental.reward_loop.reward_manager.registry" in sys.modules
+from verl.experimental.reward_loop.reward_manager.registry import get_reward_manager_cls
+reward_manager_class = get_reward_manager_cls("mm_turn_discount").__qualname__
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+imported = "verl_mm_tools.plugin" in sys.modules
+print(json.dumps({
+    "registry loaded by verl": registry_loaded,
+    "reward manager class": reward_manager_class,
+    "entry point": {"mm_tool": _agent_loop_registry.get("mm_tool"), "imported": imported},
+}))
+"""
+
+
+def registrations_after(first: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
+    """A fresh interpreter importing ``first``, then reading the registrations: (the process, their JSON)."""
     result = run_python(f"import {first}\n" + textwrap.dedent(REGISTRATIONS), tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "ERROR" not in result.stderr, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {
+    return result, json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def verl_imported_first(tmp_path_factory) -> dict:
+    """One fresh interpreter, ``import verl`` first: what VERL_FIRST read, and "registrations": REGISTRATIONS'."""
+    workdir = tmp_path_factory.mktemp("verl_first")
+    result = run_python(VERL_FIRST + textwrap.dedent(REGISTRATIONS), workdir)
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout.splitlines()[-2])
+    assert read.pop("registry loaded by verl"), "verl no longer imports the registry: VERL_FIRST's reads run code"
+    return {**read, "stderr": result.stderr, "registrations": json.loads(result.stdout.splitlines()[-1])}
+
+
+def test_importing_the_reward_managers_module_first_is_importing_the_rewards_package_first():
+    """Why FIRST_IMPORTS leaves verl_mm_tools.rewards.managers out: the package's __init__ imports it at its top."""
+    import ast
+    import importlib.util
+
+    origin = importlib.util.find_spec("verl_mm_tools.rewards").origin
+    with open(origin, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    assert "verl_mm_tools.rewards.managers" in [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
+
+
+@pytest.mark.parametrize("first", FIRST_IMPORTS)
+def test_any_module_imported_first_registers_everything_once(first, tmp_path, request):
+    if first == "verl":
+        result = request.getfixturevalue("verl_imported_first")
+        stderr, registrations = result["stderr"], result["registrations"]
+    else:
+        process, registrations = registrations_after(first, tmp_path)
+        stderr = process.stderr
+    assert "ERROR" not in stderr, stderr
+    assert registrations == {
         "mm_tool": {"_target_": MM_TOOL_TARGET},
         "reward manager": True,
         "platform": True,
