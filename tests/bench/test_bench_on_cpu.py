@@ -222,11 +222,11 @@ def test_step_figures_of_the_vllm_run_compare_it_with_the_hf_server():
 def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
     from verl_mm_tools.bench.remote import image_crossing, local_ray, scaling
 
-    with local_ray():
-        figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=4)}
+    with local_ray():  # 2 trajectories x 2 calls of 0.5 s, five times (in process, 1, 2, 4 actors): any count would do
+        figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=2)}
         crossing = {each.name: each for each in image_crossing(repeats=1)}
-    name = "remote/4x2_calls_of_0.5s"
-    assert figures[f"{name}/in_process_s"].value >= 8 * 0.5  # one call at a time in the worker's process
+    name = "remote/2x2_calls_of_0.5s"
+    assert figures[f"{name}/in_process_s"].value >= 4 * 0.5  # one call at a time in the worker's process
     assert {f"{name}/{actors}_actors_s" for actors in (1, 2, 4)} <= set(figures)
     assert figures[f"{name}/speedup_4_actors"].target == ">= 2.8"
     assert crossing["remote/rotate_448px/bytes_per_image"].value > 448 * 448 * 3

@@ -13,8 +13,10 @@ from pathlib import Path
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import export_cost, loop_overhead
 from verl_mm_tools.bench.memory import pillow_reusing_image_memory, trajectory_memory
+from verl_mm_tools.bench.opencv_ops import opencv_figures
 from verl_mm_tools.bench.python_tool import python_tool_figures
 from verl_mm_tools.bench.steps import cpu_step, engine_figures
+from verl_mm_tools.bench.worker_memory import worker_memory
 
 
 def image_ops(repeats: int = 11, processes: int = 3) -> list[Figure]:
@@ -64,9 +66,10 @@ class Repeats:
 
     @classmethod
     def of(cls, quick: bool, repeats: int | None) -> Repeats:
-        """The default sizes, the quick ones, or ``repeats`` samples of each (a wider spread, a shorter run)."""
+        """The default sizes, the quick ones, or ``repeats`` samples of each (a wider spread, a shorter run): the short
+        loop lengths too, which the default sizes give more pairs (``pairs_per_size``)."""
         if repeats is not None:
-            return cls(ops=repeats, loop=repeats, pairs_per_size=8 * repeats, export=repeats)
+            return cls(ops=repeats, loop=repeats, pairs_per_size=repeats, export=repeats)
         return cls(ops=11, loop=12, pairs_per_size=96, export=6) if quick else cls(31, 24, 192, 12)
 
 
@@ -84,9 +87,14 @@ def run(
     sets every timed figure's sample count (``Repeats.of``)."""
     sizes = Repeats.of(quick, repeats)
     figures = image_ops(repeats=sizes.ops)
+    figures += opencv_figures(sizes.ops, processes=min(3, max(1, sizes.ops // 3)), say=say)
     with pillow_reusing_image_memory():
         figures += loop_overhead(model_dir, repeats=sizes.loop, pairs_per_size=sizes.pairs_per_size)
     figures += trajectory_memory(model_dir)
+    if quick or repeats is not None:
+        say("bench: the worker memory sweep (1 to 64 trajectories at once, ~2 min) runs without --quick and --repeats")
+    else:
+        figures += worker_memory(model_dir, say)
     figures += export_cost(model_dir, repeats=sizes.export)
     figures += python_tool_figures(repeats=sizes.loop, say=say)
     if step_dir is not None:
