@@ -55,6 +55,11 @@ def wait_entry(remote: str, seconds: float, tag: str) -> str:
     return entry + (f"    remote: {remote}\n" if remote else "")
 
 
+# One pool of two blocking actors for the affinity and the side-by-side tests (each actor is a process importing
+# verl: seconds of CPU); the side-by-side test counts the sessions its own run assigned.
+TWO_WAITERS = wait_entry("{actors: 2}", 0.3, "two_actors")
+
+
 def pictures(count: int) -> list[list[dict]]:
     images = [Image.new("RGB", (56 + 28 * (i % 3), 56), (40 * i % 256, 90, 200)) for i in range(count)]
     return [image_prompt("By how many degrees is it rotated?", [image]) for image in images]
@@ -110,7 +115,7 @@ def test_a_remote_tool_gives_the_same_tokens_and_images_as_in_process(ray_cluste
 
 
 def test_a_session_stays_on_its_actor_and_sees_the_trajectorys_images(ray_cluster, rollout, tmp_path):
-    tools = load_tools(tmp_path, rotate_entry("{actors: 2}") + wait_entry("{actors: 2}", 0.05, "affinity"))
+    tools = load_tools(tmp_path, rotate_entry("{actors: 2}") + TWO_WAITERS)
     turns = [
         tool_call_text("wait", note="a"),
         tool_call_text("rotate", degrees=90),
@@ -133,7 +138,7 @@ def test_a_session_stays_on_its_actor_and_sees_the_trajectorys_images(ray_cluste
 
 
 def test_a_call_past_timeout_s_is_answered_as_text_and_the_trajectory_goes_on(ray_cluster, rollout, tmp_path):
-    tools = load_tools(tmp_path, wait_entry("{actors: 1, timeout_s: 0.5}", 2.0, "timeout"))
+    tools = load_tools(tmp_path, wait_entry("{actors: 1, timeout_s: 0.5}", 1.0, "timeout"))
     start(tools)
     output, _, worker = rollout.run([tool_call_text("wait"), ANSWER], pictures(1), tools=tools)
 
@@ -146,7 +151,7 @@ def test_a_call_past_timeout_s_is_answered_as_text_and_the_trajectory_goes_on(ra
     assert output.non_tensor_batch["mm_tool/error"][0] == ""
     assert output.non_tensor_batch["mm_tool/tool_errors"][0] == 1
     assert pool.counts["timeouts"] >= 1 and pool.sessions == {}
-    deadline = time.monotonic() + 10  # the release waits behind the blocked call on the actor, then runs
+    deadline = time.monotonic() + 10  # the release waits behind the blocked call (1 s) on the actor, then runs
     while open_sessions(pool) != [0] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert open_sessions(pool) == [0]
@@ -205,18 +210,20 @@ def call_intervals(output, worker, count: int) -> list[tuple[float, float]]:
 
 
 def test_blocking_calls_run_side_by_side_on_actors_and_one_at_a_time_in_process(ray_cluster, rollout, tmp_path):
-    """8 trajectories x 2 calls of a tool that blocks 0.3 s: in the worker's process the calls run one at a time
-    (the event loop is blocked: every other trajectory waits); on 4 actors 4 run at once while the worker goes on."""
+    """4 trajectories x 2 calls of a tool that blocks 0.3 s: in the worker's process the calls run one at a time
+    (the event loop is blocked: every other trajectory waits); on 2 actors 2 run at once while the worker goes on.
+    (The affinity test's 2 actors, TWO_WAITERS, not 4 of its own: 2 at once is already side by side.)"""
     turns = [tool_call_text("wait"), tool_call_text("wait"), ANSWER]
-    local, _, worker = rollout.run(turns, pictures(8), tools=load_tools(tmp_path, wait_entry("", 0.3, "local")))
-    tools = load_tools(tmp_path, wait_entry("{actors: 4}", 0.3, "scale"))
+    local, _, worker = rollout.run(turns, pictures(4), tools=load_tools(tmp_path, wait_entry("", 0.3, "local")))
+    tools = load_tools(tmp_path, TWO_WAITERS)
     start(tools)
-    remote, _, _ = rollout.run(turns, pictures(8), tools=tools)
+    assigned_before = [slot.assigned for slot in tools[0].pool.slots]
+    remote, _, _ = rollout.run(turns, pictures(4), tools=tools)
 
-    assert overlap(call_intervals(local, worker, 8)) == 1
-    spans = call_intervals(remote, worker, 8)
-    assert len(spans) == 16 and overlap(spans) == 4
-    assert sorted(slot.assigned for slot in tools[0].pool.slots) == [2, 2, 2, 2]
+    assert overlap(call_intervals(local, worker, 4)) == 1
+    spans = call_intervals(remote, worker, 4)
+    assert len(spans) == 8 and overlap(spans) == 2
+    assert sorted(slot.assigned - before for slot, before in zip(tools[0].pool.slots, assigned_before)) == [2, 2]
 
 
 def test_a_remote_environment_answers_as_the_local_one(ray_cluster, rollout, tmp_path):
