@@ -9,11 +9,13 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
+from verl_mm_tools.agent_loop.state import GENERATE_S_KEY
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import compose_trainer_config
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.manager import step_batch
+from verl_mm_tools.step_hook.stats import GENERATE_S_MAX
 from verl_mm_tools.step_hook.step import MaskedBatchError, process_step
 
 ANSWER = "<answer>90</answer><|im_end|>"
@@ -45,6 +47,17 @@ def test_a_batch_with_most_trajectories_masked_stops_the_run_with_the_most_commo
         "Multimodal prompt produced 414 tokens, exceeding rollout.prompt_length=400."
     )
     assert message.endswith("or raise max_masked_fraction in the mm_tool agent-loop config.")
+
+
+def test_the_slowest_trajectorys_time_in_the_engine_is_verls_own_timer(rollout):
+    """verl's v1 trainer drops the loops' ``generate_sequences`` timers; mm_tool carries each trajectory's (the
+    worker's per-trajectory metrics, which the classic trainer's manager takes the largest of) and logs the largest:
+    bench figure 5 takes the rollout's share outside generation from it on both trainers."""
+    output, _, _ = rollout.run([ANSWER], prompts(long=0, short=3), prompt_length=PROMPT_LENGTH, extra=CLASSIC)
+    seconds = list(output.non_tensor_batch[GENERATE_S_KEY])
+    assert seconds == [metrics["generate_sequences"] for metrics in output.meta_info["metrics"]]
+    assert len(seconds) == 3 and min(seconds) > 0
+    assert process_step(step_batch(output, {"global_steps": 7, "validate": False}))[GENERATE_S_MAX] == max(seconds)
 
 
 def test_the_guard_checks_validation_batches_too(rollout):

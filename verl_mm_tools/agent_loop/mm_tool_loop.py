@@ -171,6 +171,8 @@ class MMToolAgentLoop(ToolAgentLoop):
             outputs = [(self.outputs.masked(agent_data, state, error, sample_name(kwargs)), None)]
         finally:
             await state.release()
+        if agent_data is not None:
+            state.stats.generate_s = agent_data.metrics.get("generate_sequences", 0.0)
         if state.features is not None:  # verl's postprocess takes each sample's images from the store
             state.stats.processor_runs = state.features.runs
             for output, _ in outputs:

@@ -64,6 +64,9 @@ WEIGHT_VERSIONS_KEY = PREFIX + "weight_versions"
 RESUMED_KEY = PREFIX + "resumed_generations"
 ABORTED_KEY = PREFIX + "aborted_generations"
 PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor processed in the rollout
+# seconds a trajectory awaited the engine (verl's classic trainer logs the slowest as
+# timing_s/agent_loop/generate_sequences/max; its v1 trainer drops the loops' timers, so mm_tool carries it)
+GENERATE_S_KEY = PREFIX + "generate_s"
 
 
 class LoopState(Enum):
@@ -117,6 +120,7 @@ class TrajectoryStats:
     error: str = ""
     aborted_generations: int = 0  # replies the engine aborted and nothing resumed (partial_rollout off)
     processor_runs: int = 0  # images the HF image processor processed during the rollout (1 per image: each once)
+    generate_s: float = 0.0  # seconds spent awaiting the engine's generations (verl's generate_sequences timer)
 
     @property
     def tool_calls(self) -> int:
@@ -148,6 +152,7 @@ class TrajectoryStats:
             PREFIX + "images": self.images,
             PREFIX + "image_tokens": self.image_tokens,
             PROCESSOR_RUNS_KEY: self.processor_runs,
+            GENERATE_S_KEY: self.generate_s,
             PREFIX + "budget_refusals": self.budget_refusals,
             PREFIX + "budget_downscales": self.budget_downscales,
             PREFIX + "dropped_turns": self.dropped_turns,

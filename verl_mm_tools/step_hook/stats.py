@@ -10,6 +10,7 @@ import numpy as np
 
 from verl_mm_tools.agent_loop.state import (
     ABORTED_KEY,
+    GENERATE_S_KEY,
     LATER_CACHED_TOKENS_KEY,
     LATER_PROMPT_TOKENS_KEY,
     MASKED_KEY,
@@ -41,6 +42,9 @@ ABORTED_COUNT = ABORTED_KEY + "/count"
 # images the HF image processor processed in the rollout, per image of the step's trajectories: 1 when each image was
 # processed once (``agent_loop/image_features.py``)
 PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
+# the slowest trajectory's seconds awaiting the engine, on both trainers: a rollout phase cannot be shorter, so
+# (timing_s/gen - this) / timing_s/step is the step's share spent in the rollout outside generation (bench figure 5)
+GENERATE_S_MAX = GENERATE_S_KEY + "/max"
 
 
 def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
@@ -87,6 +91,8 @@ def aggregate_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
         )
     metrics.update(_version_metrics(non_tensor_batch, rows))
     metrics.update(_processor_metrics(non_tensor_batch, rows))
+    if GENERATE_S_KEY in non_tensor_batch:  # batches of loops older than the key: none
+        metrics[GENERATE_S_MAX] = float(max(non_tensor_batch[GENERATE_S_KEY][index] for index in rows))
     return metrics
 
 
