@@ -27,6 +27,7 @@ def loaded_after(statement: str) -> list[str]:
     [
         "import verl_mm_tools.ops",
         "import verl_mm_tools.bench.ops",  # times the ops in a process that loads nothing else
+        "import verl_mm_tools.bench.opencv_ops",  # the same, against OpenCV
         "import verl_mm_tools.cpu.vllm_cpu",  # the vLLM settings the plugin below reads
         # vLLM loads this plugin in each of its processes, `vllm serve` too
         "import verl_mm_tools.adaptations.vllm_plugin",

@@ -20,6 +20,8 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.agent_loop",  # the package (its loop class is imported on first use) and the option values
         "verl_mm_tools.agent_loop.options",
         "verl_mm_tools.bench",  # the package, and the op timings that run in a process loading nothing else
+        "verl_mm_tools.bench.figures",
+        "verl_mm_tools.bench.opencv_ops",
         "verl_mm_tools.bench.ops",
         "verl_mm_tools.check_report",
         "verl_mm_tools.cli",

@@ -217,3 +217,27 @@ def test_the_store_keeps_each_images_output_and_joins_them_as_the_image_processo
     assert sorted(ours) == sorted(theirs)
     assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
     assert store.runs == 4
+
+
+class Output:
+    """Stands in for verl's AgentLoopOutput: any object the store can be tied to (weakly referenced)."""
+
+
+def test_the_store_drops_its_outputs_once_every_output_it_was_tied_to_is_gone():
+    """verl frees the loop objects of a trajectory (and so its store) only at a full garbage collection (reference
+    cycles: measured, every store of a 16-trajectory batch outlived it); the kept pixel values go with the trajectory's
+    last output, without one."""
+    from verl.utils import hf_processor
+
+    store = ImageFeatureStore(hf_processor(str(tiny_model_path())))
+    images = [Image.new("RGB", (56, 56), (9, 90, 200)), marked_image()]
+    store.processor.image_processor(images=images, return_tensors="pt")
+    first, last = Output(), Output()
+    store.attach(first)
+    store.attach(last)
+    assert len(store.kept) == 2 and store.processor.image_processor._store is store  # the cycle is still there
+    del first
+    assert len(store.kept) == 2 and attached_store(last) is store
+    del last
+    assert store.kept == []
+    assert store.runs == 2  # counted, not undone

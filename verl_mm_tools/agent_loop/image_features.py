@@ -15,7 +15,8 @@ The processor's own work on the text (placeholder expansion, tokenizing, its tok
 token ids are the processor's own.
 
 The loop hands the store's processor to verl's builder; ``attach`` ties the store to the trajectory's outputs, where
-the worker's postprocess finds it (``adaptations/fixes/processed_images.py``). Images are matched by identity (the
+the worker's postprocess finds it (``adaptations/fixes/processed_images.py``); when the last of those outputs is gone
+(verl has made its training samples), the store drops what it kept (``release``). Images are matched by identity (the
 same ``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store has not seen, another
 argument set, or an input that is not a list of PIL images goes to the real image processor, as before.
 """
@@ -51,6 +52,7 @@ class ImageFeatureStore:
     def __init__(self, processor: Any):
         self.source = processor
         self.runs = 0
+        self._outputs = 0  # the trajectory's outputs tied to the store (``attach``) and not gone yet
         self._features: dict[int, tuple[weakref.ref, ImageFeatures]] = {}
         self._arguments: dict[str, Any] | None = None  # the arguments the kept outputs were made with
         self._tokens_only = False
@@ -75,6 +77,11 @@ class ImageFeatureStore:
                 self.runs += 1
             found.append(kept[1])
         return found
+
+    @property
+    def kept(self) -> list[ImageFeatures]:
+        """The outputs kept now, one per image (none once released)."""
+        return [features for _, features in self._features.values()]
 
     @contextlib.contextmanager
     def tokens_only(self) -> Iterator[None]:
@@ -102,10 +109,26 @@ class ImageFeatureStore:
         self.runs += len(images) if isinstance(images, (list, tuple)) else 1
 
     def attach(self, output: Any) -> None:
-        """Tie the store to one of the trajectory's outputs until that output is gone (verl's postprocess reads it)."""
+        """Tie the store to one of the trajectory's outputs until that output is gone (verl's postprocess reads it);
+        once every output it was tied to is gone, the kept outputs are released."""
         key = id(output)
         _ATTACHED[key] = (weakref.ref(output), self)
-        weakref.finalize(output, _ATTACHED.pop, key, None)
+        self._outputs += 1
+        weakref.finalize(output, self._detach, key)
+
+    def _detach(self, key: int) -> None:
+        _ATTACHED.pop(key, None)
+        self._outputs -= 1
+        if not self._outputs:
+            self.release()
+
+    def release(self) -> None:
+        """Drop every kept output. Not left to the store's own end: the store outlives its trajectory, reachable
+        from the loop objects verl builds per trajectory, which reference cycles keep until a full garbage
+        collection (measured: every store of a 16-trajectory batch still alive after it). Meanwhile a worker held
+        each finished trajectory's pixel values twice, here and in its samples' ``multi_modal_inputs``: 18.9 bytes
+        of peak RSS per raw image byte for 64 trajectories at once, 9.3 with this (``bench``, figure 4)."""
+        self._features.clear()
 
 
 def _same(arguments: dict[str, Any], kept: dict[str, Any]) -> bool:

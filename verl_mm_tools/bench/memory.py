@@ -1,5 +1,6 @@
-"""Figure 4 of ``verl-mm-tools bench``: the bytes a finished trajectory holds, counted; and Pillow's block reuse
-while the loop figures are timed."""
+"""Figure 4 of ``verl-mm-tools bench``: the bytes a finished trajectory holds, counted (a 448 px one as the trainer
+gets it, and a 1024 px one part by part: workspace, processor outputs, sample); and Pillow's block reuse while the
+loop figures are timed. The worker sweep, peak RSS over 1-64 trajectories at once, is ``bench.worker_memory``."""
 
 from __future__ import annotations
 
@@ -11,22 +12,55 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.image_features import attached_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory, one_trajectory
 
 
-def trajectory_memory(model_dir: str, images: int = 16, side: int = 448) -> list[Figure]:
-    """What one finished 16-image mm_tool trajectory holds, counted by ``held_bytes``, over its images' raw bytes."""
+def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, resident_side: int = 1024) -> list[Figure]:
+    """What one finished 16-image mm_tool trajectory holds, counted by ``held_bytes``, over its images' raw bytes;
+    then ``resident_memory`` of a trajectory of ``resident_side`` px images (one loop set-up for both: the
+    processor's pixel limit is the larger side's, under which a 448 px image is processed as before)."""
     from verl.utils.ray_utils import get_event_loop
 
+    loop = get_event_loop()
     with tempfile.TemporaryDirectory() as workdir:
-        make, tokenizer, _ = loop_factory(model_dir, Path(workdir), side, images)
-        _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", images, side, get_event_loop())
-    held, raw = held_bytes(output), images * side * side * 3
-    return [
-        figure(f"memory/{images}_images_held_MB", [held / 2**20]),
-        figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2"),
-    ]
+        make, tokenizer, worker = loop_factory(model_dir, Path(workdir), max(side, resident_side), images)
+        _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", images, side, loop)
+        held, raw = held_bytes(output), images * side * side * 3
+        figures = [
+            figure(f"memory/{images}_images_held_MB", [held / 2**20]),
+            figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2"),
+        ]
+        return figures + resident_memory(make, tokenizer, worker, images, resident_side, loop)
+
+
+def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> list[Figure]:
+    """What one mm_tool trajectory of ``turns`` images holds once verl's worker has made its training sample,
+    counted, over its images' raw bytes (3 per pixel, each image as the trajectory holds it): its image workspace
+    (Pillow's pixels), its processor outputs (the trajectory's ``ImageFeatureStore``) and the sample verl sends to
+    the trainer (``_agent_loop_postprocess``: ``multi_modal_inputs``, padded ids and masks; the images it carries
+    are the workspace's, counted there). Then what the store still keeps once verl has let go of the output."""
+    _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
+    images, store = output.multi_modal_data["images"], attached_store(output)
+    sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))
+    raw = sum(image.width * image.height * 3 for image in images)
+    workspace = held_bytes(images)
+    parts = {
+        "workspace": workspace,
+        "processor_outputs": _kept_bytes(store),
+        "trainer_output": held_bytes((images, sample)) - held_bytes((images,)),
+    }
+    del output  # as verl's worker does once it has the sample: the store lets go of its outputs
+    name = f"memory/{turns}x{side}px"
+    figures = [figure(f"{name}/raw_image_MB", [raw / 2**20])]
+    figures += [figure(f"{name}/{part}_over_raw", [held / raw], "<= 2") for part, held in parts.items()]
+    kept = _kept_bytes(store)
+    return figures + [figure(f"{name}/processor_outputs_kept_after_the_sample_MB", [kept / 2**20], "<= 0")]
+
+
+def _kept_bytes(store) -> int:
+    return sum(held_bytes(features) for features in store.kept)
 
 
 def held_bytes(root: object) -> int:

@@ -73,7 +73,7 @@ def interleaved_cpu_seconds(repeats: int) -> dict[str, list[float]]:
     and one placement per process would make it a process's figure rather than the op's."""
     inputs = [(input_image(OP_SIDE), input_image(CAPPED_SIDE))]
     functions = timed_functions(*inputs[0])
-    calls = {name: _calls_per_sample(function) for name, function in functions.items()}  # doubles as the warm-up
+    calls = {name: calls_per_sample(function) for name, function in functions.items()}  # doubles as the warm-up
     samples: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(repeats):
         inputs.append((input_image(OP_SIDE), input_image(CAPPED_SIDE)))
@@ -85,7 +85,7 @@ def interleaved_cpu_seconds(repeats: int) -> dict[str, list[float]]:
     return samples
 
 
-def _calls_per_sample(function: Callable[[], object]) -> int:
+def calls_per_sample(function: Callable[[], object]) -> int:
     function()  # first-call costs (lazy imports, caches) are not the op's
     started = time.process_time()
     function()
