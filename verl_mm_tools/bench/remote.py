@@ -8,6 +8,7 @@ b. Images crossing: one rotate call on a new image of 448 and 1024 px (square RG
    goes to the actor, the rotated one comes back) against the same call in process, in interleaved pairs: the
    milliseconds of each and the bytes each image weighs on the way (PIL pickles its raw pixels). Plus the round
    trip of a call that carries no image.
+c. (``bench.multi_node``) the same image crossing Ray nodes against within a node, on two nodes started here.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def local_ray():
 
 
 def remote_figures(model_dir: str, quick: bool = False) -> list:
+    from verl_mm_tools.bench.multi_node import cross_node_figures
+
     with local_ray():
-        return scaling(model_dir, trajectories=16 if quick else 32) + image_crossing(repeats=5 if quick else 15)
+        figures = scaling(model_dir, trajectories=16 if quick else 32) + image_crossing(repeats=5 if quick else 15)
+    return figures + cross_node_figures(repeats=5 if quick else 15)  # c: its own 2-node cluster (bench.multi_node)
 
 
 def scaling(model_dir: str, trajectories: int) -> list:

@@ -28,8 +28,9 @@ class RemoteHost:
     """Serves ``kind`` sessions of ``target``: a tool class built once with ``init_kwargs``, or an environment class
     built per session with the kwargs its ``reset`` brings."""
 
-    def __init__(self, kind: str, target: type, init_kwargs: dict[str, Any]):
-        self.kind, self.target = kind, target
+    def __init__(self, kind: str, target: type | str, init_kwargs: dict[str, Any]):
+        self.kind = kind
+        self.target = target = resolve_class(kind, target)
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts the actor
         self.tool = target(**init_kwargs) if kind == TOOL else None
         self.sessions: dict[str, Any] = {}
@@ -46,6 +47,7 @@ class RemoteHost:
         return {
             "incarnation": self.incarnation,
             "pid": os.getpid(),
+            "node_id": str(ray.get_runtime_context().get_node_id()),
             "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
@@ -134,6 +136,39 @@ class RemoteHost:
         if loop is None:
             loop = self.local.loop = asyncio.new_event_loop()
         return loop.run_until_complete(awaited(result))
+
+
+def class_reference(target: type) -> type | str:
+    """What crosses to the actor for its class: ``module:qualname`` when the class can be imported by name there (the
+    actor then imports it itself and says which node lacks the module), else the class (pickled by value)."""
+    module, qualname = target.__module__, target.__qualname__
+    if module == "__main__" or "<locals>" in qualname:
+        return target
+    return f"{module}:{qualname}"
+
+
+def resolve_class(kind: str, target: type | str) -> type:
+    """The class a ``class_reference`` names, imported on this actor's node; RemoteError naming the node and the
+    module when it cannot be imported here."""
+    if not isinstance(target, str):
+        return target
+    import importlib
+
+    module_name, qualname = target.split(":", 1)
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        from verl_mm_tools.remote.nodes import node_label, this_node_id
+
+        raise RemoteError(
+            f"{kind} class {module_name}.{qualname} cannot be imported on Ray {node_label(this_node_id())}, pid "
+            f"{os.getpid()} ({type(error).__name__}: {error}). Every node that may host the actor needs the module: "
+            "ship it with the job's Ray runtime_env (py_modules or working_dir: verl's "
+            "ray_kwargs.ray_init.runtime_env, or ray.init(runtime_env=...)) or install it on every node"
+        ) from None
+    return found
 
 
 class ToolSession:

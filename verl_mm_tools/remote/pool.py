@@ -19,7 +19,8 @@ import logging
 from typing import Any
 
 from verl_mm_tools.errors import RemoteError, RemoteTimeoutError
-from verl_mm_tools.remote.host import RemoteHost, awaited
+from verl_mm_tools.remote.host import RemoteHost, awaited, class_reference
+from verl_mm_tools.remote.nodes import live_nodes_offering, node_info, node_label
 from verl_mm_tools.remote.spec import RemoteSpec
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,11 @@ class Slot:
     open_sessions: int = 0
     assigned: int = 0
     job: str | None = None  # the Ray job the handle belongs to
+    node_id: str | None = None  # the Ray node the actor answered from last ...
+    node: str = "an unknown node"  # ... as named then (a lost node's record no longer lists its resources)
+    # every handle this process got for the slot's actor in this job: Ray ends a named, non-detached actor once its
+    # owner's handles are all gone, so dropping the handle after a loss could end the actor Ray is restarting
+    held: list = dataclasses.field(default_factory=list)
 
 
 class ActorPool:
@@ -108,7 +114,7 @@ class ActorPool:
             slot.handle, slot.started = None, False
             self.counts["lost"] += 1
             raise RemoteError(
-                f"{self.label}: actor {slot.name} was lost during {method} "
+                f"{self.label}: actor {slot.name} was lost during {method} on {slot.node}{_dead_note(slot.node_id)} "
                 f"({type(error).__name__}: {_first_line(error)}); its sessions are gone"
             ) from error
         except ray.exceptions.RayTaskError as error:
@@ -128,30 +134,33 @@ class ActorPool:
         job = ray.get_runtime_context().get_job_id()
         if slot.job != job:  # a new Ray session (ray.init again in this process): its actors are not ours
             slot.handle, slot.started, slot.incarnation, slot.job = None, False, None, job
+            slot.held.clear()
         if slot.handle is None:
             slot.handle = (
                 _actor_class()
                 .options(name=slot.name, get_if_exists=True, **self.spec.actor_options())
-                .remote(self.kind, self.target, self.init_kwargs)
+                .remote(self.kind, class_reference(self.target), self.init_kwargs)
             )
+            slot.held.append(slot.handle)
         if not slot.started:
             await self._wait_started(slot, ray)
         return slot.handle
 
     async def _wait_started(self, slot: Slot, ray) -> None:
         try:
-            info = await asyncio.wait_for(awaited(slot.handle.ping.remote()), self.spec.startup_timeout_s)
+            info = await asyncio.wait_for(_first_answer(slot.handle, ray), self.spec.startup_timeout_s)
         except asyncio.TimeoutError:
             ray.kill(slot.handle)  # not left pending: it would take the resources once they free up
             slot.handle = None
             raise RemoteError(
                 f"{self.label}: actor {slot.name} did not start within {self.spec.startup_timeout_s:g} s; it asks Ray "
-                f"for {self.spec.actor_options()} and Ray has {ray.available_resources()} free. Lower num_cpus / "
-                "num_gpus, give Ray more resources, or raise startup_timeout_s (a slow constructor)"
+                f"for {self.spec.actor_options()} and Ray has {ray.available_resources()} free."
+                f"{_no_node_offers(self.spec)} Lower num_cpus / num_gpus, give Ray more resources, or raise "
+                "startup_timeout_s (a slow constructor)"
             ) from None
         except ray.exceptions.RayActorError as error:
             slot.handle = None
-            raise RemoteError(f"{self.label}: actor {slot.name} failed to start ({_first_line(error)})") from error
+            raise RemoteError(f"{self.label}: actor {slot.name} failed to start ({_start_failure(error)})") from error
         if slot.incarnation is not None and info["incarnation"] != slot.incarnation:
             self.counts["restarted"] += 1
             logger.warning(
@@ -161,6 +170,8 @@ class ActorPool:
                 info["pid"],
             )
         slot.incarnation, slot.started = info["incarnation"], True
+        if info.get("node_id") != slot.node_id:
+            slot.node_id, slot.node = info.get("node_id"), node_label(info.get("node_id"))
 
     async def start(self) -> None:
         """Start every actor (at once), or raise RemoteError saying why one did not start."""
@@ -171,6 +182,16 @@ class ActorPool:
         """Start every actor and say who answers (incarnation, pid, GPUs)."""
         await self.start()
         return [await self.call(slot, "ping") for slot in self.slots]
+
+
+async def _first_answer(handle: Any, ray) -> dict[str, Any]:
+    """The actor's ping, asked again while Ray says the actor is restarting (ActorUnavailableError: a call sent
+    while Ray restarts a killed actor, or while its node reconnects, fails at once instead of waiting)."""
+    while True:
+        try:
+            return await awaited(handle.ping.remote())
+        except ray.exceptions.ActorUnavailableError:
+            await asyncio.sleep(0.2)
 
 
 _POOLS: dict[tuple, ActorPool] = {}
@@ -203,6 +224,30 @@ def _cancel(ref) -> None:
         ray.cancel(ref)
     except Exception:
         logger.debug("cancelling a remote call failed", exc_info=True)
+
+
+def _start_failure(error: BaseException) -> str:
+    """Why an actor did not start: the constructor's own RemoteError (a class its node cannot import) when that
+    is the cause, else the first line of Ray's error."""
+    text = str(error)
+    for line in text.splitlines():
+        index = line.find("RemoteError: ")
+        if index >= 0:
+            return line[index + len("RemoteError: ") :].strip()[:1000]
+    return _first_line(error)
+
+
+def _dead_note(node_id: str | None) -> str:
+    info = node_info(node_id)
+    return ", a node Ray reports dead" if info is not None and info.get("Alive") is False else ""
+
+
+def _no_node_offers(spec: RemoteSpec) -> str:
+    """A note naming each custom resource the actor asks for that no live node offers (its node was lost)."""
+    missing = [name for name in spec.resources if not live_nodes_offering(name)]
+    if not missing:
+        return ""
+    return f" No live Ray node offers {', '.join(repr(name) for name in missing)} (was its node lost?)."
 
 
 def _first_line(error: BaseException) -> str:

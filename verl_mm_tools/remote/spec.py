@@ -17,7 +17,8 @@ REMOTE_ACTOR_METRIC = "remote_actor"  # in a remote tool's call metrics: the act
 
 @dataclasses.dataclass(frozen=True)
 class RemoteSpec:
-    """``remote: {actors, num_cpus, num_gpus, max_concurrency, timeout_s, max_restarts, startup_timeout_s}``.
+    """``remote: {actors, num_cpus, num_gpus, max_concurrency, timeout_s, max_restarts, startup_timeout_s,
+    resources}``.
 
     actors: Ray actors in the pool; a trajectory's session stays on one of them for its whole life.
     num_cpus / num_gpus: each actor's Ray resources (num_cpus None: Ray's actor default, 1 CPU to place, 0 held).
@@ -26,6 +27,8 @@ class RemoteSpec:
         text, an environment masks its trajectory. None: only the loop's tool_timeout_s applies.
     max_restarts: times Ray restarts a dead actor (its sessions are lost: their trajectories are masked).
     startup_timeout_s: how long an actor may take to start (placement, imports, the tool's constructor).
+    resources: custom Ray resources each actor holds ({node_b: 1}: only a node offering node_b can host it; how a
+        pool is placed on chosen nodes of a multi-node cluster).
     """
 
     actors: int = 1
@@ -35,6 +38,8 @@ class RemoteSpec:
     timeout_s: float | None = None
     max_restarts: int = 3
     startup_timeout_s: float = 120.0
+    # a mapping: compared, not hashed (the spec keys this process's pools)
+    resources: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         _require(
@@ -78,6 +83,15 @@ class RemoteSpec:
             "a number of seconds > 0",
             self.startup_timeout_s,
         )
+        _require(
+            isinstance(self.resources, Mapping)
+            and all(isinstance(key, str) and _number(value, minimum=0) for key, value in self.resources.items()),
+            "resources",
+            "a mapping of Ray resource names to numbers >= 0, such as {node_b: 1}",
+            self.resources,
+        )
+        reserved = sorted({"CPU", "GPU"} & set(self.resources) if isinstance(self.resources, Mapping) else set())
+        _require(not reserved, "resources", "free of CPU and GPU (use num_cpus / num_gpus)", self.resources)
 
     @classmethod
     def from_config(cls, config: Any, owner: str) -> RemoteSpec:
@@ -109,6 +123,8 @@ class RemoteSpec:
             options["num_cpus"] = self.num_cpus
         if self.num_gpus:
             options["num_gpus"] = self.num_gpus
+        if self.resources:
+            options["resources"] = dict(self.resources)
         return options
 
 

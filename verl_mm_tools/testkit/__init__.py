@@ -7,5 +7,7 @@ process, answered by a scripted server (or a small model), and what to check the
   hermes tool call) and the log-probs and masks a scripted response must have;
 - ``rows``: ``marked_image`` (a rotation shows in its pixels), ``unpadded_row`` (one sample of a batch without
   padding) and ``trainer_logprobs`` (what the trainer computes for it);
-- ``sample_dump``: a small, reproducible trajectory dump (``write_sample_dump``).
+- ``sample_dump``: a small, reproducible trajectory dump (``write_sample_dump``);
+- ``cluster``: several Ray nodes on this machine (``local_cluster``: a head and raylets, each with its own custom
+  resource, temp and working directory), to test what a multi-node cluster does.
 """

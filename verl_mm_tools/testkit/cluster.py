@@ -1,0 +1,317 @@
+"""Several Ray nodes on one machine: a head (``ray start --head``) and more raylets (``ray start --address``), each
+with its own custom resource (``node_a``, ``node_b``, ...), its own temporary directory and its own working
+directory, so a test (or ``demo --nodes 2``) can prove what a multi-node cluster does without a second machine::
+
+    with local_cluster(nodes=2, num_gpus=1) as cluster:
+        ray.init(address=cluster.address)
+        ray.get(task.options(resources={"node_b": 1}).remote())   # runs on the second raylet
+        cluster.kill_raylet("node_b")                             # a lost node, as when a machine dies
+
+What Ray allows: every node keeps its files under its own ``--temp-dir``, but all nodes share the head's session
+name (``session_<date>_<pid>``): one session per cluster is Ray's rule. A worker process starts in its raylet's
+working directory (``node.work_dir``); the driver's working directory is still added to every worker's ``sys.path``
+(Ray's ``py_driver_sys_path``), which on one machine resolves, so a test that must prove a module is *not* found on a
+node removes it from disk after the driver imported it.
+
+The cluster runs without Ray's token authentication (``RAY_AUTH_MODE=disabled`` for its processes): ``ray start
+--head`` turns it on when ``~/.ray/auth_token`` exists, but ``ray start --address`` and a driver connecting to an
+address do not, and both fail with ``InvalidAuthToken``. A real cluster should set ``RAY_AUTH_MODE=token`` on every
+node and every driver, with the token on each machine.
+
+Stopping: only this cluster's processes (found by their temporary directory in the command line, and their children:
+the raylets' workers), never ``ray stop`` (it stops every Ray instance of the machine). ``local_cluster`` always
+stops, and raises ``ClusterError`` naming any process that survived SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from verl_mm_tools.errors import VerlMMToolsError
+
+logger = logging.getLogger(__name__)
+
+NODE_NAMES = ("node_a", "node_b", "node_c", "node_d")
+NODE_RESOURCE_UNITS = 100  # each node's own resource: an actor asking {node_b: 1} lands on node_b
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 5.0
+# A lost raylet is declared dead after health_check_period_ms * failure_threshold (Ray's default 3 s * 5).
+FAST_HEALTH_CHECK = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
+# Ray starts an idle worker per logical CPU when the first driver connects: on 2 cores, 2 nodes x 16 logical CPUs of
+# Python processes importing Ray slow everything else down for a minute. Workers start when an actor needs one.
+NO_PRESTART = {"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
+
+
+class ClusterError(VerlMMToolsError, RuntimeError):
+    """A node did not start, or a process of the cluster did not stop."""
+
+
+@dataclasses.dataclass
+class RayNode:
+    """One raylet: its name (also its custom resource), directories and logical resources."""
+
+    name: str
+    temp_dir: Path
+    work_dir: Path
+    num_cpus: int
+    num_gpus: int
+    head: bool = False
+
+    @property
+    def resources(self) -> dict[str, int]:
+        return {self.name: NODE_RESOURCE_UNITS}
+
+    def processes(self) -> list[psutil.Process]:
+        """This node's Ray processes (those naming its temp dir) and their children (the workers)."""
+        return _processes_naming(str(self.temp_dir))
+
+    def raylet(self) -> psutil.Process | None:
+        return next((process for process in self.processes() if _is_raylet(process)), None)
+
+
+@dataclasses.dataclass
+class LocalCluster:
+    """A running cluster: its GCS address, its nodes (the head first), its root directory."""
+
+    address: str
+    nodes: list[RayNode]
+    root: Path
+
+    def node(self, name: str) -> RayNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise ClusterError(f"no node {name!r} in this cluster; its nodes are {[n.name for n in self.nodes]}")
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a driver of this cluster (``RAY_ADDRESS`` set; what verl's ``ray.init`` reads)."""
+        env = dict(os.environ if base is None else base)
+        env["RAY_ADDRESS"] = self.address
+        env["RAY_AUTH_MODE"] = "disabled"
+        return env
+
+    def processes(self) -> list[psutil.Process]:
+        seen: dict[int, psutil.Process] = {}
+        for node in self.nodes:
+            for process in node.processes():
+                seen.setdefault(process.pid, process)
+        return list(seen.values())
+
+    def kill_raylet(self, name: str) -> int:
+        """SIGKILL the node's raylet (its workers exit with it): the node is lost, as when its machine dies.
+        Returns the raylet's pid."""
+        node = self.node(name)
+        if node.head:
+            raise ClusterError("kill_raylet: the head's raylet takes the cluster down; kill a worker node's")
+        raylet = node.raylet()
+        if raylet is None:
+            raise ClusterError(f"{name}: no raylet running under {node.temp_dir}")
+        raylet.kill()
+        raylet.wait(timeout=10)
+        return raylet.pid
+
+    def stop(self) -> None:
+        """Stop this cluster's processes: raylets (and their workers) first, the GCS last, as ``ray stop`` orders
+        them; SIGTERM, then SIGKILL after a grace period. Raises ClusterError naming any survivor."""
+        raylets = [process for process in self.processes() if _is_raylet(process)]
+        workers = [child for raylet in raylets for child in _children(raylet)]
+        _terminate(raylets + workers)
+        _terminate([process for process in self.processes() if not _is_gcs(process)])
+        _terminate(self.processes())
+        left = self.processes()
+        if left:
+            raise ClusterError(
+                "processes of the local Ray cluster survived SIGKILL: "
+                + ", ".join(f"{process.pid} ({_name(process)})" for process in left)
+            )
+
+
+@contextlib.contextmanager
+def local_cluster(
+    nodes: int = 2,
+    *,
+    num_cpus: int = 8,
+    num_gpus: int = 1,
+    object_store_mb: int = 200,
+    root: Path | None = None,
+    fast_health_check: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[LocalCluster]:
+    """Start ``nodes`` Ray nodes on this machine (the head first), yield the cluster, and always stop it.
+
+    num_cpus / num_gpus: each node's logical resources (a GPU here is a placement token: verl's resource pools ask
+    for GPUs, and the CPU backend reports Ray's ``GPU`` as its resource). ``root`` holds each node's working
+    directory (default: a new temporary directory, removed afterwards); temp dirs always go under a short
+    ``/tmp`` path (Unix socket paths are limited to 108 bytes). ``env``: the environment the raylets start with
+    (default this process's), which is what their workers inherit: a driver's own environment does not reach a
+    cluster it connects to (only its runtime_env's env_vars do).
+    """
+    if not 1 <= nodes <= len(NODE_NAMES):
+        raise ClusterError(f"nodes must be between 1 and {len(NODE_NAMES)}, got {nodes}")
+    temp_root = Path(tempfile.mkdtemp(prefix="vmtn-", dir="/tmp"))
+    own_root = root is None
+    root = Path(tempfile.mkdtemp(prefix="vmt-cluster-")) if root is None else Path(root)
+    cluster = LocalCluster(address="", nodes=[], root=root)
+    try:
+        cluster.address = f"{_node_ip()}:{_free_port()}"
+        for index in range(nodes):
+            name = NODE_NAMES[index]
+            node = RayNode(
+                name=name,
+                temp_dir=temp_root / name[-1],
+                work_dir=root / name / "work",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                head=index == 0,
+            )
+            node.work_dir.mkdir(parents=True, exist_ok=True)
+            cluster.nodes.append(node)
+        # all at once: `ray start --address` retries until the head's GCS answers (saves ~10 s a node)
+        base = dict(os.environ if env is None else env)
+        starts = [_start(node, cluster, base, fast_health_check, object_store_mb) for node in cluster.nodes]
+        for node, start in zip(cluster.nodes, starts):
+            _wait_started(node, start)
+        yield cluster
+    finally:
+        try:
+            cluster.stop()
+        finally:
+            shutil.rmtree(temp_root, ignore_errors=True)
+            if own_root:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _start(
+    node: RayNode, cluster: LocalCluster, base_env: dict[str, str], fast_health_check: bool, object_store_mb: int
+) -> _Start:
+    import json
+
+    command = [
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        f"--temp-dir={node.temp_dir}",
+        f"--num-cpus={node.num_cpus}",
+        f"--num-gpus={node.num_gpus}",
+        f"--resources={json.dumps(node.resources)}",
+        "--disable-usage-stats",
+        f"--object-store-memory={object_store_mb * 1024 * 1024}",
+    ]
+    if node.head:
+        command += [
+            "--head",
+            f"--port={cluster.address.rsplit(':', 1)[1]}",
+            f"--ray-client-server-port={_free_port()}",
+            f"--dashboard-port={_free_port()}",
+            "--include-dashboard=false",
+        ]
+    else:
+        command.append(f"--address={cluster.address}")
+    env = {**base_env, **NO_PRESTART, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    if fast_health_check:
+        env.update(FAST_HEALTH_CHECK)
+    log = open(node.temp_dir.parent / f"ray_start_{node.name}.log", "w+")  # closed in _wait_started
+    process = subprocess.Popen(command, cwd=node.work_dir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    return _Start(command, process, log)
+
+
+@dataclasses.dataclass
+class _Start:
+    command: list[str]
+    process: subprocess.Popen
+    log: Any
+
+
+def _wait_started(node: RayNode, start: _Start) -> None:
+    try:
+        code = start.process.wait(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired as error:
+        start.process.kill()
+        raise ClusterError(f"{node.name}: `ray start` did not finish within {START_TIMEOUT_S:g} s") from error
+    finally:
+        start.log.seek(0)
+        output = start.log.read()
+        start.log.close()
+    if code != 0:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise ClusterError(f"{node.name}: `{' '.join(start.command)}` failed (exit {code}):\n{tail}")
+    logger.info("started Ray %s in %s", node.name, node.work_dir)
+
+
+def _node_ip() -> str:
+    from ray._private.services import get_node_ip_address
+
+    return str(get_node_ip_address())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _processes_naming(text: str) -> list[psutil.Process]:
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if text in cmdline:
+            found[process.pid] = process
+            for child in _children(process):
+                found.setdefault(child.pid, child)
+    return [process for process in found.values() if _alive(process)]
+
+
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return process.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:120]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+
+
+def _is_raylet(process: psutil.Process) -> bool:
+    return _name(process).split(" ")[0].endswith("/raylet")
+
+
+def _is_gcs(process: psutil.Process) -> bool:
+    return _name(process).split(" ")[0].endswith("/gcs_server")
+
+
+def _terminate(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=STOP_GRACE_S)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
