@@ -46,7 +46,6 @@ def measure(repeats: int) -> list:
     from statistics import median
 
     from verl_mm_tools.bench.figures import figure
-    from verl_mm_tools.bench.remote import _on_event_loop, _timed
     from verl_mm_tools.files import FileRoots
     from verl_mm_tools.remote.spec import RemoteSpec
     from verl_mm_tools.remote.tool import RemoteTool
@@ -82,3 +81,17 @@ def measure(repeats: int) -> list:
     extra = medians["across_nodes", large] - medians["within_node", large]
     figures.append(figure(f"remote/nodes/rotate_{large}px/extra_across_ms", [extra]))
     return figures
+
+
+def _timed(coroutine) -> float:
+    import time
+
+    began = time.perf_counter()
+    _on_event_loop(coroutine)
+    return time.perf_counter() - began
+
+
+def _on_event_loop(coroutine):
+    from verl.utils.ray_utils import get_event_loop
+
+    return get_event_loop().run_until_complete(coroutine)
