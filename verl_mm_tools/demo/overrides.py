@@ -121,17 +121,44 @@ def trainer_overrides(trainer: str) -> list[str]:
     return [f"trainer.v1.trainer_mode={trainer}", *hook_overrides(v1=True), *extra]
 
 
-def trainer_command(options: DemoOptions, paths: DemoPaths) -> list[str]:
+def trainer_command(options: DemoOptions, paths: DemoPaths, address: str | None = None) -> list[str]:
+    """The trainer's command; ``address``: a running Ray cluster's (``--nodes 2``) for verl's ``ray.init`` to join."""
     # User overrides come last: hydra lets the last value of a key win.
     rollout = vllm_rollout_overrides() if options.rollout == VLLM_ROLLOUT else []
     overrides = [
         *cpu_trainer_overrides(classic=options.trainer == "classic"),
         *rollout,
         *task_overrides(options, paths),
-        *options.overrides,
     ]
+    if address is not None:
+        overrides = [*without_ray_sizes(overrides), *cluster_overrides(address)]
+    overrides += options.overrides
     entry = FULLY_ASYNC_ENTRY if options.trainer == FULLY_ASYNC else "verl.trainer.main_ppo"
     return [sys.executable, "-m", entry, *overrides]
+
+
+RAY_SIZES = ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus")
+
+
+def without_ray_sizes(overrides: list[str]) -> list[str]:
+    """The overrides without the sizes of a Ray cluster verl would start (``ray.init`` refuses num_cpus / num_gpus
+    when it joins a running cluster: the cluster's nodes declare their own)."""
+    return [item for item in overrides if item.lstrip("+~").split("=", 1)[0] not in RAY_SIZES]
+
+
+def cluster_overrides(address: str) -> list[str]:
+    """Join the running cluster at ``address`` (verl's ``ray.init(**ray_kwargs.ray_init)``)."""
+    return [f"+ray_kwargs.ray_init.address={address}", "ray_kwargs.ray_init.num_cpus=null"]
+
+
+def ray_sizes(overrides: list[str]) -> tuple[int, int]:
+    """The logical CPUs and GPUs the overrides ask verl's own Ray cluster for (the last value of each wins)."""
+    sizes = {"ray_kwargs.ray_init.num_cpus": 0, "ray_kwargs.ray_init.num_gpus": 0}
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if key in sizes and value.isdigit():
+            sizes[key] = int(value)
+    return sizes["ray_kwargs.ray_init.num_cpus"], sizes["ray_kwargs.ray_init.num_gpus"]
 
 
 def trainer_environment(paths: DemoPaths) -> dict[str, str]:

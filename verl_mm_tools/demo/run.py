@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions
-from verl_mm_tools.demo.overrides import trainer_command, trainer_environment, write_command_script
+from verl_mm_tools.demo.overrides import ray_sizes, trainer_command, trainer_environment, write_command_script
 from verl_mm_tools.demo.prepare import DemoPaths, prepare
 from verl_mm_tools.demo.summary import learning_curve, summarize
 from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult, run_trainer
@@ -54,7 +54,35 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
         )
     clock = time.monotonic()
     paths = prepare(options, lambda what: say(f"[{time.monotonic() - clock:5.1f}s] {what}"))
-    command, env = trainer_command(options, paths), trainer_environment(paths)
+    if options.nodes > 1:
+        result = _on_local_cluster(options, paths, clock, say)
+    else:
+        result = _train(options, paths, trainer_command(options, paths), clock, say)
+    _discard_unpublished(paths.trajectories, say)
+    _finish(options, paths, result, clock, say)
+    return result, paths
+
+
+def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say: Callable[[str], None]) -> RunResult:
+    """``--nodes 2``: start Ray nodes on this machine (each with one logical GPU, so verl's trainer pool and its
+    rollout pool land on different nodes) with the trainer's environment, point verl at them, always stop them."""
+    from verl_mm_tools.testkit.cluster import local_cluster
+
+    num_cpus, num_gpus = ray_sizes(trainer_command(options, paths))
+    per_node_gpus = max(1, num_gpus // options.nodes)
+    sizes = f"{num_cpus} CPUs, {per_node_gpus} GPU each"
+    say(f"[{time.monotonic() - clock:5.1f}s] starting {options.nodes} Ray nodes on this machine ({sizes})")
+    env = trainer_environment(paths)
+    with local_cluster(nodes=options.nodes, num_cpus=num_cpus, num_gpus=per_node_gpus, env=env) as cluster:
+        names = ", ".join(node.name for node in cluster.nodes)
+        say(f"[{time.monotonic() - clock:5.1f}s] Ray nodes {names} up at {cluster.address}")
+        return _train(options, paths, trainer_command(options, paths, address=cluster.address), clock, say)
+
+
+def _train(
+    options: DemoOptions, paths: DemoPaths, command: list[str], clock: float, say: Callable[[str], None]
+) -> RunResult:
+    env = trainer_environment(paths)
     paths.metrics.unlink(missing_ok=True)
     script = write_command_script(command, env, paths)
     trainer = "classic trainer" if options.trainer == "classic" else f"v1 trainer, {options.trainer}"
@@ -67,8 +95,12 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
         f"[{time.monotonic() - clock:5.1f}s] starting Ray, the rollout server and the actor: the first step usually "
         f"comes 45-120 s from now on 2 cores (verl's output: {paths.trainer_log})"
     )
-    result = run_trainer(command, env, paths, options.spec, options.total_steps, say)
-    _discard_unpublished(paths.trajectories, say)
+    return run_trainer(command, env, paths, options.spec, options.total_steps, say)
+
+
+def _finish(
+    options: DemoOptions, paths: DemoPaths, result: RunResult, clock: float, say: Callable[[str], None]
+) -> None:
     if options.spec.stop_at_reward is not None:
         curve = learning_curve(result, options.spec)
         (paths.out / "learning_curve.json").write_text(json.dumps(curve, indent=1))
@@ -77,7 +109,6 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
             result.returncode = LEARNING_FAILED
     for line in summarize(result, paths, options.spec, time.monotonic() - clock):
         say(line)
-    return result, paths
 
 
 def _discard_unpublished(trajectories: Path, say: Callable[[str], None]) -> None:
