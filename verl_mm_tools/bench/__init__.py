@@ -14,10 +14,19 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    both loops (a loop that re-renders the conversation grows).
 3. Each image op on a 512x512 RGB image (crops and boxes half its side; zoom_in upscales to 448 px) divided by PIL
    ``transpose`` of the same image, and each op with the tools' default output cap on 1024x1024 (a downscale), timed
-   in interleaved pairs in three fresh processes that load nothing but Pillow and the ops (``bench.ops``).
+   in interleaved pairs in three fresh processes that load nothing but Pillow and the ops (``bench.ops``). Then each
+   op against OpenCV doing the same (same interpolation, expand and fill rules; pixels exact where the libraries can
+   agree): Pillow's time over OpenCV's on arrays and behind the op's interface (PIL images in and out), and the share
+   of pixels that differ, in fresh processes too (``bench.opencv_ops``; skipped, with a line, without OpenCV).
 4. The bytes a finished 16-image mm_tool trajectory holds (verl's ``AgentLoopOutput``: its images' pixel buffers,
    token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
-   Pillow stores an RGB pixel in 4).
+   Pillow stores an RGB pixel in 4); then a 16-turn trajectory of 1024 px images (448 px with ``--repeats``) part by
+   part, counted once verl's worker has made its sample: the image workspace, the processor outputs
+   (``ImageFeatureStore``) and the sample sent to the trainer, each over the raw bytes (target <= 2), and what the
+   store keeps after (target 0). Without ``--quick`` and ``--repeats``: verl's AgentLoopWorker running 1, 8, 32 and
+   64 such trajectories at once (224 px images), peak RSS in fresh processes: the slope per trajectory and per image,
+   the peaks' distance from the line, per image at 16 turns over 4 (a copy per turn would grow it), and with glibc's
+   mmap threshold fixed (``bench.worker_memory``).
 5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off): trainer
    runs with verl's ``tool_agent`` and with ``mm_tool`` on verl's default v1 trainer (sync), then ``mm_tool`` on the
    classic trainer, then ``mm_tool`` with ``export: per_turn`` (v1): step time after warm-up, the ratios of the
@@ -43,6 +52,7 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
 
 The package: ``figures`` (a figure, its line, the summary), ``loop`` (figures 1, 2 and 6), ``memory`` (figure 4),
 ``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``run`` (figure 3 and the whole run), and the fresh
-processes ``ops`` (figure 3) and ``engine`` (figure 8), and ``remote`` (figure 7). The package itself stays light:
-``ops`` loads nothing but Pillow.
+processes ``ops`` and ``opencv_ops`` (figure 3), ``worker_memory`` (figure 4) and ``engine`` (figure 8), and
+``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow, ``opencv_ops`` Pillow,
+numpy and OpenCV.
 """

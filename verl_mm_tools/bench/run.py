@@ -90,7 +90,8 @@ def run(
     figures += opencv_figures(sizes.ops, processes=min(3, max(1, sizes.ops // 3)), say=say)
     with pillow_reusing_image_memory():
         figures += loop_overhead(model_dir, repeats=sizes.loop, pairs_per_size=sizes.pairs_per_size)
-    figures += trajectory_memory(model_dir)
+    # with --repeats (a check of the output's shape) a 448 px trajectory part by part: 4 s less than 1024 px
+    figures += trajectory_memory(model_dir, resident_side=448 if repeats is not None else 1024)
     if quick or repeats is not None:
         say("bench: the worker memory sweep (1 to 64 trajectories at once, ~2 min) runs without --quick and --repeats")
     else:
