@@ -41,6 +41,8 @@ MAX_OFF_POLICY = 8  # verl's default trainer.v1.sampler.max_off_policy_threshold
 RUNS = [("vllm", trainer) for trainer in TRAINERS if trainer != "sync"]
 TURN_CREDIT_RUN = "separate_async"  # algorithm.adv_estimator=mm_turn_grpo
 REMOTE_TOOL_RUN = "colocate_async"  # the rotate tool from a user's module, on two Ray actors
+# on two Ray nodes started on this machine (testkit.cluster): the trainer's pool on one, the rollout's on the other
+TWO_NODE_RUN = "separate_async"
 
 SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""
 import time
@@ -84,6 +86,7 @@ def demo(request, tmp_path_factory):
         rollout=rollout,
         tools=remote_tool_yaml(out) if trainer == REMOTE_TOOL_RUN else None,
         overrides=("algorithm.adv_estimator=mm_turn_grpo",) if trainer == TURN_CREDIT_RUN else (),
+        nodes=2 if trainer == TWO_NODE_RUN else 1,
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(out)
@@ -105,6 +108,9 @@ def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
     assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
     assert (out / "checkpoints" / "global_step_2" / "actor").is_dir()
     assert stray_processes(out / "logs" / "metrics.jsonl") == []
+    if TWO_NODE_RUN in out.parent.name:
+        assert any("Ray nodes node_a, node_b up at" in line for line in lines)
+        assert "Connecting to existing Ray cluster" in (out / "logs" / "trainer.log").read_text()
 
 
 @pytest.mark.slow
