@@ -13,7 +13,7 @@ from PIL import Image
 
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import unpadded_row
+from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import tool_call_text
 
 ANSWER = "<answer>90</answer><|im_end|>"
@@ -87,6 +87,30 @@ def open_sessions(pool) -> list[int]:
     import ray
 
     return [ray.get(ray.get_actor(slot.name).open_sessions.remote()) for slot in pool.slots]
+
+
+def test_the_python_tool_on_an_actor_keeps_one_kernel_per_trajectory_and_answers_as_in_process(
+    ray_cluster, rollout, tmp_path
+):
+    """The sandboxed python tool with ``remote:``: its kernels run in the actor's sandbox; the trajectory's second
+    call reads what its first defined (one kernel per trajectory, on its actor), and the model gets the tokens and
+    images it gets in-process."""
+    entry = "  - class_name: verl_mm_tools.tools.PythonTool\n    config: {type: native}\n"
+    first = "crop = images[1].crop((0, 0, 28, 28))\ncrop.save('corner.png')"
+    turns = [tool_call_text("python", code=first), tool_call_text("python", code="print(crop.getpixel((3, 3)))")]
+    prompts = [image_prompt("What color is the top-left corner?", [marked_image()])]
+    local, local_server, _ = rollout.run([*turns, ANSWER], prompts, tools=load_tools(tmp_path, entry))
+    remote_tools = load_tools(tmp_path, entry + "    remote: {actors: 1}\n")
+    remote, remote_server, worker = rollout.run([*turns, ANSWER], prompts, tools=remote_tools)
+
+    assert list(remote.non_tensor_batch["mm_tool/error"]) == [""]
+    assert remote.non_tensor_batch["mm_tool/per_tool"][0]["python"]["remote_calls"] == 2
+    assert unpadded_row(remote, 0) == unpadded_row(local, 0)
+    assert tool_texts(remote, worker, 0)[1].endswith("Output:\n(255, 0, 0)")
+    corner = [[image.tobytes() for image in request["images"]] for request in remote_server.requests]
+    assert corner == [[image.tobytes() for image in request["images"]] for request in local_server.requests]
+    assert [len(images) for images in corner] == [1, 2, 2]
+    assert open_sessions(remote_tools[0].pool) == [0]  # released with the trajectory
 
 
 def test_a_remote_tool_gives_the_same_tokens_and_images_as_in_process(ray_cluster, rollout, tmp_path):
