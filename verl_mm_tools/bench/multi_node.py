@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 from PIL import Image
 
+from verl_mm_tools.bench.verl_loop import on_event_loop, timed
+
 logger = logging.getLogger(__name__)
 
 SIDES = (448, 1024)
@@ -58,7 +60,7 @@ def measure(repeats: int) -> list:
         for where, node in WHERE.items()
     }
     for tool in tools.values():
-        _on_event_loop(tool.start())
+        on_event_loop(tool.start())
     figures, medians, megabytes = [], {}, {}
     for side in SIDES:
         image = Image.new("RGB", (side, side), (30, 90, 150))
@@ -68,9 +70,9 @@ def measure(repeats: int) -> list:
             for where, tool in tools.items():
                 agent_data = SimpleNamespace(image_data=[image])
                 attach_tool_context(agent_data, ToolContext(ImageWorkspace(agent_data.image_data), FileRoots()))
-                key, _ = _on_event_loop(tool.create())
-                samples[where].append(_timed(tool.execute(key, {"degrees": 90}, agent_data=agent_data)) * 1e3)
-                _on_event_loop(tool.release(key))
+                key, _ = on_event_loop(tool.create())
+                samples[where].append(timed(tool.execute(key, {"degrees": 90}, agent_data=agent_data)) * 1e3)
+                on_event_loop(tool.release(key))
         for where, values in samples.items():
             figures.append(figure(f"remote/nodes/rotate_{side}px/{where}_ms", values[1:]))
             medians[where, side] = median(values[1:])
@@ -81,17 +83,3 @@ def measure(repeats: int) -> list:
     extra = medians["across_nodes", large] - medians["within_node", large]
     figures.append(figure(f"remote/nodes/rotate_{large}px/extra_across_ms", [extra]))
     return figures
-
-
-def _timed(coroutine) -> float:
-    import time
-
-    began = time.perf_counter()
-    _on_event_loop(coroutine)
-    return time.perf_counter() - began
-
-
-def _on_event_loop(coroutine):
-    from verl.utils.ray_utils import get_event_loop
-
-    return get_event_loop().run_until_complete(coroutine)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, cast
 
 from PIL import Image
 
+from verl_mm_tools.bench.verl_loop import on_event_loop, timed
+
 if TYPE_CHECKING:
     from verl_mm_tools.remote.tool import RemoteTool
 
@@ -75,7 +77,7 @@ def scaling(model_dir: str, trajectories: int) -> list:
             tools = load_all_tools(str(yaml), None)
             if actors:
                 remote_tool = cast("RemoteTool", tools[0])  # the YAML above gives it a remote: block
-                _on_event_loop(remote_tool.pool.start())  # started outside the timing, as before a training step
+                on_event_loop(remote_tool.pool.start())  # started outside the timing, as before a training step
             began = time.perf_counter()
             output, _, _ = rollout.run(turns, prompts, tools=tools)
             seconds[actors] = time.perf_counter() - began
@@ -101,7 +103,7 @@ def image_crossing(repeats: int) -> list:
 
     local = RotateTool()
     remote = RemoteTool(RotateTool, {}, local.tool_schema, RemoteSpec(actors=1))
-    _on_event_loop(remote.start())
+    on_event_loop(remote.start())
     figures = []
     for side in (448, 1024):
         image = Image.new("RGB", (side, side), (30, 90, 150))
@@ -109,26 +111,14 @@ def image_crossing(repeats: int) -> list:
         for _ in range(repeats + 1):  # the first pair warms up
             agent_data = SimpleNamespace(image_data=[image])
             attach_tool_context(agent_data, ToolContext(ImageWorkspace(agent_data.image_data), FileRoots()))
-            samples["in_process"].append(_timed(local.execute("", {"degrees": 90}, agent_data=agent_data)))
-            key, _ = _on_event_loop(remote.create())
-            samples["remote"].append(_timed(remote.execute(key, {"degrees": 90}, agent_data=agent_data)))
-            _on_event_loop(remote.release(key))
+            samples["in_process"].append(timed(local.execute("", {"degrees": 90}, agent_data=agent_data)))
+            key, _ = on_event_loop(remote.create())
+            samples["remote"].append(timed(remote.execute(key, {"degrees": 90}, agent_data=agent_data)))
+            on_event_loop(remote.release(key))
         for where, values in samples.items():
             figures.append(figure(f"remote/rotate_{side}px/{where}_ms", [v * 1e3 for v in values[1:]]))
         figures.append(figure(f"remote/rotate_{side}px/bytes_per_image", [len(pickle.dumps(image, protocol=5))]))
     slot = remote.pool.slots[0]
-    round_trips = [_timed(remote.pool.call(slot, "ping")) * 1e3 for _ in range(repeats)]
+    round_trips = [timed(remote.pool.call(slot, "ping")) * 1e3 for _ in range(repeats)]
     figures.append(figure("remote/round_trip_without_images_ms", round_trips))
     return figures
-
-
-def _timed(coroutine) -> float:
-    began = time.perf_counter()
-    _on_event_loop(coroutine)
-    return time.perf_counter() - began
-
-
-def _on_event_loop(coroutine):
-    from verl.utils.ray_utils import get_event_loop
-
-    return get_event_loop().run_until_complete(coroutine)
