@@ -50,6 +50,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.6,<4",
+            "pytest-timeout>=2.3,<3",
             "hypothesis>=6",
             "openai",
             "ruff>=0.17,<0.18",

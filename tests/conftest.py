@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import time
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,23 @@ def _restore_verl_agent_loop_registry():
         yield
 
 
-# pytest-xdist (`-n 2`, pytest.ini): the slow tests (verl's trainer, vLLM engines: both cores and GiBs each) run one
-# after another on one worker while the other worker takes the rest; every other module stays whole on one worker, so
-# its module-scoped fixtures are built once. Two trainer runs side by side never pay: at the landing of 2026-11-29 a
-# second line of hf-server runs beside the slow line made both 2-6x slower (the main job 198 s -> 1,139 s) and the CI
-# 2,065 s -> 4,641 s. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no longer
-# rename; the scheduler sees node ids only, so the marks are read from the source.)
+# pytest-xdist (`-n 2`, pytest.ini): the slow tests that start verl's trainer or a Ray cluster (both cores and GiBs
+# each) run one after another on one worker while the other worker takes the rest; every other module stays whole on
+# one worker, so its module-scoped fixtures are built once. Two trainer runs side by side never pay: at the landing of
+# 2026-11-29 a second line of hf-server runs beside the slow line made both 2-6x slower (the main job 198 s -> 1,139 s)
+# and the CI 2,065 s -> 4,641 s. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no
+# longer rename; the scheduler sees node ids only, so the marks are read from the source.)
 SERIAL_GROUP = "slow"
+# Slow modules that start no trainer and no Ray cluster (one vLLM engine, a fit in this process): they run with the
+# other worker's modules, which is idle for most of the serial line (~260 s of it at an idle landing, 2026-11-29).
+SLOW_WITHOUT_A_TRAINER = frozenset(
+    {
+        "tests/tiny/test_vllm_engine_on_cpu.py",
+        "tests/evaluate/test_eval_on_cpu.py",
+        "tests/bench/test_bench_on_cpu.py",
+        "tests/demo/test_warm_start_on_cpu.py",
+    }
+)
 TESTS = Path(__file__).resolve().parent
 
 
@@ -89,13 +100,44 @@ def slow_tests(module: str) -> frozenset[str]:
     )
 
 
+def serial_scope(nodeid: str) -> str:
+    """The xdist scope of a test: the serial line for a slow test that starts a trainer, else its module."""
+    module, _, rest = nodeid.partition("::")
+    function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
+    in_serial_line = module not in SLOW_WITHOUT_A_TRAINER and function in slow_tests(module)
+    return SERIAL_GROUP if in_serial_line else module
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SlowTestsInOneLine(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module, _, rest = nodeid.partition("::")
-            function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
-            return SERIAL_GROUP if function in slow_tests(module) else module
+            return serial_scope(nodeid)
 
     return SlowTestsInOneLine(config, log)
+
+
+# A test phase this long is named as it ends, with the run's elapsed time, so that a CI run cut off by its time limit
+# still shows where the time went (pytest's own --durations table prints only at the end).
+LONG_PHASE_S = 30.0
+STARTED = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    reporter = _CONTROLLER[0].pluginmanager.getplugin("terminalreporter") if _CONTROLLER else None
+    if reporter is None or report.duration < LONG_PHASE_S:
+        return
+    elapsed_min = (time.monotonic() - STARTED) / 60
+    phase = f"{report.when} {report.outcome} in {report.duration:.0f} s"
+    reporter.write("\n")  # after the progress dots
+    reporter.write_line(f"[{elapsed_min:5.1f} min] {phase}: {report.nodeid}")
+
+
+# the controller's config (an xdist worker's output is not shown, so workers report nothing)
+_CONTROLLER: list[pytest.Config] = []
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        _CONTROLLER.append(config)
