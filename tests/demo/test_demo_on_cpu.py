@@ -67,6 +67,15 @@ def test_learned_needs_the_window_mean_and_the_latest_validation_at_the_target()
     assert not TASKS["rotation"].learned([step(n, 1.0, validation=1.0) for n in range(1, 7)])  # no target
 
 
+def test_a_validation_before_training_never_makes_a_run_learned():
+    """Under verl's fully async trainer the cold start's validation (1.00 on seed 1's) was the only one a run logged,
+    and it made the run 'learned' on its training window alone (2026-11-29)."""
+    window = [step(n, 1.0) for n in range(1, 6)]
+    assert not LEARN.learned([step(0, validation=1.0), *window])
+    assert LEARN.learned([step(0, validation=0.5), *window[:-1], step(5, 1.0, validation=0.9375)])
+    assert LEARN.validations_after_training_began([step(0, validation=1.0), step(1, 0.5, validation=0.25)]) == [0.25]
+
+
 def test_the_step_line_shows_validation_when_verl_logged_it():
     metrics = {TRAINING_REWARD: 0.5625, "timing_s/step": 6.04, VALIDATION: 0.9375}
     assert format_step(7, 80, metrics, VALIDATION) == "step 7/80  reward 0.562  step 6.0s  validation 0.938"

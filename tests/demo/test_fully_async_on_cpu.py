@@ -14,7 +14,7 @@ import pytest
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_ENTRY, step_hook_configured, uses_fully_async_trainer
 from verl_mm_tools.demo.metrics import metric
 from verl_mm_tools.demo.options import FULLY_ASYNC, DemoOptions
-from verl_mm_tools.demo.overrides import trainer_command
+from verl_mm_tools.demo.overrides import fully_async_test_freq, trainer_command
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.run import run_demo
 from verl_mm_tools.demo.watch import run_processes
@@ -66,6 +66,21 @@ def test_the_demo_runs_verls_fully_async_trainer_through_the_hooked_entry_point(
     assert config.actor_rollout_ref.rollout.name == "vllm"
     assert config.trainer.test_freq == 4  # so verl logs the last step's metrics
     assert config.async_training.concurrent_samples_per_replica == 4  # one step's prompts: the next in flight
+
+
+@pytest.mark.parametrize(("steps", "validate_every", "test_freq"), [(40, 5, 6), (30, 5, 7), (12, 5, 5), (3, 3, 4)])
+def test_fully_async_validates_as_often_as_the_task_asks_and_logs_the_last_step(steps, validate_every, test_freq):
+    """verl's fully async trainer validates at multiples of test_freq and logs the last step only where test_freq
+    does not divide the step count: the zoom task's every 5 of 40 steps becomes every 6."""
+    assert fully_async_test_freq(steps, validate_every) == test_freq
+
+
+def test_the_zoom_task_validates_during_training_under_the_fully_async_trainer(tmp_path):
+    paths = DemoPaths(out=tmp_path, model=Path("/model"), train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
+    command = trainer_command(DemoOptions(out=tmp_path, trainer=FULLY_ASYNC), paths)
+    config = compose_fully_async(command[3:])
+    assert (config.trainer.total_training_steps, config.trainer.test_freq) == (40, 6)
+    assert config.trainer.val_before_train is True
 
 
 def test_what_the_fully_async_trainer_cannot_take_is_refused_by_name(tmp_path):

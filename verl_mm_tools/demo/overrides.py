@@ -65,8 +65,14 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"trainer.rollout_data_dir={paths.rollouts}",
         *task.overrides,
         *export_overrides(options.export, batch),
-        *(fully_async_task_overrides(batch, rollouts, steps) if options.trainer == FULLY_ASYNC else []),
+        *(fully_async_task_overrides(batch, rollouts, steps, task.overrides) if options.trainer == FULLY_ASYNC else []),
     ]
+
+
+def requested_test_freq(overrides: tuple[str, ...], steps: int) -> int:
+    """How often the task validates: its last ``trainer.test_freq``, else once, after the last step."""
+    values = [item.split("=", 1)[1] for item in overrides if item.startswith("trainer.test_freq=")]
+    return int(values[-1]) if values else steps
 
 
 # The fully async trainer's partial rollout and staleness: a weight sync after every training step (so syncs
@@ -75,15 +81,15 @@ TRIGGER_PARAMETER_SYNC_STEP = 1
 STALENESS_THRESHOLD = 1.0
 
 
-def fully_async_task_overrides(batch: int, rollouts: int, steps: int) -> list[str]:
+def fully_async_task_overrides(batch: int, rollouts: int, steps: int, task_overrides: tuple[str, ...]) -> list[str]:
     """The task's size as verl's fully async trainer counts it: prompts fed one at a time (``cpu.overrides``), a
     step of ``batch`` prompts (``ppo_mini_batch_size`` x ``require_batches``), ``steps`` x ``batch`` prompts in all
-    (``rollout.total_rollout_steps``, which sets the training steps). verl's fully async trainer logs a step's
-    metrics at the next step's weight sync, and the last step's only when ``trainer.test_freq`` does not divide the
-    step count (``FullyAsyncTrainer.fit``): ``steps + 1`` logs every step (and validates at none)."""
+    (``rollout.total_rollout_steps``, which sets the training steps), validated about as often as the task asks
+    (``fully_async_test_freq``)."""
+    validate_every = requested_test_freq(task_overrides, steps)
     return [
         f"rollout.n={rollouts}",
-        f"trainer.test_freq={steps + 1}",
+        f"trainer.test_freq={fully_async_test_freq(steps, validate_every)}",
         f"rollout.total_rollout_steps={steps * batch * TRIGGER_PARAMETER_SYNC_STEP}",
         # a step's prompts in flight at once (verl's default: 16 per server): the next step's are generating while
         # the trainer trains, so its weight sync interrupts them and verl's client resumes them (partial rollout)
@@ -92,6 +98,17 @@ def fully_async_task_overrides(batch: int, rollouts: int, steps: int) -> list[st
         f"async_training.trigger_parameter_sync_step={TRIGGER_PARAMETER_SYNC_STEP}",
         f"async_training.staleness_threshold={STALENESS_THRESHOLD}",
     ]
+
+
+def fully_async_test_freq(steps: int, validate_every: int) -> int:
+    """verl's fully async trainer logs a step's metrics at the next step's weight sync, and the last step's only when
+    ``trainer.test_freq`` does not divide the step count (``FullyAsyncTrainer.fit``); it validates at multiples of
+    ``test_freq`` only, never at the end. So: the first frequency from ``validate_every`` on that does not divide
+    ``steps`` (a task validating every 5 of 40 steps validates every 6 here), or ``steps + 1`` (every step logged, no
+    validation after training began) for a task that validates once, at its end."""
+    if validate_every >= steps:
+        return steps + 1
+    return next(freq for freq in range(validate_every, steps + 2) if steps % freq)
 
 
 def export_overrides(export: str, batch: int) -> list[str]:

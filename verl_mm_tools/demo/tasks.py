@@ -59,12 +59,13 @@ class DemoTask:
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
         pictures the training split does not hold) both reach ``stop_at_reward`` (and the mean tool-call rate of those
-        steps ``stop_at_call_rate``, where set); verl's metrics, one dict per step."""
+        steps ``stop_at_call_rate``, where set); verl's metrics, one dict per step. A validation before the first
+        training step (``val_before_train``) judges the cold start, not what was learned: it never counts."""
         if self.stop_at_reward is None:
             return False
         rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
         rates = [step.get(CALL_RATE, 0.0) for step in steps if TRAINING_REWARD in step]
-        validations = [step[self.validation_metric] for step in steps if self.validation_metric in step]
+        validations = self.validations_after_training_began(steps)
         calls_enough = self.stop_at_call_rate is None or (
             sum(rates[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_call_rate
         )
@@ -75,6 +76,16 @@ class DemoTask:
             and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_reward
             and validations[-1] >= self.stop_at_reward
         )
+
+    def validations_after_training_began(self, steps: list[dict]) -> list[float]:
+        """The validation rewards logged with or after the first training step's metrics, in order."""
+        found: list[float] = []
+        trained = False
+        for step in steps:
+            trained = trained or TRAINING_REWARD in step
+            if trained and self.validation_metric in step:
+                found.append(step[self.validation_metric])
+        return found
 
 
 def _write_rotation(out_dir: Path, **sizes) -> tuple[Path, Path]:
