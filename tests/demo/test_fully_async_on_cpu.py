@@ -68,7 +68,9 @@ def test_the_demo_runs_verls_fully_async_trainer_through_the_hooked_entry_point(
     assert config.async_training.concurrent_samples_per_replica == 4  # one step's prompts: the next in flight
 
 
-@pytest.mark.parametrize(("steps", "validate_every", "test_freq"), [(40, 5, 6), (30, 5, 7), (12, 5, 5), (3, 3, 4)])
+@pytest.mark.parametrize(
+    ("steps", "validate_every", "test_freq"), [(40, 5, 6), (30, 5, 7), (12, 5, 5), (3, 3, 4), (40, -1, 41)]
+)
 def test_fully_async_validates_as_often_as_the_task_asks_and_logs_the_last_step(steps, validate_every, test_freq):
     """verl's fully async trainer validates at multiples of test_freq and logs the last step only where test_freq
     does not divide the step count: the zoom task's every 5 of 40 steps becomes every 6."""

@@ -105,8 +105,8 @@ def fully_async_test_freq(steps: int, validate_every: int) -> int:
     ``trainer.test_freq`` does not divide the step count (``FullyAsyncTrainer.fit``); it validates at multiples of
     ``test_freq`` only, never at the end. So: the first frequency from ``validate_every`` on that does not divide
     ``steps`` (a task validating every 5 of 40 steps validates every 6 here), or ``steps + 1`` (every step logged, no
-    validation after training began) for a task that validates once, at its end."""
-    if validate_every >= steps:
+    validation after training began) for a task that validates once, at its end or never (verl's test_freq <= 0)."""
+    if not 0 < validate_every < steps:
         return steps + 1
     return next(freq for freq in range(validate_every, steps + 2) if steps % freq)
 
