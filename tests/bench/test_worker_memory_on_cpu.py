@@ -1,6 +1,6 @@
 """Figure 4's worker sweep (``bench/worker_memory.py``): the figures from the runs' numbers (exact), and one small
-run through verl's real AgentLoopWorker, whose counted bytes follow from the image sizes. The measured peak RSS is
-not asserted beyond being there (it depends on the allocator and the machine)."""
+run through verl's real AgentLoopWorker, whose counted bytes follow from the image sizes. The measured peak RSS depends
+on the allocator and the machine: asserted only to hold what the run still holds, at half its size at least."""
 
 from __future__ import annotations
 
@@ -56,7 +56,9 @@ def test_a_small_run_counts_its_images_and_what_the_trainer_gets():
     # Pillow's 4 bytes a pixel, and Qwen-VL's pixel values: float32, two frames of 3 channels, 24 bytes a pixel;
     # the rest: grids, token counts, the dicts (a few kB)
     assert 0 < found["counted_bytes"] - 28 * pixels < 8192
-    assert found["peak_added_bytes"] > 0
+    # the output is alive when the peak is read, and the baseline kept no freed blocks to absorb it (5.8 MB for
+    # 2.1 MB counted here; 0 was once measured before the baseline returned freed blocks to the kernel)
+    assert found["peak_added_bytes"] >= found["counted_bytes"] // 2
 
 
 def test_where_the_peak_cannot_be_reset_the_sweep_is_skipped_with_a_line(monkeypatch, tmp_path):

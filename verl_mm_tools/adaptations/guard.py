@@ -158,7 +158,7 @@ ADAPTATION = Adaptation(
     section=Section.REPLACEMENTS,
     where="`adaptations/guard.py`: `checked`, `install` / `install_method`, `confirm`; the records: "
     "`adaptations/record.py`",
-    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38): checks the sha256 of each target's source "
+    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39): checks the sha256 of each target's source "
     "against its record, then installs the replacement in its home module and in every verl module that bound it by "
     "name (marked, so a second import is a no-op). A changed target refuses to start, naming the row, the target, the "
     f"expected and found hashes and what to do; `{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and "

@@ -6,7 +6,9 @@ it), and 64 trajectories again with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed (la
 peak then follows the live bytes, freed ones go back to the kernel).
 
 The peak is the kernel's: Linux's ``VmHWM`` (the process's peak RSS), reset after a warm-up trajectory by writing 5
-to ``/proc/self/clear_refs``, minus the RSS at that moment. Beside it, counted like the single-trajectory figure
+to ``/proc/self/clear_refs``, minus the RSS at that moment, taken after glibc returned its freed blocks to the kernel
+(``malloc_trim``): blocks the warm-up freed but kept resident would otherwise absorb a small run (a 2-trajectory run's
+peak once equalled its baseline). Beside it, counted like the single-trajectory figure
 (``memory.held_bytes``): the bytes the N finished trajectories hold for the trainer (their images' pixels and each
 sample's ``multi_modal_inputs``), so the figures say how much of the peak they explain.
 
@@ -17,6 +19,7 @@ counted_bytes, raw_image_bytes, images}`` as JSON.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -90,11 +93,18 @@ def worker_run(model_dir: str, trajectories: int, turns: int, side: int) -> dict
         worker.llm_client = UnrecordedServer(tokenizer, script)
         generate(worker, _batch(1, side))  # first-call costs (imports, caches) are not the trajectories'
         gc.collect()
+        _return_freed_blocks()
         baseline = _status_bytes("VmRSS")
         CLEAR_REFS.write_text(RESET_PEAK)
         output = generate(worker, _batch(trajectories, side))
         peak = _status_bytes("VmHWM")
         return {"peak_added_bytes": peak - baseline, **_held_for_the_trainer(output, worker.processor)}
+
+
+def _return_freed_blocks() -> None:
+    """glibc's ``malloc_trim(0)``: freed heap blocks go back to the kernel (elsewhere nothing happens)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _held_for_the_trainer(output, processor) -> dict[str, int]:

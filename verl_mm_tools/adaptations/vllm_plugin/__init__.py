@@ -7,15 +7,16 @@ Inert unless vLLM runs on its CPU platform.
 - ``moe_weights``: expert layers keep loadable weights after vLLM packs them.
 - ``moe_silu``: the torch path of vLLM's CPU fused MoE (CPUs without AVX-512) computes SiLU-and-mul without building
   a ``CustomOp`` outside vLLM's config context.
+- ``eager_sampler``: the CPU sampler's random draw runs without ``torch.compile`` (15-35 s of every engine start).
 
 These modules must import without verl and torch (vLLM imports them in every engine process, ``vllm serve`` too).
 """
 
 from __future__ import annotations
 
-from verl_mm_tools.adaptations.vllm_plugin import linear_weights, moe_silu, moe_weights
+from verl_mm_tools.adaptations.vllm_plugin import eager_sampler, linear_weights, moe_silu, moe_weights
 
-VLLM_ADAPTATIONS = (linear_weights, moe_weights, moe_silu)
+VLLM_ADAPTATIONS = (linear_weights, moe_weights, moe_silu, eager_sampler)
 
 
 def adapt_vllm_cpu() -> None:
