@@ -51,7 +51,7 @@ def apply() -> None:
         return random_sample(logits)
 
     # ``forward_cpu`` looks the function up in its module at each call
-    importlib.import_module(SAMPLER_MODULE).compiled_random_sample = mark(compiled_random_sample)
+    setattr(importlib.import_module(SAMPLER_MODULE), TARGET.name, mark(compiled_random_sample))
     logger.debug("vLLM's CPU sampler draws eagerly, without torch.compile")
 
 
