@@ -1,5 +1,5 @@
-"""vLLM's CPU sampler draws its random tokens eagerly (``adaptations/vllm_plugin/eager_sampler.py``): vLLM's own draw is
-a ``torch.compile`` function, and the replacement draws from the same distribution."""
+"""vLLM's CPU sampler runs without torch.compile (``adaptations/vllm_plugin/eager_sampler.py``): vLLM's own draw and
+rank are ``torch.compile`` functions; the replacements give the same ranks and draw from the same distribution."""
 
 from __future__ import annotations
 
@@ -10,51 +10,63 @@ from verl_mm_tools.adaptations.guard import PATCHED_MARK, source_sha256
 from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu, eager_sampler
 
 DRAWS = 200_000
+VOCABULARY = 151_936  # Qwen's
 
 
 @pytest.fixture(scope="module")
-def sampler():
-    from vllm.v1.sample.ops import topk_topp_sampler
+def vllm_modules():
+    """vLLM's originals, read before the plugin replaces them (or, when another test of this process loaded the
+    plugin first, through ``__wrapped__``), then the sampler modules with the plugin applied."""
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs, topk_topp_sampler
 
-    original = topk_topp_sampler.compiled_random_sample
+    originals = [topk_topp_sampler.compiled_random_sample, logprobs.batched_count_greater_than]
+    originals = [code.__wrapped__ if getattr(code, PATCHED_MARK, False) else code for code in originals]
     adapt_vllm_cpu()
-    return original, topk_topp_sampler
+    return originals, topk_topp_sampler, logprobs, sampler
 
 
-def test_vllms_own_draw_is_a_torch_compile_function(sampler):
-    original, _ = sampler
-    if getattr(original, PATCHED_MARK, False):  # another test of this process loaded the plugin first
-        original = original.__wrapped__
-    # what costs every engine start its compile: inductor's wrapper, not the eager function inside it
-    assert original._torchdynamo_orig_callable.__name__ == "compiled_random_sample"
-    assert source_sha256(original) == eager_sampler.TARGET.sha256
+def test_vllms_own_functions_are_torch_compile_functions(vllm_modules):
+    originals, *_ = vllm_modules
+    for original, target in zip(originals, eager_sampler.ADAPTATION.targets, strict=True):
+        # what costs a compile in every engine process: inductor's wrapper, not the function inside it
+        assert original._torchdynamo_orig_callable.__name__ == target.name
+        assert source_sha256(original) == target.sha256
 
 
-def test_the_plugin_puts_the_eager_draw_where_forward_cpu_looks_it_up(sampler):
-    _, module = sampler
-    installed = module.compiled_random_sample
-    assert getattr(installed, PATCHED_MARK) is True
-    assert not hasattr(installed, "_torchdynamo_orig_callable")
-    assert source_sha256(installed) == eager_sampler.TARGET.sha256  # the guard still reads vLLM's original
+def test_the_plugin_puts_both_where_vllms_sampler_calls_them(vllm_modules):
+    _, draw_module, rank_module, sampler = vllm_modules
+    draw, rank = draw_module.compiled_random_sample, rank_module.batched_count_greater_than
+    assert sampler.batched_count_greater_than is rank  # bound by name at the sampler's import
+    for installed, target in zip((draw, rank), eager_sampler.ADAPTATION.targets, strict=True):
+        assert getattr(installed, PATCHED_MARK) is True
+        assert not hasattr(installed, "_torchdynamo_orig_callable")
+        assert source_sha256(installed) == target.sha256  # the guard still reads vLLM's original
     adapt_vllm_cpu()  # a second load of the plugin changes nothing
-    assert module.compiled_random_sample is installed
-    torch.manual_seed(7)
-    logits = torch.randn(16, 151_936)
-    torch.manual_seed(11)
-    drawn = installed(logits.clone())
-    torch.manual_seed(11)
-    assert torch.equal(drawn, eager_sampler.random_sample(logits.clone()))
-    assert drawn.shape == (16,) and drawn.dtype == torch.int64
+    assert (draw_module.compiled_random_sample, rank_module.batched_count_greater_than) == (draw, rank)
 
 
-def test_the_eager_draw_follows_the_softmax_and_never_draws_a_masked_token():
+def test_the_rank_is_vllms_function_body_exactly(vllm_modules):
+    originals, _, rank_module, _ = vllm_modules
+    generator = torch.Generator().manual_seed(3)
+    logprobs = torch.randn(16, VOCABULARY, generator=generator).log_softmax(-1)
+    chosen = logprobs.gather(-1, torch.randint(VOCABULARY, (16, 1), generator=generator))
+    ranks = rank_module.batched_count_greater_than(logprobs, chosen)
+    assert torch.equal(ranks, originals[1]._torchdynamo_orig_callable(logprobs, chosen))
+    assert ranks.tolist() == [int((row >= value).sum()) for row, value in zip(logprobs, chosen, strict=True)]
+    assert rank_module.batched_count_greater_than(logprobs, logprobs.max(-1, keepdim=True).values).tolist() == [1] * 16
+
+
+def test_the_draw_follows_the_softmax_and_never_draws_a_masked_token(vllm_modules):
+    _, draw_module, _, _ = vllm_modules
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, float("-inf"), 0.5]]).repeat(DRAWS, 1)
     torch.manual_seed(0)
-    drawn = eager_sampler.random_sample(logits)
+    drawn = draw_module.compiled_random_sample(logits)
+    assert drawn.shape == (DRAWS,) and drawn.dtype == torch.int64
     frequencies = torch.bincount(drawn, minlength=6).double() / DRAWS
     expected = logits[0].double().softmax(-1)
-    assert frequencies[4] == 0  # top-k / top-p mask with -inf
-    # binomial standard deviation at 200,000 draws is at most 0.0011: five of them
+    assert frequencies[4] == 0  # masked by top-k / top-p with -inf
+    # a binomial standard deviation at 200,000 draws is at most 0.0011: five of them
     assert torch.allclose(frequencies, expected, atol=0.0056), (frequencies, expected)
 
 

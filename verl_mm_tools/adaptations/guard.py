@@ -133,12 +133,13 @@ def mark(replacement: Callable) -> Callable:
     return replacement
 
 
-def install(target: Target, original: Callable, replacement: Callable) -> None:
-    """Put ``replacement`` wherever ``target``'s module and verl's modules hold ``original`` under its name."""
+def install(target: Target, original: Callable, replacement: Callable, bound_in: str = "verl.") -> None:
+    """Put ``replacement`` wherever ``target``'s module and the loaded modules under ``bound_in`` (verl's, or vLLM's)
+    hold ``original`` under its name."""
     mark(replacement)
     for name, module in list(sys.modules.items()):
         is_home = name == target.module
-        if (is_home or name.startswith("verl.")) and getattr(module, target.name, None) is original:
+        if (is_home or name.startswith(bound_in)) and getattr(module, target.name, None) is original:
             setattr(module, target.name, replacement)
     logger.debug("replaced %s", target.qualname)
 

@@ -7,7 +7,7 @@ Inert unless vLLM runs on its CPU platform.
 - ``moe_weights``: expert layers keep loadable weights after vLLM packs them.
 - ``moe_silu``: the torch path of vLLM's CPU fused MoE (CPUs without AVX-512) computes SiLU-and-mul without building
   a ``CustomOp`` outside vLLM's config context.
-- ``eager_sampler``: the CPU sampler's random draw runs without ``torch.compile`` (15-35 s of every engine start).
+- ``eager_sampler``: the CPU sampler runs without ``torch.compile`` (20-35 s of every engine start).
 
 These modules must import without verl and torch (vLLM imports them in every engine process, ``vllm serve`` too).
 """

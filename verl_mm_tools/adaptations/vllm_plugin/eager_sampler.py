@@ -1,42 +1,50 @@
-"""vLLM's CPU sampler compiles a four-line function with torch inductor in every engine process. ``TopKTopPSampler.
-forward_cpu`` draws a random token through ``compiled_random_sample``, a ``torch.compile`` function (vLLM's workaround
-for ``exponential_``, slow on x86 CPUs since torch 2.7). Its first call, during the engine's warm-up, starts
-inductor's compile workers and a C++ build: 15-35 s of every vLLM engine start on this 2-core machine, with
-``enforce_eager`` on and nothing else compiled. The replacement computes the same draw eagerly: the argmax of
-``probs / q`` with ``q ~ Exp(1)``, ``q = -log(u)`` for ``u`` uniform on [0, 1), which is as fast as the compiled
-function (12 against 20 ms for 16 rows of a 151,936-token vocabulary, 128 against 107 ms for 64 rows) and needs no
-``exponential_``."""
+"""vLLM's CPU sampler compiles two small functions with torch inductor in every engine process, though
+``enforce_eager`` compiles nothing else: ``compiled_random_sample`` (the random draw, ``torch.compile`` as vLLM's
+workaround for ``exponential_``, slow on x86 CPUs since torch 2.7) and ``batched_count_greater_than`` (the sampled
+token's rank, for log-probs). The first compile in a process starts inductor's compile workers and a C++ build: on a
+2-core machine the draw's compile took 27-35 s of the engine's warm-up, and with it gone the rank's moved the same
+cost into the first generation (23 s against 1.6 s). Both run eagerly here, computing the same values:
+
+- the draw: the argmax of ``probs / q`` with ``q ~ Exp(1)``, ``q = -log(u)`` for ``u`` uniform on [0, 1): as fast as
+  the compiled one (12 against 20 ms for 16 rows of a 151,936-token vocabulary, 128 against 107 ms for 64 rows);
+- the rank: ``(x >= values).sum(-1)``, the compiled function's body (its compile saves a boolean copy of the
+  log-probs, 2.4 MB for 16 rows).
+"""
 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 
-from verl_mm_tools.adaptations.guard import checked, mark
+from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
 
 logger = logging.getLogger(__name__)
 
-SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
-TARGET = Target(
-    SAMPLER_MODULE,
+DRAW = Target(
+    "vllm.v1.sample.ops.topk_topp_sampler",
     "compiled_random_sample",
     "f55691fb743028e9bee95a02865c57f38885f33a5497f83c6b6261d04ce16c03",
+)
+RANK = Target(
+    "vllm.v1.sample.ops.logprobs",
+    "batched_count_greater_than",
+    "85f6567d21b23b98274c081523095c12e12c4bb09f0aea797f64235e55bb2d77",
 )
 ADAPTATION = Adaptation(
     row=39,
     section=Section.REPLACEMENTS,
     where="`adaptations/vllm_plugin/eager_sampler.py` (the same vLLM plugin as row 10)",
-    targets=(TARGET,),
-    what="the CPU sampler's random draw runs eagerly: `argmax(probs / q)` with `q = -log(u)`, `u` uniform on [0, 1) "
-    "(an Exp(1) draw, as `exponential_` gives), without `torch.compile`",
-    why="vLLM wraps the draw in `torch.compile`; its first call, in the engine's warm-up, starts inductor's compile "
-    "workers and a C++ build: 15-35 s of every vLLM engine start on a 2-core CPU machine, though `enforce_eager` "
-    "compiles nothing else",
+    targets=(DRAW, RANK),
+    what="the CPU sampler's two `torch.compile` functions run eagerly: the random draw as `argmax(probs / q)` with "
+    "`q = -log(u)`, `u` uniform on [0, 1) (an Exp(1) draw, as `exponential_` gives); the sampled token's rank as "
+    "the compiled function's body",
+    why="the first `torch.compile` call in a vLLM process starts inductor's compile workers and a C++ build: 20-35 s "
+    "of every vLLM engine start on a 2-core CPU machine (in the warm-up, or in the first generation), though "
+    "`enforce_eager` compiles nothing else",
     applies_to=f"vllm-cpu {VLLM_CPU_VERSION}",
-    proof="`tests/adaptations/test_vllm_eager_sampler_on_cpu.py::test_vllms_own_draw_is_a_torch_compile_function`",
+    proof="`tests/adaptations/test_vllm_eager_sampler_on_cpu.py::test_vllms_own_functions_are_torch_compile_functions`",
 )
 
 
@@ -44,15 +52,20 @@ def apply() -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
-    (original,) = found
+    draw, rank = found
 
-    @functools.wraps(original, updated=())  # not torch.compile's attributes
+    # ``updated=()``: not torch.compile's attributes; ``__wrapped__`` keeps the guard reading vLLM's source
+    @functools.wraps(draw, updated=())
     def compiled_random_sample(logits):
         return random_sample(logits)
 
-    # ``forward_cpu`` looks the function up in its module at each call
-    setattr(importlib.import_module(SAMPLER_MODULE), TARGET.name, mark(compiled_random_sample))
-    logger.debug("vLLM's CPU sampler draws eagerly, without torch.compile")
+    @functools.wraps(rank, updated=())
+    def batched_count_greater_than(x, values):
+        return count_greater_or_equal(x, values)
+
+    install(DRAW, draw, compiled_random_sample, bound_in="vllm.")  # forward_cpu looks it up in its module
+    install(RANK, rank, batched_count_greater_than, bound_in="vllm.")  # the sampler imported it by name
+    logger.debug("vLLM's CPU sampler runs without torch.compile")
 
 
 def random_sample(logits):
@@ -63,3 +76,8 @@ def random_sample(logits):
     probs = logits.softmax(dim=-1, dtype=torch.float32)
     exponential = torch.rand_like(probs).log_().neg_()
     return probs.div_(exponential).argmax(dim=-1).view(-1)
+
+
+def count_greater_or_equal(x, values):
+    """Per row of ``x``, how many elements are at least that row's value in ``values`` (shape (rows, 1))."""
+    return (x >= values).sum(-1)
