@@ -217,7 +217,8 @@ def test_sigterm_to_the_demo_stops_the_trainer_and_its_ray_cluster(tmp_path):
 def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path):
     """Prompts longer than data.max_prompt_length (verl refuses to truncate a multimodal prompt): mm_tool masks
     every trajectory, and instead of training on nothing the step hook stops the run with the most common error.
-    On the classic trainer, whose start-up is the shortest; the v1 trainers share its step hook."""
+    On the classic trainer, whose start-up is the shortest; the v1 trainers' hook stops the same way:
+    tests/step_hook/test_replay_buffer_on_cpu.py::test_a_batch_of_masked_trajectories_stops_the_run."""
     lines: list[str] = []
     options = DemoOptions(
         rollout=HF_ROLLOUT,

@@ -159,12 +159,13 @@ ADAPTATION = Adaptation(
     section=Section.REPLACEMENTS,
     where="`adaptations/guard.py`: `checked`, `install` / `install_method`, `confirm`; the records: "
     "`adaptations/record.py`",
-    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39): checks the sha256 of each target's source "
-    "against its record, then installs the replacement in its home module and in every verl module that bound it by "
-    "name (marked, so a second import is a no-op). A changed target refuses to start, naming the row, the target, the "
-    f"expected and found hashes and what to do; `{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and "
-    "the adaptation is then not applied. The same check, by `confirm`, guards the rows whose code subclasses or copies "
-    "verl's (17-19, 21) where that code is used (downgraded, that code runs as it is)",
+    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39): checks the sha256 of each target's "
+    "source against its record, then installs the replacement in its home module and in every verl module (vLLM "
+    "module, for the vLLM plugin's rows) that bound it by name (marked, so a second import is a no-op). A changed "
+    "target refuses to start, naming the row, the target, the expected and found hashes and what to do; "
+    f"`{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and the adaptation is then not applied. The "
+    "same check, by `confirm`, guards the rows whose code subclasses or copies verl's (17-19, 21) where that code is "
+    "used (downgraded, that code runs as it is)",
     why="verl's modules bind functions by name at import (`from verl.utils.distributed import ...`), and a blind "
     "patch of a changed function would hide the change",
     applies_to="any",
