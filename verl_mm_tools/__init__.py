@@ -14,6 +14,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.adaptations.inventory",  # renders the records (it imports the registry only when asked)
         "verl_mm_tools.adaptations.record",  # the records every adaptation declares
         "verl_mm_tools.adaptations.vllm_plugin",  # vLLM loads this plugin in every engine process
+        "verl_mm_tools.adaptations.vllm_plugin.eager_sampler",
         "verl_mm_tools.adaptations.vllm_plugin.linear_weights",
         "verl_mm_tools.adaptations.vllm_plugin.moe_silu",
         "verl_mm_tools.adaptations.vllm_plugin.moe_weights",

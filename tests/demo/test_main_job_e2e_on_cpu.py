@@ -22,6 +22,7 @@ from verl_mm_tools.demo.sweep import window_mean
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import run_processes
 from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.tokens import processor_size_tokens
 from verl_mm_tools.trajectories.read import load_records
 from verl_mm_tools.trajectories.sft import SFTFilters, export_sft
 from verl_mm_tools.viewer.curve import curve_svg
@@ -29,7 +30,8 @@ from verl_mm_tools.viewer.site import build_site
 
 SEEDS = (0, 1)
 WITH_TOOLS = "mm_tool/reward/with_tool_calls"
-# the picture (896 px, seen at the processor's 224 px) and zoom_in's answer (target_side 224): 8x8 merged tokens each
+# the picture (896 px, seen at the processor's 224 px) and zoom_in's answer to a square box (224 px): 8x8 merged
+# tokens each
 TOKENS_PER_IMAGE = 64
 DUMPED_PER_STEP = 8  # the demo's dump_max_per_step
 
@@ -111,16 +113,25 @@ def test_sync_mode_trained_every_step_on_the_current_weights_and_left_nothing_be
 
 
 @pytest.mark.slow
-def test_every_tool_image_reached_the_trainer(run):
-    """Each zoom_in call that ran adds one image to the trajectory, and every image its 64 tokens: the trainer's batch
-    held them all (verl's Qwen-VL forward raises unless every placeholder has its image feature) and trained on them."""
-    result, _, _, _ = run
+def test_every_tool_image_reached_the_trainer(run, tiny_processor):
+    """Each zoom_in call that ran adds one image to the trajectory, with the tokens the processor gives its size: 64
+    for the picture and for the zoom of a square box, fewer for an oblong box's (its longer side is 224 px). The
+    trainer's batch held them all (verl's Qwen-VL forward raises unless every placeholder has its image feature) and
+    trained on them."""
+    result, paths, _, _ = run
     for step in [step for step in result.steps if TRAINING_REWARD in step]:
         images, calls = metric(step, "mm_tool/images/mean"), metric(step, "mm_tool/tool/zoom_in/calls_per_trajectory")
         assert calls == step["tool_call_counts/mean"]
         assert images == 1 + calls - metric(step, "mm_tool/tool_errors/mean")  # a failed call answers with text
-        assert metric(step, "mm_tool/image_tokens/mean") == TOKENS_PER_IMAGE * images
+        assert TOKENS_PER_IMAGE <= metric(step, "mm_tool/image_tokens/mean") <= TOKENS_PER_IMAGE * images
         assert step["actor/grad_norm"] > 0 and step["training/rollout_probs_diff_valid"] == 1
+    # exactly, where the sizes are recorded: the dumped trajectories
+    records = [json.loads(path.read_text()) for path in paths.trajectories.glob("step_*/*/trajectory.json")]
+    assert records
+    for record in records:
+        sizes = [(image["width"], image["height"]) for image in record["images"]]
+        assert sizes[0] == (896, 896) and processor_size_tokens(tiny_processor, 896, 896) == TOKENS_PER_IMAGE
+        assert record["stats"]["image_tokens"] == sum(processor_size_tokens(tiny_processor, *size) for size in sizes)
 
 
 @pytest.mark.slow
