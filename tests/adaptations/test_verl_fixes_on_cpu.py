@@ -150,6 +150,25 @@ def test_verls_glm4v_flops_estimate_fails_on_transformers_5_and_the_fix_counts_t
     assert estimated == flops_counter._estimate_qwen2_flops(config.text_config, 100, [100], 1.0) > 0
 
 
+def test_verls_separate_async_logs_with_a_keyword_logging_refuses_and_the_fix_logs_it(caplog):
+    """The bug: with ``actor_rollout_ref.hybrid_engine=false`` verl's separate_async ``_setup`` logs with ``print``'s
+    ``flush``, which a logger refuses. The fixed module logger logs that line (the whole start-up: the separate_async
+    run of tests/demo/test_demo_e2e_on_cpu.py, which sets hybrid_engine=false)."""
+    import inspect
+    import logging
+
+    from verl.trainer.ppo.v1 import trainer_separate_async
+
+    source = inspect.getsource(trainer_separate_async.PPOTrainerSeparateAsync._setup)
+    assert re.search(r"logger\.info\(\s*\"\[V1SepAsync\] hybrid replicas disabled.*?flush=True,\s*\)", source, re.S)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'flush'"):
+        logging.getLogger(trainer_separate_async.__name__).info("standalone replicas only", flush=True)
+    with caplog.at_level(logging.INFO, logger=trainer_separate_async.__name__):
+        trainer_separate_async.logger.info("standalone replicas only", flush=True)
+    logged = [record.getMessage() for record in caplog.records if record.name == trainer_separate_async.__name__]
+    assert logged == ["standalone replicas only"]
+
+
 def glm_image_inputs():
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor

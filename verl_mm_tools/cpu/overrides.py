@@ -68,6 +68,12 @@ SEPARATE_ASYNC_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.rollout.nnodes=1", "the standalone rollout's resource pool: one node ..."),
     ("actor_rollout_ref.rollout.n_gpus_per_node=1", "... with one logical GPU: one hf server replica"),
     (
+        "actor_rollout_ref.hybrid_engine=false",
+        "no rollout replica beside the trainer: on CPU it shares the cores the trainer computes on, so it has no idle "
+        "hardware to lend, and verl only switches to it for validation (hybrid_rollout.enable_switch is off); it "
+        "would be a second engine to start and to sync weights to. Validation runs on the standalone rollout",
+    ),
+    (
         "++ray_kwargs.ray_init.num_gpus=2",
         "one logical Ray GPU for the trainer's pool, one for the rollout's (verl's "
         "pools ask for GPUs; the CPU platform's Ray resource is GPU); ++ replaces "

@@ -15,6 +15,7 @@ from verl_mm_tools.adaptations.fixes import (
     processed_images,
     qwen2_vl_text_only,
     remote_tools,
+    separate_async_logger,
     sft_rows_without_images,
     sft_tools_nulls,
     vllm_image_tokens,
@@ -35,6 +36,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     sft_rows_without_images,
     remote_tools,
     processed_images,
+    separate_async_logger,
 )
 
 
