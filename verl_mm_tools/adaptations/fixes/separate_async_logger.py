@@ -46,6 +46,6 @@ class FlushIgnoringLogger(logging.LoggerAdapter):
 def apply(_module=None) -> None:
     if checked(ADAPTATION) is None:
         return
-    module = importlib.import_module(SEPARATE_ASYNC_MODULE)
+    module: Any = importlib.import_module(SEPARATE_ASYNC_MODULE)
     if not isinstance(module.logger, FlushIgnoringLogger):
         module.logger = FlushIgnoringLogger(module.logger, {})
