@@ -128,7 +128,10 @@ def test_trajectories_called_the_tool_and_nothing_was_masked(demo):
         assert metric(data, "mm_tool/stop/error") == 0
         outputs = [json.loads(line)["output"] for line in (out / "rollouts" / f"{record['step']}.jsonl").open()]
         errors = sum(output.count("Error from rotate: ") for output in outputs)
-        assert metric(data, "mm_tool/tool_errors/mean") * len(outputs) == errors
+        # a failed call in a turn dropped for the response budget is counted but never shown
+        counted = ("tool_errors", "dropped_turns")
+        failed, dropped = (metric(data, f"mm_tool/{key}/mean") * len(outputs) for key in counted)
+        assert errors <= failed <= errors + dropped
         assert errors <= len(outputs) // 8  # the warm start writes valid calls: measured 0 or 1 in 16
 
 
