@@ -239,6 +239,8 @@ def test_a_run_whose_every_trajectory_is_masked_stops_at_its_first_step(tmp_path
     assert run_demo(options, lines.append) != 0
     log = (tmp_path / "logs" / "trainer.log").read_text(errors="replace")
     assert "MaskedBatchError: 4 of 4 mm_tool trajectories of training step 1 were masked" in log
+    failed = "the trainer failed (exit status 1): verl_mm_tools.step_hook.step.MaskedBatchError: 4 of 4 mm_tool"
+    assert any(line.startswith(failed) for line in lines)  # the summary names the error, not only the log's end
     assert "exceeding rollout.prompt_length=128" in log
     assert not (tmp_path / "logs" / "metrics.jsonl").exists() or not (tmp_path / "logs" / "metrics.jsonl").read_text()
 

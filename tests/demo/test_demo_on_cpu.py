@@ -13,7 +13,7 @@ from verl_mm_tools.demo.options import TRAINERS, DemoOptions
 from verl_mm_tools.demo.overrides import trainer_command
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.run import run_demo
-from verl_mm_tools.demo.summary import learning_curve, what_was_learned
+from verl_mm_tools.demo.summary import learning_curve, trainer_error, what_was_learned
 from verl_mm_tools.demo.tasks import CALL_RATE, LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import RunResult
 from verl_mm_tools.errors import ConfigError
@@ -274,3 +274,35 @@ def test_your_tools_and_environment_join_the_run(tmp_path, monkeypatch):
 def test_bad_tools_or_environment_are_refused_before_the_run(tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
         DemoOptions(out=tmp_path, **options)
+
+
+# The end of verl's log after a Ray node was lost mid-step (``demo --nodes 2 --trainer separate_async``, node_b's
+# raylet killed during step 2, 2026-11-30): the driver's exception, Ray's reason, then other processes' output.
+LOST_NODE_LOG = """\
+(TaskRunnerV1 pid=26460) ValueError: logged by a worker, not what ended the run
+Traceback (most recent call last):
+  File "verl/trainer/main_ppo.py", line 93, in run_ppo
+    ray.get(runner.run.remote(config))
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+\tclass_name: TaskRunnerV1
+\tip: 192.0.2.2
+The actor died because its node has died. Node Id: 8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77
+\tthe actor's node was terminated unexpectedly: health check failed due to missing too many heartbeats
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+(raylet) Raylet is terminated. Termination is unexpected.
+    [state-dump] ReporterService.grpc_client.HealthCheck - 1 total (0 active)
+"""
+
+
+def test_a_failed_run_names_the_exception_that_ended_it_and_why_rays_actor_died(tmp_path):
+    log = tmp_path / "trainer.log"
+    log.write_text(LOST_NODE_LOG)
+    assert trainer_error(log) == (
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task. (The actor died "
+        "because its node has died. Node Id: 8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77)"
+    )
+    log.write_text("Traceback (most recent call last):\nValueError: no such file: data.parquet\n")
+    assert trainer_error(log) == "ValueError: no such file: data.parquet"
+    log.write_text("step:1 - reward 0.5\n")
+    assert trainer_error(log) is None and trainer_error(tmp_path / "missing.log") is None

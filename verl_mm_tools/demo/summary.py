@@ -3,6 +3,7 @@ the first steps to the last, and where its checkpoint, logs and dumps are."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,8 +83,10 @@ def how_it_ended(result: RunResult, paths: DemoPaths, task: DemoTask, trained: i
             f"(see {paths.out / 'learning_curve.json'})"
         ]
     if result.returncode != 0:
+        error = trainer_error(paths.trainer_log)
         return [
-            f"the trainer failed (exit status {result.returncode}); the end of {paths.trainer_log}:",
+            f"the trainer failed (exit status {result.returncode})" + (f": {error}" if error else ""),
+            f"the end of {paths.trainer_log}:",
             *("  " + line for line in log_tail(paths.trainer_log)),
         ]
     return []
@@ -105,6 +108,24 @@ def where_things_are(result: RunResult, paths: DemoPaths, task: DemoTask, total_
     if task.stop_at_reward is not None:
         lines.append(f"curve:        {paths.out / CURVE_PICTURE}  (reward, tool-call rate, validation per step)")
     return lines
+
+
+# The exception that ended verl's driver ("ray.exceptions.ActorDiedError: The actor died ...") and Ray's reason for
+# an actor's death, which follows it ("The actor died because its node has died. Node Id: ..."): what the user needs,
+# where the log's last lines are often other processes' output.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+")
+DEATH_REASON = re.compile(r"^\s*The actor died because .+")
+
+
+def trainer_error(path: Path) -> str | None:
+    """The last exception line of the trainer's log, with Ray's reason where an actor died; None when there is none."""
+    text = path.read_text(errors="replace").splitlines() if path.exists() else []
+    found = [index for index, line in enumerate(text) if EXCEPTION_LINE.match(line)]
+    if not found:
+        return None
+    error = text[found[-1]].strip()
+    reason = next((line.strip() for line in text[found[-1] + 1 : found[-1] + 12] if DEATH_REASON.match(line)), None)
+    return f"{error} ({reason})" if reason else error
 
 
 def log_tail(path: Path, lines: int = 25) -> Iterator[str]:
