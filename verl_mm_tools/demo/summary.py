@@ -4,7 +4,6 @@ the first steps to the last, and where its checkpoint, logs and dumps are."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 from verl_mm_tools.demo.examples import before_and_after
@@ -83,11 +82,12 @@ def how_it_ended(result: RunResult, paths: DemoPaths, task: DemoTask, trained: i
             f"(see {paths.out / 'learning_curve.json'})"
         ]
     if result.returncode != 0:
-        error = trainer_error(paths.trainer_log)
+        log = log_lines(paths.trainer_log)
+        error = trainer_error(log)
         return [
             f"the trainer failed (exit status {result.returncode})" + (f": {error}" if error else ""),
             f"the end of {paths.trainer_log}:",
-            *("  " + line for line in log_tail(paths.trainer_log)),
+            *("  " + line for line in log[-LOG_TAIL_LINES:]),
         ]
     return []
 
@@ -117,9 +117,11 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)
 DEATH_REASON = re.compile(r"^\s*The actor died because .+")
 
 
-def trainer_error(path: Path) -> str | None:
+LOG_TAIL_LINES = 25
+
+
+def trainer_error(text: list[str]) -> str | None:
     """The last exception line of the trainer's log, with Ray's reason where an actor died; None when there is none."""
-    text = path.read_text(errors="replace").splitlines() if path.exists() else []
     found = [index for index, line in enumerate(text) if EXCEPTION_LINE.match(line)]
     if not found:
         return None
@@ -128,6 +130,6 @@ def trainer_error(path: Path) -> str | None:
     return f"{error} ({reason})" if reason else error
 
 
-def log_tail(path: Path, lines: int = 25) -> Iterator[str]:
-    text = path.read_text(errors="replace").splitlines() if path.exists() else []
-    yield from text[-lines:]
+def log_lines(path: Path) -> list[str]:
+    """The trainer's log, read once for the summary of a failed run (none where the run wrote no log)."""
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
