@@ -30,6 +30,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.cpu",  # the package and its vLLM settings, which the vLLM plugin reads in every engine process
         "verl_mm_tools.cpu.names",  # the HF rollout's name (the demo's options read it)
         "verl_mm_tools.cpu.vllm_cpu",
+        "verl_mm_tools.cpu.weight_mailbox",  # the weight-sync mailbox actor, started in a fresh Ray worker
         "verl_mm_tools.data",
         "verl_mm_tools.data.command",
         "verl_mm_tools.errors",
