@@ -90,6 +90,7 @@ def test_the_ending_call_is_answered_and_the_trajectory_trains_on_what_it_genera
     )
     assert row["response_mask"] == [1] * generated + [0] * (len(row["response_ids"]) - generated)
     assert list(output.non_tensor_batch["mm_tool/stop_reason"]) == ["tool_failed", "answered"]
+    assert list(output.non_tensor_batch["__num_turns__"]) == [3, 4]  # prompt, call, answer (then the model's answer)
     assert list(output.non_tensor_batch["mm_tool/masked"]) == [0, 0]
     assert list(output.non_tensor_batch["mm_tool/error"]) == ["", ""]
     assert field(output, "mm_tool/turn_spans") == [[0, generated]]

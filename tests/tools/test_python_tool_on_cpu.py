@@ -254,6 +254,11 @@ def test_a_failing_call_is_answered_or_ends_the_trajectory_as_configured(tiny_mo
     assert row["response_mask"] == [1] * len(called) + [0] * len(told) + [1] * len(answered)
     stop, generations = ("tool_failed", 1) if on_error == "end" else ("answered", 2)
     assert (output.non_tensor_batch["mm_tool/stop_reason"][0], len(server.requests)) == (stop, generations)
+    # verl's count: the prompt, each generation and the tool's answer (the last message with on_error: end)
+    assert (output.non_tensor_batch["__num_turns__"][0], output.non_tensor_batch["mm_tool/turns"][0]) == (
+        generations + 2,
+        generations,
+    )
     metrics = aggregate_metrics(output.non_tensor_batch)
     assert (metrics["mm_tool/stop/tool_failed"], metrics["mm_tool/stop/error"]) == (float(on_error == "end"), 0.0)
     assert metrics["mm_tool/tool/python/error_rate"] == 1.0
