@@ -76,7 +76,14 @@ def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say:
     with local_cluster(nodes=options.nodes, num_cpus=num_cpus, num_gpus=per_node_gpus, env=env) as cluster:
         names = ", ".join(node.name for node in cluster.nodes)
         say(f"[{time.monotonic() - clock:5.1f}s] Ray nodes {names} up at {cluster.address}")
-        return _train(options, paths, trainer_command(options, paths, address=cluster.address), clock, say)
+        node_ids = {node.name: node.node_id() for node in cluster.nodes}
+        result = _train(options, paths, trainer_command(options, paths, address=cluster.address), clock, say)
+        for lost in cluster.lost_nodes():
+            say(
+                f"[{time.monotonic() - clock:5.1f}s] Ray node {lost.name} (Node Id: {node_ids[lost.name]}) was lost "
+                "during the run: its raylet is gone"
+            )
+        return result
 
 
 def _train(

@@ -81,6 +81,13 @@ class RayNode:
     def raylet(self) -> psutil.Process | None:
         return next((process for process in self.processes() if _is_raylet(process)), None)
 
+    def node_id(self) -> str | None:
+        """Ray's id of this node (what Ray's errors name: "Node Id: ..."), from its raylet's command line; None when
+        the raylet is gone."""
+        raylet = self.raylet()
+        flags = _cmdline(raylet) if raylet is not None else []
+        return next((flag.split("=", 1)[1] for flag in flags if flag.startswith("--node_id=")), None)
+
 
 @dataclasses.dataclass
 class LocalCluster:
@@ -109,6 +116,10 @@ class LocalCluster:
             for process in node.processes():
                 seen.setdefault(process.pid, process)
         return list(seen.values())
+
+    def lost_nodes(self) -> list[RayNode]:
+        """The nodes whose raylet is no longer running (killed, or died with its machine)."""
+        return [node for node in self.nodes if node.raylet() is None]
 
     def kill_raylet(self, name: str) -> int:
         """SIGKILL the node's raylet (its workers exit with it): the node is lost, as when its machine dies.
@@ -280,6 +291,13 @@ def _processes_naming(text: str) -> list[psutil.Process]:
 def _children(process: psutil.Process) -> list[psutil.Process]:
     try:
         return process.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return []
 
