@@ -88,7 +88,17 @@ INIT_PROCESS_GROUP = """
 """
 
 
-def _init_process_group(platform: str, apply_patch: bool) -> str:
+def _init_process_group(platform: str, apply_patch: bool, tries: int = 3) -> str:
+    """The child's one-line outcome. A free port can be taken by another process before the child binds it (seen
+    in a fast-lane run beside Ray tests): then the child runs again on a new port."""
+    for _ in range(tries):
+        outcome = _init_process_group_once(platform, apply_patch)
+        if "EADDRINUSE" not in outcome:
+            return outcome
+    return outcome
+
+
+def _init_process_group_once(platform: str, apply_patch: bool) -> str:
     env = dict(
         os.environ,
         VERL_PLATFORM=platform,
