@@ -112,7 +112,6 @@ def test_the_trainer_runs_to_the_end_and_leaves_nothing_behind(demo):
     assert stray_processes(out / "logs" / "metrics.jsonl") == []
     if TWO_NODE_RUN in out.parent.name:
         assert any("Ray nodes node_a, node_b up at" in line for line in lines)
-        assert not any("was lost during the run" in line for line in lines)
         assert "Connecting to existing Ray cluster" in (out / "logs" / "trainer.log").read_text()
 
 

@@ -13,7 +13,13 @@ from verl_mm_tools.demo.options import TRAINERS, DemoOptions
 from verl_mm_tools.demo.overrides import trainer_command
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.run import run_demo
-from verl_mm_tools.demo.summary import learning_curve, log_lines, trainer_error, what_was_learned
+from verl_mm_tools.demo.summary import (
+    learning_curve,
+    log_lines,
+    nodes_reported_dead,
+    trainer_error,
+    what_was_learned,
+)
 from verl_mm_tools.demo.tasks import CALL_RATE, LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import RunResult
 from verl_mm_tools.errors import ConfigError
@@ -302,6 +308,8 @@ def test_a_failed_run_names_the_exception_that_ended_it_and_why_rays_actor_died(
         "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task. (The actor died "
         "because its node has died. Node Id: 8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77)"
     )
+    lost = "8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77"
+    assert nodes_reported_dead(log_lines(log), {"node_a": "c853ba95", "node_b": lost, "node_c": None}) == ["node_b"]
     log.write_text("Traceback (most recent call last):\nValueError: no such file: data.parquet\n")
     assert trainer_error(log_lines(log)) == "ValueError: no such file: data.parquet"
     log.write_text("step:1 - reward 0.5\n")

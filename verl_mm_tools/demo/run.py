@@ -30,7 +30,7 @@ from pathlib import Path
 from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions
 from verl_mm_tools.demo.overrides import ray_sizes, trainer_command, trainer_environment, write_command_script
 from verl_mm_tools.demo.prepare import DemoPaths, prepare
-from verl_mm_tools.demo.summary import learning_curve, summarize
+from verl_mm_tools.demo.summary import learning_curve, log_lines, nodes_reported_dead, summarize
 from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult, run_trainer
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.record import STAGING_DIR
@@ -78,11 +78,10 @@ def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say:
         say(f"[{time.monotonic() - clock:5.1f}s] Ray nodes {names} up at {cluster.address}")
         node_ids = {node.name: node.node_id() for node in cluster.nodes}
         result = _train(options, paths, trainer_command(options, paths, address=cluster.address), clock, say)
-        for lost in cluster.lost_nodes():
-            say(
-                f"[{time.monotonic() - clock:5.1f}s] Ray node {lost.name} (Node Id: {node_ids[lost.name]}) was lost "
-                "during the run: its raylet is gone"
-            )
+        if result.returncode != 0:
+            for name in nodes_reported_dead(log_lines(paths.trainer_log), node_ids):
+                elapsed = time.monotonic() - clock
+                say(f"[{elapsed:5.1f}s] Ray node {name} died during the run (Node Id {node_ids[name]})")
         return result
 
 

@@ -117,10 +117,6 @@ class LocalCluster:
                 seen.setdefault(process.pid, process)
         return list(seen.values())
 
-    def lost_nodes(self) -> list[RayNode]:
-        """The nodes whose raylet is no longer running (killed, or died with its machine)."""
-        return [node for node in self.nodes if node.raylet() is None]
-
     def kill_raylet(self, name: str) -> int:
         """SIGKILL the node's raylet (its workers exit with it): the node is lost, as when its machine dies.
         Returns the raylet's pid."""
