@@ -1,6 +1,7 @@
 """``remote:`` pools on a two-node Ray cluster started on this machine (``testkit.cluster``): the driver (verl's
 AgentLoopWorker, in this process) attaches to node_a, the pools are placed on node_b through its custom resource.
-Images cross nodes through Ray's object store and come back pixel for pixel; a user's tool module reaches node_b
+Images cross nodes through Ray's object store and come back pixel for pixel (dataset images given as paths too, with
+an environment's pool on node_a beside the tool's on node_b); a user's tool module reaches node_b
 through ``runtime_env`` (and its absence is an error naming the node and the module); a killed actor on node_b masks
 only its trajectory; a lost node_b fails the pool's calls with a message naming it, and no process is left behind."""
 
@@ -110,6 +111,15 @@ def pictures(count: int) -> list[list[dict]]:
     return [image_prompt("By how many degrees is it rotated?", [image]) for image in images]
 
 
+def images_by_prompt(server) -> dict:
+    """Each request's images (size and pixels) by its prompt: trajectories run side by side, so requests arrive in
+    any order."""
+    return {
+        tuple(request["prompt_ids"]): [(image.size, image.tobytes()) for image in request["images"]]
+        for request in server.requests
+    }
+
+
 @pytest.mark.slow
 def test_a_pool_on_node_b_gives_the_same_tokens_and_images_as_in_process(cluster, node_ids, rollout, tmp_path):
     from verl_mm_tools.remote.nodes import this_node_id
@@ -128,15 +138,59 @@ def test_a_pool_on_node_b_gives_the_same_tokens_and_images_as_in_process(cluster
     for index in range(3):
         assert unpadded_row(remote, index) == unpadded_row(local, index)  # tokens, image ids in the tool texts
 
-    def images_by_prompt(server) -> dict:
-        return {
-            tuple(request["prompt_ids"]): [(image.size, image.tobytes()) for image in request["images"]]
-            for request in server.requests
-        }
-
     assert sorted(len(request["images"]) for request in remote_server.requests) == [1] * 3 + [2] * 3 + [3] * 3
     assert images_by_prompt(remote_server) == images_by_prompt(local_server)  # pixels back from node_b intact
     assert pool.sessions == {}
+
+
+@pytest.mark.slow
+def test_a_tool_pool_on_node_b_and_an_environment_pool_on_node_a_take_dataset_images_given_as_paths(
+    cluster, node_ids, rollout, tmp_path
+):
+    """The dataset's pictures given as file paths under ``file_roots``, the rotate tool's pool on node_b (the
+    rollout's node in a 2-node run) and the environment's on node_a: the loop reads the files where it runs, the
+    pixels reach node_b through Ray, and the trajectory is token for token the in-process one."""
+    from verl_mm_tools.envs import ENVIRONMENTS
+    from verl_mm_tools.remote.pool import pool_for
+    from verl_mm_tools.remote.spec import RemoteSpec
+
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    paths = []
+    for index, prompt in enumerate(pictures(2)):
+        paths.append(str(folder / f"{index}.png"))
+        prompt[0]["content"][0]["image"].save(paths[-1])
+    prompts = [image_prompt("By how many degrees is it rotated?", [path]) for path in paths]
+    env = {"name": "answer_feedback", "reward_fn": "rotation_reward_45", "max_attempts": 3}
+    columns = {
+        "data_source": ["verl_mm_tools/rotation"] * 2,
+        "reward_model": [{"style": "rule", "ground_truth": "90"}] * 2,
+    }
+    rotate = "  - class_name: verl_mm_tools.tools.RotateTool\n    config: {type: native}\n"
+    turns = [tool_call_text("rotate", degrees=90), "<answer>45</answer><|im_end|>", ANSWER]
+    files = {"loop_options": {"file_roots": [str(folder)]}}
+
+    def run(tools_yaml: str, environment: dict):
+        tools = load_tools(tmp_path, tools_yaml)
+        extra_info = {"extra_info": [{"env": environment}] * 2}
+        output, server, _ = rollout.run(turns, prompts, tools=tools, columns={**columns, **extra_info}, **files)
+        return output, server, tools
+
+    local, local_server, _ = run(rotate, env)
+    on_node_a = {**env, "remote": {"actors": 1, "resources": {"node_a": 1}}}
+    remote, remote_server, tools = run(rotate + "    remote: {actors: 1, resources: {node_b: 1}}\n", on_node_a)
+
+    assert list(remote.non_tensor_batch["mm_tool/error"]) == ["", ""]
+    for index in range(2):
+        assert unpadded_row(remote, index) == unpadded_row(local, index)
+    assert list(remote.non_tensor_batch["mm_tool/turn_rewards"]) == [[0.0, 0.0, 1.0]] * 2
+
+    assert images_by_prompt(remote_server) == images_by_prompt(local_server)  # the files' pixels, node_b's rotations
+    assert [slot.node_id for slot in tools[0].pool.slots] == [node_ids["node_b"]]
+    environments = pool_for(
+        "environment", "answer_feedback", ENVIRONMENTS["answer_feedback"], {}, RemoteSpec(resources={"node_a": 1})
+    )
+    assert [slot.node_id for slot in environments.slots] == [node_ids["node_a"]]
 
 
 def user_pool(package: str):
