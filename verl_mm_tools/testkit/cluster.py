@@ -306,10 +306,7 @@ def _alive(process: psutil.Process) -> bool:
 
 
 def _name(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())[:120]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return "?"
+    return " ".join(_cmdline(process))[:120] or "?"
 
 
 def _is_raylet(process: psutil.Process) -> bool:
