@@ -128,14 +128,28 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
     assert fields["mm_tool/resumed_generations"][0] == 3
     assert fields["mm_tool/masked"][0] == 0 and fields["mm_tool/stop_reason"][0] == "answered"
     metrics = aggregate_metrics(fields)
+    # what the resumes cost the engine: each resumed request's whole prompt prefilled again (the sync before it
+    # emptied the prefix cache) and its images sent again; the later turns' first requests keep their cache hits
+    resumed_requests = [request for requests in by_turn.values() for request in requests[1:]]
+    prefilled = sum(len(request["prompt_ids"]) for request in resumed_requests)
+    assert [len(request["images"]) for request in resumed_requests] == [1, 2, 2, 3]
+    assert (fields["mm_tool/resumes"][0], fields["mm_tool/resume_prefill_tokens"][0]) == (4, prefilled)
+    assert fields["mm_tool/resume_images"][0] == 8
+    # (a block more than without resumes: a resumed request held the partial tokens the next turn's prompt starts with)
+    later_cached = fields["mm_tool/later_cached_tokens"][0], plain.non_tensor_batch["mm_tool/later_cached_tokens"][0]
+    assert later_cached == (800, 784)
+    metrics = aggregate_metrics(fields)
     assert {key: metrics[key] for key in VERSION_METRICS} == {
         "mm_tool/resumed_generations/count": 3.0,
         "mm_tool/multi_version_trajectories/count": 1.0,
         "mm_tool/version_span/max": 4.0,
         "mm_tool/aborted_generations/count": 0.0,
+        "mm_tool/resumes/count": 4.0,
+        "mm_tool/resume_prefill_tokens/sum": float(prefilled),
+        "mm_tool/resume_images/sum": 8.0,
     }
     plain_metrics = aggregate_metrics(plain.non_tensor_batch)
-    assert [plain_metrics[key] for key in VERSION_METRICS] == [0.0, 0.0, 0.0, 0.0]
+    assert [plain_metrics[key] for key in VERSION_METRICS] == [0.0] * len(VERSION_METRICS)
 
     # the viewer shows where each turn was resumed: a note on the turn's message, its weights in the turns table
     assert weights_column(tmp_path, "plain") == (["v7", "v7", "v7"], 0)
@@ -170,6 +184,9 @@ VERSION_METRICS = (
     "mm_tool/multi_version_trajectories/count",
     "mm_tool/version_span/max",
     "mm_tool/aborted_generations/count",
+    "mm_tool/resumes/count",
+    "mm_tool/resume_prefill_tokens/sum",
+    "mm_tool/resume_images/sum",
 )
 
 

@@ -138,6 +138,12 @@ def test_weight_syncs_interrupt_generations_which_resume_and_train(run):
     spanning = sum(metric(step, "mm_tool/multi_version_trajectories/count") for step in steps)
     assert resumed >= 1 and spanning >= 1, f"resumed {resumed}, spanning {spanning}: no weight sync interrupted"
     assert max(metric(step, "mm_tool/version_span/max") for step in steps) >= 1
+    # what the resumes cost vLLM (each request after a generation's first, read from verl's client attempt by
+    # attempt): a prompt prefilled again and its images sent again, at least one (every prompt holds its image)
+    resumes = sum(metric(step, "mm_tool/resumes/count") for step in steps)
+    prefilled = sum(metric(step, "mm_tool/resume_prefill_tokens/sum") for step in steps)
+    images = sum(metric(step, "mm_tool/resume_images/sum") for step in steps)
+    assert resumes >= resumed and prefilled > 0 and images >= resumes, (resumes, prefilled, images)
     for step in steps:  # verl's own count of trajectories whose first and last weight versions differ
         assert metric(step, "mm_tool/multi_version_trajectories/count") == step["fully_async/partial/total_partial_num"]
 

@@ -313,6 +313,38 @@ TOUCHPOINTS = (
         applies_to="verl 0.9.1 fully async trainer (`verl.experimental.fully_async_policy`)",
         proof="none (an extension); it runs in `tests/demo/test_fully_async_on_cpu.py`",
     ),
+    Adaptation(
+        row=41,
+        section=Section.EXTENSIONS,
+        where=(
+            "`agent_loop/resumes.py`: `ResumeRecordingClient(FullyAsyncLLMServerClient, _AttemptLog)` and "
+            "`recording_view`, used by the mm_tool loop's engine (`agent_loop/engine.py`) when verl hands it the "
+            "resuming client; its target checked there (`guard.confirm`)"
+        ),
+        targets=(
+            Target(
+                "verl.workers.rollout.llm_server",
+                "FullyAsyncLLMServerClient.generate",
+                "3d6399350ff024fd974ac921bc42f8a061ad81adaca593db1de2265cba43f6b0",
+            ),
+        ),
+        what=(
+            "puts a class between verl's resuming client and its base, so each attempt of the resume loop (one "
+            "`super().generate` per abort) is recorded: the prompt tokens sent, vLLM's prefix-cache hits for it, the "
+            "images sent; a view sharing the client's `__dict__`, verl's object untouched"
+        ),
+        why=(
+            "verl's client returns one reply for all of a generation's attempts and keeps only the first attempt's "
+            "`num_cached_tokens`: what a resume costs the engine (a whole prefill and every image's encoding "
+            "again, since the sync reset vLLM's caches) is not visible otherwise"
+        ),
+        applies_to="verl 0.9.1 (`verl.workers.rollout.llm_server`)",
+        proof=(
+            "none (an observation); exact against a scripted server: "
+            "`tests/agent_loop/test_partial_rollout_on_cpu.py::"
+            "test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_versions`"
+        ),
+    ),
 )
 
 _BY_ROW = {adaptation.row: adaptation for adaptation in TOUCHPOINTS}
@@ -322,3 +354,4 @@ CLASSIC_MANAGER = _BY_ROW[18]  # step_hook/manager.py: MMToolAgentLoopManager
 V1_REPLAY_BUFFER = _BY_ROW[19]  # step_hook/replay_buffer.py: MMToolReplayBuffer
 PER_SAMPLE_WORKER = _BY_ROW[21]  # runtime/workers.py: per_sample_worker_class
 FULLY_ASYNC_TRAINER = _BY_ROW[37]  # step_hook/fully_async.py: MMToolFullyAsyncTrainer, its task runner and main
+RESUME_RECORDING = _BY_ROW[41]  # agent_loop/resumes.py: ResumeRecordingClient

@@ -17,7 +17,8 @@ would train on the cut text), counted in ``mm_tool/aborted_generations``.
 
 The reply's prefix-cache hits (vLLM's per-request ``num_cached_tokens``, which verl's vLLM server passes on in
 ``extra_fields``) are kept per generation: the loop writes them on the turn, and the step metrics turn them into the
-prefix-cache hit rate from the second turn on (``mm_tool/prefix_cache_hit_rate``).
+prefix-cache hit rate from the second turn on (``mm_tool/prefix_cache_hit_rate``). A resumed generation's own
+attempts, which verl's client folds into one reply, are recorded by ``resumes``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl_mm_tools.agent_loop.resumes import ResumeCost, recorded, recording_view
 from verl_mm_tools.errors import VerlMMToolsError
 
 ABORTED_STOP_REASONS = ("aborted", "abort")  # verl's servers say "aborted"; its fully-async client also checks "abort"
@@ -67,16 +69,21 @@ class WeightVersions:
 
 class CheckedEngine:
     """verl's server manager (``LLMServerClient``), whose ``generate`` raises on an aborted reply and keeps each
-    reply's prefix-cache hits in ``cached_tokens`` (None where the engine does not report them) and its weight
-    versions in ``versions``. verl builds a loop, and so one of these, per trajectory."""
+    reply's prefix-cache hits in ``cached_tokens`` (None where the engine does not report them), its weight
+    versions in ``versions`` and, behind verl's resuming client, what its resumes cost the engine in
+    ``resume_costs`` (``resumes.ResumeCost``; None behind other clients). verl builds a loop, and so one of these,
+    per trajectory."""
 
     def __init__(self, server_manager: Any):
-        self.server_manager = server_manager
+        self.server_manager = recording_view(server_manager)
         self.cached_tokens: list[int | None] = []
         self.versions: list[WeightVersions | None] = []
+        self.resume_costs: list[ResumeCost | None] = []
 
     async def generate(self, request_id, **kwargs) -> Any:
-        output = await self.server_manager.generate(request_id, **kwargs)
+        with recorded() as attempts:
+            output = await self.server_manager.generate(request_id, **kwargs)
+        self.resume_costs.append(ResumeCost.of(attempts) if attempts else None)
         if output.stop_reason in ABORTED_STOP_REASONS:
             raise EngineAbortedError(
                 f"the rollout engine aborted generation {len(self.cached_tokens) + 1} of the trajectory after "

@@ -274,6 +274,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn.message = message
         engine = cast(CheckedEngine, self.server_manager)  # set in __init__
         turn.cached_tokens, turn.versions = engine.cached_tokens[-1], engine.versions[-1]
+        turn.resume_cost = engine.resume_costs[-1]
         turn.routed_experts = agent_data.routed_experts
 
     def _generated_text(self, token_ids: list[int]) -> str:

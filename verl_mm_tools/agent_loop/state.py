@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.budget import ImageBudget
     from verl_mm_tools.agent_loop.engine import WeightVersions
     from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
+    from verl_mm_tools.agent_loop.resumes import ResumeCost
     from verl_mm_tools.agent_loop.sessions import ToolSessions
     from verl_mm_tools.envs.base import Environment
 
@@ -63,6 +64,11 @@ LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
 WEIGHT_VERSIONS_KEY = PREFIX + "weight_versions"
 RESUMED_KEY = PREFIX + "resumed_generations"
 ABORTED_KEY = PREFIX + "aborted_generations"
+# what the resumes cost the engine (``resumes.ResumeCost``, behind verl's resuming client): requests after a
+# generation's first, the prompt tokens prefilled again for them and the images sent (and encoded) again
+RESUMES_KEY = PREFIX + "resumes"
+RESUME_PREFILL_KEY = PREFIX + "resume_prefill_tokens"
+RESUME_IMAGES_KEY = PREFIX + "resume_images"
 PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor processed in the rollout
 # seconds a trajectory awaited the engine (verl's classic trainer logs the slowest as
 # timing_s/agent_loop/generate_sequences/max; its v1 trainer drops the loops' timers, so mm_tool carries it)
@@ -177,7 +183,8 @@ class Turn:
     message the turn added (None when it added none: a turn cut by a limit); ``cached_tokens``: the prompt tokens
     the engine's prefix cache held for the turn's generation (None where the engine does not report them);
     ``versions``: the weight versions the generation ran under (``resumed`` where a weight sync interrupted it and
-    verl's client resumed it; None where the engine reports no version).
+    verl's client resumed it; None where the engine reports no version); ``resume_cost``: what its resumes cost the
+    engine (None behind a client that does not resume).
     """
 
     prompt_end: int
@@ -193,6 +200,7 @@ class Turn:
     malformed_calls: int = 0
     routed_experts: Routing | None = None
     versions: WeightVersions | None = None
+    resume_cost: ResumeCost | None = None
 
 
 @dataclass
@@ -284,10 +292,18 @@ class TrajectoryState:
         }
 
     def _weight_versions(self) -> dict:
-        """The weight versions the trajectory's generations ran under, masked trajectories' included."""
+        """The weight versions the trajectory's generations ran under and what their resumes cost, masked
+        trajectories' included."""
         versions = [turn.versions for turn in self.turns if turn.versions is not None]
         span = [min(v.first for v in versions), max(v.last for v in versions)] if versions else None
-        return {WEIGHT_VERSIONS_KEY: span, RESUMED_KEY: sum(v.resumed for v in versions)}
+        costs = [turn.resume_cost for turn in self.turns if turn.resume_cost is not None]
+        return {
+            WEIGHT_VERSIONS_KEY: span,
+            RESUMED_KEY: sum(v.resumed for v in versions),
+            RESUMES_KEY: sum(cost.resumes for cost in costs),
+            RESUME_PREFILL_KEY: sum(cost.prefilled_tokens for cost in costs),
+            RESUME_IMAGES_KEY: sum(cost.images for cost in costs),
+        }
 
     def _later_turn_cache(self) -> dict:
         """Prompt tokens of the generations after the first, and how many of them the prefix cache held (where the

@@ -17,7 +17,10 @@ from verl_mm_tools.agent_loop.state import (
     PER_TOOL_KEY,
     PREFIX,
     PROCESSOR_RUNS_KEY,
+    RESUME_IMAGES_KEY,
+    RESUME_PREFILL_KEY,
     RESUMED_KEY,
+    RESUMES_KEY,
     STOP_REASON_KEY,
     WEIGHT_VERSIONS_KEY,
     StopReason,
@@ -39,6 +42,11 @@ RESUMED_COUNT = RESUMED_KEY + "/count"
 MULTI_VERSION_COUNT = PREFIX + "multi_version_trajectories/count"
 VERSION_SPAN_MAX = PREFIX + "version_span/max"
 ABORTED_COUNT = ABORTED_KEY + "/count"
+# what the step's resumes cost the engine: requests after a generation's first, prompt tokens prefilled again,
+# images sent (and, the sync having reset vLLM's encoder cache, encoded) again
+RESUMES_COUNT = RESUMES_KEY + "/count"
+RESUME_PREFILL_SUM = RESUME_PREFILL_KEY + "/sum"
+RESUME_IMAGES_SUM = RESUME_IMAGES_KEY + "/sum"
 # images the HF image processor processed in the rollout, per image of the step's trajectories: 1 when each image was
 # processed once (``agent_loop/image_features.py``)
 PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
@@ -109,7 +117,8 @@ def _processor_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> 
 
 
 def _version_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> dict[str, float]:
-    """Resumed and aborted generations and weight-version spans (batches of loops older than these keys: none)."""
+    """Resumed and aborted generations, weight-version spans and what resumes cost (batches of loops older than
+    these keys: none)."""
     if RESUMED_KEY not in non_tensor_batch:
         return {}
     spans = [non_tensor_batch[WEIGHT_VERSIONS_KEY][index] for index in rows]
@@ -119,6 +128,15 @@ def _version_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> di
         MULTI_VERSION_COUNT: float(sum(span > 0 for span in spans)),
         VERSION_SPAN_MAX: float(max(spans, default=0)),
         ABORTED_COUNT: float(sum(non_tensor_batch[ABORTED_KEY][index] for index in rows)),
+        **{
+            name: float(sum(non_tensor_batch[key][index] for index in rows))
+            for name, key in (
+                (RESUMES_COUNT, RESUMES_KEY),
+                (RESUME_PREFILL_SUM, RESUME_PREFILL_KEY),
+                (RESUME_IMAGES_SUM, RESUME_IMAGES_KEY),
+            )
+            if key in non_tensor_batch
+        },
     }
 
 

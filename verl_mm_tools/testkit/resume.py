@@ -23,6 +23,7 @@ from verl_mm_tools.runtime.workers import InProcessActor
 from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, ScriptedServer, scripted_logprob
 
 ROUTING_LAYERS, ROUTING_TOP_K = 2, 2
+PREFIX_BLOCK = 16  # tokens per block of the stand-in's prefix cache: vLLM's hits are whole blocks
 
 
 def scripted_routing(token_count: int) -> np.ndarray:
@@ -49,6 +50,10 @@ class InterruptingServer(ScriptedServer):
     turn, as ``ScriptedServer``'s). Turns are told by the prompt (``turn_of``: by default the number of
     ``<|im_start|>assistant`` in it, less one), since verl's client sends every request under a fresh id.
 
+    Each reply reports vLLM's prefix-cache hits (``num_cached_tokens``): the longest prefix the request shares with
+    one sent under the current weights, in whole blocks of ``PREFIX_BLOCK`` and short of the prompt's last token, as
+    vLLM counts them; a weight sync empties the cache, as verl's sync resets vLLM's.
+
     ``aborts`` counts the aborts, ``resumes`` the requests that continued one; ``routing`` adds MoE routing."""
 
     def __init__(
@@ -67,6 +72,7 @@ class InterruptingServer(ScriptedServer):
         self.routing = routing
         self.turn_of = turn_of or self._assistant_turns
         self.pending: dict[tuple[int, ...], _Aborted] = {}
+        self.cached_prompts: list[list[int]] = []  # the prefix cache: prompts sent since the last weight sync
         self.aborts = 0
         self.resumes = 0
 
@@ -94,18 +100,29 @@ class InterruptingServer(ScriptedServer):
             end = stop
         new = aborted.tokens[start:end]
         version = self.version
-        if stop is not None:  # aborted for a weight sync: continued under the next version
+        cached = self._cached_tokens(prompt_ids)
+        self.cached_prompts.append(prompt_ids)
+        if stop is not None:  # aborted for a weight sync: continued under the next version, the cache emptied
             self.pending[tuple(prompt_ids + new)] = _Aborted(aborted.turn, aborted.tokens, end)
             self.aborts += 1
             self.version += 1
+            self.cached_prompts.clear()
         return TokenOutput(
             token_ids=new,
             log_probs=[scripted_logprob(position) for position in range(start, end)],
             routed_experts=scripted_routing(len(prompt_ids) + len(new)) if self.routing else None,
             num_preempted=0,
             stop_reason="aborted" if stop is not None else "completed",
-            extra_fields={"global_steps": version},
+            extra_fields={"global_steps": version, "num_cached_tokens": cached},
         )
+
+    def _cached_tokens(self, prompt_ids: list[int]) -> int:
+        shared = max((_common_prefix(prompt_ids, cached) for cached in self.cached_prompts), default=0)
+        return min(shared, len(prompt_ids) - 1) // PREFIX_BLOCK * PREFIX_BLOCK
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class LocalBalancer:
