@@ -24,6 +24,10 @@ from verl_mm_tools.supervise import (
 )
 
 LEARNING_FAILED = 3  # the demo's exit status when a task with a reward target did not reach it
+# How often the peak memory is sampled. Summing the PSS of the trainer's processes reads each one's smaps_rollup:
+# ~0.25 s of CPU for the ~30 processes of a CPU run, which at every 1 s poll took 15-30 % of a core from the run it
+# watches (issue #49: a 2-core machine).
+MEMORY_EVERY_S = 5.0
 
 
 @dataclass
@@ -82,12 +86,18 @@ def run_trainer(
     )
 
 
-def watch_until_done(process: subprocess.Popen, watch: StepWatch, poll_s: float) -> bool:
-    """Read the trainer's steps until it exits; returns True when it was stopped because the model learned."""
+def watch_until_done(
+    process: subprocess.Popen, watch: StepWatch, poll_s: float, memory_every_s: float = MEMORY_EVERY_S
+) -> bool:
+    """Read the trainer's steps until it exits, and its peak memory every ``memory_every_s``; returns True when it
+    was stopped because the model learned."""
+    memory_at: float | None = None
     while True:
         finished = process.poll() is not None
         watch.read_steps()
-        watch.peak_memory_bytes = max(watch.peak_memory_bytes, tree_memory_bytes(process.pid))
+        if memory_at is None or time.monotonic() - memory_at >= memory_every_s:
+            watch.peak_memory_bytes = max(watch.peak_memory_bytes, tree_memory_bytes(process.pid))
+            memory_at = time.monotonic()
         if not finished and watch.task.learned(watch.steps):
             watch.say(
                 f"learned: reward >= {watch.task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps and "
