@@ -9,7 +9,7 @@ prefix-cache hits, so the loop cannot see this cost from the reply.
 
 ``ResumeRecordingClient`` is verl's client with one class between it and its base: the resume loop calls the base's
 ``generate`` once per attempt through ``super()``, and that call is recorded (its prompt length, the prefix-cache hits
-vLLM reports for it, its images, its stop reason) into the list the calling generation set (a context variable, so
+vLLM reports for it, its images) into the list the calling generation set (a context variable, so
 concurrent trajectories of one worker keep theirs apart). ``recording_view`` puts that class over the worker's
 client without touching verl's object (a second instance sharing its ``__dict__``). Inventory row 41
 (``docs/verl_adaptations.md``), guarded by the sha256 of verl's resume loop.
@@ -35,12 +35,11 @@ _ATTEMPTS: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar
 class Attempt:
     """One request of a generation to the engine: the prompt tokens sent (the turn's prompt, plus the tokens
     generated so far on a resume), those the engine's prefix cache held (None where it does not report them), the
-    images sent, the tokens it generated."""
+    images sent."""
 
     prompt_tokens: int
     cached_tokens: int | None
     images: int
-    generated: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ class _AttemptLog(LLMServerClient):
                     prompt_tokens=len(prompt_ids),
                     cached_tokens=None if cached is None else int(cached),
                     images=len(image_data or []),
-                    generated=len(output.token_ids),
                 )
             )
         return output
