@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions
+from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions, importable_from_here
 from verl_mm_tools.demo.overrides import ray_sizes, trainer_command, trainer_environment, write_command_script
 from verl_mm_tools.demo.prepare import DemoPaths, prepare
 from verl_mm_tools.demo.summary import learning_curve, log_lines, nodes_reported_dead, summarize
@@ -52,6 +52,8 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
             f"unknown trainer {options.trainer!r}; choose one of {DEMO_TRAINERS}."
             + did_you_mean(options.trainer, DEMO_TRAINERS)
         )
+    if options.tools is not None or options.env is not None:
+        importable_from_here()  # the warm start imports the user's modules here, from where the demo runs
     clock = time.monotonic()
     paths = prepare(options, lambda what: say(f"[{time.monotonic() - clock:5.1f}s] {what}"))
     if options.nodes > 1:
