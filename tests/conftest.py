@@ -4,10 +4,12 @@ trajectory dump of the tiny model."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,34 @@ def set_niceness(value: int) -> None:
 def pytest_runtest_setup(item):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         set_niceness(0 if serial_scope(item.nodeid) == SERIAL_GROUP else OTHER_TESTS_NICE)
+
+
+@contextlib.contextmanager
+def _ray_daemons_at_full_priority() -> Iterator[None]:
+    """Start Ray inside this block: its GCS, raylet and agents at nice 0, its workers at this test's nice.
+
+    A raylet waits 20 s (not configurable in Ray 2.60) for its dashboard agent to write its port, then aborts; at nice
+    10 beside a trainer at nice 0, that Python process took 21 s to start, and ``ray.init`` failed with "The current
+    node timed out during startup" (CI, 2026-11-30). Ray's daemons are idle once started; its workers keep the nice
+    of this test (RAY_worker_niceness is read by the raylet as it starts)."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    worker_niceness = os.environ.get("RAY_worker_niceness")
+    os.environ["RAY_worker_niceness"] = str(nice)
+    set_niceness(0)
+    try:
+        yield
+    finally:
+        set_niceness(nice)
+        if worker_niceness is None:
+            del os.environ["RAY_worker_niceness"]
+        else:
+            os.environ["RAY_worker_niceness"] = worker_niceness
+
+
+@pytest.fixture(scope="session")
+def ray_daemons_at_full_priority():
+    """``with ray_daemons_at_full_priority(): ray.init(...)``: see ``_ray_daemons_at_full_priority``."""
+    return _ray_daemons_at_full_priority
 
 
 # A test phase this long is named as it ends, with the run's elapsed time, so that a CI run cut off by its time limit

@@ -242,12 +242,19 @@ def test_a_v1_run_without_mm_tools_generation_timer_is_named():
         bench_steps.step_figures(steps)
 
 
-def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir):
+def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir, ray_daemons_at_full_priority):
+    import ray
+
     from verl_mm_tools.bench.remote import image_crossing, local_ray, scaling
 
-    with local_ray():  # 2 trajectories x 2 calls of 0.5 s, five times (in process, 1, 2, 4 actors): any count would do
-        figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=2)}
-        crossing = {each.name: each for each in image_crossing(repeats=1)}
+    with ray_daemons_at_full_priority():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # bench's local_ray joins it
+    try:
+        with local_ray():  # 2 trajectories x 2 calls of 0.5 s, five times (in process, 1, 2, 4 actors): any count
+            figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=2)}
+            crossing = {each.name: each for each in image_crossing(repeats=1)}
+    finally:
+        ray.shutdown()
     name = "remote/2x2_calls_of_0.5s"
     assert figures[f"{name}/in_process_s"].value >= 4 * 0.5  # one call at a time in the worker's process
     assert {f"{name}/{actors}_actors_s" for actors in (1, 2, 4)} <= set(figures)

@@ -20,10 +20,11 @@ ANSWER = "<answer>90</answer><|im_end|>"
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_daemons_at_full_priority):
     import ray
 
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)  # a logical GPU: placement only
+    with ray_daemons_at_full_priority():  # a logical GPU: placement only
+        ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

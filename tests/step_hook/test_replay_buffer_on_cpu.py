@@ -13,13 +13,14 @@ from verl_mm_tools.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def transfer_queue():
+def transfer_queue(ray_daemons_at_full_priority):
     import ray
     import transfer_queue as tq
     import verl
     from omegaconf import OmegaConf
 
-    ray.init(num_cpus=4, include_dashboard=False)
+    with ray_daemons_at_full_priority():
+        ray.init(num_cpus=4, include_dashboard=False)
     config = OmegaConf.load(
         os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml")
     )
