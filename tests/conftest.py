@@ -79,14 +79,17 @@ def _restore_verl_agent_loop_registry():
 # and the CI 2,065 s -> 4,641 s. (xdist's own --dist loadgroup cannot do this on pytest 9, whose node ids it can no
 # longer rename; the scheduler sees node ids only, so the marks are read from the source.)
 SERIAL_GROUP = "slow"
-# Slow modules that start no trainer and no Ray cluster (one vLLM engine, a fit in this process): they run with the
-# other worker's modules, which is idle for most of the serial line (~260 s of it at an idle landing, 2026-11-29).
-SLOW_WITHOUT_A_TRAINER = frozenset(
+# Slow modules that start no RL trainer and no Ray cluster (one vLLM engine, a fit in this process, verl's SFT trainer
+# under torchrun): they run with the other worker's modules at nice 10, beside the serial line. At the landing of
+# 2026-11-30 the serial line took 2,095 s and the other 1,755 s. Ray does not belong here: a raylet started at nice
+# 10 beside a trainer aborted waiting for its dashboard agent (``_ray_daemons_at_full_priority``).
+SLOW_WITHOUT_RAY = frozenset(
     {
         "tests/tiny/test_vllm_engine_on_cpu.py",
         "tests/evaluate/test_eval_on_cpu.py",
         "tests/bench/test_bench_on_cpu.py",
         "tests/demo/test_warm_start_on_cpu.py",
+        "tests/cpu/test_verl_sft_on_cpu.py",
     }
 )
 TESTS = Path(__file__).resolve().parent
@@ -108,7 +111,7 @@ def serial_scope(nodeid: str) -> str:
     """The xdist scope of a test: the serial line for a slow test that starts a trainer, else its module."""
     module, _, rest = nodeid.partition("::")
     function = rest.split("[", 1)[0].rsplit("::", 1)[-1]
-    in_serial_line = module not in SLOW_WITHOUT_A_TRAINER and function in slow_tests(module)
+    in_serial_line = module not in SLOW_WITHOUT_RAY and function in slow_tests(module)
     return SERIAL_GROUP if in_serial_line else module
 
 

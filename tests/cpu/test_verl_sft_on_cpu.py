@@ -103,7 +103,6 @@ def exported_file(tool_aware_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(tool_aware_dir, exported_file, tmp_path_factory):
-    out = tmp_path_factory.mktemp("verl_sft")
     """``verl-mm-tools sft`` (run_verl_sft) on the exported rows. lr 3e-3 (the command's default): at 1e-2
     (constant or cosine over 60 steps) verl's run (AdamW, gradients clipped at 1) fitted these rows like a bigram
     model (loss ~0.37 per token) and wrote a wrong token at the call's third."""

@@ -100,6 +100,7 @@ def test_losing_node_b_mid_run_stops_the_demo_naming_the_node_and_leaves_nothing
     assert returncode != 0, said[-3000:]
     assert f"Ray node node_b died during the run (Node Id {node_id})" in said, said[-3000:]
     assert "Ray node node_a died" not in said
+    assert "left running by the trainer" not in said  # the cluster's processes are the cluster's to stop
     gone = time.monotonic() + 10  # SIGKILLed processes are reaped by their parents
     while run_processes(metrics) and time.monotonic() < gone:
         time.sleep(1)

@@ -27,6 +27,7 @@ from verl.workers.rollout.replica import TokenOutput
 from verl_mm_tools.runtime.batch import make_batch
 from verl_mm_tools.runtime.workers import generate, make_worker, restored_loop_registry
 from verl_mm_tools.testkit.rollout import LocalRollout
+from verl_mm_tools.testkit.scripted import prefix_cache_hits
 from verl_mm_tools.tools import BUILTIN_TOOLS, build_schema
 
 MARKER = re.compile(r"\[sample (\d+)\]")
@@ -224,7 +225,6 @@ def register_test_environments() -> None:
 
 
 ABORTED = "ENGINE ABORTS:"  # a scripted turn starting with this is answered as an aborted request
-CACHE_BLOCK = 16  # the prefix-cache block of the server (vLLM's on GPUs)
 
 
 @dataclass
@@ -263,7 +263,9 @@ class RecordingServer:
             text, stop_reason = text[len(ABORTED) :], "aborted"
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling_params.get("max_tokens")]
         log_probs = [server_logprob(i) for i in range(len(token_ids))]
-        cached = self._cached_tokens(request_id, list(prompt_ids))
+        previous = self.last_prompt.get(request_id)
+        self.last_prompt[request_id] = list(prompt_ids)
+        cached = prefix_cache_hits(prompt_ids, [previous] if previous else [])  # the trajectory's previous prompt
         self.generations[sample].append(Generation(token_ids, log_probs, images, len(prompt_ids), cached))
         await asyncio.sleep(0)
         return TokenOutput(
@@ -273,16 +275,6 @@ class RecordingServer:
             stop_reason=stop_reason,
             extra_fields={"num_cached_tokens": cached},
         )
-
-    def _cached_tokens(self, request_id: str, prompt_ids: list[int]) -> int:
-        """What a prefix cache of CACHE_BLOCK-token blocks holds of this prompt: the full blocks it shares with the
-        trajectory's previous prompt (vLLM's per-request ``num_cached_tokens``)."""
-        previous = self.last_prompt.get(request_id, [])
-        self.last_prompt[request_id] = prompt_ids
-        shared = next(
-            (i for i, (a, b) in enumerate(zip(previous, prompt_ids)) if a != b), min(len(previous), len(prompt_ids))
-        )
-        return shared // CACHE_BLOCK * CACHE_BLOCK
 
 
 def marked_prompt(index: int, text: str, images: Sequence[Image.Image] = ()) -> list[dict]:

@@ -67,34 +67,45 @@ class WeightVersions:
         return cls(int(first), int(last))
 
 
+@dataclass(frozen=True)
+class GenerationRecord:
+    """What one finished generation's reply says beyond its tokens: the prompt tokens vLLM found in its prefix cache
+    (None where the engine does not report them), its weight versions, and what resumes cost the engine (None
+    outside verl's resuming client)."""
+
+    cached_tokens: int | None
+    versions: WeightVersions | None
+    resume_cost: ResumeCost | None
+
+
 class CheckedEngine:
-    """verl's server manager (``LLMServerClient``), whose ``generate`` raises on an aborted reply and keeps each
-    reply's prefix-cache hits in ``cached_tokens`` (None where the engine does not report them), its weight
-    versions in ``versions`` and, behind verl's resuming client, what its resumes cost the engine in
-    ``resume_costs`` (``resumes.ResumeCost``; None behind other clients). verl builds a loop, and so one of these,
-    per trajectory."""
+    """verl's server manager (``LLMServerClient``), whose ``generate`` raises on an aborted reply and keeps a
+    ``GenerationRecord`` of each finished one in ``generations``. verl builds a loop, and so one of these, per
+    trajectory."""
 
     def __init__(self, server_manager: Any):
         self.server_manager = recording_view(server_manager)
-        self.cached_tokens: list[int | None] = []
-        self.versions: list[WeightVersions | None] = []
-        self.resume_costs: list[ResumeCost | None] = []
+        self.generations: list[GenerationRecord] = []
 
     async def generate(self, request_id, **kwargs) -> Any:
         with recorded() as attempts:
             output = await self.server_manager.generate(request_id, **kwargs)
-        self.resume_costs.append(ResumeCost.of(attempts) if attempts else None)
         if output.stop_reason in ABORTED_STOP_REASONS:
             raise EngineAbortedError(
-                f"the rollout engine aborted generation {len(self.cached_tokens) + 1} of the trajectory after "
+                f"the rollout engine aborted generation {len(self.generations) + 1} of the trajectory after "
                 f"{len(output.token_ids)} tokens (stop_reason {output.stop_reason!r}); its text is not the model's "
                 "answer, so the trajectory is masked. Aborts come from a weight sync (verl's fully async trainer with "
                 "async_training.partial_rollout=false; set it to true to resume them) or from the engine (a paused "
                 "or restarted server, a dropped request): see the rollout server's log"
             )
         reported = (output.extra_fields or {}).get("num_cached_tokens")
-        self.cached_tokens.append(None if reported is None else int(reported))
-        self.versions.append(WeightVersions.of(output.extra_fields))
+        self.generations.append(
+            GenerationRecord(
+                cached_tokens=None if reported is None else int(reported),
+                versions=WeightVersions.of(output.extra_fields),
+                resume_cost=ResumeCost.of(attempts) if attempts else None,
+            )
+        )
         return output
 
     def __getattr__(self, name: str) -> Any:  # everything else is verl's client as is

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.utils.profiler import simple_timer
@@ -26,7 +25,7 @@ from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.touchpoints import LOOP_COPIES
 from verl_mm_tools.agent_loop import startup
 from verl_mm_tools.agent_loop.agent_data import LoopAgentData
-from verl_mm_tools.agent_loop.budget import ImageGeometry, check_pixel_bounds
+from verl_mm_tools.agent_loop.budget import check_pixel_bounds
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.dump import stage_trajectory
@@ -37,14 +36,12 @@ from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
 from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, attached_state
-from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.record import DUMP_KEY
-from verl_mm_tools.tokens import placeholder_token_ids, vision_token_ids
 
 if TYPE_CHECKING:
     from verl.experimental.agent_loop.tool_agent_loop import AgentData
@@ -82,22 +79,22 @@ class MMToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # aborted replies raise; prefix-cache hits kept (a wrapper of verl's client, with its generate)
         self.server_manager = CheckedEngine(self.server_manager)  # type: ignore[assignment, unused-ignore]
-        # select, not .get: DictConfig.get costs ~0.1 ms, and verl builds a loop per trajectory
-        limit_images = OmegaConf.select(self.rollout_config, "limit_images", default=None)
-        self.mm_config = MMToolLoopConfig.from_options(options, limit_images=limit_images)
-        self.files = FileRoots.from_config(self.mm_config.file_roots)
-        self.sees_images = getattr(self.processor, "image_processor", None) is not None
-        self.geometry = (
-            ImageGeometry.from_processor(self.processor, self.mm_processor_kwargs) if self.sees_images else None
+        constants = startup.worker_constants(
+            self.config, self.processor, self.tokenizer, self.mm_processor_kwargs, self.apply_chat_template_kwargs
         )
+        self.constants = constants
+        self.mm_config = MMToolLoopConfig.from_options(options, limit_images=constants.limit_images)
+        self.files = FileRoots.from_config(self.mm_config.file_roots)
+        self.sees_images = constants.geometry is not None
+        self.geometry = constants.geometry
         check_pixel_bounds(self.mm_config, self.geometry)
-        self.forbidden_generated = vision_token_ids(self.tokenizer)
-        self.placeholder_ids = placeholder_token_ids(self.processor, self.tokenizer) if self.sees_images else None
+        self.forbidden_generated = constants.forbidden_generated
+        self.placeholder_ids = constants.placeholder_ids
         self.image_token_id = self.placeholder_ids[0] if self.placeholder_ids else None
         self.turn_credit = startup.turn_credit(self.config, self.mm_config)
         self.end_of_turn = startup.end_of_turn_ids(self.config, self.tokenizer)
         self.turn_gamma = startup.turn_gamma(self.config, self.turn_credit)
-        self.traits = template_traits(self.processor or self.tokenizer, self.apply_chat_template_kwargs)
+        self.traits = constants.traits
         startup.check_export(self.config, self.mm_config.export, self.traits)
         self.tool_format = startup.tool_format(bool(self.tools), self.mm_config, self.traits, self.tool_parser_name)
         self.tool_runner = ToolRunner(
@@ -115,15 +112,15 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     def _context(self) -> LoopContext:
         """What the loop's parts read of it (they never hold the loop)."""
-        full_determinism = self.rollout_config.full_determinism
+        constants, full_determinism = self.constants, self.constants.full_determinism
         return LoopContext(
             tokenizer=self.tokenizer,
             processor=self.processor,
             options=self.mm_config,
-            model_path=str(self.config.actor_rollout_ref.model.path),
+            model_path=constants.model_path,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
-            calculate_log_probs=bool(self.rollout_config.calculate_log_probs),
+            calculate_log_probs=constants.calculate_log_probs,
             apply_chat_template_kwargs=self.apply_chat_template_kwargs,
             tool_format=self.tool_format,
             traits=self.traits,
@@ -272,9 +269,10 @@ class MMToolAgentLoop(ToolAgentLoop):
         turn.response_span = (end - len(agent_data.response_ids), min(end, self.response_length))
         turn.text = self._generated_text(agent_data.response_ids)
         turn.message = message
-        engine = cast(CheckedEngine, self.server_manager)  # set in __init__
-        turn.cached_tokens, turn.versions = engine.cached_tokens[-1], engine.versions[-1]
-        turn.resume_cost = engine.resume_costs[-1]
+        generation = cast(CheckedEngine, self.server_manager).generations[-1]  # set in __init__
+        turn.cached_tokens = generation.cached_tokens
+        turn.versions = generation.versions
+        turn.resume_cost = generation.resume_cost
         turn.routed_experts = agent_data.routed_experts
 
     def _generated_text(self, token_ids: list[int]) -> str:

@@ -9,10 +9,12 @@ import logging
 import re
 import weakref
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from omegaconf import OmegaConf
 
+from verl_mm_tools.agent_loop.budget import ImageGeometry, SoftTokenGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import (
     MANAGER_TQ_OVERRIDE,
@@ -25,10 +27,10 @@ from verl_mm_tools.agent_loop.hook_config import (
     uses_v1_trainer,
 )
 from verl_mm_tools.agent_loop.options import Export, ToolPrompt, ToolResponseRole
-from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat, resolve_tool_format
+from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat, resolve_tool_format, template_traits
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
-from verl_mm_tools.tokens import stop_ids
+from verl_mm_tools.tokens import placeholder_token_ids, stop_ids, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +57,59 @@ class PerConfig(Generic[T]):
         return values[key]
 
 
+@dataclass(frozen=True)
+class WorkerConstants:
+    """What every loop of a worker derives alike from its trainer config, processor and tokenizer. Derived anew for
+    each trajectory, this cost ~0.15 ms of DictConfig reads and processor inspection (bench figure 1, 56 px)."""
+
+    processor: Any
+    tokenizer: Any
+    limit_images: Any
+    model_path: str
+    calculate_log_probs: bool
+    full_determinism: bool
+    geometry: ImageGeometry | SoftTokenGeometry | None  # None when the model sees no images
+    placeholder_ids: tuple[int | None, int | None] | None
+    forbidden_generated: frozenset[int]
+    traits: TemplateTraits
+
+
 _turn_credit: PerConfig[bool] = PerConfig()
+_worker_constants: PerConfig[WorkerConstants] = PerConfig()
 _end_of_turn: PerConfig[frozenset[int]] = PerConfig()
 _export_checked: PerConfig[bool] = PerConfig()
 _logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged once per process
+
+
+def worker_constants(
+    trainer_config: Any, processor: Any, tokenizer: Any, mm_processor_kwargs: Any, chat_template_kwargs: dict
+) -> WorkerConstants:
+    """The worker's ``WorkerConstants`` (its loops share one trainer config, processor and tokenizer; the
+    constants hold both, so no other object takes their identities while the entry lives)."""
+    return _worker_constants.get(
+        trainer_config,
+        (id(processor), id(tokenizer)),
+        lambda: _worker_constants_of(trainer_config, processor, tokenizer, mm_processor_kwargs, chat_template_kwargs),
+    )
+
+
+def _worker_constants_of(
+    trainer_config: Any, processor: Any, tokenizer: Any, mm_processor_kwargs: Any, chat_template_kwargs: dict
+) -> WorkerConstants:
+    rollout = trainer_config.actor_rollout_ref.rollout
+    sees_images = getattr(processor, "image_processor", None) is not None
+    return WorkerConstants(
+        processor=processor,
+        tokenizer=tokenizer,
+        limit_images=OmegaConf.select(rollout, "limit_images", default=None),
+        model_path=str(trainer_config.actor_rollout_ref.model.path),
+        calculate_log_probs=bool(rollout.calculate_log_probs),
+        full_determinism=bool(rollout.full_determinism),
+        geometry=ImageGeometry.from_processor(processor, mm_processor_kwargs) if sees_images else None,
+        placeholder_ids=placeholder_token_ids(processor, tokenizer) if sees_images else None,
+        forbidden_generated=vision_token_ids(tokenizer),
+        traits=template_traits(processor or tokenizer, chat_template_kwargs),
+    )
 
 
 def turn_credit(trainer_config: Any, options: MMToolLoopConfig) -> bool:

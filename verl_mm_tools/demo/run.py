@@ -79,7 +79,8 @@ def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say:
         names = ", ".join(node.name for node in cluster.nodes)
         say(f"[{time.monotonic() - clock:5.1f}s] Ray nodes {names} up at {cluster.address}")
         node_ids = {node.name: node.node_id() for node in cluster.nodes}
-        result = _train(options, paths, trainer_command(options, paths, address=cluster.address), clock, say)
+        command = trainer_command(options, paths, address=cluster.address)
+        result = _train(options, paths, command, clock, say, cluster_pids=lambda: {p.pid for p in cluster.processes()})
         if result.returncode != 0:
             for name in nodes_reported_dead(log_lines(paths.trainer_log), node_ids):
                 elapsed = time.monotonic() - clock
@@ -88,7 +89,12 @@ def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say:
 
 
 def _train(
-    options: DemoOptions, paths: DemoPaths, command: list[str], clock: float, say: Callable[[str], None]
+    options: DemoOptions,
+    paths: DemoPaths,
+    command: list[str],
+    clock: float,
+    say: Callable[[str], None],
+    cluster_pids: Callable[[], set[int]] = set,
 ) -> RunResult:
     env = trainer_environment(paths)
     paths.metrics.unlink(missing_ok=True)
@@ -103,7 +109,7 @@ def _train(
         f"[{time.monotonic() - clock:5.1f}s] starting Ray, the rollout server and the actor: the first step usually "
         f"comes 45-120 s from now on 2 cores (verl's output: {paths.trainer_log})"
     )
-    return run_trainer(command, env, paths, options.spec, options.total_steps, say)
+    return run_trainer(command, env, paths, options.spec, options.total_steps, say, cluster_pids=cluster_pids)
 
 
 def _finish(

@@ -72,18 +72,24 @@ def run_trainer(
     total_steps: int,
     say: Callable[[str], None],
     poll_s: float = 1.0,
+    cluster_pids: Callable[[], set[int]] = set,
 ) -> RunResult:
     """Run the trainer subprocess to its end (or until the model has ``learned``), printing a line per step;
-    SIGTERM it if we are interrupted."""
+    SIGTERM it if we are interrupted. ``cluster_pids``: the processes of a Ray cluster the run joined, which outlive
+    the trainer and are its starter's to stop (not leftovers to wait for)."""
     watch = StepWatch(task, total_steps, paths.metrics, say)
     with terminate_raises(), supervised(command, env, paths.trainer_log, stop=stop_gracefully) as process:
         stopped = watch_until_done(process, watch, poll_s)
     returncode = 0 if stopped else process.returncode
-    end_leftovers(lambda: run_processes(paths.metrics))
+    end_leftovers(lambda: _leftovers(paths.metrics, cluster_pids()))
     seconds = time.monotonic() - watch.started
     return RunResult(
         returncode, watch.steps, seconds, watch.first_step_after_s, watch.peak_memory_bytes, task.learned(watch.steps)
     )
+
+
+def _leftovers(metrics: Path, cluster_pids: set[int]) -> list[psutil.Process]:
+    return [process for process in run_processes(metrics) if process.pid not in cluster_pids]
 
 
 def watch_until_done(

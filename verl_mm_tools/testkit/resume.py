@@ -20,10 +20,14 @@ from omegaconf import DictConfig
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_mm_tools.runtime.workers import InProcessActor
-from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, ScriptedServer, scripted_logprob
+from verl_mm_tools.testkit.scripted import (
+    SCRIPTED_WEIGHTS_STEP,
+    ScriptedServer,
+    prefix_cache_hits,
+    scripted_logprob,
+)
 
 ROUTING_LAYERS, ROUTING_TOP_K = 2, 2
-PREFIX_BLOCK = 16  # tokens per block of the stand-in's prefix cache: vLLM's hits are whole blocks
 
 
 def scripted_routing(token_count: int) -> np.ndarray:
@@ -100,7 +104,7 @@ class InterruptingServer(ScriptedServer):
             end = stop
         new = aborted.tokens[start:end]
         version = self.version
-        cached = self._cached_tokens(prompt_ids)
+        cached = prefix_cache_hits(prompt_ids, self.cached_prompts)
         self.cached_prompts.append(prompt_ids)
         if stop is not None:  # aborted for a weight sync: continued under the next version, the cache emptied
             self.pending[tuple(prompt_ids + new)] = _Aborted(aborted.turn, aborted.tokens, end)
@@ -115,14 +119,6 @@ class InterruptingServer(ScriptedServer):
             stop_reason="aborted" if stop is not None else "completed",
             extra_fields={"global_steps": version, "num_cached_tokens": cached},
         )
-
-    def _cached_tokens(self, prompt_ids: list[int]) -> int:
-        shared = max((_common_prefix(prompt_ids, cached) for cached in self.cached_prompts), default=0)
-        return min(shared, len(prompt_ids) - 1) // PREFIX_BLOCK * PREFIX_BLOCK
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class LocalBalancer:

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
 
 SCRIPTED_WEIGHTS_STEP = 7  # the weight version the scripted server reports for every turn
+
+
+PREFIX_BLOCK = 16  # tokens per block of a stand-in's prefix cache: vLLM's hits are whole blocks
+
+
+def prefix_cache_hits(prompt_ids: Sequence[int], cached_prompts: Iterable[Sequence[int]]) -> int:
+    """What vLLM reports as a request's ``num_cached_tokens``: the longest prefix the prompt shares with a cached
+    prompt, in whole ``PREFIX_BLOCK``-token blocks, short of the prompt's last token (which vLLM always computes)."""
+    shared = max((_common_prefix(prompt_ids, cached) for cached in cached_prompts), default=0)
+    return min(shared, len(prompt_ids) - 1) // PREFIX_BLOCK * PREFIX_BLOCK
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def scripted_logprob(position: int) -> float:
