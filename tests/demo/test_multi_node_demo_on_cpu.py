@@ -18,8 +18,8 @@ from verl_mm_tools.demo.watch import run_processes
 from verl_mm_tools.errors import ConfigError
 
 # Liveness bounds, not timings: the first step comes ~2-4 min after the start on 2 cores (far more on a loaded
-# machine); the run stopped 36-37 s after the kill in four runs by hand (Ray declares the node dead after 1.5 s,
-# verl's trainer then fails on its next call to an actor of node_b)
+# machine); the run stopped 13 s after the kill (Ray declares the node dead after 1.5 s, verl's trainer then fails on
+# its next call to an actor of node_b; 36-37 s while the demo waited 30 s for a dead node's orphaned worker)
 FIRST_STEP_S, STOPPED_S = 900, 300
 
 

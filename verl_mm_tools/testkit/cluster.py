@@ -18,9 +18,9 @@ The cluster runs without Ray's token authentication (``RAY_AUTH_MODE=disabled`` 
 address do not, and both fail with ``InvalidAuthToken``. A real cluster should set ``RAY_AUTH_MODE=token`` on every
 node and every driver, with the token on each machine.
 
-Stopping: only this cluster's processes (found by their temporary directory in the command line, and their children:
-the raylets' workers), never ``ray stop`` (it stops every Ray instance of the machine). ``local_cluster`` always
-stops, and raises ``ClusterError`` naming any process that survived SIGKILL.
+Stopping: only this cluster's processes (marked by ``NODE_MARKER`` in their environment), never ``ray stop`` (it
+stops every Ray instance of the machine). ``local_cluster`` always stops, and raises ``ClusterError`` naming any
+process that survived SIGKILL.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 import psutil
 
 from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.supervise import processes_with_environ
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ STOP_GRACE_S = 5.0
 FAST_HEALTH_CHECK = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
 # Ray starts an idle worker per logical CPU when the first driver connects: on 2 cores, 2 nodes x 16 logical CPUs of
 # Python processes importing Ray slow everything else down for a minute. Workers start when an actor needs one.
+NODE_MARKER = "VERL_MM_TOOLS_RAY_NODE"  # set to the node's temp dir in the environment of its every process
 NO_PRESTART = {"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 
 
@@ -75,8 +77,10 @@ class RayNode:
         return {self.name: NODE_RESOURCE_UNITS}
 
     def processes(self) -> list[psutil.Process]:
-        """This node's Ray processes (those naming its temp dir) and their children (the workers)."""
-        return _processes_naming(str(self.temp_dir))
+        """This node's Ray processes: every descendant of its ``ray start``, which all inherit ``NODE_MARKER``. (Not
+        the command lines naming the temp dir: a worker retitles itself ``ray::...``, and one whose raylet was
+        killed is no longer its child.)"""
+        return [process for process in processes_with_environ(NODE_MARKER, str(self.temp_dir)) if _alive(process)]
 
     def raylet(self) -> psutil.Process | None:
         return next((process for process in self.processes() if _is_raylet(process)), None)
@@ -226,7 +230,7 @@ def _start(
         ]
     else:
         command.append(f"--address={cluster.address}")
-    env = {**base_env, **NO_PRESTART, "RAY_AUTH_MODE": "disabled"}
+    env = {**base_env, **NO_PRESTART, "RAY_AUTH_MODE": "disabled", NODE_MARKER: str(node.temp_dir)}
     env.pop("RAY_ADDRESS", None)
     if fast_health_check:
         env.update(FAST_HEALTH_CHECK)
@@ -268,20 +272,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
-
-
-def _processes_naming(text: str) -> list[psutil.Process]:
-    found: dict[int, psutil.Process] = {}
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmdline = " ".join(process.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if text in cmdline:
-            found[process.pid] = process
-            for child in _children(process):
-                found.setdefault(child.pid, child)
-    return [process for process in found.values() if _alive(process)]
 
 
 def _children(process: psutil.Process) -> list[psutil.Process]:
