@@ -112,7 +112,8 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     def _context(self) -> LoopContext:
         """What the loop's parts read of it (they never hold the loop)."""
-        constants, full_determinism = self.constants, self.constants.full_determinism
+        constants = self.constants
+        full_determinism = constants.full_determinism
         return LoopContext(
             tokenizer=self.tokenizer,
             processor=self.processor,
