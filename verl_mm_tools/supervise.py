@@ -94,13 +94,13 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def processes_with_environ(name: str, value: str) -> list[psutil.Process]:
-    """The processes whose environment sets ``name`` to ``value`` (children inherit their parent's environment, so
-    a variable set for one trainer marks every process it started, Ray's workers included)."""
+def processes_with_environ(name: str, *values: str) -> list[psutil.Process]:
+    """The processes whose environment sets ``name`` to one of ``values`` (children inherit their parent's
+    environment, so a variable set for one trainer marks every process it started, Ray's workers included)."""
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get(name) == value:
+            if process.environ().get(name) in values:
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
