@@ -47,6 +47,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.ops.argument_checks",
         "verl_mm_tools.ops.draw",
         "verl_mm_tools.ops.geometry",
+        "verl_mm_tools.ops.text",
         "verl_mm_tools.ops.transform",
         "verl_mm_tools.parsers",  # pure readers of model output (Gemma 4's tool-call arguments)
         "verl_mm_tools.parsers.gemma4",

@@ -24,7 +24,8 @@ ROTATE_FIRST = tool_call_text("rotate", degrees=90, image_id=1)
 
 
 class SessionProbe(BaseTool):
-    """Records its lifecycle. ``x == 13`` raises, ``x == 7`` sleeps for a second."""
+    """Records its lifecycle. ``x == 13`` raises, ``x == 7`` sleeps for a second, ``x == 11`` answers text that is
+    not valid (a lone surrogate, NUL, an escape)."""
 
     def __init__(self):
         schema = {
@@ -53,6 +54,8 @@ class SessionProbe(BaseTool):
             raise RuntimeError("boom")
         if parameters["x"] == 7:
             await asyncio.sleep(1.0)
+        if parameters["x"] == 11:
+            return ToolResponse(text="bad \ud800 \x00 \x1b[0m end"), 0.5, {}
         return ToolResponse(text=f"probe says {parameters['x']}"), 0.5, {}
 
     async def release(self, instance_id, **kwargs):
@@ -105,6 +108,14 @@ def test_session_is_released_exactly_once_however_the_trajectory_ends(rollout, t
     assert field(output, "mm_tool/stop_reason") == stop_reason
     assert len(probe.created) == 1
     assert probe.released == [probe.created[0][0]]
+
+
+def test_a_tools_text_that_is_not_valid_reaches_the_model_as_valid_text(rollout):
+    """A lone surrogate made the tokenizer raise (the trajectory masked); control characters are replaced too."""
+    output, server, worker = rollout.run([probe_call(11), ANSWER], PROMPT, tools=[SessionProbe()])
+    assert field(output, "mm_tool/stop_reason") == "answered"
+    answer = tool_texts(server, worker.tokenizer).rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+    assert answer == "bad \ufffd \ufffd \ufffd[0m end"
 
 
 # ----- image budget ------------------------------------------------------------------------------------------------

@@ -86,6 +86,28 @@ def test_rotation_feedback_image_enters_the_workspace_with_its_id_and_token_coun
     assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "answered"
 
 
+def test_an_environments_text_that_is_not_valid_reaches_the_model_as_valid_text(rollout, monkeypatch):
+    """reset's and step's observations: a lone surrogate made the tokenizer raise; control characters are replaced."""
+    from verl_mm_tools.envs import ENVIRONMENTS, Environment, Observation
+
+    class Garbled(Environment):
+        name = "garbled_text"
+
+        def reset(self, sample):
+            return Observation(text="reset \ud800 \x00 end")
+
+        def step(self, assistant_text):
+            return Observation(text="step \udcff \x07 end"), 0.0, False, {}
+
+    monkeypatch.setitem(ENVIRONMENTS, Garbled.name, Garbled)
+    prompts, columns = rotation_rows("garbled_text")
+    output, server, worker = rollout.run(["<answer>0</answer><|im_end|>"] * 2, prompts, columns=columns, max_turns=2)
+    assert output.non_tensor_batch["mm_tool/stop_reason"][0] == "turn_limit"
+    users = worker.tokenizer.decode(server.requests[1]["prompt_ids"]).split("<|im_start|>user\n")[1:]
+    assert users[1].startswith("reset \ufffd \ufffd end<|im_end|>\n")
+    assert users[2] == "step \ufffd \ufffd end<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_out_of_attempts_stops_and_the_environment_is_closed_once(rollout, monkeypatch):
     from verl_mm_tools.envs import AnswerFeedbackEnv
 

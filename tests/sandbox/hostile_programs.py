@@ -20,9 +20,27 @@ EPERM_CALL = "(-1, 'Operation not permitted')"
 RESTARTED = "The Python session was restarted: variables, imports and files of earlier calls are gone."
 WALL = (("timeout_s", 1.5), ("cpu_s", 30))  # the wall-time limit stops these (the suite's is 10 s)
 OVER_PIXELS = " is over the limit of 1000000 pixels; resize it first."
+TOTAL = "the images of one call may hold 2000000 pixels together; return fewer or smaller ones"
 MALFORMED = "Error: the kernel's reply was malformed: the message header is not JSON (Expecting value: line 1 column 1 "
 MALFORMED += "(char 0)). "
 LOST_WALL = "Error: the call ran longer than 1.5 s and was stopped. " + RESTARTED
+NO_FAMILY = "OSError: [Errno 97] Address family not supported by protocol"
+# the kernel's own frames, found from the code's: its request (with the call's id), its reply pipe, its settings
+KERNEL_FRAME = (
+    "import json, struct, sys\n"
+    "frame = sys._getframe()\n"
+    "while 'writer' not in frame.f_locals:\n"
+    "    frame = frame.f_back\n"
+    "call, writer, kernel = frame.f_locals['header']['call'], frame.f_locals['writer'], frame.f_locals['kernel']\n"
+)
+# writes a reply of its own (header bytes or a dict, and blob bytes) to the kernel's reply pipe
+FORGE = KERNEL_FRAME + (
+    "def forge(header, blob=b''):\n"
+    "    data = header if isinstance(header, bytes) else json.dumps(header).encode()\n"
+    "    writer.write(struct.pack('>II', len(data), len(blob)) + data + blob)\n"
+    "    writer.flush()\n"
+)
+REPLY = "{'call': call, 'output': 'forged', 'cut': 0, 'failed': False, 'refused': [], 'more_refused': 0"
 
 
 @dataclass(frozen=True)
@@ -187,13 +205,33 @@ PROGRAMS: list[Hostile] = [
         "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('\\0ABSTRACT')",
         "ConnectionRefusedError: [Errno 111] Connection refused",
     ),
+    Hostile(NETWORK, "raw_packet_socket", "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)", NO_FAMILY),
+    Hostile(NETWORK, "interfaces", "import socket\nsocket.if_nameindex()", NO_FAMILY),  # glibc asks over netlink
+    # vsock reaches the hypervisor whatever the network namespace (cloud VMs have /dev/vsock)
+    Hostile(NETWORK, "vsock", "import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)", NO_FAMILY),
     Hostile(
         NETWORK,
-        "raw_packet_socket",
-        "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)",
-        "PermissionError: [Errno 1] Operation not permitted",
+        "vsock_connect_host",
+        "import socket\ns = socket.socket(40, socket.SOCK_STREAM)\ns.connect((2, 22))",  # AF_VSOCK, the host's cid
+        NO_FAMILY,
     ),
-    Hostile(NETWORK, "interfaces", "import socket\nsocket.if_nameindex()", "[(1, 'lo')]"),
+    Hostile(NETWORK, "netlink_route", "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)", NO_FAMILY),
+    Hostile(NETWORK, "alg_crypto_api", "import socket\nsocket.socket(socket.AF_ALG, socket.SOCK_SEQPACKET)", NO_FAMILY),
+    Hostile(NETWORK, "key_management", "import socket\nsocket.socket(15, socket.SOCK_RAW, 2)", NO_FAMILY),  # AF_KEY
+    Hostile(NETWORK, "xdp", "import socket\nsocket.socket(44, socket.SOCK_RAW)", NO_FAMILY),  # AF_XDP
+    Hostile(NETWORK, "tipc_socketpair", "import socket\nsocket.socketpair(30, socket.SOCK_STREAM)", NO_FAMILY),
+    Hostile(
+        NETWORK,
+        "vsock_family_with_high_bits",  # the kernel reads the family as an int: the filter compares its low 32 bits
+        syscall("socket", 41, str(40 | 1 << 32), "1", "0"),
+        "(-1, 'Address family not supported by protocol')",
+    ),
+    Hostile(
+        NETWORK,
+        "unix_socketpair_allowed",
+        "import socket\na, b = socket.socketpair()\na.send(b'ok')\nb.recv(2)",
+        "Output:\nb'ok'",
+    ),
     # ----- resources
     Hostile(
         RESOURCES,
@@ -218,8 +256,28 @@ PROGRAMS: list[Hostile] = [
     Hostile(RESOURCES, "endless_loop_wall_limit", "while True:\n    pass", LOST_WALL, WALL),
     Hostile(RESOURCES, "sleep_past_limit", "import time\ntime.sleep(60)", LOST_WALL, WALL),
     Hostile(RESOURCES, "blocking_read", "import os\nos.read(0, 1)", "b''"),
-    Hostile(RESOURCES, "giant_print", "print('x' * 10**7)", "... (9999001 more characters of output were cut)"),
-    Hostile(RESOURCES, "giant_fd_write", "import os\nos.write(1, b'y' * 10**6)\nNone", "y" * 1000),
+    Hostile(RESOURCES, "giant_print", "print('x' * 10**7)", "... (9999059 more characters of output were cut)"),
+    Hostile(
+        RESOURCES,
+        "giant_fd_write",
+        "import os\nos.write(1, b'y' * 10**6)\nNone",
+        "... (999057 more characters of output were cut)",
+    ),
+    Hostile(RESOURCES, "lone_surrogate", "print('\\ud800')", "Output:\n\ufffd"),
+    Hostile(RESOURCES, "control_characters", "print('a\\x00b\\x1b[31mc\\x85')", "Output:\na\ufffdb\ufffd[31mc\ufffd"),
+    Hostile(RESOURCES, "surrogate_in_an_error", "raise ValueError('\\udcff')", "ValueError: \ufffd"),
+    Hostile(
+        RESOURCES,
+        "surrogate_in_a_file_name",
+        "from PIL import Image\nImage.new('RGB', (8, 8)).save('x\\udcff.png')",
+        "Image 2: saved to x\ufffd.png, 8x8 px.",
+    ),
+    Hostile(
+        RESOURCES,
+        "zombies_after_fork",  # the harness's next call sees pids 1 and 2 only: no zombie stays
+        "import os\nfor _ in range(8):\n    if os.fork() == 0:\n        os._exit(0)\n'forked'",
+        "Output:\n'forked'",
+    ),
     Hostile(RESOURCES, "giant_file", "open('big', 'wb').write(b'0' * (8 << 20))", "OSError: [Errno 27] File too large"),
     Hostile(
         RESOURCES,
@@ -284,7 +342,47 @@ PROGRAMS: list[Hostile] = [
         IMAGES,
         "zero_size",
         "from PIL import Image\nImage.new('RGB', (0, 0)).show()",
-        "Note: an image the kernel returned was refused (over the limits or malformed).",
+        "Note: an image shown was not returned: it is 0x0 px and has no pixels.",
+    ),
+    Hostile(
+        IMAGES,
+        "one_row",
+        "from PIL import Image\nImage.new('L', (100000, 1)).show()",
+        "Note: an image shown was not returned: it is 100000x1 px and its sides may differ by at most 50x; crop or pad "
+        "it first.",
+    ),
+    Hostile(
+        IMAGES,
+        "one_column",
+        "from PIL import Image\nImage.new('L', (1, 100000)).show()",
+        "Note: an image shown was not returned: it is 1x100000 px and its sides may differ by at most 50x; crop or pad "
+        "it first.",
+    ),
+    Hostile(
+        IMAGES,
+        "pixels_of_a_call",
+        "from PIL import Image\nfor _ in range(4):\n    Image.new('L', (1000, 1000)).show()",
+        "Note: " + "; ".join(["an image shown was not returned: " + TOTAL] * 2) + ".",
+        (("max_total_pixels", 2_000_000),),
+    ),
+    Hostile(
+        IMAGES,
+        "kernel_limits_raised",  # the host applies the rule again: 4 come back, then 5 notes and a count
+        KERNEL_FRAME
+        + "kernel.settings['limits'].update(max_images=10**6, max_aspect_ratio=10**6)\n"
+        + "from PIL import Image\nfor i in range(3000):\n    Image.new('L', (8, 8)).show()",
+        "Note: "
+        + "; ".join(["an image shown was not returned: at most 4 per call"] * 5)
+        + "; 2991 more images were not returned.",
+    ),
+    Hostile(
+        IMAGES,
+        "kernel_aspect_raised",
+        KERNEL_FRAME
+        + "kernel.settings['limits']['max_aspect_ratio'] = 10**6\n"
+        + "from PIL import Image\nImage.new('L', (100000, 1)).show()",
+        "Note: an image shown was not returned: it is 100000x1 px and its sides may differ by at most 50x; crop or pad "
+        "it first.",
     ),
     # ----- links
     Hostile(
@@ -613,6 +711,60 @@ PROGRAMS: list[Hostile] = [
         "close_protocol_pipes",
         "import os\nos.close(3)\nos.close(4)",
         "Error: the kernel exited (status 1) during the call. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "deeply_nested_reply",
+        FORGE + "forge(b'{\"blobs\": [], \"x\": ' + b'[' * 100000 + b']' * 100000 + b'}')",
+        "Error: the kernel's reply was malformed: the message header nests too deeply to be decoded. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_image_mode_a_list",
+        FORGE + f"forge({REPLY}, 'images': [{{'mode': ['RGB'], 'size': [1, 1], 'origin': 'x'}}], 'blobs': [3]}}, "
+        "b'abc')",
+        "Error: the kernel's reply was malformed: an image entry {'mode': ['RGB'], 'size': [1, 1], 'origin': 'x'} does "
+        "not match its 3 bytes. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_size_of_floats",
+        FORGE + f"forge({REPLY}, 'images': [{{'mode': 'L', 'size': [1.0, 1], 'origin': 'x'}}], 'blobs': [1]}}, b'a')",
+        "Error: the kernel's reply was malformed: an image entry {'mode': 'L', 'size': [1.0, 1], 'origin': 'x'} does "
+        "not match its 1 bytes. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_output_not_text",
+        FORGE + f"forge({{**{REPLY}, 'images': []}}, 'output': {{'a': 1}}, 'blobs': []}})",
+        "Error: the kernel's reply was malformed: output, cut or failed has the wrong type. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_notes_not_text",
+        FORGE + f"forge({{**{REPLY}, 'images': []}}, 'refused': [['x']], 'blobs': []}})",
+        "Error: the kernel's reply was malformed: bad refusal notes. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_fields_missing",
+        FORGE + "forge({'output': 'forged', 'blobs': []})",
+        "Error: the kernel's reply was malformed: its fields are ['blobs', 'output']. " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_to_another_call",
+        FORGE + f"forge({{**{REPLY}, 'images': []}}, 'call': '0' * 16, 'blobs': []}})",
+        "Error: the kernel's reply was malformed: it answers another call (a reply written by the code in an earlier "
+        "call?). " + RESTARTED,
+    ),
+    Hostile(
+        KERNEL,
+        "reply_blob_bytes_short",
+        FORGE + f"forge({REPLY}, 'images': [{{'mode': 'RGB', 'size': [4, 4], 'origin': 'x'}}], 'blobs': [47]}}, "
+        "b'a' * 47)",
+        "Error: the kernel's reply was malformed: an image entry {'mode': 'RGB', 'size': [4, 4], 'origin': 'x'} does "
+        "not match its 47 bytes. " + RESTARTED,
     ),
     Hostile(KERNEL, "break_stdout", "import sys\nsys.stdout = None\nprint('x')", "Done (no output, no image)."),
     Hostile(

@@ -1,8 +1,10 @@
 """The hostile-program suite of the python tool: every program of ``hostile_programs.PROGRAMS`` (model-written code,
 run through the tool's public interface: create, execute, release) is contained and answered as text. For each:
 
-- the answer's last line is the expected one (the error, the note, or harmless output), exactly;
-- only the offending call fails: the same session answers the next call (restarted only after a lost kernel);
+- the answer's last line is the expected one (the error, the note, or harmless output), exactly; the whole answer is
+  valid UTF-8 of at most ``max_output_chars`` characters;
+- only the offending call fails: the same session answers the next call (restarted only after a lost kernel), and
+  holds no process but bubblewrap's init and the kernel, zombies included;
 - after release nothing of the sandbox runs on the host (no process of the kernels' user ids), nothing was written
   outside (the host folder unchanged, PLANTED nowhere), the host listeners heard nothing, and the test process did
   not take the program's memory (its resident size grew by less than 64 MiB);
@@ -137,6 +139,8 @@ def planted_on_host(folder: Path) -> list[str]:
 
 
 UID = "__import__('os').getuid()"
+# posix, not os: a program of the table patches os.listdir
+UID_AND_PIDS = "import posix\nposix.getuid(), sorted(int(p) for p in posix.listdir('/proc') if p.isdigit())"
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[f"{p.attack.split()[0]}-{p.name}" for p in PROGRAMS])
@@ -145,13 +149,15 @@ def test_a_hostile_program_is_contained_and_answered_as_text(program: Hostile, t
     tool = tools(program.limits)
     before = resident_mib()
     code = substituted(program.code, tokens)
-    (uid, _), (answer, metrics), (after, _) = asyncio.run(trajectory(tool, [UID, code, UID]))
+    (uid, _), (answer, metrics), (after, _) = asyncio.run(trajectory(tool, [UID, code, UID_AND_PIDS]))
     expect = substituted(program.expect, tokens)
     assert (answer if "\n" in expect else answer.splitlines()[-1]) == expect, answer
+    assert len(answer) <= tool.limits.max_output_chars and answer.encode("utf-8")
     assert set(metrics) <= {"error"}
-    # only the offending call failed: the session answers the next one (a new kernel only if this one was lost)
-    assert after.startswith("Output:\n"), after
-    uids = {uid.removeprefix("Output:\n"), after.removeprefix("Output:\n")}
+    # only the offending call failed: the session answers the next one (a new kernel only if this one was lost), and
+    # nothing the program started is left in it, not even a zombie
+    assert after.startswith("Output:\n(") and after.endswith(", [1, 2])"), after
+    uids = {uid.removeprefix("Output:\n"), after.removeprefix("Output:\n(").split(",")[0]}
     assert all(value.isdigit() and int(value) >= 1_500_000_000 for value in uids), uids
     assert processes_of(uids) == []  # nothing of the sandbox runs on: every process of its users is gone
     assert planted_on_host(folder) == []

@@ -5,6 +5,7 @@ programs (network, host files, escapes, syscalls, leftovers, ...) are test_hosti
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hostile_programs import FORGE, KERNEL_FRAME
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.sandbox import KernelProcess, SandboxLimits, SandboxUnavailableError, check_bwrap
-from verl_mm_tools.sandbox.bwrap import ENV, package_binds
+from verl_mm_tools.sandbox import kernel as wire
+from verl_mm_tools.sandbox.bwrap import ENV, KERNEL_SCRIPT, default_packages, package_binds, sandbox_command
 
 LIMITS = SandboxLimits(
     timeout_s=5, cpu_s=2, memory_mb=512, max_processes=16, max_output_chars=1000, max_images=3, max_image_pixels=10_000
@@ -198,6 +201,96 @@ def test_a_trajectory_rolled_back_sends_its_images_again(kernel):
     assert run(kernel, "images[2].getpixel((0, 0))", [first, second]).output == "(1, 2, 3)\n"
     assert run(kernel, "images[2].getpixel((0, 0)), len(images)", [first, other]).output == "((9, 9, 9), 2)\n"
     assert run(kernel, "len(images)", [first]).output == "1\n"
+
+
+# ----- replies the code forges -----------------------------------------------------------------------------------
+
+
+def forged(header: str, blob: str = "b''") -> str:
+    """Code that writes a reply of its own, ``header`` a Python expression over ``call`` (the call's id, read from
+    the kernel's frames), then returns: the kernel's own reply follows it in the pipe."""
+    return FORGE + f"forge({header}, {blob})\n'the kernel answers too'"
+
+
+def test_a_forged_reply_that_passes_every_check_answers_its_call_and_the_next_call_finds_the_session_out_of_step(
+    fresh,
+):
+    process = fresh()
+    run(process, "before = 1")
+    reply = "{'call': call, 'output': 'forged', 'cut': 0, 'failed': False, 'images': [], 'refused': []"
+    result = run(process, forged(reply + ", 'more_refused': 0, 'blobs': []}"))
+    assert (result.lost, result.output, result.images) == (None, "forged", [])  # the code's own words, as a print
+    stale = run(process, "before")  # the kernel's own reply to the last call is still in the pipe: never this one's
+    assert stale.lost == (
+        "the kernel's reply was malformed: it answers another call (a reply written by the code in an earlier call?)"
+    )
+    assert not process.alive
+    after = run(process, "before")
+    assert after.lost is None and last_line(after) == "NameError: name 'before' is not defined"
+
+
+def test_twenty_thousand_forged_images_give_three_images_five_notes_and_a_count(fresh):
+    process = fresh()
+    entries = "[{'mode': 'L', 'size': [1, 1], 'origin': 'x'}] * 20000, 'blobs': [1] * 20000"
+    reply = "{'call': call, 'output': '', 'cut': 0, 'failed': False, 'refused': [], 'more_refused': 0, 'images': "
+    result = run(process, forged(f"{reply}{entries}}}", "bytes(20000)"))
+    assert result.lost is None
+    assert [(image.size, origin) for image, origin in result.images] == [((1, 1), "x")] * 3
+    assert result.refused == ["an image x was not returned: at most 3 per call"] * 5
+    assert result.more_refused == 20000 - 3 - 5
+
+
+def test_a_forged_output_is_cut_at_the_limit_and_counted(fresh):
+    process = fresh()
+    reply = "{'call': call, 'output': 'z' * 5000, 'cut': 7, 'failed': True, 'images': [], 'refused': ['n' * 999]"
+    result = run(process, forged(reply + ", 'more_refused': 2, 'blobs': []}"))
+    assert (result.output, result.cut, result.failed) == ("z" * 1000, 4000 + 7, True)
+    assert (result.refused, result.more_refused) == (["n" * 300], 2)
+
+
+def test_host_memory_per_call_is_bounded_by_max_total_pixels():
+    """8 images of 4096x4096 RGBA from a kernel whose own limits the code raised: the host decodes one (16.8 M
+    pixels, its max_total_pixels), reads past the other seven, and its peak resident size grows by less than the
+    bound docs/python_tool.md gives (4 bytes x (max_total_pixels + 2 x max_image_pixels), 192 MiB); it grew by ~1 GiB
+    when every image was read and decoded."""
+    probe = (
+        "import resource\n"
+        "from verl_mm_tools.sandbox import KernelProcess, SandboxLimits\n"
+        "process = KernelProcess(SandboxLimits(memory_mb=4096, timeout_s=60))\n"
+        "process.start()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"result = process.run({KERNEL_FRAME + RAISE_TOTAL!r}, [])\n"
+        "grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "process.close()\n"
+        "print(len(result.images), len(result.refused), result.lost, grew)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    images, refused, lost, grew_kib = done.stdout.split()
+    assert (images, refused, lost) == ("1", "5", "None")
+    assert int(grew_kib) < 192 * 1024, f"the host's peak grew by {int(grew_kib) >> 10} MiB"
+
+
+RAISE_TOTAL = (
+    "kernel.settings['limits']['max_total_pixels'] = 1 << 30\n"
+    "from PIL import Image\n"
+    "for i in range(8):\n"
+    "    Image.new('RGBA', (4096, 4096), (i, 0, 0, 255)).show()"
+)
+
+
+def test_the_mounts_show_the_host_paths_of_the_binds_and_nothing_else(fresh):
+    """/proc/self/mountinfo shows where each read-only bind comes from on the host (docs/python_tool.md says why
+    that is harmless); no other host path appears."""
+    listed = run(fresh(max_output_chars=100_000), "[line.split()[3:5] for line in open('/proc/self/mountinfo')]").output
+    mounts = {tuple(pair) for pair in ast.literal_eval(listed)}
+    command = sandbox_command("bwrap", package_binds(default_packages()), 1, ["python"])
+    binds = {(command[i + 1], command[i + 2]) for i, arg in enumerate(command) if arg == "--ro-bind"}
+    binds = {(os.path.realpath(source), target) for source, target in binds}
+    binds |= {(os.path.realpath(wire.__file__), KERNEL_SCRIPT)}
+    virtual = {("/newroot", "/"), ("/", "/proc"), ("/irq", "/proc/irq"), ("/bus", "/proc/bus"), ("/", "/dev")}
+    virtual |= {(f"/{name}", f"/dev/{name}") for name in ("null", "zero", "full", "random", "urandom", "tty")}
+    virtual |= {("/", "/dev/pts"), ("/", "/tmp")}
+    assert mounts == binds | virtual
 
 
 # ----- where the sandbox cannot run -----------------------------------------------------------------------------

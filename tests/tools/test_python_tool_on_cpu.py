@@ -16,6 +16,7 @@ from PIL import Image
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.remote.host import TOOL, RemoteHost
 from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.sandbox import RunResult
 from verl_mm_tools.step_hook.stats import aggregate_metrics
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
@@ -118,6 +119,36 @@ def test_large_images_are_downscaled_to_max_pixels_and_limits_are_noted(make_age
         "Note: an image shown was not returned: at most 1 per call."
     )
     assert response.image[0].getpixel((100, 100)) == (0, 0, 255) and metrics == {}
+
+
+SHOWN = [(Image.new("RGB", (8, 8)), "shown")]
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (RunResult(output="x" * 40 + "\n"), "Output:\n" + "x" * 40),
+        (
+            RunResult(output="x" * 200, images=SHOWN, refused=["n1"], more_refused=3),
+            "Image 2: shown, 8x8 px.\nOutput:\n"
+            + "x" * 7
+            + "\n... (193 more characters of output were cut)\nNote: n1; 3 more images were not returned.",
+        ),
+        (RunResult(output="y" * 10, cut=5), "Output:\n" + "y" * 10 + "\n... (5 more characters of output were cut)"),
+        (
+            RunResult(lost="the kernel exited (status 3) during the call", refused=["n" * 300] * 5),
+            "Error: the kernel exited (status 3) during the call. The Python session was restarted"
+            "\n... (the answer was cut at 128 characters)",
+        ),
+        (RunResult(output="\ud800\x00", failed=True), "Error:\n\ufffd\ufffd"),
+    ],
+    ids=["fits", "output-cut-for-the-notes", "kernel-cut-counted", "notes-too-long", "not-valid-text"],
+)
+def test_the_whole_answer_is_valid_text_within_max_output_chars(result, expected):
+    tool = PythonTool({"type": "native", "limits": {"max_output_chars": 128}})
+    response, _, _ = tool._answer(result, next_id=2)
+    assert response.text == expected
+    assert len(response.text) <= 128
 
 
 def test_a_time_out_is_answered_as_text_and_the_session_restarts(make_agent_data, two_images):

@@ -18,6 +18,7 @@ from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.state import TrajectoryState
 from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
+from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.workspace import ImageWorkspace
 
 
@@ -77,7 +78,8 @@ async def start_environment(agent_data: LoopAgentData, row: dict, state: Traject
     observation = await call_env(state.env.reset, sample)
     if observation is not None and (observation.text or observation.images):
         content = [{"type": "image", "image": image} for image in observation.images]
-        agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": observation.text}]})
+        text = valid_text(observation.text)
+        agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": text}]})
         agent_data.image_data.extend(observation.images)
         state.prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
 

@@ -1,10 +1,12 @@
 """One tool turn of the mm_tool loop: run the turn's calls on the trajectory's tool sessions (sequentially, each
 with a timeout and real cancellation), and turn each answer into a message the model will see: images admitted by
 the image budget (each added to the workspace, never a partial one), text truncated as verl truncates it, and notes
-on what was dropped or downscaled. Model mistakes (unknown tool, bad JSON, unparsable call) become text for the
-model; a tool that raises raises ``ToolCrashError``, which masks the trajectory. A failed call whose metrics set
-``END_TRAJECTORY`` ends the turn there: it is answered, the calls after it are not run (each answered so), and the
-loop ends the trajectory (``StopReason.TOOL_FAILED``), which trains as usual.
+on what was dropped or downscaled, all of it valid text (``ops.text.valid_text``: a lone surrogate or a control
+character from any tool or environment would make the tokenizer raise or reach the model as nothing). Model mistakes
+(unknown tool, bad JSON, unparsable call) become text for the model; a tool that raises raises ``ToolCrashError``,
+which masks the trajectory. A failed call whose metrics set ``END_TRAJECTORY`` ends the turn there: it is answered,
+the calls after it are not run (each answered so), and the loop ends the trajectory (``StopReason.TOOL_FAILED``),
+which trains as usual.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.state import TrajectoryState
 from verl_mm_tools.errors import did_you_mean
 from verl_mm_tools.ops.argument_checks import show
+from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
 from verl_mm_tools.remote.tool import RemoteTool
 from verl_mm_tools.tools.base import END_TRAJECTORY
@@ -213,7 +216,7 @@ class ToolRunner:
             if admission.image is not None:  # admitted
                 new_ids.append(state.workspace.add(admission.image))
                 content.append({"type": "image", "image": admission.image})
-        text = self._response_text(text, images, new_ids, notes)
+        text = valid_text(self._response_text(text, images, new_ids, notes))
         return content + [{"type": "text", "text": text}] if content else text
 
     def _response_text(self, text: str, images: list, new_ids: list[int], notes: list[str]) -> str:

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 FRAME = struct.Struct(">II")
 MODES = {"RGB": 3, "RGBA": 4, "L": 1}  # image modes on the wire, with their bytes per pixel
 MAX_NOTES = 5  # notes on refused images per call; further refusals are counted in one more note
+REPLY_KEYS = frozenset({"call", "output", "cut", "failed", "images", "refused", "more_refused", "blobs"})
 
 
 class ProtocolError(Exception):
@@ -52,16 +53,25 @@ def write_message(stream: BinaryIO, header: dict[str, Any], blobs: list[bytes] =
     stream.flush()
 
 
+def parse_header(data: bytes, blob_size: int) -> tuple[dict[str, Any], list[int]]:
+    """A message's JSON header and its blob sizes, checked against the frame's ``blob_size``."""
+    try:
+        header = json.loads(data)
+    except ValueError as error:
+        raise ProtocolError(f"the message header is not JSON ({error})") from None
+    except RecursionError:
+        raise ProtocolError("the message header nests too deeply to be decoded") from None
+    sizes = header.get("blobs") if isinstance(header, dict) else None
+    valid = isinstance(sizes, list) and all(type(size) is int and size >= 0 for size in sizes)
+    if not valid or sum(sizes) != blob_size:  # type: ignore[arg-type]
+        raise ProtocolError(f"the message's blob sizes {str(sizes)[:100]} do not add up to {blob_size}")
+    return header, sizes  # type: ignore[return-value]
+
+
 def split_message(frame: bytes, payload: bytes) -> tuple[dict[str, Any], list[bytes]]:
     """The header and blobs of a message whose JSON header and blob bytes were read (``payload``: header + blobs)."""
     header_size, blob_size = FRAME.unpack(frame)
-    try:
-        header = json.loads(payload[:header_size])
-    except ValueError as error:
-        raise ProtocolError(f"the message header is not JSON ({error})") from None
-    sizes = header.get("blobs") if isinstance(header, dict) else None
-    if not isinstance(sizes, list) or not all(isinstance(s, int) and s >= 0 for s in sizes) or sum(sizes) != blob_size:
-        raise ProtocolError(f"the message's blob sizes {str(sizes)[:100]} do not add up to {blob_size}")
+    header, sizes = parse_header(payload[:header_size], blob_size)
     blobs, offset = [], header_size
     for size in sizes:
         blobs.append(payload[offset : offset + size])
@@ -77,6 +87,26 @@ def read_message(stream: BinaryIO) -> tuple[dict[str, Any], list[bytes]] | None:
     header_size, blob_size = FRAME.unpack(frame)
     payload = _read_exact(stream, header_size + blob_size)
     return None if payload is None else split_message(frame, payload)
+
+
+def refusal(width: int, height: int, returned: int, returned_pixels: int, limits: dict[str, Any]) -> str | None:
+    """Why an image of ``width`` x ``height`` px is not returned after ``returned`` images of ``returned_pixels``
+    pixels in all in this call (None: it is returned). One rule for the kernel's courtesy check and the host's own."""
+    ratio = limits["max_aspect_ratio"]
+    if returned >= limits["max_images"]:
+        return f"at most {limits['max_images']} per call"
+    if width < 1 or height < 1:
+        return f"it is {width}x{height} px and has no pixels"
+    if width * height > limits["max_image_pixels"]:
+        return f"{width}x{height} px is over the limit of {limits['max_image_pixels']} pixels; resize it first"
+    if max(width, height) > ratio * min(width, height):
+        return f"it is {width}x{height} px and its sides may differ by at most {ratio}x; crop or pad it first"
+    if returned_pixels + width * height > limits["max_total_pixels"]:
+        return (
+            f"the images of one call may hold {limits['max_total_pixels']} pixels together; return fewer or "
+            "smaller ones"
+        )
+    return None
 
 
 def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
@@ -126,6 +156,7 @@ class Kernel:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.images: dict[int, Any] = {}
         self.outputs: list[tuple[Any, str]] = []
+        self.returned_pixels = 0
         self.refused: list[str] = []
         self.more_refused = 0
         self.pil: Any = None
@@ -193,19 +224,15 @@ class Kernel:
     # ----- one call -------------------------------------------------------------------------------------------
 
     def collect(self, image: Any, origin: str) -> None:
-        limits = self.settings["limits"]
-        pixels = image.width * image.height
-        if len(self.outputs) >= limits["max_images"] and len(self.refused) >= MAX_NOTES:
-            self.more_refused += 1
-        elif len(self.outputs) >= limits["max_images"]:
-            self.refused.append(f"an image {origin} was not returned: at most {limits['max_images']} per call")
-        elif pixels > limits["max_image_pixels"]:
-            self.refused.append(
-                f"an image {origin} was not returned: {image.width}x{image.height} px is over the limit of "
-                f"{limits['max_image_pixels']} pixels; resize it first"
-            )
-        else:
+        width, height = image.width, image.height
+        reason = refusal(width, height, len(self.outputs), self.returned_pixels, self.settings["limits"])
+        if reason is None:
             self.outputs.append((image.copy(), origin))
+            self.returned_pixels += width * height
+        elif len(self.refused) < MAX_NOTES:
+            self.refused.append(f"an image {origin} was not returned: {reason}")
+        else:
+            self.more_refused += 1
 
     def take_images(self, header: dict[str, Any], blobs: list[bytes]) -> None:
         for key in [key for key in self.images if key > header["keep"]]:
@@ -216,8 +243,8 @@ class Kernel:
             path = os.path.join(self.settings["workdir"], f"image_{entry['id']}.png")
             self.original_save(image, path, compress_level=1)
 
-    def run(self, code: str) -> tuple[str, bool]:
-        """Run ``code`` in the namespace: (printed text with the traceback, whether it raised)."""
+    def run(self, code: str) -> tuple[str, bool, int]:
+        """Run ``code`` in the namespace: (printed text with the traceback, whether it raised, characters cut)."""
         captured = CappedText(self.settings["limits"]["max_output_chars"])
         sys.stdout = sys.stderr = captured
         os.ftruncate(self.output_fd, 0)
@@ -235,11 +262,9 @@ class Kernel:
             sys.stdout = sys.stderr = CappedText(0)
         self._end_leftover_processes()
         self._collect_figures()
-        captured.write(self._descriptor_output())
-        text = captured.text()
-        if captured.dropped:
-            text += f"\n... ({captured.dropped} more characters of output were cut)"
-        return text, failed
+        text, unread = self._descriptor_output()
+        captured.write(text)
+        return captured.text(), failed, captured.dropped + unread
 
     def _arm_cpu_limit(self) -> None:
         """RLIMIT_CPU counts whole seconds of the process: the soft limit is the seconds spent so far rounded up, plus
@@ -268,15 +293,16 @@ class Kernel:
         return head + "".join(lines) + "".join(traceback.format_exception_only(type(error), error))
 
     def _end_leftover_processes(self) -> None:
-        """Kill every process the code left running (the sandbox's own PID namespace: pid 1 is bubblewrap, which
-        reaps them); up to about a second for a fork bomb's last children."""
+        """Kill every process the code left running and reap the kernel's own children; the orphans' zombies are
+        bubblewrap's (pid 1 of the sandbox's PID namespace), which reaps them. Waits until no process but those two
+        is left, zombies included, up to about a second for a fork bomb's last children."""
         if not self.settings["own_pid_namespace"]:
             return
         for _ in range(200):
-            others = [pid for pid in _live_pids() if pid not in (1, self.pid)]
+            others = {pid: state for pid, state in _pids().items() if pid not in (1, self.pid)}
             if not others:
                 return
-            for pid in others:
+            for pid in [pid for pid, state in others.items() if state != "Z"]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -309,34 +335,41 @@ class Kernel:
             image.mode == "RGBA" and image.size == rgba.size and image.tobytes() == data for image, _ in self.outputs
         )
 
-    def _descriptor_output(self) -> str:
-        """What was written to fd 1 and 2 directly (subprocesses, C code, os.write), capped."""
+    def _descriptor_output(self) -> tuple[str, int]:
+        """What was written to fd 1 and 2 directly (subprocesses, C code, os.write), capped, and the bytes left
+        unread past the cap."""
         os.lseek(self.output_fd, 0, os.SEEK_SET)
         data = os.read(self.output_fd, self.settings["limits"]["max_output_chars"])
-        return data.decode("utf-8", "replace")
+        return data.decode("utf-8", "replace"), max(0, os.fstat(self.output_fd).st_size - len(data))
 
-    def reply(self, text: str, failed: bool) -> tuple[dict[str, Any], list[bytes]]:
+    def reply(self, call: str, text: str, failed: bool, cut: int) -> tuple[dict[str, Any], list[bytes]]:
         entries, blobs = [], []
         for image, origin in self.outputs:
             if image.mode not in MODES:
                 image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
             entries.append({"mode": image.mode, "size": [image.width, image.height], "origin": origin})
             blobs.append(image.tobytes())
-        if self.more_refused:
-            self.refused.append(f"{self.more_refused} more images were not returned")
-        header = {"output": text, "failed": failed, "images": entries, "refused": self.refused}
-        self.outputs, self.refused, self.more_refused = [], [], 0
+        header = {
+            "call": call,
+            "output": text,
+            "cut": cut,
+            "failed": failed,
+            "images": entries,
+            "refused": self.refused,
+            "more_refused": self.more_refused,
+        }
+        self.outputs, self.returned_pixels, self.refused, self.more_refused = [], 0, [], 0
         return header, blobs
 
 
-def _live_pids() -> list[int]:
-    """The processes of this PID namespace that are not zombies."""
-    pids = []
+def _pids() -> dict[int, str]:
+    """The processes of this PID namespace with their states (``Z``: a zombie)."""
+    pids = {}
     for name in os.listdir("/proc"):
         try:
             with open(f"/proc/{name}/stat") as stat:
-                if name.isdigit() and stat.read().rpartition(")")[2].split()[0] != "Z":
-                    pids.append(int(name))
+                if name.isdigit():
+                    pids[int(name)] = stat.read().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
             continue
     return pids
@@ -354,10 +387,10 @@ def serve(settings: dict[str, Any]) -> None:
         try:
             if kernel.pil is not None:
                 kernel.take_images(header, blobs)
-            text, failed = kernel.run(header["code"])
+            text, failed, cut = kernel.run(header["code"])
         except Exception as error:  # noqa: BLE001 - the kernel's own failure (the code may have broken it): say it
-            text, failed = f"the kernel itself failed: {type(error).__name__}: {error}", True
-        write_message(writer, *kernel.reply(text, failed))
+            text, failed, cut = f"the kernel itself failed: {type(error).__name__}: {error}", True, 0
+        write_message(writer, *kernel.reply(header["call"], text, failed, cut))
 
 
 if __name__ == "__main__":

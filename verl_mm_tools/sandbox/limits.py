@@ -25,6 +25,8 @@ class SandboxLimits:
     max_output_chars: characters of stdout and stderr returned per call (the rest is counted and cut).
     max_images: images returned per call (more are refused, with a note to the model).
     max_image_pixels: pixels of a returned image (larger ones are refused, with a note to the model).
+    max_total_pixels: pixels of the images one call returns, together (images past it are refused, with a note);
+        checked from the reply's header before any pixel is read, it bounds the host's memory per call.
     startup_timeout_s: how long a kernel may take to start (bubblewrap, Python, imports).
     """
 
@@ -39,6 +41,7 @@ class SandboxLimits:
     max_output_chars: int = 8192
     max_images: int = 8
     max_image_pixels: int = 16_777_216
+    max_total_pixels: int = 16_777_216
     startup_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -83,5 +86,6 @@ _RANGES: dict[str, tuple[float, float]] = {
     "max_output_chars": (64, 1 << 24),
     "max_images": (0, 1024),
     "max_image_pixels": (1, 1 << 28),
+    "max_total_pixels": (1, 1 << 28),
     "startup_timeout_s": (1, 3600),
 }

@@ -5,7 +5,10 @@ It refuses (EPERM) the system calls a contained program has no use for and that 
 surface: new namespaces (``unshare``, ``setns``, ``clone`` with a namespace flag: an unprivileged user namespace would
 give the code capabilities inside it), mounts, ``ptrace`` and cross-process memory access, ``bpf``, perf events,
 keyrings, ``userfaultfd``, kernel modules and ``kexec``, handle-based opens, and ``io_uring``. ``clone3`` answers
-ENOSYS (its flags cannot be inspected), so the C library falls back to ``clone``. Any other architecture than the
+ENOSYS (its flags cannot be inspected), so the C library falls back to ``clone``. Sockets are allowed in the families
+the sandbox's own network namespace confines (``SOCKET_FAMILIES``: unix, IPv4, IPv6); ``socket`` and ``socketpair``
+in any other family answer EAFNOSUPPORT: vsock reaches the hypervisor whatever the namespace, netlink the kernel's
+configuration, packet and ALG sockets raw devices and the crypto API. Any other architecture than the
 one built for (a 32-bit or x32 call) kills the process. Built for x86-64 only; elsewhere ``seccomp_filter`` returns
 None and the sandbox runs without it (a warning at every kernel start).
 """
@@ -51,6 +54,8 @@ BLOCKED_X86_64 = {
     "mount_setattr": 442,
 }
 CLONE, CLONE3 = 56, 435
+SOCKET, SOCKETPAIR = 41, 53
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}  # the families a sandboxed program may open
 NAMESPACE_FLAGS = 0x7E020080  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 
 _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -77,6 +82,8 @@ def seccomp_filter() -> bytes | None:
     for number in sorted(BLOCKED_X86_64.values()):
         program += [_op(_JEQ, number, jf=1), _op(_RET, _ERRNO | errno.EPERM)]
     program += [_op(_JEQ, CLONE3, jf=1), _op(_RET, _ERRNO | errno.ENOSYS)]
+    for number in (SOCKET, SOCKETPAIR):
+        program += _allowed_families(number)
     program += [
         _op(_JEQ, CLONE, jf=4),
         _op(_LD_ABS, _ARG0),
@@ -86,3 +93,17 @@ def seccomp_filter() -> bytes | None:
         _op(_RET, _ALLOW),
     ]
     return b"".join(program)
+
+
+def _allowed_families(number: int) -> list[bytes]:
+    """System call ``number`` (its first argument a socket family) allowed for ``SOCKET_FAMILIES`` only, answered
+    EAFNOSUPPORT for any other (the family is a C int: its low 32 bits are compared)."""
+    families = sorted(SOCKET_FAMILIES.values())
+    checks = [_op(_JEQ, family, jt=len(families) - index) for index, family in enumerate(families)]
+    return [
+        _op(_JEQ, number, jf=len(checks) + 3),
+        _op(_LD_ABS, _ARG0),
+        *checks,
+        _op(_RET, _ERRNO | errno.EAFNOSUPPORT),
+        _op(_RET, _ALLOW),
+    ]

@@ -1,9 +1,12 @@
 """``KernelProcess``: the host's side of one sandboxed kernel (one trajectory's Python session).
 
 Blocking and thread-safe (one call at a time per kernel): the tool runs it on a worker thread. Everything read from
-the kernel is untrusted (the model's code runs in that process): sizes are checked before bytes are read, every read
-has a deadline, and a kernel that breaks the wire format, exits or runs past ``timeout_s`` is killed with its whole
-process group and PID namespace; the next call starts a fresh one.
+the kernel is untrusted (the model's code runs in that process and can write replies of its own): sizes are checked
+before bytes are read, every read has a deadline, a reply's header is checked field by field (types, sizes, counts,
+modes, the call it answers) before any image is decoded, and the images' sizes are checked against the limits before
+their pixels are read, so a call never holds more than ``max_total_pixels`` decoded pixels. A kernel that breaks the
+wire format in any way, exits or runs past ``timeout_s`` is killed with its whole process group and PID namespace
+(``KernelLost``, answered as text); the next call starts a fresh one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -21,10 +25,11 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from PIL import Image
 
+from verl_mm_tools.ops.geometry import MAX_ASPECT_RATIO
 from verl_mm_tools.sandbox import kernel as wire
 from verl_mm_tools.sandbox.bwrap import (
     ENV,
@@ -46,6 +51,7 @@ logger = logging.getLogger(__name__)
 BWRAP, NONE = "bwrap", "none"
 SANDBOX_MODES = (BWRAP, NONE)
 MAX_HEADER_BYTES = 1 << 20  # the JSON header of a reply, output text included
+MAX_NOTE_CHARS, MAX_ORIGIN_CHARS = 300, 100  # of a note, and of where an image came from, as the kernel says them
 _LIVE: weakref.WeakSet[KernelProcess] = weakref.WeakSet()
 
 
@@ -55,14 +61,25 @@ class KernelLost(RuntimeError):
 
 @dataclass
 class RunResult:
-    """What one call produced: printed text (with the traceback when ``failed``), images with where they came from,
-    notes on refused images; ``lost``: the session was lost (time-out, crash), so the next call starts afresh."""
+    """What one call produced: printed text (with the traceback when ``failed``) and how many characters of it were
+    cut, images with where they came from, notes on refused images (at most ``wire.MAX_NOTES``, the rest counted in
+    ``more_refused``); ``lost``: the session was lost (time-out, crash, a broken reply), so the next call starts
+    afresh."""
 
     output: str = ""
+    cut: int = 0
     failed: bool = False
     images: list[tuple[Image.Image, str]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    more_refused: int = 0
     lost: str | None = None
+
+    def refuse(self, note: str) -> None:
+        """Note a refused image: a few notes, then a count."""
+        if len(self.refused) < wire.MAX_NOTES:
+            self.refused.append(note[:MAX_NOTE_CHARS])
+        else:
+            self.more_refused += 1
 
 
 class KernelProcess:
@@ -76,6 +93,7 @@ class KernelProcess:
         bwrap: str = "bwrap",
     ):
         self.limits, self.sandbox = limits, sandbox
+        self.wire_limits: dict[str, Any] = {**limits.as_dict(), "max_aspect_ratio": MAX_ASPECT_RATIO}
         self.bwrap = check_bwrap(bwrap) if sandbox == BWRAP else bwrap
         self.binds = package_binds(default_packages() if packages is None else packages)
         self.process: subprocess.Popen[bytes] | None = None
@@ -100,7 +118,7 @@ class KernelProcess:
 
     def _command(self) -> tuple[list[str], str]:
         """The command and the work directory of a new kernel."""
-        settings = {"limits": self.limits.as_dict(), "own_pid_namespace": self.sandbox == BWRAP}
+        settings = {"limits": self.wire_limits, "own_pid_namespace": self.sandbox == BWRAP}
         if self.sandbox == BWRAP:
             settings.update(workdir=WORKDIR, site=[SITE])
             binds = [Bind(wire.__file__, KERNEL_SCRIPT), *self.binds]
@@ -179,14 +197,14 @@ class KernelProcess:
     def _await_ready(self) -> float:
         assert self.process is not None and self._errors is not None
         try:
-            header, _ = self._read(self._launched_at + self.limits.startup_timeout_s, "start")
+            header, blobs = self._read_header(self._launched_at + self.limits.startup_timeout_s, "start")
         except KernelLost as error:
             self._errors.seek(0)
             detail = self._errors.read(2000).decode(errors="replace").strip()
             raise KernelLost(f"{error}{'; it said: ' + detail if detail else ''}") from None
         finally:
             self._errors.close()
-        if header.get("ready") is not True:
+        if header.get("ready") is not True or blobs:
             raise KernelLost(f"the kernel answered {str(header)[:200]} instead of ready")
         self.sandbox_pid = self._sandbox_pid()
         self.ready, self.started_s = True, time.perf_counter() - self._launched_at
@@ -244,6 +262,10 @@ class KernelProcess:
             except KernelLost as error:
                 self.close()
                 return RunResult(lost=str(error))
+            except Exception as error:  # whatever else a reply broke (logged): the session is out of step
+                logger.warning("python tool: a kernel's reply broke the host's reading of it", exc_info=True)
+                self.close()
+                return RunResult(lost=f"the kernel's reply could not be read ({type(error).__name__})")
 
     def _run(self, code: str, images: list[Image.Image]) -> RunResult:
         keep = 0
@@ -256,27 +278,26 @@ class KernelProcess:
             rgb = image if image.mode == "RGB" else image.convert("RGB")
             entries.append({"id": image_id, "mode": "RGB", "size": [rgb.width, rgb.height]})
             blobs.append(rgb.tobytes())
-        deadline = time.perf_counter() + self.limits.timeout_s
-        self._write({"code": code, "keep": keep, "images": entries}, blobs, deadline)
+        deadline, call = time.perf_counter() + self.limits.timeout_s, secrets.token_hex(8)
+        self._write({"call": call, "code": code, "keep": keep, "images": entries}, blobs, deadline)
         self.held_images = list(images)
-        header, blobs = self._read(deadline, "call")
-        return self._result(header, blobs)
-
-    def _result(self, header: dict, blobs: list[bytes]) -> RunResult:
-        entries, refused = header.get("images"), header.get("refused", [])
-        if not isinstance(header.get("output"), str) or not isinstance(entries, list) or len(entries) != len(blobs):
-            raise KernelLost("the kernel's reply was malformed")
-        limits, result = self.limits, RunResult(output=header["output"], failed=bool(header.get("failed")))
-        result.refused = [str(note)[:300] for note in refused[:20]] if isinstance(refused, list) else []
-        if len(result.output) > limits.max_output_chars + 200:
-            result.output = result.output[: limits.max_output_chars] + "\n... (more output was cut)"
-        for entry, blob in zip(entries, blobs):
-            image = _decoded(entry, blob, limits.max_image_pixels)
-            if len(result.images) >= limits.max_images or image is None:
-                result.refused.append("an image the kernel returned was refused (over the limits or malformed)")
-                continue
-            result.images.append((image, str(entry.get("origin", "an image"))[:200]))
+        header, sizes = self._read_header(deadline, "call")
+        result = _checked_reply(header, call, sizes, self.limits.max_output_chars)
+        for entry, size in zip(header["images"], sizes):
+            self._read_image(entry, size, result, deadline)
         return result
+
+    def _read_image(self, entry: dict, size: int, result: RunResult, deadline: float) -> None:
+        """The next blob: decoded into ``result`` when the limits admit its image, else read past with a note."""
+        (width, height), origin = entry["size"], entry["origin"][:MAX_ORIGIN_CHARS]
+        returned = sum(image.width * image.height for image, _ in result.images)
+        reason = wire.refusal(width, height, len(result.images), returned, self.wire_limits)
+        if reason is not None:
+            self._read_exact(size, deadline, "call", keep=False)
+            result.refuse(f"an image {origin} was not returned: {reason}")
+            return
+        image = Image.frombytes(entry["mode"], (width, height), self._read_exact(size, deadline, "call"))
+        result.images.append((image, origin))
 
     # ----- the pipes ------------------------------------------------------------------------------------------
 
@@ -295,18 +316,20 @@ class KernelProcess:
                 except (BrokenPipeError, ConnectionResetError):
                     raise KernelLost(self._death("call")) from None
 
-    def _read(self, deadline: float, what: str) -> tuple[dict, list[bytes]]:
+    def _read_header(self, deadline: float, what: str) -> tuple[dict, list[int]]:
+        """A reply's header and its blobs' sizes; the blobs are left in the pipe, to be read one by one."""
         frame = self._read_exact(wire.FRAME.size, deadline, what)
         header_size, blob_size = wire.FRAME.unpack(frame)
         most_blobs = self.limits.max_images * min(self.limits.max_image_pixels, 1 << 26) * 4
         if header_size > MAX_HEADER_BYTES + 4 * self.limits.max_output_chars or blob_size > most_blobs:
             raise KernelLost(f"the kernel sent a reply over the size limits ({header_size} + {blob_size} bytes)")
         try:
-            return wire.split_message(frame, self._read_exact(header_size + blob_size, deadline, what))
+            return wire.parse_header(self._read_exact(header_size, deadline, what), blob_size)
         except wire.ProtocolError as error:
             raise KernelLost(f"the kernel's reply was malformed: {error}") from None
 
-    def _read_exact(self, size: int, deadline: float, what: str) -> bytes:
+    def _read_exact(self, size: int, deadline: float, what: str, keep: bool = True) -> bytes:
+        """``size`` bytes of the reply pipe (``keep=False``: read past them, keeping none)."""
         assert self.process is not None and self.process.stdout is not None
         fd, parts, missing = self.process.stdout.fileno(), [], size
         while missing:
@@ -314,7 +337,8 @@ class KernelProcess:
             chunk = os.read(fd, min(missing, 1 << 20))
             if not chunk:
                 raise KernelLost(self._death(what))
-            parts.append(chunk)
+            if keep:
+                parts.append(chunk)
             missing -= len(chunk)
         return b"".join(parts)
 
@@ -339,17 +363,43 @@ class KernelProcess:
         return f"the kernel exited (status {code}) during the {what}"
 
 
-def _decoded(entry: object, blob: bytes, max_pixels: int) -> Image.Image | None:
-    """The image of one reply entry, or None when it is malformed or over the limits."""
-    if not isinstance(entry, dict) or entry.get("mode") not in wire.MODES:
-        return None
-    size = entry.get("size")
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size)):
-        return None
-    width, height = size
-    if width * height > max_pixels or len(blob) != width * height * wire.MODES[entry["mode"]]:
-        return None
-    return Image.frombytes(entry["mode"], (width, height), blob)
+def _checked_reply(header: dict, call: str, sizes: list[int], max_output_chars: int) -> RunResult:
+    """The text part of a call's reply, every field checked (types, counts, modes, sizes against the blobs) before
+    any of it is used; KernelLost naming the first field that is wrong."""
+    _expect(set(header) == wire.REPLY_KEYS, f"its fields are {sorted(map(str, header))[:10]}")
+    _expect(header["call"] == call, "it answers another call (a reply written by the code in an earlier call?)")
+    output, cut, failed = header["output"], header["cut"], header["failed"]
+    _expect(type(output) is str and _count(cut) and type(failed) is bool, "output, cut or failed has the wrong type")
+    entries, notes, more = header["images"], header["refused"], header["more_refused"]
+    _expect(type(entries) is list and len(entries) == len(sizes), "its images do not match its blobs")
+    _expect(type(notes) is list and all(type(note) is str for note in notes) and _count(more), "bad refusal notes")
+    for entry, size in zip(entries, sizes):
+        _expect(_valid_entry(entry, size), f"an image entry {str(entry)[:100]} does not match its {size} bytes")
+    result = RunResult(output=output[:max_output_chars], cut=cut + max(0, len(output) - max_output_chars))
+    result.failed = failed
+    for note in notes:
+        result.refuse(note)
+    result.more_refused += more
+    return result
+
+
+def _valid_entry(entry: object, size: int) -> bool:
+    if type(entry) is not dict or set(entry) != {"mode", "size", "origin"} or type(entry["origin"]) is not str:
+        return False
+    mode, dimensions = entry["mode"], entry["size"]
+    if type(mode) is not str or mode not in wire.MODES or type(dimensions) is not list or len(dimensions) != 2:
+        return False
+    return all(_count(value) for value in dimensions) and dimensions[0] * dimensions[1] * wire.MODES[mode] == size
+
+
+def _count(value: object) -> bool:
+    """A size or count as the wire carries them: a non-negative 32-bit int."""
+    return type(value) is int and 0 <= value < 1 << 31
+
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise KernelLost(f"the kernel's reply was malformed: {what}")
 
 
 def _kill_and_wait(pid: int, seconds: float = 5.0) -> None:

@@ -5,7 +5,8 @@ the code with the trajectory's images readable (``images[id]``, ``image_<id>.png
 saved or showed (``Image N: ...``, ids from the workspace's ``next_id`` as the image tools do, each downscaled to
 ``max_pixels``) and its output as text; ``release`` kills the kernel. Errors in the code, time-outs, limits and a lost
 kernel are answered as text, never raised; with ``on_error: end`` that answer also ends the trajectory
-(``END_TRAJECTORY`` in its metrics). See docs/python_tool.md.
+(``END_TRAJECTORY`` in its metrics). The whole answer (image lines, output, errors, notes) is valid text of at most
+``limits.max_output_chars`` characters. See docs/python_tool.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_mm_tools.errors import ConfigError, ToolInputError
 from verl_mm_tools.ops.geometry import fit_pixels
+from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.ops.transform import as_rgb
 from verl_mm_tools.sandbox import SANDBOX_MODES, KernelProcess, RunResult, SandboxLimits, check_bwrap
 from verl_mm_tools.sandbox.bwrap import default_packages, package_binds
@@ -146,14 +148,39 @@ class PythonTool(BaseTool):
             images.append(fitted)
         if result.lost:
             lines.append(f"Error: {result.lost}. {LOST_SESSION}")
-        if result.output:
-            lines.append(("Error:\n" if result.failed else "Output:\n") + result.output.rstrip("\n"))
-        if result.refused:
-            lines.append("Note: " + "; ".join(result.refused) + ".")
-        text = "\n".join(lines) or "Done (no output, no image)."
+        more = [f"{result.more_refused} more images were not returned"] if result.more_refused else []
+        notes = result.refused + more
+        tail = ["Note: " + "; ".join(notes) + "."] if notes else []
+        text = bounded_answer(lines, result, tail, self.limits.max_output_chars) or "Done (no output, no image)."
+        text = valid_text(text)
         failed = result.lost or (result.output.strip().splitlines() or [""])[-1] if result.failed else result.lost
         response = ToolResponse(text=text, image=images) if images else ToolResponse(text=text)
-        return response, 0.0, ({"error": failed} if failed else {})
+        return response, 0.0, ({"error": valid_text(failed[:300])} if failed else {})
 
     def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
         return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}
+
+
+def bounded_answer(head: list[str], result: RunResult, tail: list[str], limit: int) -> str:
+    """The answer's lines (``head``, the output, ``tail``) in at most ``limit`` characters: the output is cut first,
+    its last line counting every character cut (the kernel's and these); where the other lines alone are too long,
+    the end of the whole answer is cut."""
+    parts = list(head)
+    if result.output or result.cut:
+        label = "Error:\n" if result.failed else "Output:\n"
+        room = limit - len("\n".join(head + tail)) - len(label) - (1 if head else 0) - (1 if tail else 0)
+        parts.append(label + _fitted_output(result.output.rstrip("\n"), result.cut, room))
+    text = "\n".join(parts + tail)
+    if len(text) <= limit:
+        return text
+    marker = f"\n... (the answer was cut at {limit} characters)"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+def _fitted_output(output: str, cut: int, room: int) -> str:
+    """``output`` in ``room`` characters, ending with a line that counts the characters cut when any were."""
+    if not cut and len(output) <= room:
+        return output
+    widest = f"\n... ({cut + len(output)} more characters of output were cut)"
+    kept = max(0, min(len(output), room - len(widest)))
+    return output[:kept] + f"\n... ({cut + len(output) - kept} more characters of output were cut)"
