@@ -62,10 +62,9 @@ def parse_header(data: bytes, blob_size: int) -> tuple[dict[str, Any], list[int]
     except RecursionError:
         raise ProtocolError("the message header nests too deeply to be decoded") from None
     sizes = header.get("blobs") if isinstance(header, dict) else None
-    valid = isinstance(sizes, list) and all(type(size) is int and size >= 0 for size in sizes)
-    if not valid or sum(sizes) != blob_size:  # type: ignore[arg-type]
+    if not isinstance(sizes, list) or not all(type(s) is int and s >= 0 for s in sizes) or sum(sizes) != blob_size:
         raise ProtocolError(f"the message's blob sizes {str(sizes)[:100]} do not add up to {blob_size}")
-    return header, sizes  # type: ignore[return-value]
+    return header, sizes
 
 
 def split_message(frame: bytes, payload: bytes) -> tuple[dict[str, Any], list[bytes]]:

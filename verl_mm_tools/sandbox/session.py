@@ -375,8 +375,8 @@ def _checked_reply(header: dict, call: str, sizes: list[int], max_output_chars: 
     _expect(type(notes) is list and all(type(note) is str for note in notes) and _count(more), "bad refusal notes")
     for entry, size in zip(entries, sizes):
         _expect(_valid_entry(entry, size), f"an image entry {str(entry)[:100]} does not match its {size} bytes")
-    result = RunResult(output=output[:max_output_chars], cut=cut + max(0, len(output) - max_output_chars))
-    result.failed = failed
+    kept = output[:max_output_chars]
+    result = RunResult(output=kept, cut=cut + len(output) - len(kept), failed=failed)
     for note in notes:
         result.refuse(note)
     result.more_refused += more
