@@ -27,6 +27,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.check_report",
         "verl_mm_tools.cli",
         "verl_mm_tools.cli_types",
+        "verl_mm_tools.compact_image",  # the compact image form (pure: the processor is passed in)
         "verl_mm_tools.cpu",  # the package and its vLLM settings, which the vLLM plugin reads in every engine process
         "verl_mm_tools.cpu.names",  # the HF rollout's name (the demo's options read it)
         "verl_mm_tools.cpu.vllm_cpu",

@@ -25,5 +25,8 @@ def test_a_trajectory_holds_its_images_once_each_processor_output_once_and_the_s
     # the sample: the images' pixel values joined once (8), its padded ids, masks, position ids (976 tokens)
     assert 8 < figures[f"{name}/trainer_output_over_raw"].value < 9
     assert all(figures[f"{name}/{part}_over_raw"].target == "<= 2" for part in ("workspace", "processor_outputs"))
+    # the compact forms of the same images: 1 byte per resized byte (112 px is a whole number of 28 px patches)
+    compact = figures[f"{name}/compact_forms_over_raw"]
+    assert (compact.value, compact.target, compact.missed) == (1.0, "<= 1.25", False)
     kept = figures[f"{name}/processor_outputs_kept_after_the_sample_MB"]
     assert (kept.value, kept.missed) == (0, False)

@@ -79,6 +79,11 @@ class ImageFeatureStore:
         return found
 
     @property
+    def arguments(self) -> dict[str, Any]:
+        """The image-processor arguments the kept outputs were made with (the row's ``mm_processor_kwargs``)."""
+        return dict(self._arguments or {})
+
+    @property
     def kept(self) -> list[ImageFeatures]:
         """The outputs kept now, one per image (none once released)."""
         return [features for _, features in self._features.values()]

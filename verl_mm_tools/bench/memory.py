@@ -12,9 +12,10 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.image_features import attached_store
+from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory, one_trajectory
+from verl_mm_tools.compact_image import compact_image
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, resident_side: int = 1024) -> list[Figure]:
@@ -40,9 +41,12 @@ def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> lis
     counted, over its images' raw bytes (3 per pixel, each image as the trajectory holds it): its image workspace
     (Pillow's pixels), its processor outputs (the trajectory's ``ImageFeatureStore``) and the sample verl sends to
     the trainer (``_agent_loop_postprocess``: ``multi_modal_inputs``, padded ids and masks; the images it carries
-    are the workspace's, counted there). Then what the store still keeps once verl has let go of the output."""
+    are the workspace's, counted there); beside them, the same images' compact forms (``compact_image``: the resized
+    uint8 pixels that rebuild the processor outputs exactly, issue #59; not yet what the loop keeps). Then what the
+    store still keeps once verl has let go of the output."""
     _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
     images, store = output.multi_modal_data["images"], attached_store(output)
+    assert store is not None, "an mm_tool trajectory's outputs carry its image store"
     sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))
     raw = sum(image.width * image.height * 3 for image in images)
     workspace = held_bytes(images)
@@ -50,13 +54,23 @@ def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> lis
         "workspace": workspace,
         "processor_outputs": _kept_bytes(store),
         "trainer_output": held_bytes((images, sample)) - held_bytes((images,)),
+        "compact_forms": _compact_bytes(store, images),
     }
     del output  # as verl's worker does once it has the sample: the store lets go of its outputs
     name = f"memory/{turns}x{side}px"
     figures = [figure(f"{name}/raw_image_MB", [raw / 2**20])]
-    figures += [figure(f"{name}/{part}_over_raw", [held / raw], "<= 2") for part, held in parts.items()]
+    targets = {"compact_forms": "<= 1.25"}
+    figures += [
+        figure(f"{name}/{part}_over_raw", [held / raw], targets.get(part, "<= 2")) for part, held in parts.items()
+    ]
     kept = _kept_bytes(store)
     return figures + [figure(f"{name}/processor_outputs_kept_after_the_sample_MB", [kept / 2**20], "<= 0")]
+
+
+def _compact_bytes(store: ImageFeatureStore, images: list[Image.Image]) -> int:
+    """The images' compact forms, made with the processor and arguments of the store's outputs."""
+    made = [compact_image(store.source.image_processor, image, **store.arguments)[0] for image in images]
+    return sum(compact.nbytes for compact in made)
 
 
 def _kept_bytes(store) -> int:
