@@ -282,22 +282,23 @@ class KernelProcess:
         self._write({"call": call, "code": code, "keep": keep, "images": entries}, blobs, deadline)
         self.held_images = list(images)
         header, sizes = self._read_header(deadline, "call")
-        result = _checked_reply(header, call, sizes, self.limits.max_output_chars)
+        result, returned_pixels = _checked_reply(header, call, sizes, self.limits.max_output_chars), 0
         for entry, size in zip(header["images"], sizes):
-            self._read_image(entry, size, result, deadline)
+            returned_pixels += self._read_image(entry, size, result, returned_pixels, deadline)
         return result
 
-    def _read_image(self, entry: dict, size: int, result: RunResult, deadline: float) -> None:
-        """The next blob: decoded into ``result`` when the limits admit its image, else read past with a note."""
+    def _read_image(self, entry: dict, size: int, result: RunResult, returned_pixels: int, deadline: float) -> int:
+        """The next blob: decoded into ``result`` when the limits admit its image (after ``returned_pixels`` pixels
+        of this call's images), else read past with a note; the pixels it added."""
         (width, height), origin = entry["size"], entry["origin"][:MAX_ORIGIN_CHARS]
-        returned = sum(image.width * image.height for image, _ in result.images)
-        reason = wire.refusal(width, height, len(result.images), returned, self.wire_limits)
+        reason = wire.refusal(width, height, len(result.images), returned_pixels, self.wire_limits)
         if reason is not None:
             self._read_exact(size, deadline, "call", keep=False)
             result.refuse(f"an image {origin} was not returned: {reason}")
-            return
+            return 0
         image = Image.frombytes(entry["mode"], (width, height), self._read_exact(size, deadline, "call"))
         result.images.append((image, origin))
+        return width * height
 
     # ----- the pipes ------------------------------------------------------------------------------------------
 
