@@ -16,7 +16,6 @@ from verl_mm_tools.demo.run import run_demo
 from verl_mm_tools.demo.summary import (
     learning_curve,
     log_lines,
-    nodes_reported_dead,
     trainer_error,
     what_was_learned,
 )
@@ -308,8 +307,6 @@ def test_a_failed_run_names_the_exception_that_ended_it_and_why_rays_actor_died(
         "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task. (The actor died "
         "because its node has died. Node Id: 8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77)"
     )
-    lost = "8fb8b42b22791eb3e5d5096606710f68f41d256596ced8060f3a1a77"
-    assert nodes_reported_dead(log_lines(log), {"node_a": "c853ba95", "node_b": lost, "node_c": None}) == ["node_b"]
     log.write_text("Traceback (most recent call last):\nValueError: no such file: data.parquet\n")
     assert trainer_error(log_lines(log)) == "ValueError: no such file: data.parquet"
     log.write_text("step:1 - reward 0.5\n")

@@ -30,8 +30,8 @@ from pathlib import Path
 from verl_mm_tools.demo.options import DEMO_TRAINERS, FULLY_ASYNC, DemoOptions, importable_from_here
 from verl_mm_tools.demo.overrides import ray_sizes, trainer_command, trainer_environment, write_command_script
 from verl_mm_tools.demo.prepare import DemoPaths, prepare
-from verl_mm_tools.demo.summary import learning_curve, log_lines, nodes_reported_dead, summarize
-from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult, run_trainer
+from verl_mm_tools.demo.summary import learning_curve, summarize
+from verl_mm_tools.demo.watch import LEARNING_FAILED, NodeWatch, RunResult, run_trainer
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.record import STAGING_DIR
 from verl_mm_tools.viewer.curve import CURVE_PICTURE, curve_svg
@@ -78,14 +78,16 @@ def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say:
     with local_cluster(nodes=options.nodes, num_cpus=num_cpus, num_gpus=per_node_gpus, env=env) as cluster:
         names = ", ".join(node.name for node in cluster.nodes)
         say(f"[{time.monotonic() - clock:5.1f}s] Ray nodes {names} up at {cluster.address}")
-        node_ids = {node.name: node.node_id() for node in cluster.nodes}
+        nodes = NodeWatch(
+            raylets={node.name: raylet for node in cluster.nodes if (raylet := node.raylet()) is not None},
+            node_ids={node.name: node.node_id() or "unknown" for node in cluster.nodes},
+        )
         command = trainer_command(options, paths, address=cluster.address)
-        result = _train(options, paths, command, clock, say, cluster_pids=lambda: {p.pid for p in cluster.processes()})
-        if result.returncode != 0:
-            for name in nodes_reported_dead(log_lines(paths.trainer_log), node_ids):
-                elapsed = time.monotonic() - clock
-                say(f"[{elapsed:5.1f}s] Ray node {name} died during the run (Node Id {node_ids[name]})")
-        return result
+
+        def cluster_pids() -> set[int]:
+            return {process.pid for process in cluster.processes()}
+
+        return _train(options, paths, command, clock, say, cluster_pids=cluster_pids, nodes=nodes)
 
 
 def _train(
@@ -95,6 +97,7 @@ def _train(
     clock: float,
     say: Callable[[str], None],
     cluster_pids: Callable[[], set[int]] = set,
+    nodes: NodeWatch | None = None,
 ) -> RunResult:
     env = trainer_environment(paths)
     paths.metrics.unlink(missing_ok=True)
@@ -109,7 +112,9 @@ def _train(
         f"[{time.monotonic() - clock:5.1f}s] starting Ray, the rollout server and the actor: the first step usually "
         f"comes 45-120 s from now on 2 cores (verl's output: {paths.trainer_log})"
     )
-    return run_trainer(command, env, paths, options.spec, options.total_steps, say, cluster_pids=cluster_pids)
+    return run_trainer(
+        command, env, paths, options.spec, options.total_steps, say, cluster_pids=cluster_pids, nodes=nodes
+    )
 
 
 def _finish(

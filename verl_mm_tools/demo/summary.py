@@ -130,13 +130,6 @@ def trainer_error(text: list[str]) -> str | None:
     return f"{error} ({reason})" if reason else error
 
 
-def nodes_reported_dead(text: list[str], node_ids: dict[str, str | None]) -> list[str]:
-    """The names of the nodes whose death Ray reports in the trainer's log (``The actor died because its node has
-    died. Node Id: ...``): a Ray error names a node by its id only."""
-    reasons = " ".join(line for line in text if DEATH_REASON.match(line))
-    return [name for name, node_id in node_ids.items() if node_id and node_id in reasons]
-
-
 def log_lines(path: Path) -> list[str]:
     """The trainer's log, read once for the summary of a failed run (none where the run wrote no log)."""
     return path.read_text(errors="replace").splitlines() if path.exists() else []

@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,46 @@ LEARNING_FAILED = 3  # the demo's exit status when a task with a reward target d
 # ~0.25 s of CPU for the ~30 processes of a CPU run, which at every 1 s poll took 15-30 % of a core from the run it
 # watches (issue #49: a 2-core machine).
 MEMORY_EVERY_S = 5.0
+NODE_LOST = 4  # the demo's exit status when a Ray node of its cluster died and the trainer did not fail by itself
+# How long a trainer that lost a Ray node gets to fail by itself (verl's driver raises ActorDiedError ~10 s after the
+# node is declared dead when its next call goes to an actor there) before the demo stops it: a driver waiting on an
+# object that was on the lost node can wait forever (seen in CI: still running 300 s after the kill).
+NODE_LOST_GRACE_S = 60.0
+
+
+class RunEnd(Enum):
+    """Why the watch over a trainer ended."""
+
+    EXITED = "exited"  # the trainer exited by itself
+    LEARNED = "learned"  # the task learned: the demo stopped the trainer
+    NODE_LOST = "node lost"  # a Ray node died and the trainer was still running NODE_LOST_GRACE_S later: stopped
+
+
+@dataclass
+class NodeWatch:
+    """The raylets of the Ray cluster a run joined, by node name, as they were when the run started: a node whose
+    raylet is gone has died (its machine lost, as Ray sees it)."""
+
+    raylets: dict[str, psutil.Process]
+    node_ids: dict[str, str]
+    lost: dict[str, float] = field(default_factory=dict)  # node name -> when the watch saw it gone
+
+    def newly_lost(self) -> list[str]:
+        found = [name for name, raylet in self.raylets.items() if name not in self.lost and not _running(raylet)]
+        for name in found:
+            self.lost[name] = time.monotonic()
+        return found
+
+    def overdue(self, grace_s: float) -> bool:
+        """A node has been lost for ``grace_s`` or more."""
+        return any(time.monotonic() - when >= grace_s for when in self.lost.values())
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @dataclass
@@ -38,6 +79,7 @@ class RunResult:
     first_step_after_s: float | None
     peak_memory_bytes: int
     learned: bool = False  # ``learned`` held when the run ended (the demo stops the trainer as soon as it does)
+    lost_nodes: list[str] = field(default_factory=list)  # the Ray nodes that died during the run
 
 
 @dataclass
@@ -73,19 +115,21 @@ def run_trainer(
     say: Callable[[str], None],
     poll_s: float = 1.0,
     cluster_pids: Callable[[], set[int]] = set,
+    nodes: NodeWatch | None = None,
 ) -> RunResult:
-    """Run the trainer subprocess to its end (or until the model has ``learned``), printing a line per step;
-    SIGTERM it if we are interrupted. ``cluster_pids``: the processes of a Ray cluster the run joined, which outlive
-    the trainer and are its starter's to stop (not leftovers to wait for)."""
+    """Run the trainer subprocess to its end (or until the model has ``learned``, or ``NODE_LOST_GRACE_S`` after a
+    node of ``nodes`` died), printing a line per step; SIGTERM it if we are interrupted. ``cluster_pids``: the
+    processes of a Ray cluster the run joined, which outlive the trainer and are its starter's to stop (not leftovers
+    to wait for)."""
     watch = StepWatch(task, total_steps, paths.metrics, say)
     with terminate_raises(), supervised(command, env, paths.trainer_log, stop=stop_gracefully) as process:
-        stopped = watch_until_done(process, watch, poll_s)
-    returncode = 0 if stopped else process.returncode
+        end = watch_until_done(process, watch, poll_s, nodes=nodes)
+    returncode = {RunEnd.LEARNED: 0, RunEnd.NODE_LOST: process.returncode or NODE_LOST}.get(end, process.returncode)
     end_leftovers(lambda: _leftovers(paths.metrics, cluster_pids()))
     seconds = time.monotonic() - watch.started
-    return RunResult(
-        returncode, watch.steps, seconds, watch.first_step_after_s, watch.peak_memory_bytes, task.learned(watch.steps)
-    )
+    lost = list(nodes.lost) if nodes is not None else []
+    learned = task.learned(watch.steps)
+    return RunResult(returncode, watch.steps, seconds, watch.first_step_after_s, watch.peak_memory_bytes, learned, lost)
 
 
 def _leftovers(metrics: Path, cluster_pids: set[int]) -> list[psutil.Process]:
@@ -93,10 +137,15 @@ def _leftovers(metrics: Path, cluster_pids: set[int]) -> list[psutil.Process]:
 
 
 def watch_until_done(
-    process: subprocess.Popen, watch: StepWatch, poll_s: float, memory_every_s: float = MEMORY_EVERY_S
-) -> bool:
-    """Read the trainer's steps until it exits, and its peak memory every ``memory_every_s``; returns True when it
-    was stopped because the model learned."""
+    process: subprocess.Popen,
+    watch: StepWatch,
+    poll_s: float,
+    memory_every_s: float = MEMORY_EVERY_S,
+    nodes: NodeWatch | None = None,
+    node_lost_grace_s: float = NODE_LOST_GRACE_S,
+) -> RunEnd:
+    """Read the trainer's steps until it exits, and its peak memory every ``memory_every_s``; stop it when the
+    model has learned, or when a node of ``nodes`` has been lost for ``node_lost_grace_s``."""
     memory_at: float | None = None
     while True:
         finished = process.poll() is not None
@@ -104,16 +153,28 @@ def watch_until_done(
         if memory_at is None or time.monotonic() - memory_at >= memory_every_s:
             watch.peak_memory_bytes = max(watch.peak_memory_bytes, tree_memory_bytes(process.pid))
             memory_at = time.monotonic()
-        if not finished and watch.task.learned(watch.steps):
+        if finished:
+            return RunEnd.EXITED
+        if watch.task.learned(watch.steps):
             watch.say(
                 f"learned: reward >= {watch.task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps and "
                 "validation); stopping the trainer"
             )
             stop_gracefully(process)
-            return True
-        if finished:
-            return False
+            return RunEnd.LEARNED
+        if nodes is not None and _node_lost_too_long(nodes, watch.say, node_lost_grace_s):
+            stop_gracefully(process)
+            return RunEnd.NODE_LOST
         time.sleep(poll_s)
+
+
+def _node_lost_too_long(nodes: NodeWatch, say: Callable[[str], None], grace_s: float) -> bool:
+    for name in nodes.newly_lost():
+        say(f"Ray node {name} died during the run (Node Id {nodes.node_ids[name]})")
+    if not nodes.overdue(grace_s):
+        return False
+    say(f"the trainer was still running {grace_s:g} s after it lost a Ray node; stopping it")
+    return True
 
 
 def run_processes(metrics_path: Path) -> list[psutil.Process]:
