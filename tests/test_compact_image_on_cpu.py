@@ -5,13 +5,29 @@ grey, tiny (upscaled) and large (downscaled) images, at 1 byte per resized byte 
 from __future__ import annotations
 
 import functools
+import io
+import json
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from verl_mm_tools.compact_image import CompactImage, NotCompactable, compact_image, expanded
+from verl_mm_tools.compact_image import (
+    PIXEL_PREFIX,
+    CompactHeader,
+    CompactImage,
+    CompactImageError,
+    CompactImages,
+    NotCompactable,
+    ProcessorSpec,
+    compact_image,
+    expanded,
+    expanded_inputs,
+)
 from verl_mm_tools.families.catalog import FAMILIES
 from verl_mm_tools.tiny import tiny_model_path
 
@@ -85,3 +101,96 @@ def test_a_processor_without_a_known_resize_step_is_refused_by_name():
     with pytest.raises(ValueError, match="needs at least one compact image"):
         expanded(image_processor("qwen2_vl"), [])
     assert CompactImage(torch.zeros(3, 2, 2, dtype=torch.uint8)).nbytes == 12
+
+
+def sample_inputs(family: str, images: list[Image.Image], name: str = "row 7"):
+    """A sample's multi_modal_inputs as the fixed worker sends them: the token keys of the processor's output and
+    the compact images; and verl's own inputs for the same images."""
+    processor = image_processor(family)
+    made = [compact_image(processor, image, return_tensors="pt")[0] for image in images]
+    own = processor(images=images, return_tensors="pt")
+    tokens = {key: value for key, value in own.items() if not key.startswith(PIXEL_PREFIX)}
+    header = CompactHeader(ProcessorSpec.of(processor), {"return_tensors": "pt"}, name)
+    return {**tokens, **CompactImages(header, tuple(each.pixels for each in made)).inputs()}, dict(own)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_sample_expands_in_another_process_to_verls_own_inputs(family):
+    """The header rebuilds the processor from its class and config: expanded in a fresh process (as in the
+    trainer's worker), the sample's inputs equal the processor's own output, tensor for tensor."""
+    inputs, own = sample_inputs(family, [IMAGES["rgb"], IMAGES["grey"]])
+    buffer = io.BytesIO()
+    torch.save(inputs, buffer)
+    script = (
+        "import io, sys, torch\n"
+        "from verl_mm_tools.compact_image import expanded_inputs\n"
+        "inputs = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)\n"
+        "out = io.BytesIO(); torch.save(expanded_inputs(inputs), out); sys.stdout.buffer.write(out.getvalue())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], input=buffer.getvalue(), capture_output=True, check=True)
+    got = torch.load(io.BytesIO(done.stdout), weights_only=True)
+    assert_same_output(got, own)
+
+
+def test_verls_function_cannot_read_compact_images():
+    """The proof of adaptation 42: verl's own extract_multi_modal_inputs joins a sample's compact images as if they
+    were model inputs and gives no pixel values (the model would see no image); the fixed one gives what verl's own
+    pass gives."""
+    from verl.utils.model import extract_multi_modal_inputs
+
+    inputs, own = sample_inputs("qwen2_5_vl", [IMAGES["rgb"]])
+    verls = extract_multi_modal_inputs.__wrapped__([inputs])
+    assert "pixel_values" not in verls and "vmt_compact_image_0" in verls
+    assert_same_output(extract_multi_modal_inputs([None, inputs], indices=[1]), extract_multi_modal_inputs([own]))
+
+
+def header_tensor(**fields) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(fields).encode()), dtype=torch.uint8)
+
+
+def test_a_compact_form_that_cannot_be_expanded_exactly_stops_naming_the_sample():
+    inputs, _ = sample_inputs("qwen2_5_vl", [IMAGES["rgb"], IMAGES["tiny"]], name="uid-42")
+    first, second = inputs["vmt_compact_image_0"], inputs["vmt_compact_image_1"]
+    header = json.loads(bytes(inputs["vmt_compact_header"].tolist()))
+    cases = {
+        "image 0 is torch.float32 (3, 168, 280), not a uint8 tensor": {**inputs, "vmt_compact_image_0": first.float()},
+        "image 1 has shape (5, 28, 28)": {**inputs, "vmt_compact_image_1": torch.zeros(5, 28, 28, dtype=torch.uint8)},
+        "expected vmt_compact_header and ['vmt_compact_image_0', 'vmt_compact_image_1']": {
+            key: value
+            for key, value in {**inputs, "vmt_compact_image_2": second}.items()
+            if key != "vmt_compact_image_1"
+        },
+        "expand to other ['image_grid_thw'] than its token ids": {
+            **inputs,
+            "vmt_compact_image_0": second,
+            "vmt_compact_image_1": first,
+        },
+        "'CLIPImageProcessor', which this package cannot expand": {
+            **inputs,
+            "vmt_compact_header": header_tensor(**{**header, "processor": "CLIPImageProcessor"}),
+        },
+        "it carries both compact images and ['pixel_values']": {**inputs, "pixel_values": torch.zeros(1)},
+    }
+    for problem, sample in cases.items():
+        with pytest.raises(CompactImageError) as raised:
+            expanded_inputs(sample)
+        assert "uid-42" in str(raised.value) and problem in str(raised.value), str(raised.value)
+    unnamed = {
+        "vmt_compact_header is not UTF-8 JSON": {
+            **inputs,
+            "vmt_compact_header": torch.tensor([255], dtype=torch.uint8),
+        },
+        "vmt_compact_header is not a 1-D uint8 tensor: torch.int64 (2,)": {
+            **inputs,
+            "vmt_compact_header": torch.tensor([1, 2]),
+        },
+        "expected the fields ['arguments', 'config', 'processor', 'sample']": {
+            **inputs,
+            "vmt_compact_header": header_tensor(processor="x"),
+        },
+        "compact images without their vmt_compact_header": {"vmt_compact_image_0": first},
+    }
+    for problem, sample in unnamed.items():
+        with pytest.raises(CompactImageError, match=re.escape(problem)):
+            expanded_inputs(sample)
+    assert expanded_inputs({"image_grid_thw": 1}) == {"image_grid_thw": 1}  # no compact images: as it is

@@ -11,14 +11,25 @@ same, unchanged computation. ``expanded`` runs the processor's own call again on
 ``do_resize=False``: the rest of its pipeline, so its output equals the original call's tensor for tensor
 (``torch.equal``, same keys and dtypes: ``tests/test_compact_image_on_cpu.py`` on every family). A processor whose
 resize method is not known here raises ``NotCompactable``: the caller keeps the float output (no approximation).
+
+A training sample carries its images' compact forms in its ``multi_modal_inputs`` in place of the float
+``pixel_values`` (``CompactImages.inputs``): plain tensors, as verl's output model and TransferQueue require, one per
+image (``vmt_compact_image_<i>``, the store's own tensor: samples that share an image share it) and a header
+(``vmt_compact_header``: the image processor's class and config, so the trainer's process rebuilds the same one, the
+call's arguments and the sample's name, as UTF-8 JSON). ``expanded_inputs`` gives the trainer the sample's inputs as
+verl's own processor pass made them, and refuses (``CompactImageError``) a compact form it cannot expand exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from verl_mm_tools.errors import VerlMMToolsError
 
 # each supported image processor's resize step: the method whose output is the compact form
 RESIZE_METHODS = {
@@ -28,8 +39,18 @@ RESIZE_METHODS = {
 }
 
 
+COMPACT_PREFIX = "vmt_compact_"  # the keys of a sample's compact images in its ``multi_modal_inputs``
+HEADER_KEY = f"{COMPACT_PREFIX}header"
+IMAGE_KEY = f"{COMPACT_PREFIX}image_"  # + the image's index in the sample
+PIXEL_PREFIX = "pixel_values"  # the keys an image processor's pixels go under (the rest: grids, positions, counts)
+
+
 class NotCompactable(ValueError):
     """This processor's output cannot be rebuilt from resized pixels here: keep its float output."""
+
+
+class CompactImageError(VerlMMToolsError, ValueError):
+    """A sample's compact images cannot be expanded exactly: the step stops rather than train on a guessed tensor."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,118 @@ class CompactImage:
     @property
     def nbytes(self) -> int:
         return int(self.pixels.numel() * self.pixels.element_size())
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    """An image processor as its class name and its own config (``to_dict``, as JSON): what rebuilds the same
+    processor in another process (``image_processor``)."""
+
+    class_name: str
+    config: str
+
+    @classmethod
+    def of(cls, image_processor: Any) -> ProcessorSpec:
+        return cls(type(image_processor).__name__, json.dumps(image_processor.to_dict(), sort_keys=True, default=str))
+
+
+@dataclass(frozen=True)
+class CompactHeader:
+    """What every compact image of a trajectory shares: the image processor, the call's arguments and the sample's
+    name (its row's index or uid, for errors). ``tensor``: the header as a sample carries it (made once, so the
+    samples of a trajectory share it)."""
+
+    processor: ProcessorSpec
+    arguments: Mapping[str, Any]
+    sample: str = "<unknown>"
+
+    @functools.cached_property
+    def tensor(self) -> Any:
+        import torch
+
+        fields = {
+            "processor": self.processor.class_name,
+            "config": self.processor.config,
+            "arguments": dict(self.arguments),
+            "sample": self.sample,
+        }
+        try:
+            text = json.dumps(fields, sort_keys=True)
+        except TypeError as error:
+            raise NotCompactable(f"the processor call's arguments are not JSON ({error}): {self.arguments}") from error
+        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+    @classmethod
+    def parse(cls, tensor: Any) -> CompactHeader:
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
+            raise CompactImageError(f"{HEADER_KEY} is not a 1-D uint8 tensor: {_described(tensor)}")
+        try:
+            fields = json.loads(bytes(tensor.tolist()).decode())
+        except (UnicodeDecodeError, ValueError) as error:
+            raise CompactImageError(f"{HEADER_KEY} is not UTF-8 JSON: {error}") from None
+        kinds = {"processor": str, "config": str, "arguments": dict, "sample": str}
+        if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
+            raise CompactImageError(f"{HEADER_KEY} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
+        wrong = [name for name, kind in kinds.items() if not isinstance(fields[name], kind)]
+        if wrong:
+            raise CompactImageError(f"{HEADER_KEY}: the fields {wrong} have the wrong types")
+        return cls(ProcessorSpec(fields["processor"], fields["config"]), fields["arguments"], fields["sample"])
+
+
+@dataclass(frozen=True)
+class CompactImages:
+    """One training sample's images, in order, as their compact forms (uint8 tensors, channels first)."""
+
+    header: CompactHeader
+    pixels: tuple[Any, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(each.numel() * each.element_size()) for each in self.pixels)
+
+    def inputs(self) -> dict[str, Any]:
+        """The sample's ``multi_modal_inputs`` entries that carry them."""
+        return {HEADER_KEY: self.header.tensor, **{f"{IMAGE_KEY}{i}": each for i, each in enumerate(self.pixels)}}
+
+    @classmethod
+    def from_inputs(cls, inputs: Mapping[str, Any]) -> CompactImages | None:
+        """The compact images a sample's ``multi_modal_inputs`` carry; None where it carries none. Raises
+        ``CompactImageError`` where they are malformed (naming the sample once its header is read)."""
+        keys = [key for key in inputs if isinstance(key, str) and key.startswith(COMPACT_PREFIX)]
+        if not keys:
+            return None
+        if HEADER_KEY not in inputs:
+            raise CompactImageError(f"compact images without their {HEADER_KEY}: {sorted(keys)}")
+        header = CompactHeader.parse(inputs[HEADER_KEY])
+        count = len(keys) - 1
+        expected = [f"{IMAGE_KEY}{i}" for i in range(count)]
+        problem = (
+            f"its keys are {sorted(keys)}; expected {HEADER_KEY} and {expected or 'at least one image'}"
+            if not count or sorted(expected) != sorted(key for key in keys if key != HEADER_KEY)
+            else _malformed([inputs[key] for key in expected])
+        )
+        if problem:
+            raise CompactImageError(f"sample {header.sample}: its compact images cannot be expanded: {problem}")
+        return cls(header, tuple(inputs[key] for key in expected))
+
+
+def _malformed(pixels: list[Any]) -> str | None:
+    import torch
+
+    for index, each in enumerate(pixels):
+        if not isinstance(each, torch.Tensor) or each.dtype != torch.uint8 or each.ndim != 3:
+            return f"image {index} is {_described(each)}, not a uint8 tensor (channels, height, width)"
+        if each.shape[0] not in (1, 3) or min(each.shape[1:]) < 1:
+            return f"image {index} has shape {tuple(each.shape)}; expected (1 or 3, height >= 1, width >= 1)"
+    return None
+
+
+def _described(value: Any) -> str:
+    import torch
+
+    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def compact_image(image_processor: Any, image: Any, **arguments: Any) -> tuple[CompactImage, Any]:
@@ -84,3 +217,53 @@ def expanded(image_processor: Any, images: list[CompactImage]) -> Any:
             f"({[dict(image.arguments) for image in images]})"
         )
     return image_processor(images=[image.pixels for image in images], **{**arguments, "do_resize": False})
+
+
+@functools.lru_cache(maxsize=8)
+def image_processor(spec: ProcessorSpec) -> Any:
+    """The image processor ``spec`` describes, built once per process. Only the classes whose resize step is known
+    here: a spec is data from another process, never a way to import anything else."""
+    if spec.class_name not in RESIZE_METHODS:
+        raise CompactImageError(
+            f"compact images made by the image processor {spec.class_name!r}, which this package cannot expand "
+            f"(known: {sorted(RESIZE_METHODS)})"
+        )
+    import transformers
+
+    return getattr(transformers, spec.class_name).from_dict(json.loads(spec.config))
+
+
+def expanded_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A sample's ``multi_modal_inputs`` as verl's own processor pass made them: its compact images expanded into the
+    processor's pixel keys, every other key as it is. Inputs without compact images are returned as they are.
+    Raises ``CompactImageError`` (naming the sample) where the compact form is malformed or its expansion
+    disagrees with the grids and token counts the sample's token ids were made with."""
+    compact = CompactImages.from_inputs(inputs)
+    rest = {key: value for key, value in inputs.items() if not str(key).startswith(COMPACT_PREFIX)}
+    if compact is None:
+        return rest
+    sample = compact.header.sample
+    carried = sorted(key for key in rest if key.startswith(PIXEL_PREFIX))
+    if carried:
+        raise CompactImageError(f"sample {sample}: it carries both compact images and {carried}")
+    try:
+        processor = image_processor(compact.header.processor)
+    except CompactImageError as error:
+        raise CompactImageError(f"sample {sample}: {error}") from None
+    images = [CompactImage(each, compact.header.arguments) for each in compact.pixels]
+    output = expanded(processor, images).convert_to_tensors("pt")
+    disagreeing = [key for key in output if key in rest and not _equal(output[key], rest[key])]
+    if disagreeing:
+        raise CompactImageError(
+            f"sample {sample}: its compact images expand to other {disagreeing} than its token ids were made with; "
+            "it is not trained on"
+        )
+    return {**rest, **{key: value for key, value in output.items() if key.startswith(PIXEL_PREFIX)}}
+
+
+def _equal(got: Any, kept: Any) -> bool:
+    import torch
+
+    if isinstance(got, torch.Tensor) and isinstance(kept, torch.Tensor):
+        return got.dtype == kept.dtype and torch.equal(got, kept)
+    return bool(got == kept)

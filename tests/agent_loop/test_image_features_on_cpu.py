@@ -14,6 +14,7 @@ from PIL import Image
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
 from verl_mm_tools.agent_loop.state import PROCESSOR_RUNS_KEY, SAMPLE_KEY
+from verl_mm_tools.compact_image import CompactImages
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.step_hook.stats import PROCESSOR_RUNS_PER_IMAGE, aggregate_metrics
 from verl_mm_tools.testkit.rollout import LocalRollout
@@ -97,9 +98,12 @@ class ProcessorWatch:
 
     def __init__(self, monkeypatch, image_processor_class):
         from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+        from verl.utils.model import extract_multi_modal_inputs as extract
 
         self.images = 0
         self.compared = 0
+        self.compact_bytes: list[int] = []
+        self.float_bytes: list[int] = []
         self._checking = False
         real_call = image_processor_class.__call__
         fixed = AgentLoopWorker._compute_multi_modal_inputs
@@ -111,18 +115,26 @@ class ProcessorWatch:
             return real_call(processor, images, *args, **kwargs)
 
         def compared(worker, output, input_ids):
+            """The sample's inputs as the fixed worker sends them (compact images, no pixel values) and as verl's
+            own pass makes them; through verl's ``extract_multi_modal_inputs`` (fixed: it expands compact images,
+            adaptation 42, and verl's own), what reaches the model's forward is the same, tensor for tensor."""
             assert attached_store(output) is not None
             got = fixed(worker, output, input_ids)
             self._checking = True
             try:
                 expected = verls_own(worker, output, input_ids)
+                forward, verls_forward = extract([got]), extract.__wrapped__([expected])
             finally:
                 self._checking = False
-            assert sorted(got) == sorted(expected)
-            for key, value in expected.items():
-                assert torch.equal(got[key], value), key
-                assert got[key].dtype == value.dtype, key
+            compact = CompactImages.from_inputs(got)
+            assert compact is not None and not [key for key in got if key.startswith("pixel_values")]
+            assert sorted(forward) == sorted(verls_forward) and "pixel_values" in forward
+            for key, value in verls_forward.items():
+                assert forward[key].dtype == value.dtype, key
+                assert torch.equal(forward[key], value), key
             self.compared += 1
+            self.compact_bytes.append(compact.nbytes)
+            self.float_bytes.append(sum(v.numel() * v.element_size() for k, v in expected.items() if "pixel" in k))
             return got
 
         monkeypatch.setattr(image_processor_class, "__call__", counting)
@@ -165,10 +177,13 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     assert watch.images == 3
     assert list(output.non_tensor_batch[PROCESSOR_RUNS_KEY]) == [3, 3, 3]
     assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
-    assert [
-        len(inputs["image_grid_thw"]) if "image_grid_thw" in inputs else len(inputs["pixel_values"])
-        for inputs in output.non_tensor_batch["multi_modal_inputs"]
-    ] == [1, 2, 3]
+    samples = [CompactImages.from_inputs(inputs) for inputs in output.non_tensor_batch["multi_modal_inputs"]]
+    assert [len(compact.pixels) for compact in samples] == [1, 2, 3]
+    assert samples[1].pixels[0] is samples[2].pixels[0]  # one tensor per image, shared by the samples that show it
+    # the float pixel values the samples no longer carry, per compact byte: 8 (two float32 frames) for Qwen-VL and
+    # GLM-V; Gemma 4 pads each image's float patches to its soft-token budget
+    ratios = {floats / compact for floats, compact in zip(watch.float_bytes, watch.compact_bytes)}
+    assert ratios == ({14 / 3} if family == "gemma4" else {8.0}), ratios
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(
@@ -199,20 +214,24 @@ def test_the_store_keeps_each_images_output_and_joins_them_as_the_image_processo
     images = [Image.new("RGB", (448, 448), (9, 90, 200)), marked_image(), Image.new("RGB", (56, 112))]
     expected = processor.image_processor(images=images, return_tensors="pt")
     for _ in range(2):
-        got = store.processor.image_processor(images=images, return_tensors="pt")
+        with store.with_pixels():
+            got = store.processor.image_processor(images=images, return_tensors="pt")
         assert sorted(got) == sorted(expected)
         assert all(torch.equal(got[key], expected[key]) for key in expected)
-    assert store.runs == 3
-    with store.tokens_only():
-        grids = store.processor.image_processor(images=images[:2], return_tensors="pt")
+    assert store.runs == 3 and store.expansions == 6 and store.floats == 0
+    grids = store.processor.image_processor(images=images[:2], return_tensors="pt")  # a render: token keys only
     assert sorted(grids) == ["image_grid_thw"]
     assert torch.equal(grids["image_grid_thw"], expected["image_grid_thw"][:2])
+    compact = store.compact_images(images)
+    assert [tuple(pixels.shape) for pixels in compact.pixels] == [(3, 224, 224), (3, 56, 84), (3, 112, 56)]
+    assert store.compact_images([*images, Image.new("RGB", (28, 28))]) is None  # an image it has not seen
     # other arguments, or an image that is not a PIL image: the real image processor, counted
     store.processor.image_processor(images=images[:1], return_tensors="pt", max_pixels=56 * 56)
     assert store.runs == 4
     # the processor's own call: token ids and pixels as the real processor's
     text = "<|vision_start|><|image_pad|><|vision_end|>two<|vision_start|><|image_pad|><|vision_end|>"
-    ours = store.processor(text=[text], images=images[:2], return_tensors="pt")
+    with store.with_pixels():
+        ours = store.processor(text=[text], images=images[:2], return_tensors="pt")
     theirs = processor(text=[text], images=images[:2], return_tensors="pt")
     assert sorted(ours) == sorted(theirs)
     assert all(torch.equal(ours[key], theirs[key]) for key in theirs)

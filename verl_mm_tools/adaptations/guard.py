@@ -159,7 +159,7 @@ ADAPTATION = Adaptation(
     section=Section.REPLACEMENTS,
     where="`adaptations/guard.py`: `checked`, `install` / `install_method`, `confirm`; the records: "
     "`adaptations/record.py`",
-    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39): checks the sha256 of each target's "
+    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39, 42): checks the sha256 of each target's "
     "source against its record, then installs the replacement in its home module and in every verl module (vLLM "
     "module, for the vLLM plugin's rows) that bound it by name (marked, so a second import is a no-op). A changed "
     "target refuses to start, naming the row, the target, the expected and found hashes and what to do; "

@@ -26,7 +26,6 @@ advantages over each trajectory's final sample and broadcasts them (``verl.train
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, cast
 
 from verl_mm_tools.agent_loop.context import LoopContext
@@ -91,19 +90,19 @@ class Exporter:
         tools = context.tool_format.template_tools(agent_data._active_tool_schemas)
         messages = self._history_messages(agent_data, state)
         # the builder itself, not verl's ct_build_initial_tokens, which caps a prompt at rollout.prompt_length; its
-        # token ids need each image's grid, not its pixels (mm_inputs serves the videos' payload only)
-        with state.features.tokens_only() if state.features else contextlib.nullcontext():
-            rendered = await context.run_in_executor(
-                None,
-                lambda: context.build_initial_tokens(
-                    messages,
-                    tools=tools,
-                    images=agent_data.image_data,
-                    videos=agent_data.video_data,
-                    audios=agent_data.audio_data,
-                    mm_inputs_out=mm_inputs,
-                ),
-            )
+        # token ids need each image's grid, not its pixels (the store's processor gives none; mm_inputs serves the
+        # videos' payload only)
+        rendered = await context.run_in_executor(
+            None,
+            lambda: context.build_initial_tokens(
+                messages,
+                tools=tools,
+                images=agent_data.image_data,
+                videos=agent_data.video_data,
+                audios=agent_data.audio_data,
+                mm_inputs_out=mm_inputs,
+            ),
+        )
         history = len(rendered) - state.prompt_length
         if history < 0:
             raise TrajectoryValidationError(

@@ -1,4 +1,4 @@
-"""Each image through the HF image processor once per trajectory.
+"""Each image through the HF image processor once per trajectory, kept in its compact form.
 
 verl runs the model's processor over every image of the conversation wherever it renders it: the first prompt, each
 tool turn's new images (verl's Continuous-Token builder), every render of the whole history (``export: per_turn`` /
@@ -6,18 +6,24 @@ tool turn's new images (verl's Continuous-Token builder), every render of the wh
 ``multi_modal_inputs`` and position ids the trainer reads). The image processor (resize, rescale, normalise, patchify)
 is the costly part, and its output for an image depends only on the image and the processor's arguments.
 
-``ImageFeatureStore`` is a trajectory's per-image processor outputs, kept from the render that admitted each image.
-Its ``processor`` is a shallow copy of the model's processor whose image processor is ``CachedImageProcessor``: called
-with a list of images, it runs the real image processor on each image it has not seen (one image per call) and returns
-the concatenation of every listed image's output, along the first dimension (lists joined): what the real one returns
-for the list, bit for bit, on every family the package supports (``tests/agent_loop/test_image_features_on_cpu.py``).
-The processor's own work on the text (placeholder expansion, tokenizing, its token check) runs as before, so the
-token ids are the processor's own.
+``ImageFeatureStore`` is a trajectory's images as the image processor saw them, each from the render that admitted
+it: the keys the token ids need (grids, token counts, positions) and the image's compact form (``compact_image``:
+the resized uint8 pixels, 1 byte per byte against the float output's 4 to 8). A family whose output cannot be rebuilt
+from its resized pixels keeps its float output instead (``floats`` counts those images). Its ``processor`` is a
+shallow copy of the model's processor whose image processor is ``CachedImageProcessor``: called with a list of
+images, it runs the real image processor on each image it has not seen (one image per call) and returns the listed
+images' outputs joined along the first dimension (lists joined), without the pixel values: a render needs only the
+token ids (verl 0.9.1's builder reads a render's image outputs nowhere; ``mm_inputs_out`` serves SGLang's video
+payload). Within ``with_pixels()`` it returns the pixel values too, expanded from the compact forms: what the real one
+returns for the list, bit for bit, on every family the package supports
+(``tests/agent_loop/test_image_features_on_cpu.py``). The processor's own work on the text (placeholder expansion,
+tokenizing, its token check) runs as before, so the token ids are the processor's own.
 
 The loop hands the store's processor to verl's builder; ``attach`` ties the store to the trajectory's outputs, where
-the worker's postprocess finds it (``adaptations/fixes/processed_images.py``); when the last of those outputs is gone
-(verl has made its training samples), the store drops what it kept (``release``). Images are matched by identity (the
-same ``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store has not seen, another
+the worker's postprocess finds it (``adaptations/fixes/processed_images.py``), which gives each sample its images'
+compact forms (``compact_images``) in place of their pixel values; when the last of those outputs is gone (verl has
+made its training samples), the store drops what it kept (``release``). Images are matched by identity (the same
+``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store has not seen, another
 argument set, or an input that is not a list of PIL images goes to the real image processor, as before.
 """
 
@@ -33,29 +39,48 @@ from typing import Any
 
 from PIL import Image
 
+from verl_mm_tools.compact_image import (
+    PIXEL_PREFIX,
+    CompactHeader,
+    CompactImage,
+    CompactImages,
+    NotCompactable,
+    ProcessorSpec,
+    compact_image,
+    expanded,
+)
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ImageFeatures:
-    """One image's image-processor output: every key the image processor returns for it alone (Qwen-VL / GLM-V:
-    ``pixel_values`` rows and one ``image_grid_thw`` row; Gemma 4: ``pixel_values``, ``image_position_ids`` and
-    ``num_soft_tokens_per_image``)."""
+    """One image as the image processor saw it: ``values``, every key it returns for the image alone but the pixel
+    values (Qwen-VL / GLM-V: one ``image_grid_thw`` row; Gemma 4: ``image_position_ids`` and
+    ``num_soft_tokens_per_image``), and the pixels as their ``compact`` form, or as the float ``pixels`` output for a
+    family that has no compact form."""
 
     values: dict[str, Any]
+    compact: CompactImage | None = None
+    pixels: dict[str, Any] | None = None
 
 
 class ImageFeatureStore:
-    """A trajectory's per-image processor outputs, keyed by image identity, and ``processor``: the model's processor
-    reading them (see the module docstring). ``runs`` counts the images the real image processor processed."""
+    """A trajectory's images as the image processor saw them, keyed by image identity, and ``processor``: the model's
+    processor reading them (see the module docstring). ``runs`` counts the images the real image processor
+    processed, ``floats`` those kept as float outputs (no compact form), ``expansions`` those expanded from their
+    compact form for a caller that asked for pixel values (``with_pixels``). ``sample`` names the trajectory's row in
+    the errors of its compact images."""
 
-    def __init__(self, processor: Any):
+    def __init__(self, processor: Any, sample: str = "<unknown>"):
         self.source = processor
-        self.runs = 0
+        self.sample = sample
+        self.runs = self.floats = self.expansions = 0
         self._outputs = 0  # the trajectory's outputs tied to the store (``attach``) and not gone yet
         self._features: dict[int, tuple[weakref.ref, ImageFeatures]] = {}
         self._arguments: dict[str, Any] | None = None  # the arguments the kept outputs were made with
-        self._tokens_only = False
+        self._with_pixels = False
+        self._header: CompactHeader | None = None  # made once: the trajectory's samples share its tensor
         self.processor = copy.copy(processor)
         self.processor.image_processor = CachedImageProcessor(processor.image_processor, self)
 
@@ -72,11 +97,23 @@ class ImageFeatureStore:
         for image in images:
             kept = self._features.get(id(image))
             if kept is None or kept[0]() is not image:
-                kept = (weakref.ref(image), ImageFeatures(dict(run(images=[image], **arguments))))
+                kept = (weakref.ref(image), self._processed(image, arguments, run))
                 self._features[id(image)] = kept
                 self.runs += 1
             found.append(kept[1])
         return found
+
+    def _processed(self, image: Image.Image, arguments: dict[str, Any], run: Any) -> ImageFeatures:
+        """The image through the real image processor ``run``: its token keys and its compact form (its float pixel
+        output dropped at once), or its whole output where its family has no compact form."""
+        try:
+            compact, output = compact_image(run, image, **arguments)
+        except NotCompactable as reason:
+            logger.debug("kept as float pixel values: %s", reason)
+            output = run(images=[image], **arguments)
+            self.floats += 1
+            return ImageFeatures(_without_pixels(output), pixels=_pixels(output))
+        return ImageFeatures(_without_pixels(output), compact=compact)
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -89,24 +126,48 @@ class ImageFeatureStore:
         return [features for _, features in self._features.values()]
 
     @contextlib.contextmanager
-    def tokens_only(self) -> Iterator[None]:
-        """Within: a render that needs only the token ids (the images' grids and token counts), not their pixel
-        values, gets the kept outputs without the ``pixel_values*`` keys (no copy of every image's pixels)."""
-        self._tokens_only = True
+    def with_pixels(self) -> Iterator[None]:
+        """Within: the image processor's output includes the pixel values: kept float outputs, and the compact forms
+        expanded (exact, ~60 ms per 1024 px image on a CPU core). Outside, the keys the token ids need only."""
+        self._with_pixels = True
         try:
             yield
         finally:
-            self._tokens_only = False
+            self._with_pixels = False
 
     def joined(self, features: list[ImageFeatures]) -> Any:
-        """The image processor's output for these images (``concatenated``), without pixel values in
-        ``tokens_only``."""
-        if self._tokens_only:
-            features = [
-                ImageFeatures({key: value for key, value in each.values.items() if not key.startswith(PIXELS)})
-                for each in features
-            ]
-        return concatenated(features)
+        """The image processor's output for these images (``concatenated``): with their pixel values only within
+        ``with_pixels``."""
+        if not self._with_pixels:
+            return concatenated([each.values for each in features])
+        outputs = []
+        for each in features:
+            pixels = each.pixels
+            if pixels is None:
+                assert each.compact is not None  # ImageFeatures holds one or the other
+                pixels = _pixels(expanded(self.source.image_processor, [each.compact]))
+                self.expansions += 1
+            outputs.append({**each.values, **pixels})
+        return concatenated(outputs)
+
+    def compact_images(self, images: list) -> CompactImages | None:
+        """A sample's images (the kept ones, in order) as their compact forms; None when one of them is not kept
+        or has no compact form, or the call's arguments cannot travel with them."""
+        pixels = []
+        for image in images:
+            kept = self._features.get(id(image))
+            if kept is None or kept[0]() is not image or kept[1].compact is None:
+                return None
+            pixels.append(kept[1].compact.pixels)
+        if self._header is None:
+            header = CompactHeader(ProcessorSpec.of(self.source.image_processor), self.arguments, self.sample)
+            try:
+                header.tensor  # noqa: B018 (made once here, where an argument that is not JSON can be refused)
+            except NotCompactable as reason:
+                logger.warning("sample %s: its images go as float pixel values: %s", self.sample, reason)
+                return None
+            self._header = header
+        return CompactImages(self._header, tuple(pixels))
 
     def counted(self, images: Any) -> None:
         """The real image processor ran on ``images`` outside the store."""
@@ -144,8 +205,15 @@ def _same(arguments: dict[str, Any], kept: dict[str, Any]) -> bool:
         return False
 
 
+def _pixels(output: Any) -> dict[str, Any]:
+    return {key: value for key, value in output.items() if key.startswith(PIXEL_PREFIX)}
+
+
+def _without_pixels(output: Any) -> dict[str, Any]:
+    return {key: value for key, value in output.items() if not key.startswith(PIXEL_PREFIX)}
+
+
 _ATTACHED: dict[int, tuple[weakref.ref, ImageFeatureStore]] = {}
-PIXELS = "pixel_values"  # the prefix of the keys holding pixels (the rest: grids, positions, token counts)
 
 
 def attached_store(output: Any) -> ImageFeatureStore | None:
@@ -177,15 +245,15 @@ class CachedImageProcessor:
         return joined
 
 
-def concatenated(features: list[ImageFeatures]) -> Any:
+def concatenated(outputs: list[dict[str, Any]]) -> Any:
     """The image processor's output for the images whose outputs these are: tensors joined along the first
     dimension, lists joined; None for an output holding anything else."""
     import torch
     from transformers.feature_extraction_utils import BatchFeature
 
     data: dict[str, Any] = {}
-    for key in features[0].values:
-        parts = [each.values[key] for each in features]
+    for key in outputs[0]:
+        parts = [each[key] for each in outputs]
         if isinstance(parts[0], torch.Tensor):
             data[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
         elif isinstance(parts[0], list):

@@ -154,7 +154,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
-        state = TrajectoryState(files=self.files, features=self._image_features())
+        state = TrajectoryState(files=self.files, features=self._image_features(sample_name(kwargs)))
         agent_data: LoopAgentData | None = None
         outputs: Sequence[tuple[AgentLoopOutput, list | None]]
         try:
@@ -185,11 +185,11 @@ class MMToolAgentLoop(ToolAgentLoop):
             return final
         return [output for output, _ in outputs]
 
-    def _image_features(self) -> ImageFeatureStore | None:
-        """The trajectory's per-image processor outputs, and verl's builder rendering through them."""
+    def _image_features(self, sample: str) -> ImageFeatureStore | None:
+        """The trajectory's images as the image processor saw them, and verl's builder rendering through them."""
         if not self.caches_images:
             return None
-        features = ImageFeatureStore(self.processor)
+        features = ImageFeatureStore(self.processor, sample)
         self.continuous_token_builder.processor = features.processor  # type: ignore[attr-defined, unused-ignore]
         return features
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.demo.format_tasks import TASKS, AfterCall, FormatTask, WarmStartSpec
 from verl_mm_tools.errors import ConfigError
 
@@ -109,7 +110,7 @@ def row_example(
     weights = [float(label != -100) for label in labels_of_row]
     if task.after_call == AfterCall.TRUE and calls and not true_labels:
         weights[answer_at] = task.after_call_weight
-    inputs = output.non_tensor_batch["multi_modal_inputs"][index]
+    inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][index])
     return {
         "input_ids": torch.tensor(ids),
         "labels": torch.tensor(labels_of_row),

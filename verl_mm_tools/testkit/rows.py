@@ -35,13 +35,14 @@ def trainer_logprobs(model, output: DataProto, row: int = 0):
     ``model``: an ``HFVisionLM``."""
     import torch
 
+    from verl_mm_tools.compact_image import expanded_inputs
     from verl_mm_tools.cpu.hf_engine import IMAGE_LAYOUT_KEYS
 
     attention = output.batch["attention_mask"][row].bool()
     input_ids = output.batch["input_ids"][row][attention].unsqueeze(0)
     position_ids = output.batch["position_ids"][row][..., attention]
     position_ids = position_ids.unsqueeze(1) if position_ids.dim() == 2 else position_ids.unsqueeze(0)
-    inputs = output.non_tensor_batch["multi_modal_inputs"][row]
+    inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][row])  # as the trainer's engine does
     images = {key: inputs[key] for key in ("pixel_values", *IMAGE_LAYOUT_KEYS) if key in inputs}
     with torch.no_grad():
         logits = model.model(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from verl_mm_tools.adaptations.fixes import (
+    compact_images,
     gemma4_arguments,
     glm4v_flops,
     glm4v_image_features,
@@ -36,6 +37,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     sft_rows_without_images,
     remote_tools,
     processed_images,
+    compact_images,
     separate_async_logger,
 )
 

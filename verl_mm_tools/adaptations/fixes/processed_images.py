@@ -4,15 +4,20 @@ them its position ids) by running the HF processor over the sample's text and ev
 reward). The mm_tool loop has processed each image already, once, in the render that admitted it
 (``agent_loop/image_features.py``). Fixed: for an output the loop tied its ``ImageFeatureStore`` to, verl's method
 runs as it is on the store's copy of the same processor, whose image processor returns the kept outputs (bit for bit
-the real one's); any other output (another loop's, an image the store has not seen) takes verl's path unchanged."""
+the real one's) without pixel values, and the sample carries its images' compact forms instead
+(``compact_image.CompactImages.inputs``; the trainer expands them: adaptation 42). A family without a compact form gets
+the kept float pixel values. Any other output (another loop's, an image the store has not seen) takes verl's path
+unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.agent_loop.image_features import attached_store
+from verl_mm_tools.compact_image import PIXEL_PREFIX
 
 TARGET = Target(
     "verl.experimental.agent_loop.agent_loop",
@@ -25,8 +30,9 @@ ADAPTATION = Adaptation(
     where="`adaptations/fixes/processed_images.py` (every run)",
     targets=(TARGET,),
     what="runs verl's method on the trajectory's `ImageFeatureStore` processor (`agent_loop/image_features.py`): "
-    "the text is processed as before, each image's pixel values and grid are the ones kept from the render that "
-    "admitted it; outputs without a store take verl's path",
+    "the text is processed as before, each image's grid is the one kept from the render that admitted it, and its "
+    "pixels go as their compact form (the `vmt_compact_*` keys of `multi_modal_inputs`, expanded by row 42) or, "
+    "for a family without one, as the kept float pixel values; outputs without a store take verl's path",
     why="verl runs the image processor again over every image of every training sample (with `export: per_turn`, "
     "1 + 2 + ... + n images for n turns): the largest CPU cost of the rollout outside generation (issue #49)",
     applies_to=VERL,
@@ -46,11 +52,18 @@ def apply(_module=None) -> None:
         store = attached_store(output)
         if store is None or store.source is not self.processor:
             return original(self, output, input_ids)
+        images = (output.multi_modal_data or {}).get("images") or []
+        compact = store.compact_images(images) if images else None
         processor = self.processor
         self.processor = store.processor  # synchronous: no other coroutine of the worker runs meanwhile
         try:
-            return original(self, output, input_ids)
+            # compact images: the store's processor gives no pixel values outside with_pixels
+            with store.with_pixels() if compact is None else contextlib.nullcontext():
+                inputs = original(self, output, input_ids)
         finally:
             self.processor = processor
+        if compact is not None and not any(key.startswith(PIXEL_PREFIX) for key in inputs):
+            inputs.update(compact.inputs())
+        return inputs
 
     install_method(TARGET, _compute_multi_modal_inputs)
