@@ -13,10 +13,10 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
-from verl_mm_tools.agent_loop.state import PROCESSOR_RUNS_KEY, SAMPLE_KEY
+from verl_mm_tools.agent_loop.state import IMAGE_BYTES_KEY, PROCESSOR_RUNS_KEY, RAW_IMAGE_BYTES_KEY, SAMPLE_KEY
 from verl_mm_tools.compact_image import CompactImages
 from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.step_hook.stats import PROCESSOR_RUNS_PER_IMAGE, aggregate_metrics
+from verl_mm_tools.step_hook.stats import IMAGE_BYTES_OVER_RAW, PROCESSOR_RUNS_PER_IMAGE, aggregate_metrics
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
@@ -184,6 +184,14 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     # GLM-V; Gemma 4 pads each image's float patches to its soft-token budget
     ratios = {floats / compact for floats, compact in zip(watch.float_bytes, watch.compact_bytes)}
     assert ratios == ({14 / 3} if family == "gemma4" else {8.0}), ratios
+    # each sample's image bytes to the trainer, and the trajectory's distinct raw bytes on its last sample
+    assert list(output.non_tensor_batch[IMAGE_BYTES_KEY]) == watch.compact_bytes
+    raw = output.non_tensor_batch[RAW_IMAGE_BYTES_KEY]
+    # the prompt image as verl's dataset resized it (84 x 56 on a 28 px grid, 96 x 64 on a 32 px one) and its two
+    # 90-degree rotations, 3 bytes per pixel
+    pixels = 96 * 64 if family in ("gemma4", "qwen3_5", "qwen3_vl", "qwen3_vl_moe") else 84 * 56
+    assert list(raw) == [0, 0, 3 * pixels * 3]
+    assert aggregate_metrics(output.non_tensor_batch)[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / raw[2]
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(

@@ -169,6 +169,21 @@ class ImageFeatureStore:
             self._header = header
         return CompactImages(self._header, tuple(pixels))
 
+    def payload_bytes(self, images: list) -> int:
+        """The bytes of image inputs a sample showing ``images`` carries to the trainer: each kept image's compact
+        form, or its float pixel values (images the store has not seen are not counted: the mm_tool loop has none)."""
+        total = 0
+        for image in images:
+            kept = self._features.get(id(image))
+            if kept is None or kept[0]() is not image:
+                continue
+            features = kept[1]
+            if features.compact is not None:
+                total += features.compact.nbytes
+            else:
+                total += sum(value.numel() * value.element_size() for value in (features.pixels or {}).values())
+        return total
+
     def counted(self, images: Any) -> None:
         """The real image processor ran on ``images`` outside the store."""
         logger.debug("the image processor ran outside the trajectory's store (%s)", type(images).__name__)

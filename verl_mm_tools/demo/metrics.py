@@ -19,6 +19,7 @@ STEP_FIELDS = (
     ("reward with tools", "mm_tool/reward/with_tool_calls", "{:.3f}"),  # whether calling pays
     ("reward without tools", "mm_tool/reward/without_tool_calls", "{:.3f}"),
     ("images", "mm_tool/images/mean", "{:.2f}"),
+    ("image bytes/raw", "mm_tool/image_bytes_over_raw", "{:.2f}"),  # what the images cost on the way to the trainer
     ("masked", "mm_tool/masked/count", "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),
     ("step", "timing_s/step", "{:.1f}s"),

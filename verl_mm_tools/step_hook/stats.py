@@ -11,12 +11,14 @@ import numpy as np
 from verl_mm_tools.agent_loop.state import (
     ABORTED_KEY,
     GENERATE_S_KEY,
+    IMAGE_BYTES_KEY,
     LATER_CACHED_TOKENS_KEY,
     LATER_PROMPT_TOKENS_KEY,
     MASKED_KEY,
     PER_TOOL_KEY,
     PREFIX,
     PROCESSOR_RUNS_KEY,
+    RAW_IMAGE_BYTES_KEY,
     RESUME_IMAGES_KEY,
     RESUME_PREFILL_KEY,
     RESUMED_KEY,
@@ -50,6 +52,9 @@ RESUME_IMAGES_SUM = RESUME_IMAGES_KEY + "/sum"
 # images the HF image processor processed in the rollout, per image of the step's trajectories: 1 when each image was
 # processed once (``agent_loop/image_features.py``)
 PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
+# the bytes of image inputs the step's samples carry to the trainer over their trajectories' distinct raw image bytes:
+# ~1 with compact images (the resized pixels), 8 with Qwen-VL's float pixel values (issue #59)
+IMAGE_BYTES_OVER_RAW = PREFIX + "image_bytes_over_raw"
 # the slowest trajectory's seconds awaiting the engine, on both trainers: a rollout phase cannot be shorter, so
 # (timing_s/gen - this) / timing_s/step is the step's share spent in the rollout outside generation (bench figure 5)
 GENERATE_S_MAX = GENERATE_S_KEY + "/max"
@@ -111,9 +116,15 @@ def _processor_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> 
     images = sum(non_tensor_batch[PREFIX + "images"][index] for index in rows)
     if not images:
         return {}
-    return {
+    metrics = {
         PROCESSOR_RUNS_PER_IMAGE: float(sum(non_tensor_batch[PROCESSOR_RUNS_KEY][index] for index in rows) / images)
     }
+    if RAW_IMAGE_BYTES_KEY not in non_tensor_batch:  # batches of loops older than the key
+        return metrics
+    raw = sum(non_tensor_batch[RAW_IMAGE_BYTES_KEY][index] for index in rows)
+    if raw:
+        metrics[IMAGE_BYTES_OVER_RAW] = float(sum(non_tensor_batch[IMAGE_BYTES_KEY][index] for index in rows) / raw)
+    return metrics
 
 
 def _version_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> dict[str, float]:
