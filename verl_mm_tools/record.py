@@ -425,3 +425,9 @@ def trajectory_name(record: dict) -> str:
     if record.get("rollout_n") is not None:
         parts.append(f"rollout {record['rollout_n']}")
     return " · ".join(parts) or f"trajectory {str(record.get('id', ''))[:8]}"
+
+
+def tools_used(record: dict) -> list[str]:
+    """The record's ``tools_used``: its names that are text (a record written by others may hold anything there)."""
+    names = record.get("tools_used")
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []

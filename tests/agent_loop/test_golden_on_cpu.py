@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl_mm_tools.compact_image import CompactImages, expanded_inputs
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.testkit.rollout import LocalRollout
@@ -120,10 +121,17 @@ def test_golden_three_turn_trajectory_with_two_tool_images(tiny_family_dir, tmp_
     assert [len(request["images"]) for request in server.requests] == [1, 2, 3]
     assert list(server.requests[2]["images"][1].getdata()) == list(rotated.getdata())
 
-    # verl's postprocess: one grid per image, pixel rows = patches, M-RoPE position ids (1, 4, L) per sample.
+    # verl's postprocess: one grid per image, each image's resized pixels (uint8, 14 px a patch), M-RoPE position ids
+    # (1, 4, L) per sample; the trainer's expansion: pixel rows = patches
     inputs = output.non_tensor_batch["multi_modal_inputs"][0]
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 6], [1, 6, 4], [1, 6, 4]]
-    assert inputs["pixel_values"].shape[0] == 3 * 24
+    compact = CompactImages.from_inputs(inputs)
+    patch = worker.processor.image_processor.patch_size
+    assert [tuple(pixels.shape) for pixels in compact.pixels] == [
+        (3, 4 * patch, 6 * patch),
+        *[(3, 6 * patch, 4 * patch)] * 2,
+    ]
+    assert "pixel_values" not in inputs and expanded_inputs(inputs)["pixel_values"].shape[0] == 3 * 24
     image_pad = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert (prompt + row["response_ids"]).count(image_pad) == 3 * 6
     assert output.batch["position_ids"].shape == (1, 4, output.batch["input_ids"].shape[1])

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
+from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import CLASSIC_HOOK
 from verl_mm_tools.step_hook.stats import aggregate_metrics
@@ -97,8 +98,8 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
     assert torch.equal(unpadded.long(), torch.from_numpy(scripted_routing(length)).long())
 
     # images: the same three (ids 1-3), the same pixels, sent with every request of their turn, resumes included
-    inputs = output.non_tensor_batch["multi_modal_inputs"][0]
-    plain_inputs = plain.non_tensor_batch["multi_modal_inputs"][0]
+    inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][0])  # as the trainer's engine does
+    plain_inputs = expanded_inputs(plain.non_tensor_batch["multi_modal_inputs"][0])
     grids = [[1, 4, 6], [1, 6, 4], [1, 6, 4]]
     assert inputs["image_grid_thw"].tolist() == plain_inputs["image_grid_thw"].tolist() == grids
     assert torch.equal(inputs["pixel_values"], plain_inputs["pixel_values"])

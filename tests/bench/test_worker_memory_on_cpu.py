@@ -53,9 +53,10 @@ def test_a_small_run_counts_its_images_and_what_the_trainer_gets():
     found = worker_memory.worker_run(str(tiny_model_path(template="tool_aware")), 2, 3, 112)
     pixels = 2 * 3 * 112 * 112
     assert (found["images"], found["raw_image_bytes"]) == (6, 3 * pixels)
-    # Pillow's 4 bytes a pixel, and Qwen-VL's pixel values: float32, two frames of 3 channels, 24 bytes a pixel;
-    # the rest: grids, token counts, the dicts (a few kB)
-    assert 0 < found["counted_bytes"] - 28 * pixels < 8192
+    # Pillow's 4 bytes a pixel, and each image's compact form for the trainer (uint8, 3 channels: 3 bytes a pixel; a
+    # 112 px image is not resized), in place of Qwen-VL's float pixel values (24 bytes a pixel); the rest: grids,
+    # token counts, each trajectory's compact header, the dicts (a few kB)
+    assert 0 < found["counted_bytes"] - 7 * pixels < 8192
     # the output is alive when the peak is read, and the baseline kept no freed blocks to absorb it (5.8 MB for
     # 2.1 MB counted here; 0 was once measured before the baseline returned freed blocks to the kernel)
     assert found["peak_added_bytes"] >= found["counted_bytes"] // 2

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoProcessor
 
 from verl_mm_tools.cli import main
+from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
 from verl_mm_tools.testkit.rollout import LocalRollout
@@ -107,7 +108,7 @@ def test_verls_sft_dataset_rebuilds_the_loops_tokens_and_trains_the_assistant_tu
     call = '<tool_call>\n{{"name": "rotate", "arguments": {{"degrees": 90{}}}}}\n</tool_call><|im_end|>\n'
     assert trained == call.format("") + call.format(', "image_id": 1') + "<answer>90</answer><|im_end|>\n"
     # the prompt image and the two rotated ones, at the sizes and pixels the model saw
-    loop_inputs = output.non_tensor_batch["multi_modal_inputs"][0]
+    loop_inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][0])  # as the trainer's engine does
     assert item["multi_modal_inputs"]["image_grid_thw"].tolist() == loop_inputs["image_grid_thw"].tolist()
     assert torch.equal(item["multi_modal_inputs"]["pixel_values"], loop_inputs["pixel_values"])
 

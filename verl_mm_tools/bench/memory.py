@@ -12,10 +12,9 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
+from verl_mm_tools.agent_loop.image_features import attached_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory, one_trajectory
-from verl_mm_tools.compact_image import compact_image
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, resident_side: int = 1024) -> list[Figure]:
@@ -39,38 +38,30 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, residen
 def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> list[Figure]:
     """What one mm_tool trajectory of ``turns`` images holds once verl's worker has made its training sample,
     counted, over its images' raw bytes (3 per pixel, each image as the trajectory holds it): its image workspace
-    (Pillow's pixels), its processor outputs (the trajectory's ``ImageFeatureStore``) and the sample verl sends to
-    the trainer (``_agent_loop_postprocess``: ``multi_modal_inputs``, padded ids and masks; the images it carries
-    are the workspace's, counted there); beside them, the same images' compact forms (``compact_image``: the resized
-    uint8 pixels that rebuild the processor outputs exactly, issue #59; not yet what the loop keeps). Then what the
-    store still keeps once verl has let go of the output."""
+    (Pillow's pixels), its processor outputs (the trajectory's ``ImageFeatureStore``: token keys and each image's
+    compact form, the resized uint8 pixels, issue #59) and the sample verl sends to the trainer
+    (``_agent_loop_postprocess``: ``multi_modal_inputs`` with the compact images, padded ids and masks; the images it
+    carries are the workspace's, counted there). Then what the store still keeps once verl has let go of the
+    output."""
     _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
     images, store = output.multi_modal_data["images"], attached_store(output)
     assert store is not None, "an mm_tool trajectory's outputs carry its image store"
     sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))
     raw = sum(image.width * image.height * 3 for image in images)
-    workspace = held_bytes(images)
     parts = {
-        "workspace": workspace,
+        "workspace": held_bytes(images),
         "processor_outputs": _kept_bytes(store),
         "trainer_output": held_bytes((images, sample)) - held_bytes((images,)),
-        "compact_forms": _compact_bytes(store, images),
     }
     del output  # as verl's worker does once it has the sample: the store lets go of its outputs
     name = f"memory/{turns}x{side}px"
     figures = [figure(f"{name}/raw_image_MB", [raw / 2**20])]
-    targets = {"compact_forms": "<= 1.25"}
+    targets = {"processor_outputs": "<= 1.25", "trainer_output": "<= 1.25"}
     figures += [
         figure(f"{name}/{part}_over_raw", [held / raw], targets.get(part, "<= 2")) for part, held in parts.items()
     ]
     kept = _kept_bytes(store)
     return figures + [figure(f"{name}/processor_outputs_kept_after_the_sample_MB", [kept / 2**20], "<= 0")]
-
-
-def _compact_bytes(store: ImageFeatureStore, images: list[Image.Image]) -> int:
-    """The images' compact forms, made with the processor and arguments of the store's outputs."""
-    made = [compact_image(store.source.image_processor, image, **store.arguments)[0] for image in images]
-    return sum(compact.nbytes for compact in made)
 
 
 def _kept_bytes(store) -> int:

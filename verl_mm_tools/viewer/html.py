@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import PurePath
 
-from verl_mm_tools.record import trajectory_name
+from verl_mm_tools.record import tools_used, trajectory_name
 
 # The argument a tool call's code travels in (the python tool's schema: ``python(code)``); shown as a code block
 CODE_ARGUMENT = "code"
@@ -297,7 +297,7 @@ def _summary_card(record: dict) -> str:
         ("Masked", record.get("masked")),
         ("Error", record.get("error") or None),
         ("Images", len(record.get("images") or [])),
-        ("Tools used", ", ".join(record.get("tools_used") or []) or None),
+        ("Tools used", ", ".join(tools_used(record)) or None),
     ]
     known = [(name, value) for name, value in fields if value is not None]
     return f'<section class="card" id="summary"><h2>Trajectory</h2><dl>{_items(known)}</dl></section>'

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from verl_mm_tools.record import SITE_DIR, trajectory_name
+from verl_mm_tools.record import SITE_DIR, tools_used, trajectory_name
 from verl_mm_tools.trajectories.read import SITE_MARKER, BadRecord
 from verl_mm_tools.viewer.curve import CURVE_PICTURE
 from verl_mm_tools.viewer.html import IndexRow, index_page, trajectory_page
@@ -130,7 +130,7 @@ def _index_row(trajectory: Trajectory, page_link: str) -> IndexRow:
         rollout_n=record.get("rollout_n"),
         question=_question(record)[:QUESTION_CHARS],
         reward=(record.get("reward") or {}).get("score"),
-        tools=tuple(record.get("tools_used") or ()),
+        tools=tuple(tools_used(record)),
         masked=record.get("masked"),
         turns=len(turns) if turns else _assistant_messages(record),
         stop_reason=record.get("stop_reason"),
