@@ -25,6 +25,7 @@ def test_a_trajectory_holds_its_images_once_each_processor_output_once_and_the_s
     # the sample: the same compact images (1), and its padded ids, masks and position ids (976 tokens, ~70 kB)
     assert 1.45 < figures[f"{name}/trainer_output_over_raw"].value < 1.5
     assert figures[f"{name}/workspace_over_raw"].target == "<= 2"
-    assert all(figures[f"{name}/{part}_over_raw"].target == "<= 1.25" for part in ("processor_outputs", "trainer_output"))
+    compact_parts = ("processor_outputs", "trainer_output")
+    assert all(figures[f"{name}/{part}_over_raw"].target == "<= 1.25" for part in compact_parts)
     kept = figures[f"{name}/processor_outputs_kept_after_the_sample_MB"]
     assert (kept.value, kept.missed) == (0, False)
