@@ -13,10 +13,21 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
-from verl_mm_tools.agent_loop.state import IMAGE_BYTES_KEY, PROCESSOR_RUNS_KEY, RAW_IMAGE_BYTES_KEY, SAMPLE_KEY
+from verl_mm_tools.agent_loop.state import (
+    FLOAT_IMAGES_KEY,
+    IMAGE_BYTES_KEY,
+    PROCESSOR_RUNS_KEY,
+    RAW_IMAGE_BYTES_KEY,
+    SAMPLE_KEY,
+)
 from verl_mm_tools.compact_image import CompactImages
 from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.step_hook.stats import IMAGE_BYTES_OVER_RAW, PROCESSOR_RUNS_PER_IMAGE, aggregate_metrics
+from verl_mm_tools.step_hook.stats import (
+    FLOAT_IMAGE_SHARE,
+    IMAGE_BYTES_OVER_RAW,
+    PROCESSOR_RUNS_PER_IMAGE,
+    aggregate_metrics,
+)
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
@@ -96,7 +107,7 @@ class ProcessorWatch:
     """Counts the images the real image processor of a family processes, and checks every call of verl's (fixed)
     ``_compute_multi_modal_inputs`` against verl's own method on the same output."""
 
-    def __init__(self, monkeypatch, image_processor_class):
+    def __init__(self, monkeypatch, image_processor_class, compact: bool = True):
         from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
         from verl.utils.model import extract_multi_modal_inputs as extract
 
@@ -126,14 +137,14 @@ class ProcessorWatch:
                 forward, verls_forward = extract([got]), extract.__wrapped__([expected])
             finally:
                 self._checking = False
-            compact = CompactImages.from_inputs(got)
-            assert compact is not None and not [key for key in got if key.startswith("pixel_values")]
+            carried = CompactImages.from_inputs(got)
+            assert (carried is not None) == compact and (carried is None) == ("pixel_values" in got)
             assert sorted(forward) == sorted(verls_forward) and "pixel_values" in forward
             for key, value in verls_forward.items():
                 assert forward[key].dtype == value.dtype, key
                 assert torch.equal(forward[key], value), key
             self.compared += 1
-            self.compact_bytes.append(compact.nbytes)
+            self.compact_bytes.append(carried.nbytes if carried is not None else 0)
             self.float_bytes.append(sum(v.numel() * v.element_size() for k, v in expected.items() if "pixel" in k))
             return got
 
@@ -141,12 +152,12 @@ class ProcessorWatch:
         monkeypatch.setattr(AgentLoopWorker, "_compute_multi_modal_inputs", compared)
 
 
-def run_family(family: str, tmp_path, monkeypatch, export: str, score: bool = False):
+def run_family(family: str, tmp_path, monkeypatch, export: str, score: bool = False, compact: bool = True):
     from verl.utils import hf_processor
 
     template, parser, turns = SCRIPTS[family]
     model = tiny_model_path(family=family, template=template)
-    watch = ProcessorWatch(monkeypatch, type(hf_processor(str(model)).image_processor))
+    watch = ProcessorWatch(monkeypatch, type(hf_processor(str(model)).image_processor), compact)
     tools_yaml = tmp_path / "tools.yaml"
     tools_yaml.write_text(ROTATE_TOOLS_YAML)
     output, _, worker = LocalRollout(model, tools_yaml, tmp_path).run(
@@ -191,7 +202,9 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     # 90-degree rotations, 3 bytes per pixel
     pixels = 96 * 64 if family in ("gemma4", "qwen3_5", "qwen3_vl", "qwen3_vl_moe") else 84 * 56
     assert list(raw) == [0, 0, 3 * pixels * 3]
-    assert aggregate_metrics(output.non_tensor_batch)[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / raw[2]
+    metrics = aggregate_metrics(output.non_tensor_batch)
+    assert metrics[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / raw[2]
+    assert metrics[FLOAT_IMAGE_SHARE] == 0.0
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(
@@ -204,6 +217,20 @@ def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_
     assert watch.images == 3  # the prompt's and the two tool images, each once, in the loop's renders
     assert output.non_tensor_batch[PROCESSOR_RUNS_KEY][0] == 3
     assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+
+
+def test_a_family_without_a_compact_form_sends_its_float_pixel_values_and_counts_them(tmp_path, monkeypatch):
+    """An image processor whose resize step is not known here: the store keeps its float outputs, the sample carries
+    them as verl's own pass does (tensor for tensor), and the step metric counts every image as float."""
+    from verl_mm_tools import compact_image
+
+    monkeypatch.setattr(compact_image, "RESIZE_METHODS", {})
+    output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory", compact=False)
+    assert watch.compared == 1 and watch.images == 3
+    assert list(output.non_tensor_batch[FLOAT_IMAGES_KEY]) == [3]
+    metrics = aggregate_metrics(output.non_tensor_batch)
+    assert metrics[FLOAT_IMAGE_SHARE] == 1.0
+    assert metrics[IMAGE_BYTES_OVER_RAW] == watch.float_bytes[0] / output.non_tensor_batch[RAW_IMAGE_BYTES_KEY][0]
 
 
 def test_the_streamed_reward_takes_the_same_inputs_from_the_store(tmp_path, monkeypatch):

@@ -172,7 +172,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         if agent_data is not None:
             state.stats.generate_s = agent_data.metrics.get("generate_sequences", 0.0)
         if state.features is not None:  # verl's postprocess takes each sample's images from the store
-            state.stats.processor_runs = state.features.runs
+            state.stats.processor_runs, state.stats.float_images = state.features.runs, state.features.floats
             samples_images = [(output.multi_modal_data or {}).get("images") or [] for output, _ in outputs]
             state.stats.sample_image_bytes = [state.features.payload_bytes(images) for images in samples_images]
             state.stats.raw_image_bytes = sum(image.width * image.height * 3 for image in samples_images[-1])

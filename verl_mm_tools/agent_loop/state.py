@@ -73,6 +73,7 @@ PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor 
 # the bytes of image inputs a sample carries to the trainer (compact forms, or float pixel values for a family without
 # one), and on a trajectory's last sample the raw bytes of its distinct images (3 per pixel; 0 on its other samples)
 IMAGE_BYTES_KEY = PREFIX + "image_bytes"
+FLOAT_IMAGES_KEY = PREFIX + "float_images"  # images kept as float pixel values: their family has no compact form
 RAW_IMAGE_BYTES_KEY = PREFIX + "raw_image_bytes"
 # seconds a trajectory awaited the engine (verl's classic trainer logs the slowest as
 # timing_s/agent_loop/generate_sequences/max; its v1 trainer drops the loops' timers, so mm_tool carries it)
@@ -132,6 +133,7 @@ class TrajectoryStats:
     processor_runs: int = 0  # images the HF image processor processed during the rollout (1 per image: each once)
     sample_image_bytes: list[int] = field(default_factory=list)  # each sample's image inputs to the trainer, bytes
     raw_image_bytes: int = 0  # the trajectory's distinct images, 3 bytes per pixel
+    float_images: int = 0  # images kept as float pixel values (a family without a compact form)
     generate_s: float = 0.0  # seconds spent awaiting the engine's generations (verl's generate_sequences timer)
 
     @property
@@ -164,6 +166,7 @@ class TrajectoryStats:
             PREFIX + "images": self.images,
             PREFIX + "image_tokens": self.image_tokens,
             PROCESSOR_RUNS_KEY: self.processor_runs,
+            FLOAT_IMAGES_KEY: self.float_images,
             GENERATE_S_KEY: self.generate_s,
             PREFIX + "budget_refusals": self.budget_refusals,
             PREFIX + "budget_downscales": self.budget_downscales,

@@ -10,6 +10,7 @@ import numpy as np
 
 from verl_mm_tools.agent_loop.state import (
     ABORTED_KEY,
+    FLOAT_IMAGES_KEY,
     GENERATE_S_KEY,
     IMAGE_BYTES_KEY,
     LATER_CACHED_TOKENS_KEY,
@@ -55,6 +56,9 @@ PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
 # the bytes of image inputs the step's samples carry to the trainer over their trajectories' distinct raw image bytes:
 # ~1 with compact images (the resized pixels), 8 with Qwen-VL's float pixel values (issue #59)
 IMAGE_BYTES_OVER_RAW = PREFIX + "image_bytes_over_raw"
+# the share of the step's images sent as float pixel values, their family having no compact form (0 on every family
+# docs/model_families.md lists)
+FLOAT_IMAGE_SHARE = PREFIX + "float_image_share"
 # the slowest trajectory's seconds awaiting the engine, on both trainers: a rollout phase cannot be shorter, so
 # (timing_s/gen - this) / timing_s/step is the step's share spent in the rollout outside generation (bench figure 5)
 GENERATE_S_MAX = GENERATE_S_KEY + "/max"
@@ -119,8 +123,9 @@ def _processor_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> 
     metrics = {
         PROCESSOR_RUNS_PER_IMAGE: float(sum(non_tensor_batch[PROCESSOR_RUNS_KEY][index] for index in rows) / images)
     }
-    if RAW_IMAGE_BYTES_KEY not in non_tensor_batch:  # batches of loops older than the key
+    if RAW_IMAGE_BYTES_KEY not in non_tensor_batch:  # batches of loops older than the keys
         return metrics
+    metrics[FLOAT_IMAGE_SHARE] = float(sum(non_tensor_batch[FLOAT_IMAGES_KEY][index] for index in rows) / images)
     raw = sum(non_tensor_batch[RAW_IMAGE_BYTES_KEY][index] for index in rows)
     if raw:
         metrics[IMAGE_BYTES_OVER_RAW] = float(sum(non_tensor_batch[IMAGE_BYTES_KEY][index] for index in rows) / raw)
