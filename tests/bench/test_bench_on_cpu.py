@@ -39,6 +39,7 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
         "ops/opencv/rotate37/pil_over_opencv_via_pil",
         "memory/16x448px/processor_outputs_over_raw",  # 1024 px without --repeats
         "memory/16x448px/processor_outputs_kept_after_the_sample_MB",
+        "expansion/448px/over_processor_pass",  # the trainer's expansion of a compact image
         "loop/448px/16turns/ratio",
         "loop/56px/mm_tool_turns14-16_over_turns3-5",
         "memory/held_over_raw_image_bytes",

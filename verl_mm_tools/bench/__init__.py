@@ -22,8 +22,9 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    token lists, extra fields; counted, so two runs agree exactly) over the raw bytes of its images (3 per pixel;
    Pillow stores an RGB pixel in 4); then a 16-turn trajectory of 1024 px images (448 px with ``--repeats``) part by
    part, counted once verl's worker has made its sample: the image workspace, the processor outputs
-   (``ImageFeatureStore``) and the sample sent to the trainer, each over the raw bytes (target <= 2), and what the
-   store keeps after (target 0). Without ``--quick`` and ``--repeats``: verl's AgentLoopWorker running 1, 8, 32 and
+   (``ImageFeatureStore``: each image's compact form) and the sample sent to the trainer, each over the raw bytes
+   (targets <= 2, <= 1.25 and <= 1.25), and what the store keeps after (target 0); the trainer's expansion of a
+   compact image, CPU ms per image and over the processor pass it replaces in the worker. Without ``--quick`` and ``--repeats``: verl's AgentLoopWorker running 1, 8, 32 and
    64 such trajectories at once (224 px images), peak RSS in fresh processes: the slope per trajectory and per image,
    the peaks' distance from the line, per image at 16 turns over 4 (a copy per turn would grow it), and with glibc's
    mmap threshold fixed (``bench.worker_memory``).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import FunctionType, ModuleType
 
@@ -15,6 +16,7 @@ from PIL import Image
 from verl_mm_tools.agent_loop.image_features import attached_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory, one_trajectory
+from verl_mm_tools.compact_image import CompactHeader, CompactImages, ProcessorSpec, compact_image, expanded_inputs
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, resident_side: int = 1024) -> list[Figure]:
@@ -32,7 +34,36 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, residen
             figure(f"memory/{images}_images_held_MB", [held / 2**20]),
             figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2"),
         ]
-        return figures + resident_memory(make, tokenizer, worker, images, resident_side, loop)
+        figures += resident_memory(make, tokenizer, worker, images, resident_side, loop)
+        return figures + expansion_cost(worker.processor.image_processor, resident_side)
+
+
+def expansion_cost(image_processor, side: int, repeats: int = 9) -> list[Figure]:
+    """What the trainer pays per image for compact images (issue #59): ``expanded_inputs`` of a sample of one
+    ``side`` px image (the image processor's pipeline after its resize, on the uint8 pixels), CPU ms per image, and
+    over the full processor pass verl's worker would run on the same image (resize included), in interleaved pairs."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+    arguments = {"return_tensors": "pt", "max_pixels": side * side, "min_pixels": 784}
+    compact, _ = compact_image(image_processor, image, **arguments)
+    header = CompactHeader(ProcessorSpec.of(image_processor), arguments, "bench")
+    inputs = CompactImages(header, (compact.pixels,)).inputs()
+    expanded_inputs(inputs)  # builds the trainer's processor once, as the first micro-batch does
+    expansions, passes = [], []
+    for _ in range(repeats):
+        started = time.process_time()
+        expanded_inputs(inputs)
+        between = time.process_time()
+        image_processor(images=[image], **arguments)
+        expansions.append(between - started)
+        passes.append(time.process_time() - between)
+    name = f"expansion/{side}px"
+    return [
+        figure(f"{name}/cpu_ms_per_image", [seconds * 1000 for seconds in expansions]),
+        figure(f"{name}/over_processor_pass", [a / b for a, b in zip(expansions, passes)], "<= 1"),
+    ]
 
 
 def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> list[Figure]:
