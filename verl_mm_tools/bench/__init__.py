@@ -24,10 +24,10 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    part, counted once verl's worker has made its sample: the image workspace, the processor outputs
    (``ImageFeatureStore``: each image's compact form) and the sample sent to the trainer, each over the raw bytes
    (targets <= 2, <= 1.25 and <= 1.25), and what the store keeps after (target 0); the trainer's expansion of a
-   compact image, CPU ms per image and over the processor pass it replaces in the worker. Without ``--quick`` and ``--repeats``: verl's AgentLoopWorker running 1, 8, 32 and
-   64 such trajectories at once (224 px images), peak RSS in fresh processes: the slope per trajectory and per image,
-   the peaks' distance from the line, per image at 16 turns over 4 (a copy per turn would grow it), and with glibc's
-   mmap threshold fixed (``bench.worker_memory``).
+   compact image, CPU ms per image and over the processor pass it replaces in the worker. Without ``--quick`` and
+   ``--repeats``: verl's AgentLoopWorker running 1, 8, 32 and 64 such trajectories at once (224 px images), peak
+   RSS in fresh processes: the slope per trajectory and per image, the peaks' distance from the line, per image at
+   16 turns over 4 (a copy per turn would grow it), and with glibc's mmap threshold fixed (``bench.worker_memory``).
 5. (``--step``) verl's real CPU GRPO step (the rotation demo, 8 prompts x 4 rollouts, <= 3 turns, dumps off): trainer
    runs with verl's ``tool_agent`` and with ``mm_tool`` on verl's default v1 trainer (sync), then ``mm_tool`` on the
    classic trainer, then ``mm_tool`` with ``export: per_turn`` (v1): step time after warm-up, the ratios of the
@@ -40,7 +40,9 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
    (target at 8 turns: <= 1.5). A per-turn sample re-encodes the whole history as its prompt, and the loop re-renders
    it before every turn (its text only: each image's processor output is kept from the turn that admitted it). And,
    counted over one 8-turn trajectory of each export, verl's postprocess of its samples included: the images the HF
-   image processor processed per image (target <= 1: each image once, ``agent_loop/image_features.py``).
+   image processor processed per image (target <= 1: each image once, ``agent_loop/image_features.py``), and the
+   bytes of image inputs the samples carry to the trainer over the trajectory's distinct raw image bytes (target
+   <= 1.25; per_turn repeats the history's images in every sample: verl's TransferQueue stores each sample whole).
 7. (``--remote``) tools on Ray actor pools: a blocking tool's wall time in process and on 1, 2, 4 actors, and what an
    image costs to cross to an actor and back (``bench.remote``).
 8. (``--rollout vllm``) verl's vLLM rollout: with ``--step``, figure 5's mm_tool run again on vLLM, its step time

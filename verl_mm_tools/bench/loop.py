@@ -204,21 +204,33 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
             target = "<= 1.5" if turns == 8 else None  # issue #49: per_turn at most 1.5x at 8 turns
             figures.append(figure(f"export/{turns}turns/per_turn_over_per_trajectory_loop_cpu", ratios, target))
         for export, (make, tokenizer, worker) in factories.items():
-            runs = processor_runs_per_image(make, tokenizer, worker, 8, side, loop)
+            runs, image_bytes = export_images(make, tokenizer, worker, 8, side, loop)
             figures.append(figure(f"export/8turns/{export}/processor_runs_per_image", [runs], "<= 1"))
+            figures.append(figure(f"export/8turns/{export}/image_bytes_over_raw", [image_bytes], "<= 1.25"))
     return figures
 
 
-def processor_runs_per_image(make, tokenizer, worker, turns: int, side: int, loop) -> float:
-    """Images the HF image processor processes for one mm_tool trajectory of ``turns`` images, verl's postprocess of
-    its samples included (``_compute_multi_modal_inputs``, the part of it that runs the processor), per image."""
+def export_images(make, tokenizer, worker, turns: int, side: int, loop) -> tuple[float, float]:
+    """For one mm_tool trajectory of ``turns`` images, verl's postprocess of its samples included
+    (``_compute_multi_modal_inputs``): the images the HF image processor processed, per image; and the bytes of image
+    inputs its samples carry to the trainer (compact forms, float pixel values) over its distinct images' raw bytes
+    (per_turn: each sample carries every earlier image again)."""
     import torch
 
+    from verl_mm_tools.compact_image import COMPACT_PREFIX, PIXEL_PREFIX
+
+    carried = 0
     with counting_image_processor(type(worker.processor.image_processor)) as counted:
         _, _, outputs = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
         for output in outputs:
-            worker._compute_multi_modal_inputs(output, torch.tensor([output.prompt_ids + output.response_ids]))
-    return counted[0] / turns
+            inputs = worker._compute_multi_modal_inputs(output, torch.tensor([output.prompt_ids + output.response_ids]))
+            carried += sum(
+                value.numel() * value.element_size()
+                for key, value in inputs.items()
+                if key.startswith((PIXEL_PREFIX, f"{COMPACT_PREFIX}image_"))
+            )
+    raw = sum(image.width * image.height * 3 for image in outputs[-1].multi_modal_data["images"])
+    return counted[0] / turns, carried / raw
 
 
 @contextlib.contextmanager
