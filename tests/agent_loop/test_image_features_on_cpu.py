@@ -21,6 +21,7 @@ from verl_mm_tools.agent_loop.state import (
     SAMPLE_KEY,
 )
 from verl_mm_tools.compact_image import CompactImages
+from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.step_hook.stats import (
     FLOAT_IMAGE_SHARE,
@@ -29,7 +30,7 @@ from verl_mm_tools.step_hook.stats import (
     aggregate_metrics,
 )
 from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
@@ -115,6 +116,7 @@ class ProcessorWatch:
         self.compared = 0
         self.compact_bytes: list[int] = []
         self.float_bytes: list[int] = []
+        self.verls_inputs: list[dict] = []  # each sample's multi_modal_inputs as verl's own pass made them
         self._checking = False
         real_call = image_processor_class.__call__
         fixed = AgentLoopWorker._compute_multi_modal_inputs
@@ -145,6 +147,7 @@ class ProcessorWatch:
                 assert torch.equal(forward[key], value), key
             self.compared += 1
             self.compact_bytes.append(carried.nbytes if carried is not None else 0)
+            self.verls_inputs.append(expected)
             self.float_bytes.append(sum(v.numel() * v.element_size() for k, v in expected.items() if "pixel" in k))
             return got
 
@@ -217,6 +220,11 @@ def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_
     assert watch.images == 3  # the prompt's and the two tool images, each once, in the loop's renders
     assert output.non_tensor_batch[PROCESSOR_RUNS_KEY][0] == 3
     assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+    # the trainer's log-probs of the sample: from its compact images (expanded) and from verl's own inputs, the same
+    model = HFVisionLM(str(tiny_model_path()))
+    from_compact = trainer_logprobs(model, output)
+    output.non_tensor_batch["multi_modal_inputs"][0] = watch.verls_inputs[0]
+    assert torch.equal(from_compact, trainer_logprobs(model, output)) and len(from_compact) > 0
 
 
 def test_a_family_without_a_compact_form_sends_its_float_pixel_values_and_counts_them(tmp_path, monkeypatch):
