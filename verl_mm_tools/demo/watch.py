@@ -79,7 +79,6 @@ class RunResult:
     first_step_after_s: float | None
     peak_memory_bytes: int
     learned: bool = False  # ``learned`` held when the run ended (the demo stops the trainer as soon as it does)
-    lost_nodes: list[str] = field(default_factory=list)  # the Ray nodes that died during the run
 
 
 @dataclass
@@ -127,9 +126,9 @@ def run_trainer(
     returncode = {RunEnd.LEARNED: 0, RunEnd.NODE_LOST: process.returncode or NODE_LOST}.get(end, process.returncode)
     end_leftovers(lambda: _leftovers(paths.metrics, cluster_pids()))
     seconds = time.monotonic() - watch.started
-    lost = list(nodes.lost) if nodes is not None else []
-    learned = task.learned(watch.steps)
-    return RunResult(returncode, watch.steps, seconds, watch.first_step_after_s, watch.peak_memory_bytes, learned, lost)
+    return RunResult(
+        returncode, watch.steps, seconds, watch.first_step_after_s, watch.peak_memory_bytes, task.learned(watch.steps)
+    )
 
 
 def _leftovers(metrics: Path, cluster_pids: set[int]) -> list[psutil.Process]:

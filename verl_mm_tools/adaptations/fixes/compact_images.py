@@ -1,7 +1,7 @@
 """Every run with images whose family has a compact form (issue #59): a training sample carries its images as their
-resized uint8 pixels (``compact_image.CompactImages``, under ``multi_modal_inputs[COMPACT_KEY]``, 1 byte per byte)
-in place of the float ``pixel_values`` (4 to 8 bytes per byte), from the agent-loop worker (adaptation 38) to the
-trainer. Every engine of verl 0.9.1 (FSDP, Megatron, TorchTitan, Automodel) reads a micro-batch's
+resized uint8 pixels (``compact_image.CompactImages``, under the ``vmt_compact_*`` keys of ``multi_modal_inputs``, 1
+byte per byte) in place of the float ``pixel_values`` (4 to 8 bytes per byte), from the agent-loop worker (adaptation
+38) to the trainer. Every engine of verl 0.9.1 (FSDP, Megatron, TorchTitan, Automodel) reads a micro-batch's
 ``multi_modal_inputs`` through ``verl.utils.model.extract_multi_modal_inputs``: the fix expands each selected sample's
 compact images there, just before the forward, into what verl's own processor pass would have given it (tensor for
 tensor), and verl's function then joins the micro-batch as before. A sample whose compact images cannot be expanded
