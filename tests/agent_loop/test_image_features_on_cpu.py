@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
-from verl_mm_tools.agent_loop.image_features import ImageFeatureStore, attached_store
+from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
+from verl_mm_tools.agent_loop.loop_output import MMToolOutput, image_store
 from verl_mm_tools.agent_loop.state import (
     FLOAT_IMAGES_KEY,
     IMAGE_BYTES_KEY,
@@ -131,7 +132,7 @@ class ProcessorWatch:
             """The sample's inputs as the fixed worker sends them (compact images, no pixel values) and as verl's
             own pass makes them; through verl's ``extract_multi_modal_inputs`` (fixed: it expands compact images,
             adaptation 42, and verl's own), what reaches the model's forward is the same, tensor for tensor."""
-            assert attached_store(output) is not None
+            assert image_store(output) is not None
             got = fixed(worker, output, input_ids)
             self._checking = True
             try:
@@ -281,8 +282,8 @@ def test_the_store_keeps_each_images_output_and_joins_them_as_the_image_processo
     assert store.runs == 4
 
 
-class Output:
-    """Stands in for verl's AgentLoopOutput: any object the store can be tied to (weakly referenced)."""
+def loop_output(**fields) -> MMToolOutput:
+    return MMToolOutput(prompt_ids=[1, 2], response_ids=[3], response_mask=[1], metrics={}, **fields)
 
 
 def test_the_store_drops_its_outputs_once_every_output_it_was_tied_to_is_gone():
@@ -294,12 +295,37 @@ def test_the_store_drops_its_outputs_once_every_output_it_was_tied_to_is_gone():
     store = ImageFeatureStore(hf_processor(str(tiny_model_path())))
     images = [Image.new("RGB", (56, 56), (9, 90, 200)), marked_image()]
     store.processor.image_processor(images=images, return_tensors="pt")
-    first, last = Output(), Output()
-    store.attach(first)
-    store.attach(last)
+    first, last = loop_output(), loop_output()
+    first.hand_images(store)
+    last.hand_images(store)
     assert len(store.kept) == 2 and store.processor.image_processor._store is store  # the cycle is still there
     del first
-    assert len(store.kept) == 2 and attached_store(last) is store
+    assert len(store.kept) == 2 and image_store(last) is store
     del last
     assert store.kept == []
     assert store.runs == 2  # counted, not undone
+
+
+def test_an_output_hands_its_store_to_verls_postprocess_and_never_into_a_pickle_or_its_fields():
+    """The store travels on the output as a private attribute (adaptation 43): verl's fields of the sample (what goes
+    into TransferQueue or the DataProto) never hold it, a pickled output goes without it, and any other loop's output
+    has none."""
+    import pickle
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    from verl.utils import hf_processor
+
+    store = ImageFeatureStore(hf_processor(str(tiny_model_path())))
+    image = marked_image()
+    store.processor.image_processor(images=[image], return_tensors="pt")
+    output = loop_output(multi_modal_data={"images": [image]}, extra_fields={"turn_scores": []})
+    output.hand_images(store)
+    assert image_store(output) is store
+    fields = output.as_dict()
+    assert sorted(fields) == ["extra_fields", "metrics", "multi_modal_data", "prompts", "response_mask", "responses"]
+    assert fields["extra_fields"] == {"turn_scores": []}
+    copied = pickle.loads(pickle.dumps(output))
+    assert copied.image_store is None and copied.prompt_ids == [1, 2] and len(store.kept) == 1
+    assert copied.multi_modal_data["images"][0].tobytes() == image.tobytes()
+    verls_own = AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1], metrics={})
+    assert image_store(verls_own) is None

@@ -19,12 +19,13 @@ returns for the list, bit for bit, on every family the package supports
 (``tests/agent_loop/test_image_features_on_cpu.py``). The processor's own work on the text (placeholder expansion,
 tokenizing, its token check) runs as before, so the token ids are the processor's own.
 
-The loop hands the store's processor to verl's builder; ``attach`` ties the store to the trajectory's outputs, where
-the worker's postprocess finds it (``adaptations/fixes/processed_images.py``), which gives each sample its images'
-compact forms (``compact_images``) in place of their pixel values; when the last of those outputs is gone (verl has
-made its training samples), the store drops what it kept (``release``). Images are matched by identity (the same
-``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store has not seen, another
-argument set, or an input that is not a list of PIL images goes to the real image processor, as before.
+The loop hands the store's processor to verl's builder, and the store itself to each of the trajectory's outputs
+(``loop_output.MMToolOutput``), where the worker's postprocess reads it (``adaptations/fixes/processed_images.py``) and
+gives each sample its images' compact forms (``compact_images``) in place of their pixel values; when the last of
+those outputs is gone (verl has made its training samples), the store drops what it kept (``release``). Images are
+matched by identity (the same ``PIL.Image`` objects travel from the tools to ``multi_modal_data``); an image the store
+has not seen, another argument set, or an input that is not a list of PIL images goes to the real image processor, as
+before.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class ImageFeatureStore:
         self.source = processor
         self.sample = sample
         self.runs = self.floats = self.expansions = 0
-        self._outputs = 0  # the trajectory's outputs tied to the store (``attach``) and not gone yet
+        self._outputs = 0  # the trajectory's outputs tied to the store (``tie``) and not gone yet
         self._features: dict[int, tuple[weakref.ref, ImageFeatures]] = {}
         self._arguments: dict[str, Any] | None = None  # the arguments the kept outputs were made with
         self._with_pixels = False
@@ -189,16 +190,13 @@ class ImageFeatureStore:
         logger.debug("the image processor ran outside the trajectory's store (%s)", type(images).__name__)
         self.runs += len(images) if isinstance(images, (list, tuple)) else 1
 
-    def attach(self, output: Any) -> None:
-        """Tie the store to one of the trajectory's outputs until that output is gone (verl's postprocess reads it);
-        once every output it was tied to is gone, the kept outputs are released."""
-        key = id(output)
-        _ATTACHED[key] = (weakref.ref(output), self)
+    def tie(self, output: Any) -> None:
+        """Keep the kept outputs while ``output`` (one of the trajectory's samples, handed this store) lives; once
+        every output it was tied to is gone, release them."""
         self._outputs += 1
-        weakref.finalize(output, self._detach, key)
+        weakref.finalize(output, self._untie)
 
-    def _detach(self, key: int) -> None:
-        _ATTACHED.pop(key, None)
+    def _untie(self) -> None:
         self._outputs -= 1
         if not self._outputs:
             self.release()
@@ -226,15 +224,6 @@ def _pixels(output: Any) -> dict[str, Any]:
 
 def _without_pixels(output: Any) -> dict[str, Any]:
     return {key: value for key, value in output.items() if not key.startswith(PIXEL_PREFIX)}
-
-
-_ATTACHED: dict[int, tuple[weakref.ref, ImageFeatureStore]] = {}
-
-
-def attached_store(output: Any) -> ImageFeatureStore | None:
-    """The store ``ImageFeatureStore.attach`` tied to ``output``, if any."""
-    found = _ATTACHED.get(id(output))
-    return found[1] if found is not None and found[0]() is output else None
 
 
 class CachedImageProcessor:

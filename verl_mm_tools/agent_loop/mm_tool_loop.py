@@ -32,6 +32,8 @@ from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.engine import CheckedEngine
 from verl_mm_tools.agent_loop.export import Exporter
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
+from verl_mm_tools.agent_loop.loop_output import ADAPTATION as OUTPUT_MODEL
+from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
@@ -75,6 +77,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     def __init__(self, *args, **kwargs):
         confirm(LOOP_COPIES)  # the verl code this loop copies changed: refuses to start (checked once per process)
+        confirm(OUTPUT_MODEL)  # likewise verl's output model, which the loop's outputs extend
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)
         # aborted replies raise; prefix-cache hits kept (a wrapper of verl's client, with its generate)
@@ -156,7 +159,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
         state = TrajectoryState(files=self.files, features=self._image_features(sample_name(kwargs)))
         agent_data: LoopAgentData | None = None
-        outputs: Sequence[tuple[AgentLoopOutput, list | None]]
+        outputs: Sequence[tuple[MMToolOutput, list | None]]
         try:
             agent_data = await new_agent_data(self.context, kwargs, priority, state)
             await start_remote_tools(agent_data._active_tools)
@@ -177,7 +180,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             state.stats.sample_image_bytes = [state.features.payload_bytes(images) for images in samples_images]
             state.stats.raw_image_bytes = sum(image.width * image.height * 3 for image in samples_images[-1])
             for output, _ in outputs:
-                state.features.attach(output)
+                output.hand_images(state.features)
         self.outputs.add_extra_fields(outputs, state)
         final = outputs[-1][0]
         if self.mm_config.dump_dir:

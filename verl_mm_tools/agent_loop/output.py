@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.engine import EngineAbortedError
+from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 from verl_mm_tools.agent_loop.state import (
     CALL_RATE_WINDOW_KEY,
     MASKED_LIMIT_KEY,
@@ -60,7 +60,7 @@ class OutputBuilder:
         self.context = context
         self.response_length = context.response_length
 
-    def checked(self, agent_data: LoopAgentData, state: TrajectoryState) -> list[tuple[AgentLoopOutput, list]]:
+    def checked(self, agent_data: LoopAgentData, state: TrajectoryState) -> list[tuple[MMToolOutput, list]]:
         """Each training sample as a validated output, with its turns' response spans in it."""
         excess = agent_data.response_mask[self.response_length :]
         if not all(excess):  # only generated tokens may be trimmed: context tokens may hold image placeholders
@@ -86,7 +86,7 @@ class OutputBuilder:
         state.stats.images, state.stats.image_tokens = len(agent_data.image_data), sum(image_tokens)
         return outputs
 
-    def add_extra_fields(self, outputs: Sequence[tuple[AgentLoopOutput, list | None]], state: TrajectoryState) -> None:
+    def add_extra_fields(self, outputs: Sequence[tuple[MMToolOutput, list | None]], state: TrajectoryState) -> None:
         """The fixed keys of every output (verl concatenates per-key arrays across workers): the trajectory's
         statistics and turns, and the options the trainer-side step hook reads."""
         options = self.context.options
@@ -107,7 +107,7 @@ class OutputBuilder:
             return []
         return [processor_image_tokens(self.context.processor, image, mm_processor_kwargs) for image in images]
 
-    def _problems(self, output: AgentLoopOutput, image_tokens: list[int]) -> list[str]:
+    def _problems(self, output: MMToolOutput, image_tokens: list[int]) -> list[str]:
         return trajectory_problems(
             prompt_ids=output.prompt_ids,
             response_ids=output.response_ids,
@@ -118,7 +118,7 @@ class OutputBuilder:
             forbidden_generated=self.context.forbidden_generated,
         )
 
-    def _output(self, agent_data: LoopAgentData, sample: SampleCut, turns: list[Turn]) -> tuple[AgentLoopOutput, list]:
+    def _output(self, agent_data: LoopAgentData, sample: SampleCut, turns: list[Turn]) -> tuple[MMToolOutput, list]:
         """One training sample: its prompt is everything before its first turn's generation (the first prompt for
         a one-sample trajectory); returns it with its turns' response spans in it. For a one-sample trajectory every
         field is what verl's ToolAgentLoop.run sets (tests/agent_loop/test_parity_on_cpu.py)."""
@@ -127,7 +127,7 @@ class OutputBuilder:
         split = turns[0].prompt_end if turns else first
         shift = split - first  # response tokens before the sample's first generation, now prompt
         routed = sample.routed_experts
-        output = AgentLoopOutput(
+        output = MMToolOutput(
             prompt_ids=sample.token_ids[:split],
             response_ids=sample.token_ids[first:][:limit][shift:],
             response_mask=sample.response_mask[:limit][shift:],
@@ -148,7 +148,7 @@ class OutputBuilder:
 
     def masked(
         self, agent_data: LoopAgentData | None, state: TrajectoryState, error: BaseException, name: str
-    ) -> AgentLoopOutput:
+    ) -> MMToolOutput:
         """A valid output that trains on nothing: the prompt as rendered (or a text stand-in) and one masked token."""
         if isinstance(error, ConfigError):
             raise error  # a broken configuration must stop the run, not mask every sample
@@ -167,7 +167,7 @@ class OutputBuilder:
         state.stats.images = len((output.multi_modal_data or {}).get("images", []))
         return output
 
-    def _prompt_only(self, agent_data: LoopAgentData | None, state: TrajectoryState) -> AgentLoopOutput | None:
+    def _prompt_only(self, agent_data: LoopAgentData | None, state: TrajectoryState) -> MMToolOutput | None:
         """The rendered prompt with its own images, if it was rendered and is sound."""
         if agent_data is None or not state.prompt_length:
             return None
@@ -176,11 +176,11 @@ class OutputBuilder:
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
         return None if self._problems(output, image_tokens) else output
 
-    def _masked(self, prompt_ids: list[int], images: list, agent_data: LoopAgentData | None) -> AgentLoopOutput:
+    def _masked(self, prompt_ids: list[int], images: list, agent_data: LoopAgentData | None) -> MMToolOutput:
         # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
         logprobs = [0.0] if self.context.calculate_log_probs else None
         routed = getattr(agent_data, "routed_experts", None)
-        return AgentLoopOutput(
+        return MMToolOutput(
             prompt_ids=list(prompt_ids),
             response_ids=[self.context.tokenizer.eos_token_id],
             response_mask=[0],

@@ -13,7 +13,7 @@ from types import FunctionType, ModuleType
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.image_features import attached_store
+from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory, one_trajectory
 from verl_mm_tools.compact_image import CompactHeader, CompactImages, ProcessorSpec, compact_image, expanded_inputs
@@ -75,7 +75,7 @@ def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> lis
     carries are the workspace's, counted there). Then what the store still keeps once verl has let go of the
     output."""
     _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
-    images, store = output.multi_modal_data["images"], attached_store(output)
+    images, store = output.multi_modal_data["images"], image_store(output)
     assert store is not None, "an mm_tool trajectory's outputs carry its image store"
     sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))
     raw = sum(image.width * image.height * 3 for image in images)

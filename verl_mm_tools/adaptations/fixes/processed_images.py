@@ -2,10 +2,11 @@
 them its position ids) by running the HF processor over the sample's text and every one of its images
 (``AgentLoopWorker._compute_multi_modal_inputs``, on both trainers, and again in ``_compute_score`` for a streamed
 reward). The mm_tool loop has processed each image already, once, in the render that admitted it
-(``agent_loop/image_features.py``). Fixed: for an output the loop tied its ``ImageFeatureStore`` to, verl's method
-runs as it is on the store's copy of the same processor, whose image processor returns the kept outputs (bit for bit
-the real one's) without pixel values, and the sample carries its images' compact forms instead
-(``compact_image.CompactImages.inputs``; the trainer expands them: adaptation 42). A family without a compact form gets
+(``agent_loop/image_features.py``). Fixed: for an output that hands it its trajectory's ``ImageFeatureStore``
+(``agent_loop/loop_output.py``, adaptation 43), verl's method runs as it is on the store's copy of the same processor,
+whose image processor returns the kept outputs (bit for bit the real one's) without pixel values, and the sample
+carries its images' compact forms instead (``compact_image.CompactImages.inputs``; the trainer expands them:
+adaptation 42). A family without a compact form gets
 the kept float pixel values. Any other output (another loop's, an image the store has not seen) takes verl's path
 unchanged."""
 
@@ -16,7 +17,7 @@ import functools
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.agent_loop.image_features import attached_store
+from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.compact_image import PIXEL_PREFIX
 
 TARGET = Target(
@@ -49,7 +50,7 @@ def apply(_module=None) -> None:
 
     @functools.wraps(original)
     def _compute_multi_modal_inputs(self, output, input_ids):
-        store = attached_store(output)
+        store = image_store(output)
         if store is None or store.source is not self.processor:
             return original(self, output, input_ids)
         images = (output.multi_modal_data or {}).get("images") or []
