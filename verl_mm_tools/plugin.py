@@ -4,20 +4,20 @@ verl's loader swallows plugin import errors at DEBUG level, so a broken plugin w
 logs every failure at ERROR with the traceback before re-raising, and refuses to overwrite a name another package
 registered (``PluginRegistrationError`` naming both).
 
-The agent loop is registered by name (verl's registry holds ``{"_target_": class path}``, as verl's own ``register``
-writes it) once verl's agent-loop module is imported: importing that module here (it pulls fastapi, datasets, ...)
-would make every ``import verl`` pay for it. The reward managers, the advantage estimator and the CPU backend are
-registered at once: verl's registries for them hold the objects themselves.
+Each registration runs when verl imports the module that holds its registry (``verl_registry.when_imported``): the
+agent loop (by name: verl's registry holds ``{"_target_": class path}``, as verl's own ``register`` writes it), the
+reward managers, the advantage estimator, the CPU backend's checkpoint engine and rollout. Importing those modules
+here (verl's agent loop pulls fastapi and datasets, its reward loop and checkpoint engines vLLM and torch's inductor)
+would make every ``import verl`` pay for them: every Ray actor, rollout and reward worker of a run imports verl.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-import sys
 from types import ModuleType
 
-from verl_mm_tools.adaptations.import_order import call_after_import
-from verl_mm_tools.verl_registry import register_unique
+from verl_mm_tools.verl_registry import register_unique, when_imported
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ LOOP_NAME = "mm_tool"  # the name verl's agent-loop registry knows the loop by
 LOOP_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"  # its class path: the ``_target_`` of a loop config entry
 # name -> class path; tests/test_plugin_on_cpu.py checks each path imports to the loop class
 AGENT_LOOPS = {LOOP_NAME: LOOP_TARGET}
+REWARD_MANAGERS_MODULE = "verl.experimental.reward_loop.reward_manager"
+ADVANTAGES_MODULE = "verl.trainer.ppo.core_algos"
 
 
 def register_agent_loops_into(verl_agent_loop: ModuleType) -> None:
@@ -33,32 +35,18 @@ def register_agent_loops_into(verl_agent_loop: ModuleType) -> None:
         register_unique(verl_agent_loop._agent_loop_registry, name, {"_target_": target}, "agent loop")
 
 
-def _register_agent_loops_or_report(verl_agent_loop: ModuleType) -> None:
-    try:
-        register_agent_loops_into(verl_agent_loop)
-    except Exception:
-        # verl's agent-loop module itself imported fine: keep it usable, without our loop
-        logger.error(
-            "verl-mm-tools failed to register its agent loops with verl; the mm_tool agent loop is NOT "
-            "available. Traceback:",
-            exc_info=True,
-        )
+def register_reward_managers_into(_package: ModuleType) -> None:
+    # the module registers its classes once defined. Where it is being imported already (it imported verl's
+    # package), this returns it unfinished, and it registers them at its end.
+    importlib.import_module("verl_mm_tools.rewards.managers")
 
 
-def register_agent_loops() -> None:
-    if VERL_AGENT_LOOP_MODULE in sys.modules:  # imported already: a failure raises, like every other registration
-        register_agent_loops_into(sys.modules[VERL_AGENT_LOOP_MODULE])
-    else:
-        call_after_import(VERL_AGENT_LOOP_MODULE, _register_agent_loops_or_report)
+def register_advantage_estimators_into(core_algos: ModuleType) -> None:
+    from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, compute_turn_grpo_advantage
 
-
-def register_reward_managers() -> None:
-    from verl.experimental.reward_loop.reward_manager import registry as verl_reward_registry
-
-    from verl_mm_tools.rewards import REWARD_MANAGERS
-
-    for name, manager_cls in REWARD_MANAGERS.items():
-        register_unique(verl_reward_registry.REWARD_MANAGER, name, manager_cls, "reward manager")
+    register_unique(
+        core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator"
+    )
 
 
 def register_cpu_backend() -> None:
@@ -66,16 +54,6 @@ def register_cpu_backend() -> None:
     from verl_mm_tools.cpu import register_cpu_backend as register
 
     register()
-
-
-def register_advantage_estimators() -> None:
-    from verl.trainer.ppo import core_algos
-
-    from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME, compute_turn_grpo_advantage
-
-    register_unique(
-        core_algos.ADV_ESTIMATOR_REGISTRY, ESTIMATOR_NAME, compute_turn_grpo_advantage, "advantage estimator"
-    )
 
 
 def apply_verl_fixes() -> None:
@@ -88,9 +66,9 @@ def apply_verl_fixes() -> None:
 
 def register_all() -> None:
     apply_verl_fixes()
-    register_agent_loops()
-    register_reward_managers()
-    register_advantage_estimators()
+    when_imported(VERL_AGENT_LOOP_MODULE, register_agent_loops_into, "agent loops (mm_tool)")
+    when_imported(REWARD_MANAGERS_MODULE, register_reward_managers_into, "reward managers")
+    when_imported(ADVANTAGES_MODULE, register_advantage_estimators_into, "advantage estimator")
     register_cpu_backend()
 
 

@@ -1,11 +1,16 @@
-"""Register components into verl's registries without ever silently replacing someone else's entry."""
+"""Register components into verl's registries without ever silently replacing someone else's entry, each when verl
+imports the module that holds the registry (``when_imported``): the plugin loads in every process that imports verl,
+and most of those processes never read most registries."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, MutableMapping
+import sys
+from collections.abc import Callable, Hashable, MutableMapping
+from types import ModuleType
 from typing import Any
 
+from verl_mm_tools.adaptations.import_order import call_after_import
 from verl_mm_tools.errors import PluginRegistrationError
 
 logger = logging.getLogger(__name__)
@@ -37,3 +42,24 @@ def register_unique(registry: MutableMapping, name: Hashable, entry: Any, kind: 
         )
     registry[name] = entry
     logger.debug("registered %s %r -> %s", kind, name, _describe(entry))
+
+
+def when_imported(module_name: str, register: Callable[[ModuleType], None], what: str) -> None:
+    """``register(module)`` once verl's ``module_name`` is imported: at once, raising its errors, where it is imported
+    already; else right after its code runs, where a failure is logged at ERROR with its traceback and verl's module
+    stays usable without ``what``."""
+    if module_name in sys.modules:
+        register(sys.modules[module_name])
+        return
+
+    def register_or_report(module: ModuleType) -> None:
+        try:
+            register(module)
+        except Exception:
+            logger.error(
+                "verl-mm-tools failed to register its %s with verl; they are NOT available. Traceback:",
+                what,
+                exc_info=True,
+            )
+
+    call_after_import(module_name, register_or_report)

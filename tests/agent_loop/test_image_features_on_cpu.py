@@ -15,10 +15,10 @@ from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
 from verl_mm_tools.agent_loop.loop_output import MMToolOutput, image_store
 from verl_mm_tools.agent_loop.state import (
+    DISTINCT_IMAGES_KEY,
     FLOAT_IMAGES_KEY,
     IMAGE_BYTES_KEY,
     PROCESSOR_RUNS_KEY,
-    RAW_IMAGE_BYTES_KEY,
     SAMPLE_KEY,
 )
 from verl_mm_tools.compact_image import CompactImages
@@ -156,7 +156,9 @@ class ProcessorWatch:
         monkeypatch.setattr(AgentLoopWorker, "_compute_multi_modal_inputs", compared)
 
 
-def run_family(family: str, tmp_path, monkeypatch, export: str, score: bool = False, compact: bool = True):
+def run_family(
+    family: str, tmp_path, monkeypatch, export: str, score: bool = False, compact: bool = True, trajectories: int = 1
+):
     from verl.utils import hf_processor
 
     template, parser, turns = SCRIPTS[family]
@@ -166,7 +168,7 @@ def run_family(family: str, tmp_path, monkeypatch, export: str, score: bool = Fa
     tools_yaml.write_text(ROTATE_TOOLS_YAML)
     output, _, worker = LocalRollout(model, tools_yaml, tmp_path).run(
         turns,
-        [image_prompt(QUESTION, [marked_image()])],
+        [image_prompt(QUESTION, [marked_image()]) for _ in range(trajectories)],
         per_sample=export != "per_trajectory",
         score=score,
         columns=REWARD_COLUMNS if score else None,
@@ -201,14 +203,27 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     assert ratios == ({14 / 3} if family == "gemma4" else {8.0}), ratios
     # each sample's image bytes to the trainer, and the trajectory's distinct raw bytes on its last sample
     assert list(output.non_tensor_batch[IMAGE_BYTES_KEY]) == watch.compact_bytes
-    raw = output.non_tensor_batch[RAW_IMAGE_BYTES_KEY]
-    # the prompt image as verl's dataset resized it (84 x 56 on a 28 px grid, 96 x 64 on a 32 px one) and its two
-    # 90-degree rotations, 3 bytes per pixel
+    distinct = output.non_tensor_batch[DISTINCT_IMAGES_KEY]
+    # the prompt image as verl's dataset resized it (84 x 56 on a 28 px grid, 96 x 64 on a 32 px one) and its 90-degree
+    # rotation, 3 bytes per pixel: the script rotates image 1 twice, so images 2 and 3 are one image by content
     pixels = 96 * 64 if family in ("gemma4", "qwen3_5", "qwen3_vl", "qwen3_vl_moe") else 84 * 56
-    assert list(raw) == [0, 0, 3 * pixels * 3]
+    assert list(distinct[:2]) == [{}, {}] and sorted(distinct[2].values()) == [3 * pixels] * 2
     metrics = aggregate_metrics(output.non_tensor_batch)
-    assert metrics[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / raw[2]
+    assert metrics[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / (2 * 3 * pixels)
     assert metrics[FLOAT_IMAGE_SHARE] == 0.0
+
+
+def test_an_image_that_a_group_of_trajectories_shows_counts_once_in_the_steps_distinct_bytes(tmp_path, monkeypatch):
+    """Two trajectories of the same prompt image play the same script (as a GRPO group whose members call the same
+    tools): each sample carries its 3 images to the trainer (the compact form of an 84 x 56 image is its 3 bytes per
+    pixel); the step's distinct images are 2 (the prompt image and its 90-degree rotation, made twice by each
+    trajectory), so the metric reads 6 / 2."""
+    output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory", trajectories=2)
+    assert watch.compared == 2 and len(watch.compact_bytes) == 2
+    first, second = output.non_tensor_batch[DISTINCT_IMAGES_KEY]
+    assert first == second and sorted(first.values()) == [3 * 84 * 56] * 2
+    assert watch.compact_bytes == [3 * 3 * 84 * 56] * 2
+    assert aggregate_metrics(output.non_tensor_batch)[IMAGE_BYTES_OVER_RAW] == 3.0
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(
@@ -239,7 +254,9 @@ def test_a_family_without_a_compact_form_sends_its_float_pixel_values_and_counts
     assert list(output.non_tensor_batch[FLOAT_IMAGES_KEY]) == [3]
     metrics = aggregate_metrics(output.non_tensor_batch)
     assert metrics[FLOAT_IMAGE_SHARE] == 1.0
-    assert metrics[IMAGE_BYTES_OVER_RAW] == watch.float_bytes[0] / output.non_tensor_batch[RAW_IMAGE_BYTES_KEY][0]
+    assert metrics[IMAGE_BYTES_OVER_RAW] == watch.float_bytes[0] / sum(
+        output.non_tensor_batch[DISTINCT_IMAGES_KEY][0].values()
+    )
 
 
 def test_the_streamed_reward_takes_the_same_inputs_from_the_store(tmp_path, monkeypatch):

@@ -233,3 +233,14 @@ def test_crop_and_zoom_answer_or_refuse_within_budget(size, box, target_side, ma
 def test_hostile_zoom_is_bounded_before_allocation():
     zoomed = ops.zoom_in(Image.new("RGB", (4000, 3000)), (0, 0, 1, 1), target_side=8192, max_pixels=ops.MIN_MAX_PIXELS)
     assert zoomed.size == (197, 197)  # floor(sqrt(39200)): the 1x1 box is never upscaled to 8192x8192 first
+
+
+def test_distinct_images_are_found_by_content_with_their_raw_bytes():
+    from verl_mm_tools.ops.transform import distinct_image_bytes
+
+    red, other_red = Image.new("RGB", (4, 3), (255, 0, 0)), Image.new("RGB", (4, 3), (255, 0, 0))
+    turned = red.rotate(90, expand=True)  # 3 x 4: the same bytes as a 4 x 3 red image, another image
+    grey = Image.new("L", (4, 3), 76)
+    found = distinct_image_bytes([red, other_red, turned, grey])
+    assert len(found) == 3 and sorted(found.values()) == [36, 36, 36]
+    assert distinct_image_bytes([]) == {}

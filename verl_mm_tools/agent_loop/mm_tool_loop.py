@@ -43,6 +43,7 @@ from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.ops.transform import distinct_image_bytes
 from verl_mm_tools.record import DUMP_KEY
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             state.stats.processor_runs, state.stats.float_images = state.features.runs, state.features.floats
             samples_images = [(output.multi_modal_data or {}).get("images") or [] for output, _ in outputs]
             state.stats.sample_image_bytes = [state.features.payload_bytes(images) for images in samples_images]
-            state.stats.raw_image_bytes = sum(image.width * image.height * 3 for image in samples_images[-1])
+            state.stats.distinct_images = distinct_image_bytes(samples_images[-1])
             for output, _ in outputs:
                 output.hand_images(state.features)
         self.outputs.add_extra_fields(outputs, state)

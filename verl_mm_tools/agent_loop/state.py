@@ -71,10 +71,11 @@ RESUME_PREFILL_KEY = PREFIX + "resume_prefill_tokens"
 RESUME_IMAGES_KEY = PREFIX + "resume_images"
 PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor processed in the rollout
 # the bytes of image inputs a sample carries to the trainer (compact forms, or float pixel values for a family without
-# one), and on a trajectory's last sample the raw bytes of its distinct images (3 per pixel; 0 on its other samples)
+# one), and on a trajectory's last sample its distinct images by content digest, each with its raw bytes (3 per pixel;
+# empty on its other samples): the step metric counts an image shown by several trajectories once
 IMAGE_BYTES_KEY = PREFIX + "image_bytes"
 FLOAT_IMAGES_KEY = PREFIX + "float_images"  # images kept as float pixel values: their family has no compact form
-RAW_IMAGE_BYTES_KEY = PREFIX + "raw_image_bytes"
+DISTINCT_IMAGES_KEY = PREFIX + "distinct_images"
 # seconds a trajectory awaited the engine (verl's classic trainer logs the slowest as
 # timing_s/agent_loop/generate_sequences/max; its v1 trainer drops the loops' timers, so mm_tool carries it)
 GENERATE_S_KEY = PREFIX + "generate_s"
@@ -132,7 +133,7 @@ class TrajectoryStats:
     aborted_generations: int = 0  # replies the engine aborted and nothing resumed (partial_rollout off)
     processor_runs: int = 0  # images the HF image processor processed during the rollout (1 per image: each once)
     sample_image_bytes: list[int] = field(default_factory=list)  # each sample's image inputs to the trainer, bytes
-    raw_image_bytes: int = 0  # the trajectory's distinct images, 3 bytes per pixel
+    distinct_images: dict[str, int] = field(default_factory=dict)  # content digest -> raw bytes (3 per pixel)
     float_images: int = 0  # images kept as float pixel values (a family without a compact form)
     generate_s: float = 0.0  # seconds spent awaiting the engine's generations (verl's generate_sequences timer)
 
@@ -296,7 +297,7 @@ class TrajectoryState:
             TURN_SPANS_KEY: spans,
             SAMPLE_KEY: [sample, samples],
             IMAGE_BYTES_KEY: sum(self.stats.sample_image_bytes[sample : sample + 1]),  # 0 where no image was kept
-            RAW_IMAGE_BYTES_KEY: self.stats.raw_image_bytes if sample == samples - 1 else 0,
+            DISTINCT_IMAGES_KEY: dict(self.stats.distinct_images) if sample == samples - 1 else {},
             REQUEST_ID_KEY: self.request_id,
             **self._later_turn_cache(),
             **self._weight_versions(),

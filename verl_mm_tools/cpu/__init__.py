@@ -19,10 +19,12 @@ Everything is inert unless selected:
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 from verl_mm_tools.cpu.names import ROLLOUT_NAME
-from verl_mm_tools.verl_registry import register_unique
+from verl_mm_tools.verl_registry import register_unique, when_imported
 
 PLATFORM_ENV = "VERL_PLATFORM"
 
@@ -40,18 +42,28 @@ def _load_hf_replica():
 
 
 def register_cpu_backend() -> None:
-    """Register the CPU platform, the ``hf`` rollout and the ``cpu_object_store`` checkpoint engine with verl; patch
-    verl only when the CPU platform is selected."""
-    from verl.checkpoint_engine.base import CheckpointEngineRegistry
-    from verl.plugin.platform import PlatformRegistry
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    """Register the CPU platform, the ``hf`` rollout and the ``cpu_object_store`` checkpoint engine with verl, each
+    when verl imports its registry; patch verl (each patch when verl imports its target) only when the CPU platform
+    is selected."""
+    from verl.plugin.platform import PlatformRegistry  # imported by verl's plugin loader itself
 
-    from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME, CPUObjectStoreCheckpointEngine
     from verl_mm_tools.cpu.platform import PLATFORM_NAME, PlatformCPU
 
     register_unique(PlatformRegistry._platforms, PLATFORM_NAME, PlatformCPU, "platform")
-    register_unique(RolloutReplicaRegistry._registry, ROLLOUT_NAME, _load_hf_replica, "rollout replica")
+    when_imported("verl.workers.rollout.replica", _register_replica, "hf rollout")
+    when_imported("verl.workers.rollout.base", _register_rollout_adapter, "hf rollout adapter")
+    when_imported("verl.checkpoint_engine", _register_checkpoint_engine, "cpu_object_store checkpoint engine")
+    if cpu_platform_selected():
+        from verl_mm_tools.adaptations.cpu import apply_cpu_patches
+
+        apply_cpu_patches()
+
+
+def _register_replica(replica: ModuleType) -> None:
+    register_unique(replica.RolloutReplicaRegistry._registry, ROLLOUT_NAME, _load_hf_replica, "rollout replica")
+
+
+def _register_rollout_adapter(rollout_base: ModuleType) -> None:
     # verl has no public API for the worker-side rollout class: its registry maps (name, mode) to a class path.
     register_unique(
         rollout_base._ROLLOUT_REGISTRY,
@@ -59,11 +71,9 @@ def register_cpu_backend() -> None:
         "verl_mm_tools.cpu.replica.HFServerAdapter",
         "rollout adapter",
     )
-    # verl's registry takes classes (no lazy loaders); the module imports only what verl.checkpoint_engine does.
-    register_unique(
-        CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine, "checkpoint engine"
-    )
-    if cpu_platform_selected():
-        from verl_mm_tools.adaptations.cpu import apply_cpu_patches
 
-        apply_cpu_patches()
+
+def _register_checkpoint_engine(_package: ModuleType) -> None:
+    # the module registers its class once defined; it imports only what verl.checkpoint_engine does. Where it is being
+    # imported already (it imported verl's package), this returns it unfinished, and it registers itself at its end.
+    importlib.import_module("verl_mm_tools.cpu.checkpoint_engine")

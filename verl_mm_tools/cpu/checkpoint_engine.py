@@ -25,10 +25,11 @@ from typing import Any, cast
 
 import ray
 import torch
-from verl.checkpoint_engine.base import CheckpointEngine
+from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_mm_tools.cpu.weight_mailbox import WeightMailbox
+from verl_mm_tools.verl_registry import register_unique
 
 logger = logging.getLogger(__name__)
 # Like verl's own modules: Ray workers' root logger stays at WARNING, and one line per sync and worker shows in the
@@ -194,3 +195,8 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
             global_steps,
             time.perf_counter() - started,
         )
+
+
+# verl's registry takes classes (no lazy loaders): registered once defined (``verl_mm_tools.cpu`` imports this module
+# when verl imports its checkpoint engines)
+register_unique(CheckpointEngineRegistry._registry, BACKEND_NAME, CPUObjectStoreCheckpointEngine, "checkpoint engine")

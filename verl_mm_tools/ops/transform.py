@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 
@@ -33,6 +34,17 @@ ROTATE_RESAMPLING = {
 def as_rgb(image: Image.Image) -> Image.Image:
     """``image`` in RGB mode (itself when it already is)."""
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def distinct_image_bytes(images: Sequence[Image.Image]) -> dict[str, int]:
+    """The distinct images among ``images`` by content (a digest of mode, size and pixels), each with its raw bytes
+    (3 per pixel, as RGB): what a batch's images weigh once each, however many samples show them."""
+    distinct = {}
+    for image in images:
+        digest = hashlib.blake2b(f"{image.mode} {image.size}".encode(), digest_size=12)
+        digest.update(image.tobytes())
+        distinct[digest.hexdigest()] = image.width * image.height * 3
+    return distinct
 
 
 def rotate(

@@ -4,7 +4,7 @@ Functions, by name in :data:`REWARD_FUNCTIONS`; use one as verl's custom reward 
 ``reward.custom_reward_function.path=pkg://verl_mm_tools.rewards`` and ``reward.custom_reward_function.name=<name>``
 (tunables via ``reward.custom_reward_function.reward_kwargs``), or name it from the ``mm_turn_discount`` manager.
 
-Managers, by name in :data:`REWARD_MANAGERS`; ``verl_mm_tools.plugin`` registers them in verl's reward-loop registry.
+Managers, by name in :data:`REWARD_MANAGERS`, registered in verl's reward-loop registry as their module is imported.
 """
 
 from verl_mm_tools.rewards.answer_format import check_answer_format, format_reward

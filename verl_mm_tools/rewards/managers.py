@@ -6,7 +6,7 @@
 
 so a right answer on the first attempt keeps its full reward and each retry after feedback costs a factor gamma.
 
-Selecting it (the classes are registered by ``verl_mm_tools.plugin`` from :data:`REWARD_MANAGERS`)::
+Selecting it (the classes in :data:`REWARD_MANAGERS` are registered into verl's registry as this module is imported)::
 
     reward.reward_manager.name=mm_turn_discount
     +reward.reward_kwargs.gamma=0.9                      # in (0, 1]; default 0.9
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import DictConfig, OmegaConf
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RawRewardFn, RewardManagerBase
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 
 from verl_mm_tools.errors import ConfigError, TrajectoryValidationError, did_you_mean
 from verl_mm_tools.rewards.common import (
@@ -53,6 +54,7 @@ from verl_mm_tools.rewards.common import (
 )
 from verl_mm_tools.rewards.registry import RewardFunction, get_reward_function
 from verl_mm_tools.rewards.shaping import ToolShaping
+from verl_mm_tools.verl_registry import register_unique
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -288,5 +290,8 @@ def _read_attempts(extra_info: Mapping[str, Any]) -> int:
 
 
 REWARD_MANAGERS: dict[str, type[RewardManagerBase]] = {"mm_turn_discount": MMTurnDiscountRewardManager}
-"""Reward managers by the name ``reward.reward_manager.name`` selects; registered into verl's reward-loop
-registry by ``verl_mm_tools.plugin``."""
+"""Reward managers by the name ``reward.reward_manager.name`` selects: registered into verl's reward-loop registry
+here, once defined (``verl_mm_tools.plugin`` imports this module when verl imports that registry)."""
+
+for _name, _manager in REWARD_MANAGERS.items():
+    register_unique(REWARD_MANAGER, _name, _manager, "reward manager")

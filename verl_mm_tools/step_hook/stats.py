@@ -10,6 +10,7 @@ import numpy as np
 
 from verl_mm_tools.agent_loop.state import (
     ABORTED_KEY,
+    DISTINCT_IMAGES_KEY,
     FLOAT_IMAGES_KEY,
     GENERATE_S_KEY,
     IMAGE_BYTES_KEY,
@@ -19,7 +20,6 @@ from verl_mm_tools.agent_loop.state import (
     PER_TOOL_KEY,
     PREFIX,
     PROCESSOR_RUNS_KEY,
-    RAW_IMAGE_BYTES_KEY,
     RESUME_IMAGES_KEY,
     RESUME_PREFILL_KEY,
     RESUMED_KEY,
@@ -53,8 +53,10 @@ RESUME_IMAGES_SUM = RESUME_IMAGES_KEY + "/sum"
 # images the HF image processor processed in the rollout, per image of the step's trajectories: 1 when each image was
 # processed once (``agent_loop/image_features.py``)
 PROCESSOR_RUNS_PER_IMAGE = PREFIX + "processor_runs_per_image"
-# the bytes of image inputs the step's samples carry to the trainer over their trajectories' distinct raw image bytes:
-# ~1 with compact images (the resized pixels), 8 with Qwen-VL's float pixel values (issue #59)
+# the bytes of image inputs the step's samples carry to the trainer over the raw bytes of the step's distinct images (by
+# content: an image that several samples or trajectories show counts once below the line, and once per sample above
+# it, as verl sends each sample whole): ~1 with compact images, each shown once; 8 with Qwen-VL's float pixel values
+# (issue #59)
 IMAGE_BYTES_OVER_RAW = PREFIX + "image_bytes_over_raw"
 # the share of the step's images sent as float pixel values, their family having no compact form (0 on every family
 # docs/model_families.md lists)
@@ -123,10 +125,13 @@ def _processor_metrics(non_tensor_batch: Mapping[str, Any], rows: list[int]) -> 
     metrics = {
         PROCESSOR_RUNS_PER_IMAGE: float(sum(non_tensor_batch[PROCESSOR_RUNS_KEY][index] for index in rows) / images)
     }
-    if RAW_IMAGE_BYTES_KEY not in non_tensor_batch:  # batches of loops older than the keys
+    if DISTINCT_IMAGES_KEY not in non_tensor_batch:  # batches of loops older than the keys
         return metrics
     metrics[FLOAT_IMAGE_SHARE] = float(sum(non_tensor_batch[FLOAT_IMAGES_KEY][index] for index in rows) / images)
-    raw = sum(non_tensor_batch[RAW_IMAGE_BYTES_KEY][index] for index in rows)
+    distinct: dict[str, int] = {}
+    for index in rows:  # an image several trajectories show (a GRPO group's prompt image) counts once
+        distinct.update(non_tensor_batch[DISTINCT_IMAGES_KEY][index])
+    raw = sum(distinct.values())
     if raw:
         metrics[IMAGE_BYTES_OVER_RAW] = float(sum(non_tensor_batch[IMAGE_BYTES_KEY][index] for index in rows) / raw)
     return metrics

@@ -3,8 +3,9 @@
 before changing anything.
 
 verl's modules bind these functions by name at import (``from verl.utils.distributed import ...``), so a patch replaces
-the function in its home module and in every already-imported verl module that bound it. Plugins load inside
-``import verl``, before the trainer and worker modules are imported.
+the function in its home module and in every already-imported verl module that bound it. Each is applied right after
+verl imports its target's module (``import_order.call_after_import``), before any other module can bind the name, and
+a process that never imports it pays nothing for it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from verl_mm_tools.adaptations.cpu import (
     unpinned_offload,
     v1_position_ids,
 )
+from verl_mm_tools.adaptations.import_order import call_after_import
 
 CPU_PATCHES = (
     gloo_backend,
@@ -31,5 +33,6 @@ CPU_PATCHES = (
 
 
 def apply_cpu_patches() -> None:
+    """Each patch right after verl imports the module of its target: at once where verl imported it already."""
     for patch in CPU_PATCHES:
-        patch.apply()
+        call_after_import(patch.ADAPTATION.targets[0].module, lambda _module, patch=patch: patch.apply())

@@ -17,7 +17,6 @@ import functools
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.compact_image import PIXEL_PREFIX
 
 TARGET = Target(
@@ -47,6 +46,8 @@ def apply(_module=None) -> None:
     if found is None:
         return
     (original,) = found
+    # imported here, once verl's agent-loop module (which it extends) is: not at plugin load (~2 s of every import verl)
+    from verl_mm_tools.agent_loop.loop_output import image_store
 
     @functools.wraps(original)
     def _compute_multi_modal_inputs(self, output, input_ids):
