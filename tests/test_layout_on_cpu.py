@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
         "check_report",
         "cli_types",
         "verl_registry",
+        "adaptations.import_order",  # the import hooks: the package's __init__ and verl_registry's lazy registrations
     },
     {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
     {"families", "supervise", "cpu.vllm_cpu", "adaptations.record", "adaptations.guard", "adaptations.touchpoints"},

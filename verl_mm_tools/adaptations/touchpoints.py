@@ -31,15 +31,22 @@ TOUCHPOINTS: tuple[Adaptation, ...] = (
     Adaptation(
         row=13,
         section=Section.IMPORT_ORDER,
-        where="`adaptations/import_order.py`: `call_after_import` (used by `plugin.py` and "
-        "`adaptations/fixes/__init__.py`)",
+        where="`adaptations/import_order.py`: `call_after_import` (used by `verl_registry.when_imported`, "
+        "`adaptations/fixes/__init__.py` and `adaptations/cpu/__init__.py`)",
         what=(
-            "runs a function right after a verl module's code ran: fills verl's agent-loop registry and "
-            "applies the verl fixes (rows 2-3, 9, 24-27, 29-31, 34 and 38) only when verl imports those modules"
+            "runs a function right after a verl module's code ran: fills each of verl's registries (agent loops, "
+            "reward managers, advantage estimators, checkpoint engines, rollouts) and applies the verl fixes (rows "
+            "2-3, 9, 24-27, 29-31, 34, 38, 40 and 42) and the CPU patches (rows 4-8, 32, 33) only when verl "
+            "imports that module"
         ),
-        why=("importing them at plugin load would make every `import verl` pay for fastapi, datasets, vLLM glue"),
+        why=(
+            "every process that imports verl loads the plugin; importing those modules at its load made every "
+            "`import verl` load 1,323 more modules (vLLM and torch's inductor through verl's checkpoint engines, "
+            "verl's reward loop and worker configs): ~2.5 s and ~100 MiB per process"
+        ),
         applies_to="any",
-        proof="none (a start-up cost, not a bug)",
+        proof="none (a start-up cost, not a bug); that `import verl` loads none of verl's modules more: "
+        "`tests/test_plugin_on_cpu.py::test_the_plugin_adds_only_its_own_modules_to_import_verl`",
     ),
     Adaptation(
         row=14,
