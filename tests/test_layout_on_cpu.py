@@ -54,7 +54,8 @@ LAYERS: list[set[str]] = [
     {"testkit"},
     {"evaluate", "trajectories", "viewer"},
     {"demo", "bench"},
-    {"cli"},
+    # every row, collected from where each is declared, and its rendering
+    {"cli", "adaptations.registry", "adaptations.inventory"},
     {""},  # the package's own __init__ (it only sets up the import order)
 ]
 

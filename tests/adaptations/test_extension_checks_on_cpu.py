@@ -11,9 +11,21 @@ import pytest
 
 from verl_mm_tools.adaptations import guard
 from verl_mm_tools.adaptations.record import Target
-from verl_mm_tools.adaptations.touchpoints import CLASSIC_MANAGER, LOOP_COPIES, PER_SAMPLE_WORKER, V1_REPLAY_BUFFER
+from verl_mm_tools.agent_loop import loop_output, mm_tool_loop, resumes
+from verl_mm_tools.runtime import workers
+from verl_mm_tools.step_hook import manager, replay_buffer
 
-EXTENSION_ROWS = (LOOP_COPIES, CLASSIC_MANAGER, V1_REPLAY_BUFFER, PER_SAMPLE_WORKER)
+# each row declared where its code is
+LOOP_COPIES, CLASSIC_MANAGER, V1_REPLAY_BUFFER = mm_tool_loop.ADAPTATION, manager.ADAPTATION, replay_buffer.ADAPTATION
+PER_SAMPLE_WORKER = workers.ADAPTATION
+EXTENSION_ROWS = (
+    LOOP_COPIES,
+    CLASSIC_MANAGER,
+    V1_REPLAY_BUFFER,
+    PER_SAMPLE_WORKER,
+    loop_output.ADAPTATION,
+    resumes.ADAPTATION,
+)
 
 
 def build_loop() -> None:

@@ -41,9 +41,10 @@ row, run its proof test on the new verl; where verl fixed the problem the test f
 
 Code: one module per adaptation, each declaring its record (`adaptations/record.py`: `Adaptation`): the verl fixes
 every run gets in `verl_mm_tools/adaptations/fixes/`, the CPU run's patches in `adaptations/cpu/`, the vLLM plugin's
-in `adaptations/vllm_plugin/`; the rows that replace no code in `adaptations/touchpoints.py`. Subclasses that are
-extension points (a class verl is configured to load) stay with the feature they serve; their rows give their
-location.
+in `adaptations/vllm_plugin/`. Subclasses and copies of verl's code (the loop, its output, the step hooks, the
+resume recording, the test harness's worker) stay with the feature they serve and declare their rows there (the
+module's `ADAPTATION`); the rows that have no one module (the plugin's loading, configuration and packaging
+workarounds) are in `adaptations/touchpoints.py`.
 
 ## One guard, one failure policy
 

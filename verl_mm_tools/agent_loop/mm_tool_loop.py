@@ -22,7 +22,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLo
 from verl.utils.profiler import simple_timer
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import LOOP_COPIES
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.agent_loop import startup
 from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 from verl_mm_tools.agent_loop.budget import check_pixel_bounds
@@ -67,6 +67,54 @@ VERL_LOOP_KWARGS = frozenset(
 )
 
 
+ADAPTATION = Adaptation(
+    row=17,
+    section=Section.EXTENSIONS,
+    where=(
+        "`agent_loop/`: `MMToolAgentLoop(ToolAgentLoop)` — **the parts of verl's `ToolAgentLoop` it re-implements**"
+        "; its targets checked when a loop is built (`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.experimental.agent_loop.tool_agent_loop",
+            "ToolAgentLoop.run",
+            "4d3b05be93f3261c1f4d0d4d9b3283e88d5b5de57515d585c32a6ff698b1ad0f",
+        ),
+        Target(
+            "verl.experimental.agent_loop.tool_agent_loop",
+            "ToolAgentLoop._handle_pending_state",
+            "87d7a6091d94434296d155cc92860415c344da31804a9220a9ed69f01641b82c",
+        ),
+        Target(
+            "verl.experimental.agent_loop.tool_agent_loop",
+            "ToolAgentLoop._handle_processing_tools_state",
+            "6fb81493273afe9bce07bd497cb77e8d4a29fa62321eb70480fc0561ea12c765",
+        ),
+    ),
+    what=(
+        "calls verl's `_handle_generating_state` (generation, Continuous-Token merge, tool parsing), "
+        "`ct_build_initial_tokens`, `ct_merge_context_msg` and its helpers as they are; re-implements "
+        "`run()` (AgentData and per-sample tool selection in `agent_loop/prompt.py`, the output's fields"
+        " in `agent_loop/output.py`), `_handle_pending_state` (renders the resolved tool format) and "
+        "`_handle_processing_tools_state` (`agent_loop/tool_runner.py` and `_merge_context_turn`: "
+        "sessions, timeouts, image budget, rollback)"
+    ),
+    why=(
+        "verl's `run()` has no hook for the trajectory's state, environments, failure isolation or "
+        "several samples, and its tool state creates a tool per call, gathers calls in parallel and "
+        "admits every image"
+    ),
+    applies_to="verl 0.9.1",
+    proof=(
+        "the targets' sha256, checked by "
+        "`tests/adaptations/test_records_on_cpu.py::"
+        "test_every_target_is_the_code_its_record_was_written_against`; "
+        "`tests/agent_loop/test_parity_on_cpu.py` checks every output field `tool_agent` sets, "
+        "`routed_experts` included, equals mm_tool's"
+    ),
+)
+
+
 class TextDecoder(Protocol):
     """The loop's use of its tokenizer: one sequence of ids decodes to its text."""
 
@@ -77,7 +125,7 @@ class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 
     def __init__(self, *args, **kwargs):
-        confirm(LOOP_COPIES)  # the verl code this loop copies changed: refuses to start (checked once per process)
+        confirm(ADAPTATION)  # the verl code this loop copies changed: refuses to start (checked once per process)
         confirm(OUTPUT_MODEL)  # likewise verl's output model, which the loop's outputs extend
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
         super().__init__(*args, **kwargs)

@@ -26,9 +26,43 @@ from typing import Any
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import RESUME_RECORDING
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 
 _ATTEMPTS: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar("mm_tool_attempts", default=None)
+
+
+ADAPTATION = Adaptation(
+    row=41,
+    section=Section.EXTENSIONS,
+    where=(
+        "`agent_loop/resumes.py`: `ResumeRecordingClient(FullyAsyncLLMServerClient, _AttemptLog)` and "
+        "`recording_view`, used by the mm_tool loop's engine (`agent_loop/engine.py`) when verl hands it the "
+        "resuming client; its target checked there (`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.workers.rollout.llm_server",
+            "FullyAsyncLLMServerClient.generate",
+            "3d6399350ff024fd974ac921bc42f8a061ad81adaca593db1de2265cba43f6b0",
+        ),
+    ),
+    what=(
+        "puts a class between verl's resuming client and its base, so each attempt of the resume loop (one "
+        "`super().generate` per abort) is recorded: the prompt tokens sent, vLLM's prefix-cache hits for it, the "
+        "images sent; a view sharing the client's `__dict__`, verl's object untouched"
+    ),
+    why=(
+        "verl's client returns one reply for all of a generation's attempts and keeps only the first attempt's "
+        "`num_cached_tokens`: what a resume costs the engine (a whole prefill and every image's encoding "
+        "again, since the sync reset vLLM's caches) is not visible otherwise"
+    ),
+    applies_to="verl 0.9.1 (`verl.workers.rollout.llm_server`)",
+    proof=(
+        "none (an observation); exact against a scripted server: "
+        "`tests/agent_loop/test_partial_rollout_on_cpu.py::"
+        "test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_versions`"
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +125,7 @@ def recording_view(client: Any) -> Any:
     as a ``ResumeRecordingClient`` sharing its state; any other client as it is (it makes one attempt)."""
     if type(client) is not FullyAsyncLLMServerClient:
         return client
-    confirm(RESUME_RECORDING)  # verl's resume loop changed: refuses to start
+    confirm(ADAPTATION)  # verl's resume loop changed: refuses to start
     view = ResumeRecordingClient.__new__(ResumeRecordingClient)
     view.__dict__ = client.__dict__  # the same load balancer, config and cached fields
     return view

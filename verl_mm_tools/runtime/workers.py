@@ -11,7 +11,32 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import PER_SAMPLE_WORKER
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+
+ADAPTATION = Adaptation(
+    row=21,
+    section=Section.EXTENSIONS,
+    where=(
+        "`runtime/workers.py`: `per_sample_worker_class()` (a subclass of verl's classic `AgentLoopWorker`); its "
+        "targets checked when it builds the class (`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "AgentLoopWorker._agent_loop_postprocess",
+            "0673c29ea3dbbbecc8b42274244afb73f7befd9d6d605654eaf4c149b4259bf6",
+        ),
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "AgentLoopWorker._postprocess",
+            "d55eabeea2dc52a69666bfccaeee1c2c381d732ee8cd183e57cd6744733f12bf",
+        ),
+    ),
+    what="postprocesses each of a loop's several samples into its own row, as the v1 worker does",
+    why=("the in-process test and bench harness runs the classic worker, which takes one output per trajectory"),
+    applies_to="verl 0.9.1",
+    proof="none (test harness)",
+)
 
 
 @contextlib.contextmanager
@@ -43,7 +68,7 @@ def per_sample_worker_class() -> type:
     are not copied between samples here (the v1 worker does that)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    confirm(PER_SAMPLE_WORKER)  # the verl methods it overrides changed: refuses to start
+    confirm(ADAPTATION)  # the verl methods it overrides changed: refuses to start
 
     class PerSampleAgentLoopWorker(AgentLoopWorker):
         async def _agent_loop_postprocess(self, output, validate, **kwargs):

@@ -26,7 +26,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 from verl.trainer.ppo.utils import Role
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import FULLY_ASYNC_TRAINER
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.step_hook.manager import step_batch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
@@ -40,12 +40,48 @@ TRAINER_CPUS = 10  # verl's @ray.remote(num_cpus=10) on FullyAsyncTrainer
 CONFIG_DIR = os.path.join(os.path.dirname(verl_main.__file__), "config")
 
 
+FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
+ADAPTATION = Adaptation(
+    row=37,
+    section=Section.EXTENSIONS,
+    where=(
+        "`step_hook/fully_async.py`: `MMToolFullyAsyncTrainer(FullyAsyncTrainer)`, "
+        "`MMToolFullyAsyncTaskRunner(FullyAsyncTaskRunner)` and `main`, the fully async trainer's step hook "
+        "(`python -m verl_mm_tools.step_hook.fully_async`); its targets checked when it starts (`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.experimental.fully_async_policy.fully_async_trainer",
+            "FullyAsyncTrainer.__ray_actor_class__._fit_generate",
+            "d118db6cb8d5af80c4350c80cb4c3487d80a3e02d596f5254808167d43f04653",
+        ),
+        Target(
+            FULLY_ASYNC_MODULE,
+            "FullyAsyncTaskRunner.__ray_actor_class__._create_trainer",
+            "5068b54486dfcbaaf26a7c6713c0d01059b3c7b23e283464d430ec82bc9ea765",
+        ),
+        Target(FULLY_ASYNC_MODULE, "main", "484e81c5352d0dfdeed8d54d53308d4a38f242effd037e1608ebf0f9893675f0"),
+    ),
+    what=(
+        "runs `step.process_step` on each batch the trainer takes from the rollouter's queue (after verl's "
+        "`_fit_generate`; metrics into the step's `self.metrics`); copies the task runner's `_create_trainer` "
+        "and verl's `main` to create that trainer and mark the config (`async_training.step_hook`)"
+    ),
+    why=(
+        "verl's fully async rollouter builds verl's agent-loop manager whatever the config names and its "
+        "trainer takes no custom sampler: no hook point is configurable"
+    ),
+    applies_to="verl 0.9.1 fully async trainer (`verl.experimental.fully_async_policy`)",
+    proof="none (an extension); it runs in `tests/demo/test_fully_async_on_cpu.py`",
+)
+
+
 class MMToolFullyAsyncTrainer(_VerlTrainer):
     """verl's ``FullyAsyncTrainer``, running ``process_step`` on each step's batch: its metrics join the step's
     (``self.metrics``, which verl logs), per-turn rewards land in the batch's ``rm_scores`` before the advantage."""
 
     def __init__(self, *args, **kwargs):
-        confirm(FULLY_ASYNC_TRAINER)  # the verl methods it overrides or copies changed: refuses to start
+        confirm(ADAPTATION)  # the verl methods it overrides or copies changed: refuses to start
         super().__init__(*args, **kwargs)
 
     @functools.cached_property
@@ -88,7 +124,7 @@ def main(config) -> None:
     """verl's ``fully_async_main.main`` with the task runner above, the config marked as hooked."""
     from verl.trainer.main_ppo import run_ppo
 
-    confirm(FULLY_ASYNC_TRAINER)
+    confirm(ADAPTATION)
     verl_main.auto_set_device(config)
     config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
     config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node

@@ -18,15 +18,40 @@ from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import CLASSIC_MANAGER
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.record import DUMP_KEY
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
+ADAPTATION = Adaptation(
+    row=18,
+    section=Section.EXTENSIONS,
+    where=(
+        "`step_hook/manager.py`: `MMToolAgentLoopManager(AgentLoopManager)`, the classic trainer's step"
+        " hook "
+        "(`+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.step_hook.manager.MMToolAgentLoopManager`)"
+        "; its target checked when it is built (`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "AgentLoopManager.generate_sequences",
+            "cbbd9a639567f4636fd4d9a04cd8e13f629206f9615aed90b5bab5f4aa50ef31",
+        ),
+    ),
+    what=(
+        "runs `step.process_step` on every generated batch; calls verl's "
+        "`generate_sequences.__wrapped__` (under verl's `auto_await`)"
+    ),
+    why=("the classic trainer's only channel from rollout to the logger is the manager's `meta_info[\"timing\"]`"),
+    applies_to="verl 0.9.1 classic trainer (`trainer.use_v1=false`, deprecated by verl)",
+    proof="none (an extension, not a fix)",
+)
+
 
 class MMToolAgentLoopManager(AgentLoopManager):
     def __init__(self, *args, **kwargs):
-        confirm(CLASSIC_MANAGER)  # the verl method it calls into changed: refuses to start
+        confirm(ADAPTATION)  # the verl method it calls into changed: refuses to start
         super().__init__(*args, **kwargs)
 
     @functools.cached_property

@@ -34,7 +34,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from verl_mm_tools.adaptations.guard import confirm
-from verl_mm_tools.adaptations.touchpoints import V1_REPLAY_BUFFER
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
@@ -47,6 +47,31 @@ DEFAULT_POLL_INTERVAL_S = 0.05
 SAMPLER_OPTIONS = ("poll_interval_s",)
 
 
+ADAPTATION = Adaptation(
+    row=19,
+    section=Section.EXTENSIONS,
+    where=(
+        "`step_hook/replay_buffer.py`: `MMToolReplayBuffer(ReplayBuffer)` / `MMToolReplayBufferAsync`, "
+        "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`); its target checked when it is built "
+        "(`guard.confirm`)"
+    ),
+    targets=(
+        Target(
+            "verl.trainer.ppo.v1.replay_buffer",
+            "ReplayBuffer.sample",
+            "cdcecebeb7f0b44e9726b62e208fb6821023591d8b91b0a9ad56750a96363e43",
+        ),
+    ),
+    what=(
+        "samples as verl's buffer does, then returns the step metrics and writes per-turn rewards to "
+        "`rm_scores`; polls every 0.1 s"
+    ),
+    why=("the returned metrics dict is the v1 trainer's only channel to the logger; verl's buffer polls every 2 s"),
+    applies_to="verl 0.9.1 v1 trainer",
+    proof="none (an extension)",
+)
+
+
 class MMToolReplayBuffer(ReplayBuffer):
     """verl's replay buffer plus the mm_tool step hook (see module). ``trainer_mode`` other than ``sync`` builds a
     ``MMToolReplayBufferAsync``, as verl builds ``ReplayBufferAsync``."""
@@ -57,7 +82,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         return super().__new__(cls)
 
     def __init__(self, *args, sampler_kwargs: Mapping | None = None, **kwargs):
-        confirm(V1_REPLAY_BUFFER)  # the verl method it samples as changed: refuses to start
+        confirm(ADAPTATION)  # the verl method it samples as changed: refuses to start
         # verl's trainer passes sampler_kwargs by keyword (its config node, None when unset); it goes on unchanged
         kwargs["sampler_kwargs"] = sampler_kwargs
         super().__init__(*args, **kwargs)

@@ -46,12 +46,13 @@ def apply(_module=None) -> None:
     if found is None:
         return
     (original,) = found
-    # imported here, once verl's agent-loop module (which it extends) is: not at plugin load (~2 s of every import verl)
-    from verl_mm_tools.agent_loop.loop_output import image_store
+    # imported here, once verl's agent-loop module (which it extends) is: not at plugin load (~2 s of every import
+    # verl). Read at each call: when loop_output's own import of verl's module runs this, it is not finished yet.
+    from verl_mm_tools.agent_loop import loop_output
 
     @functools.wraps(original)
     def _compute_multi_modal_inputs(self, output, input_ids):
-        store = image_store(output)
+        store = loop_output.image_store(output)
         if store is None or store.source is not self.processor:
             return original(self, output, input_ids)
         images = (output.multi_modal_data or {}).get("images") or []
