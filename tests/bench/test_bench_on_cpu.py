@@ -49,6 +49,8 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
         "python/448px/warm_call_ms",
         "python/448px/in_process_ms",
         "python/448px/warm_over_in_process_ms",
+        "import/verl/with_over_without_plugins_cpu",
+        "import/verl/plugin_modules_outside_the_package",
     ):
         assert expected in names
     for match in matches:  # a spread is min <= median <= max
@@ -57,6 +59,8 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
     checks = [match for match in matches if match.group(7)]
     met, missed = (int(number) for number in SUMMARY.match(summary).groups()[:2])
     assert (met, missed) == (sum(m.group(8) == "met" for m in checks), sum(m.group(8) == "MISSED" for m in checks))
+    foreign = next(match for match in matches if match.group(1) == "import/verl/plugin_modules_outside_the_package")
+    assert float(foreign.group(6)) == 0, foreign.group(0)  # counted: none
     memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
     # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
     assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5

@@ -52,10 +52,13 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
 9. The sandboxed ``python`` tool: a sandbox's start, and a warm call exchanging a 448 px image (sent in, its flipped
    copy saved and returned) against the same code in this process, wall time in interleaved pairs; the difference's
    target: <= 50 ms (``bench.python_tool``; skipped, with a line on stderr, where bubblewrap cannot run).
+10. What the plugin costs each process that imports verl: ``import verl`` in fresh interpreters with the plugin and
+    without, interleaved pairs, the CPU platform selected: CPU seconds and their ratio (target <= 1.05), the peak RSS
+    the plugin adds (target <= 10 MB) and the modules it adds outside the package (target 0; ``bench.plugin_import``).
 
 The package: ``figures`` (a figure, its line, the summary), ``loop`` (figures 1, 2 and 6), ``memory`` (figure 4),
-``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``run`` (figure 3 and the whole run), and the fresh
-processes ``ops`` and ``opencv_ops`` (figure 3), ``worker_memory`` (figure 4) and ``engine`` (figure 8), and
-``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow, ``opencv_ops`` Pillow,
+``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``run`` (figure 3 and the whole run), and the fresh processes
+``ops`` and ``opencv_ops`` (figure 3), ``worker_memory`` (figure 4), ``engine`` (figure 8) and ``plugin_import`` (figure
+10), and ``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow, ``opencv_ops`` Pillow,
 numpy and OpenCV.
 """
