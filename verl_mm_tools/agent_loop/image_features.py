@@ -40,6 +40,7 @@ from typing import Any
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.heap import TRIMMER
 from verl_mm_tools.compact_image import (
     PIXEL_PREFIX,
     CompactHeader,
@@ -114,7 +115,10 @@ class ImageFeatureStore:
             output = run(images=[image], **arguments)
             self.floats += 1
             return ImageFeatures(_without_pixels(output), pixels=_pixels(output))
-        return ImageFeatures(_without_pixels(output), compact=compact)
+        features = ImageFeatures(_without_pixels(output), compact=compact)
+        del output  # the float pixel values: their pages go back to the kernel (heap.py)
+        TRIMMER.image_processed()
+        return features
 
     @property
     def arguments(self) -> dict[str, Any]:

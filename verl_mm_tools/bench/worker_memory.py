@@ -144,7 +144,7 @@ def sweep_figures(runs: dict[int, dict], fewer_turns: dict, fixed: dict) -> list
     ]
     return figures + [
         figure(f"{name}/peak_per_trajectory_MB", [slope / 2**20]),
-        figure(f"{name}/peak_per_image_over_raw", [slope / TURNS / raw_per_image]),
+        figure(f"{name}/peak_per_image_over_raw", [slope / TURNS / raw_per_image], "<= 3"),
         figure(
             f"{name}/counted_per_image_over_raw", [runs[most]["counted_bytes"] / runs[most]["images"] / raw_per_image]
         ),
