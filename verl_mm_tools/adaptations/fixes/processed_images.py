@@ -1,14 +1,13 @@
-"""Every run with images: verl's agent-loop worker computes each training sample's ``multi_modal_inputs`` (and from
-them its position ids) by running the HF processor over the sample's text and every one of its images
+"""Every run with images: verl's agent-loop worker computes each training sample's ``multi_modal_inputs`` (and from them
+its position ids) by running the HF processor over the sample's text and every one of its images
 (``AgentLoopWorker._compute_multi_modal_inputs``, on both trainers, and again in ``_compute_score`` for a streamed
 reward). The mm_tool loop has processed each image already, once, in the render that admitted it
 (``agent_loop/image_features.py``). Fixed: for an output that hands it its trajectory's ``ImageFeatureStore``
-(``agent_loop/loop_output.py``, adaptation 43), verl's method runs as it is on the store's copy of the same processor,
-whose image processor returns the kept outputs (bit for bit the real one's) without pixel values, and the sample
-carries its images' compact forms instead (``compact_image.CompactImages.inputs``; the trainer expands them:
-adaptation 42). A family without a compact form gets
-the kept float pixel values. Any other output (another loop's, an image the store has not seen) takes verl's path
-unchanged."""
+(``agent_loop/loop_output.py``, adaptation 43), verl's method runs as it is on the store's copy of the same
+processor, whose image processor returns the kept outputs (bit for bit the real one's) without pixel values, and the
+sample carries its images' compact forms instead (``compact_image.CompactImages.inputs``; the trainer expands them:
+adaptation 42). A family without a compact form gets the kept float pixel values. Any other output (another loop's,
+an image the store has not seen) takes verl's path unchanged."""
 
 from __future__ import annotations
 
