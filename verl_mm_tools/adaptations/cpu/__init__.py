@@ -10,9 +10,6 @@ a process that never imports it pays nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import ModuleType
-
 from verl_mm_tools.adaptations.cpu import (
     equal_length_position_ids,
     gloo_backend,
@@ -38,11 +35,4 @@ CPU_PATCHES = (
 def apply_cpu_patches() -> None:
     """Each patch right after verl imports the module of its target: at once where verl imported it already."""
     for patch in CPU_PATCHES:
-        call_after_import(patch.ADAPTATION.targets[0].module, _applier(patch))
-
-
-def _applier(patch: ModuleType) -> Callable[[ModuleType], None]:
-    def apply(_module: ModuleType) -> None:
-        patch.apply()
-
-    return apply
+        call_after_import(patch.ADAPTATION.targets[0].module, patch.apply)

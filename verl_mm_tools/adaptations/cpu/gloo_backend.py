@@ -26,7 +26,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
+def apply(_module=None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return

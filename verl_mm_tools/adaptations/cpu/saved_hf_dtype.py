@@ -37,7 +37,7 @@ HF_MODEL_DIR = "huggingface"  # verl's folder for the Hugging Face model, under 
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
-def apply() -> None:
+def apply(_module=None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return

@@ -30,7 +30,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
+def apply(_module=None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return

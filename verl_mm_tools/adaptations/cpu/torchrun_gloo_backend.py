@@ -31,7 +31,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
+def apply(_module=None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return

@@ -30,7 +30,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
+def apply(_module=None) -> None:
     module: Any = importlib.import_module(OFFLOAD_MODULE)  # patched below
     original = module.CPUOffloadPolicy
     if getattr(original, PATCHED_MARK, False) or checked(ADAPTATION) is None:
