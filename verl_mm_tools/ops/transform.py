@@ -40,10 +40,10 @@ def distinct_image_bytes(images: Sequence[Image.Image]) -> dict[str, int]:
     """The distinct images among ``images`` by content (a digest of mode, size and pixels), each with its raw bytes
     (3 per pixel, as RGB): what a batch's images weigh once each, however many samples show them."""
     distinct = {}
-    for image in images:
-        digest = hashlib.blake2b(f"{image.mode} {image.size}".encode(), digest_size=12)
+    for image in images:  # sha256: 2.4 ms a 1024 px image on CPUs with SHA extensions (x86 since ~2017), blake2b 4.7
+        digest = hashlib.sha256(f"{image.mode} {image.size}".encode())
         digest.update(image.tobytes())
-        distinct[digest.hexdigest()] = image.width * image.height * 3
+        distinct[digest.hexdigest()[:24]] = image.width * image.height * 3
     return distinct
 
 
