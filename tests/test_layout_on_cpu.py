@@ -16,16 +16,18 @@ MAX_LINES = 500
 # Lowest first: a module may import from its own layer and the ones before it. A module belongs to the longest
 # prefix listed (``verl_mm_tools.cpu.vllm_cpu`` is in ``cpu``'s layer unless it has its own entry).
 LAYERS: list[set[str]] = [
-    # the light base: errors, file access, the record, token ids, the compact image form, the pure image ops, the
-    # model families' records, the subprocess supervisor, the vLLM settings (``cpu.vllm_cpu``: the vLLM plugin reads
-    # them in every engine process, so they sit far below the rest of the CPU backend), and the adaptations' records
-    # and their guard (no verl import: the loop, the step hooks and the runtime check the verl code they subclass or
-    # copy through them)
+    # the light base: errors, file access, the record, the loop's hand-off and the step metrics, token ids, the
+    # compact image form, the pure image ops, the model families' records, the subprocess supervisor, the vLLM
+    # settings (``cpu.vllm_cpu``: the vLLM plugin reads them in every engine process, so they sit far below the rest
+    # of the CPU backend), and the adaptations' records and their guard (no verl import: the loop, the step hooks and
+    # the runtime check the verl code they subclass or copy through them)
     {
         "errors",
         "files",
         "workspace",
         "record",
+        "handoff",  # what the loop hands the trainer, typed
+        "step_metrics",  # the step metrics the step hook and eval's report compute from it
         "tokens",
         "compact_image",
         "ops",

@@ -44,6 +44,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.families.towers",
         "verl_mm_tools.families.vocabularies",
         "verl_mm_tools.files",
+        "verl_mm_tools.handoff",  # what the loop hands the trainer (the record reads its keys)
         "verl_mm_tools.ops",
         "verl_mm_tools.ops.argument_checks",
         "verl_mm_tools.ops.draw",
@@ -58,6 +59,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.sandbox.kernel",
         "verl_mm_tools.sandbox.limits",
         "verl_mm_tools.sandbox.session",
+        "verl_mm_tools.step_metrics",  # the step metrics (pure: they read the hand-off)
         "verl_mm_tools.tiny",
         "verl_mm_tools.tiny.builder",
         "verl_mm_tools.tiny.corpus",

@@ -60,6 +60,7 @@ import numpy as np
 from PIL import Image
 
 from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.handoff import PREFIX, SampleFields
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,6 @@ FULL_MARKER = "_FULL"
 STEP_SUMMARY = "_step.json"
 STEP_COUNTS = ("written", "per_step_cap", "disk_cap", "error", "not_found")  # the keys of step_*/_step.json
 STATS_KEYS = ("tool_call_counts", "attempts", "turn_scores", "tool_rewards")
-DUMP_KEY = "mm_tool/dump"  # the extra field holding a trajectory's dump reference (not a statistic)
 
 
 class RecordError(VerlMMToolsError, ValueError):
@@ -380,8 +380,8 @@ def _mask_summary(samples: list[SampleRecord]) -> dict:
 def _stats(extra_fields: dict) -> dict:
     stats = {key: extra_fields[key] for key in STATS_KEYS if key in extra_fields}
     for key, value in extra_fields.items():
-        if key.startswith("mm_tool/") and key != DUMP_KEY:
-            stats[key.removeprefix("mm_tool/")] = value
+        if key.startswith(PREFIX) and key != SampleFields.key("dump"):
+            stats[key.removeprefix(PREFIX)] = value
     return jsonable(stats)
 
 

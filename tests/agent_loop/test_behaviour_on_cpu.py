@@ -12,8 +12,9 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.agent_loop.validation import placeholder_runs, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_metrics import aggregate_metrics
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import tool_call_text
 from verl_mm_tools.tokens import processor_image_tokens
@@ -257,7 +258,7 @@ def test_failing_trajectories_are_masked_and_the_batch_completes(rollout):
     ] * 3
     assert sorted(instance for instance, _ in probe.created) == sorted(probe.released) == ["probe-0", "probe-1"]
 
-    metrics = aggregate_metrics(output.non_tensor_batch)
+    metrics = aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))
     assert metrics["mm_tool/masked/count"] == 2.0
     assert metrics["mm_tool/stop/error"] == pytest.approx(2 / 3)
     assert metrics["mm_tool/stop/answered"] == pytest.approx(1 / 3)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
-from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_SPANS_KEY
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
@@ -66,7 +66,7 @@ def test_per_turn_samples_are_the_templates_own_render(family, template, tmp_pat
         extra=V1,
     )
     tokenizer, samples = worker.tokenizer, rows(output)
-    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 3], [1, 3], [2, 3]]
 
     prompt_image = server.requests[0]["images"][0]
     rotated = prompt_image.rotate(90, expand=True)
@@ -83,7 +83,7 @@ def test_per_turn_samples_are_the_templates_own_render(family, template, tmp_pat
         assert sample["response_mask"] == [1] * len(generated)
         assert sample["logprobs"] == pytest.approx([scripted_logprob(i) for i in range(len(generated))], abs=1e-7)
         assert len(output.non_tensor_batch["multi_modal_inputs"][k]["image_grid_thw"]) == k + 1
-        assert output.non_tensor_batch[TURN_SPANS_KEY][k] == [[0, len(generated)]]
+        assert SampleFields.every_row(output.non_tensor_batch)[k].turn_spans == [[0, len(generated)]]
         conversation = [*conversation, {"role": "assistant", "content": turn.removesuffix("<|im_end|>")}]
         if k < 2:
             text = f"Image {k + 2}: Image 1 rotated by 90 degrees counter-clockwise, {width}x{height} px."
@@ -104,7 +104,7 @@ def test_auto_keeps_one_sample_on_a_tool_loop_and_it_equals_per_trajectory(famil
     rollout, prompts = rollout_for(family, template, tmp_path), [image_prompt(QUESTION, [marked_image()])]
     auto, _, _ = rollout.run(turns, prompts, per_sample=True, loop_options={"export": "auto"}, extra=V1)
     whole, _, _ = rollout.run(turns, prompts, extra=V1)
-    assert list(auto.non_tensor_batch[SAMPLE_KEY]) == [[0, 1]]
+    assert [fields.sample for fields in SampleFields.every_row(auto.non_tensor_batch)] == [[0, 1]]
     assert rows(auto) == rows(whole)
 
 
@@ -155,7 +155,7 @@ def test_per_turn_and_auto_start_a_sample_where_the_template_drops_reasoning(tmp
     output, server, worker, template_render = feedback_rollout(tmp_path, export)
     assert server.requests[1]["prompt_ids"] == template_render
     samples = rows(output)
-    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 2], [1, 2]]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 2], [1, 2]]
     assert samples[1]["prompt_ids"] == template_render
     assert worker.tokenizer.decode(samples[1]["response_ids"]) == "No, 90.\n</think>\n\n<answer>90</answer><|im_end|>"
     assert samples[0]["prompt_ids"] == server.requests[0]["prompt_ids"]

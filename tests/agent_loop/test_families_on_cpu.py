@@ -15,9 +15,9 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
-from verl_mm_tools.agent_loop.state import SAMPLE_KEY
 from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
@@ -253,7 +253,7 @@ def test_per_turn_samples_are_the_templates_own_render(family, tmp_path):
         loop_options={"export": "per_turn"},
         extra=[*V1, parser_override(family)],
     )
-    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 3], [1, 3], [2, 3]]
     prompt_image = server.requests[0]["images"][0]
     rotated = prompt_image.rotate(90, expand=True)
     conversation, images = image_prompt(QUESTION, [prompt_image]), [prompt_image]

@@ -15,11 +15,11 @@ from verl_mm_tools.agent_loop.budget import ImageGeometry, SoftTokenGeometry, ch
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.options import ToolPrompt, ToolResponseRole
-from verl_mm_tools.agent_loop.state import SAMPLE_KEY
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, resolve_tool_format, template_traits
 from verl_mm_tools.agent_loop.tool_runner import MALFORMED_CALL_TEXT_OTHER_FORMATS
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
@@ -173,7 +173,7 @@ def test_per_turn_samples_are_the_templates_own_render(tmp_path, processor):
     called tools as verl parsed them (the template renders results only from their calls), the results named and
     the images in their user turns; its response exactly the turn's generated tokens, all trained."""
     output, server, worker = run(tmp_path, TURNS, per_sample=True, loop_options={"export": "per_turn"}, extra=V1)
-    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 3], [1, 3], [2, 3]]
     prompt_image = server.requests[0]["images"][0]
     rotated = prompt_image.rotate(90, expand=True)
     schemas = [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in worker.tools]

@@ -14,17 +14,11 @@ from PIL import Image
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
 from verl_mm_tools.agent_loop.loop_output import MMToolOutput, image_store
-from verl_mm_tools.agent_loop.state import (
-    DISTINCT_IMAGES_KEY,
-    FLOAT_IMAGES_KEY,
-    IMAGE_BYTES_KEY,
-    PROCESSOR_RUNS_KEY,
-    SAMPLE_KEY,
-)
 from verl_mm_tools.compact_image import CompactImages
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.step_hook.stats import (
+from verl_mm_tools.step_metrics import (
     FLOAT_IMAGE_SHARE,
     IMAGE_BYTES_OVER_RAW,
     PROCESSOR_RUNS_PER_IMAGE,
@@ -188,12 +182,12 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     processor pass, and the real image processor ran on 3 images in the whole trajectory (it ran on 1 + 2 + 3 in
     the postprocess alone, and on 2 + 3 more in the renders of the history, before)."""
     output, watch = run_family(family, tmp_path, monkeypatch, "per_turn")
-    assert list(output.non_tensor_batch[SAMPLE_KEY]) == [[0, 3], [1, 3], [2, 3]]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 3], [1, 3], [2, 3]]
     assert list(output.non_tensor_batch["mm_tool/masked"]) == [0, 0, 0]
     assert watch.compared == 3
     assert watch.images == 3
-    assert list(output.non_tensor_batch[PROCESSOR_RUNS_KEY]) == [3, 3, 3]
-    assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+    assert [fields.processor_runs for fields in SampleFields.every_row(output.non_tensor_batch)] == [3, 3, 3]
+    assert aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))[PROCESSOR_RUNS_PER_IMAGE] == 1.0
     samples = [CompactImages.from_inputs(inputs) for inputs in output.non_tensor_batch["multi_modal_inputs"]]
     assert [len(compact.pixels) for compact in samples] == [1, 2, 3]
     assert samples[1].pixels[0] is samples[2].pixels[0]  # one tensor per image, shared by the samples that show it
@@ -202,13 +196,13 @@ def test_per_turn_samples_take_verls_inputs_with_each_image_processed_once(famil
     ratios = {floats / compact for floats, compact in zip(watch.float_bytes, watch.compact_bytes)}
     assert ratios == ({14 / 3} if family == "gemma4" else {8.0}), ratios
     # each sample's image bytes to the trainer, and the trajectory's distinct raw bytes on its last sample
-    assert list(output.non_tensor_batch[IMAGE_BYTES_KEY]) == watch.compact_bytes
-    distinct = output.non_tensor_batch[DISTINCT_IMAGES_KEY]
+    assert [fields.image_bytes for fields in SampleFields.every_row(output.non_tensor_batch)] == watch.compact_bytes
+    distinct = [fields.distinct_images for fields in SampleFields.every_row(output.non_tensor_batch)]
     # the prompt image as verl's dataset resized it (84 x 56 on a 28 px grid, 96 x 64 on a 32 px one) and its 90-degree
     # rotation, 3 bytes per pixel: the script rotates image 1 twice, so images 2 and 3 are one image by content
     pixels = 96 * 64 if family in ("gemma4", "qwen3_5", "qwen3_vl", "qwen3_vl_moe") else 84 * 56
     assert list(distinct[:2]) == [{}, {}] and sorted(distinct[2].values()) == [3 * pixels] * 2
-    metrics = aggregate_metrics(output.non_tensor_batch)
+    metrics = aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))
     assert metrics[IMAGE_BYTES_OVER_RAW] == sum(watch.compact_bytes) / (2 * 3 * pixels)
     assert metrics[FLOAT_IMAGE_SHARE] == 0.0
 
@@ -220,10 +214,10 @@ def test_an_image_that_a_group_of_trajectories_shows_counts_once_in_the_steps_di
     trajectory), so the metric reads 6 / 2."""
     output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory", trajectories=2)
     assert watch.compared == 2 and len(watch.compact_bytes) == 2
-    first, second = output.non_tensor_batch[DISTINCT_IMAGES_KEY]
+    first, second = [fields.distinct_images for fields in SampleFields.every_row(output.non_tensor_batch)]
     assert first == second and sorted(first.values()) == [3 * 84 * 56] * 2
     assert watch.compact_bytes == [3 * 3 * 84 * 56] * 2
-    assert aggregate_metrics(output.non_tensor_batch)[IMAGE_BYTES_OVER_RAW] == 3.0
+    assert aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))[IMAGE_BYTES_OVER_RAW] == 3.0
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(
@@ -234,8 +228,8 @@ def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_
     output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory")
     assert watch.compared == 1
     assert watch.images == 3  # the prompt's and the two tool images, each once, in the loop's renders
-    assert output.non_tensor_batch[PROCESSOR_RUNS_KEY][0] == 3
-    assert aggregate_metrics(output.non_tensor_batch)[PROCESSOR_RUNS_PER_IMAGE] == 1.0
+    assert SampleFields.every_row(output.non_tensor_batch)[0].processor_runs == 3
+    assert aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))[PROCESSOR_RUNS_PER_IMAGE] == 1.0
     # the trainer's log-probs of the sample: from its compact images (expanded) and from verl's own inputs, the same
     model = HFVisionLM(str(tiny_model_path()))
     from_compact = trainer_logprobs(model, output)
@@ -251,11 +245,11 @@ def test_a_family_without_a_compact_form_sends_its_float_pixel_values_and_counts
     monkeypatch.setattr(compact_image, "RESIZE_METHODS", {})
     output, watch = run_family("qwen2_5_vl", tmp_path, monkeypatch, "per_trajectory", compact=False)
     assert watch.compared == 1 and watch.images == 3
-    assert list(output.non_tensor_batch[FLOAT_IMAGES_KEY]) == [3]
-    metrics = aggregate_metrics(output.non_tensor_batch)
+    assert [fields.float_images for fields in SampleFields.every_row(output.non_tensor_batch)] == [3]
+    metrics = aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))
     assert metrics[FLOAT_IMAGE_SHARE] == 1.0
     assert metrics[IMAGE_BYTES_OVER_RAW] == watch.float_bytes[0] / sum(
-        output.non_tensor_batch[DISTINCT_IMAGES_KEY][0].values()
+        SampleFields.every_row(output.non_tensor_batch)[0].distinct_images.values()
     )
 
 

@@ -17,9 +17,10 @@ import torch
 
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.compact_image import expanded_inputs
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import CLASSIC_HOOK
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_metrics import aggregate_metrics
 from verl_mm_tools.testkit.resume import InterruptingServer, resuming_client, scripted_routing
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, scripted_turn_expectations, tool_call_text
@@ -128,7 +129,7 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
     assert (fields["min_global_steps"][0], fields["max_global_steps"][0]) == (V, V + 4)
     assert fields["mm_tool/resumed_generations"][0] == 3
     assert fields["mm_tool/masked"][0] == 0 and fields["mm_tool/stop_reason"][0] == "answered"
-    metrics = aggregate_metrics(fields)
+    metrics = aggregate_metrics(SampleFields.every_row(fields))
     # what the resumes cost the engine: each resumed request's whole prompt prefilled again (the sync before it
     # emptied the prefix cache) and its images sent again; the later turns' first requests keep their cache hits
     resumed_requests = [request for requests in by_turn.values() for request in requests[1:]]
@@ -139,7 +140,7 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
     # (a block more than without resumes: a resumed request held the partial tokens the next turn's prompt starts with)
     later_cached = fields["mm_tool/later_cached_tokens"][0], plain.non_tensor_batch["mm_tool/later_cached_tokens"][0]
     assert later_cached == (800, 784)
-    metrics = aggregate_metrics(fields)
+    metrics = aggregate_metrics(SampleFields.every_row(fields))
     assert {key: metrics[key] for key in VERSION_METRICS} == {
         "mm_tool/resumed_generations/count": 3.0,
         "mm_tool/multi_version_trajectories/count": 1.0,
@@ -149,7 +150,7 @@ def test_a_resumed_trajectory_equals_the_uninterrupted_one_but_for_its_weight_ve
         "mm_tool/resume_prefill_tokens/sum": float(prefilled),
         "mm_tool/resume_images/sum": 8.0,
     }
-    plain_metrics = aggregate_metrics(plain.non_tensor_batch)
+    plain_metrics = aggregate_metrics(SampleFields.every_row(plain.non_tensor_batch))
     assert [plain_metrics[key] for key in VERSION_METRICS] == [0.0] * len(VERSION_METRICS)
 
     # the viewer shows where each turn was resumed: a note on the turn's message, its weights in the turns table
@@ -205,7 +206,7 @@ def test_without_partial_rollout_an_aborted_generation_masks_its_trajectory_and_
     assert fields["mm_tool/aborted_generations"][0] == 1
     assert unpadded_row(output)["response_mask"] == [0]
     assert len(tool.created) == 1  # released once, however it ended
-    metrics = aggregate_metrics(fields)
+    metrics = aggregate_metrics(SampleFields.every_row(fields))
     assert metrics["mm_tool/aborted_generations/count"] == 1.0
     assert metrics["mm_tool/resumed_generations/count"] == 0.0
     assert metrics["mm_tool/masked/count"] == 1.0

@@ -7,8 +7,9 @@ from __future__ import annotations
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_metrics import aggregate_metrics
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
 from verl_mm_tools.tools.base import END_TRAJECTORY
@@ -98,7 +99,7 @@ def test_the_ending_call_is_answered_and_the_trajectory_trains_on_what_it_genera
     assert sorted(probe.executed) == [1, ENDING]
     assert sorted(probe.created) == sorted(probe.released) == ["probe-0", "probe-1"]
 
-    metrics = aggregate_metrics(output.non_tensor_batch)
+    metrics = aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))
     assert (metrics["mm_tool/stop/tool_failed"], metrics["mm_tool/stop/answered"]) == (0.5, 0.5)
     assert (metrics["mm_tool/stop/error"], metrics["mm_tool/masked/count"]) == (0.0, 0.0)
     assert metrics["mm_tool/tool/probe/error_rate"] == 0.5

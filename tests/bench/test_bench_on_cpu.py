@@ -19,7 +19,7 @@ from verl_mm_tools.bench import memory as bench_memory
 from verl_mm_tools.bench import run as bench_run
 from verl_mm_tools.bench import steps as bench_steps
 from verl_mm_tools.cli import main
-from verl_mm_tools.step_hook.stats import GENERATE_S_MAX
+from verl_mm_tools.step_metrics import GENERATE_S_MAX
 
 NUMBER = r"-?[0-9.e+-]+|inf|nan"
 SPREAD = rf"median ({NUMBER}) \(min ({NUMBER}), max ({NUMBER}), n=(\d+)\)"

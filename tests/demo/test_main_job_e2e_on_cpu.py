@@ -21,7 +21,7 @@ from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.sweep import window_mean
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import run_processes
-from verl_mm_tools.step_hook.stats import CALL_RATE, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.step_metrics import CALL_RATE, PREFIX_CACHE_HIT_RATE
 from verl_mm_tools.tokens import processor_size_tokens
 from verl_mm_tools.trajectories.read import load_records
 from verl_mm_tools.trajectories.sft import SFTFilters, export_sft

@@ -8,7 +8,7 @@ from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.sweep import HEADER, SweepRun, collapses, run_out, sweep_table
 from verl_mm_tools.demo.tasks import CALL_RATE, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import RunResult
-from verl_mm_tools.step_hook.stats import CALL_RATE_COLLAPSED
+from verl_mm_tools.step_metrics import CALL_RATE_COLLAPSED
 
 ZOOM = TASKS["zoom"]
 

@@ -24,9 +24,10 @@ from reliability_helpers import (
 from verl.tools.schemas import ToolResponse
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.step_hook.manager import step_batch
-from verl_mm_tools.step_hook.stats import aggregate_metrics
 from verl_mm_tools.step_hook.step import MaskedBatchError, process_step
+from verl_mm_tools.step_metrics import aggregate_metrics
 
 ANSWER = "<answer>3</answer><|im_end|>"
 TIMEOUT_S = 0.2
@@ -211,7 +212,9 @@ def test_the_batch_completes_with_exactly_the_affected_samples_masked(faulty_bat
         )
         assert trajectory_violations(batch, index) == [], name
     masked = sum(CASES[name][2] for name in names)
-    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/masked/count"] == float(masked)
+    assert aggregate_metrics(SampleFields.every_row(batch.output.non_tensor_batch))["mm_tool/masked/count"] == float(
+        masked
+    )
 
 
 def test_no_session_or_environment_leaks_whatever_failed(faulty_batch):
@@ -256,9 +259,9 @@ def test_prefix_cache_hits_are_counted_from_the_second_generation(faulty_batch):
         ), name
     good = names.index("good")
     assert prompt[good] > cached[good] > 0  # the history up to the last full 16-token block
-    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/prefix_cache_hit_rate"] == sum(cached) / sum(
-        prompt
-    )
+    assert aggregate_metrics(SampleFields.every_row(batch.output.non_tensor_batch))[
+        "mm_tool/prefix_cache_hit_rate"
+    ] == sum(cached) / sum(prompt)
 
 
 def test_a_batch_whose_engine_died_stops_the_step_naming_the_engine(tiny_model_dir, tmp_path):

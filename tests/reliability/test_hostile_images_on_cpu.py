@@ -25,7 +25,8 @@ from verl.tools.schemas import ToolResponse
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry
 from verl_mm_tools.files import MAX_DECODE_PIXELS, decode_image, to_rgb
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.handoff import SampleFields
+from verl_mm_tools.step_metrics import aggregate_metrics
 
 ANSWER = "<answer>1</answer><|im_end|>"
 
@@ -150,7 +151,9 @@ def test_hostile_prompt_images_are_refused_naming_the_sample_or_normalized(promp
             assert refusal in error, (name, error)
         assert trajectory_violations(batch, index) == [], name
     refused = sum(PROMPT_CASES[name][1] is not None for name in names)
-    assert aggregate_metrics(batch.output.non_tensor_batch)["mm_tool/masked/count"] == float(refused)
+    assert aggregate_metrics(SampleFields.every_row(batch.output.non_tensor_batch))["mm_tool/masked/count"] == float(
+        refused
+    )
     assert seconds < 30  # no bomb was decoded
 
 

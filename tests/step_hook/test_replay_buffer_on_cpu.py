@@ -10,6 +10,7 @@ import torch
 
 from verl_mm_tools.agent_loop.state import TrajectoryState, TrajectoryStats
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import LoopSettings
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,9 @@ def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict
         state.start_turn(prompt_end=0, images_before=1).response_span, state.turns[-1].reward = span, reward
     if masked:
         state.mask("ValueError: broken")
+    settings = LoopSettings(max_masked_fraction=0.5, call_rate_window=0, turn_credit=turn_credit, turn_gamma=1.0)
     return {
-        **state.extra_fields(),
-        "mm_tool/max_masked_fraction": 0.5,
-        "mm_tool/turn_credit": turn_credit,
+        **state.sample_fields(settings).extra_fields(),
         "reward_extra_info": {"score": 1.0},
         "min_global_steps": 3,
         "max_global_steps": 3,
@@ -152,7 +152,7 @@ def test_a_batch_without_rewards_yet_reads_as_no_scores(transfer_queue):
     step, lengths = read_step_batch(["group3_0_0"], "train", global_steps=4)
     assert step.rm_scores is None and lengths == [3] and step.rollout_n == [0] and step.step == 4
     assert step.response_mask.tolist() == [[1, 1, 0]]
-    assert step.column("tool_call_counts") == [1]
+    assert [fields.tool_call_counts for _, fields in step.ours] == [1]
     transfer_queue.kv_clear(keys=["group3_0_0"], partition_id="train")
 
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from handoff_rows import columns
 from PIL import Image
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
-from verl_mm_tools.agent_loop.state import GENERATE_S_KEY
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import compose_trainer_config
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.manager import step_batch
-from verl_mm_tools.step_hook.stats import GENERATE_S_MAX
 from verl_mm_tools.step_hook.step import MaskedBatchError, process_step
+from verl_mm_tools.step_metrics import GENERATE_S_MAX
 
 ANSWER = "<answer>90</answer><|im_end|>"
 CLASSIC = ["trainer.use_v1=false"]
@@ -54,7 +54,7 @@ def test_the_slowest_trajectorys_time_in_the_engine_is_verls_own_timer(rollout):
     worker's per-trajectory metrics, which the classic trainer's manager takes the largest of) and logs the largest:
     bench figure 5 takes the rollout's share outside generation from it on both trainers."""
     output, _, _ = rollout.run([ANSWER], prompts(long=0, short=3), prompt_length=PROMPT_LENGTH, extra=CLASSIC)
-    seconds = list(output.non_tensor_batch[GENERATE_S_KEY])
+    seconds = list(output.non_tensor_batch["mm_tool/generate_s"])
     assert seconds == [metrics["generate_sequences"] for metrics in output.meta_info["metrics"]]
     assert len(seconds) == 3 and min(seconds) > 0
     assert process_step(step_batch(output, {"global_steps": 7, "validate": False}))[GENERATE_S_MAX] == max(seconds)
@@ -86,18 +86,18 @@ def test_turn_rewards_land_on_each_turns_last_token_only_for_rows_with_turn_cred
     scores = torch.zeros(3, 6)
     scores[:, 4] = 1.0
     batch = StepBatch(
-        columns={
-            "mm_tool/turn_credit": [True, False, True],
-            "mm_tool/turn_rewards": [[0.25, 0.5], [0.25, 0.5], [1, 2]],
-            "mm_tool/turn_spans": [[[0, 2], [4, 5]], [[0, 2], [4, 5]], [[0, 1]]],
-        },  # as the loop recorded them
+        columns=columns(  # as the loop recorded them
+            {"turn_credit": True, "turn_rewards": [0.25, 0.5], "turn_spans": [[0, 2], [4, 5]]},
+            {"turn_credit": False, "turn_rewards": [0.25, 0.5], "turn_spans": [[0, 2], [4, 5]]},
+            {"turn_credit": True, "turn_rewards": [1, 2], "turn_spans": [[0, 1]]},
+        ),
         response_mask=mask,
         rm_scores=scores,
         rollout_n=[0, 1, 2],
     )
     metrics = process_step(batch)
     assert batch.rm_scores.tolist() == [[0, 0.25, 0, 0, 1.5, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 0]]
-    assert metrics == {"mm_tool/turn_rewards/unplaced": 1.0}  # the third row has 1 turn but 2 rewards
+    assert metrics["mm_tool/turn_rewards/unplaced"] == 1.0  # the third row has 1 turn but 2 rewards
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_dapo_group_filtering_with_the_v1_hook_is_refused_not_silently_dropped(r
 def call_rate_step(step: int, window, *, validate=False) -> StepBatch:
     """A training step's batch as the tool-call guard reads it: each row's loop option ``call_rate_window``."""
     return StepBatch(
-        columns={"mm_tool/call_rate_window": [window] * 4},
+        columns=columns(*[{"call_rate_window": window}] * 4),
         response_mask=torch.ones(4, 3),
         rm_scores=None,
         rollout_n=[0, 1, 2, 3],

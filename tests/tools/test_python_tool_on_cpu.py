@@ -14,10 +14,11 @@ import pytest
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.remote.host import TOOL, RemoteHost
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.sandbox import RunResult
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_metrics import aggregate_metrics
 from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, unpadded_row
 from verl_mm_tools.testkit.scripted import tool_call_text
@@ -290,6 +291,6 @@ def test_a_failing_call_is_answered_or_ends_the_trajectory_as_configured(tiny_mo
         generations + 2,
         generations,
     )
-    metrics = aggregate_metrics(output.non_tensor_batch)
+    metrics = aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))
     assert (metrics["mm_tool/stop/tool_failed"], metrics["mm_tool/stop/error"]) == (float(on_error == "end"), 0.0)
     assert metrics["mm_tool/tool/python/error_rate"] == 1.0

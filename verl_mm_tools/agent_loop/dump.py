@@ -34,7 +34,8 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.export import rendered_history
-from verl_mm_tools.agent_loop.state import TURN_SPANS_KEY, StopReason, TrajectoryState, state_of
+from verl_mm_tools.agent_loop.state import TrajectoryState, state_of
+from verl_mm_tools.handoff import SampleFields, StopReason
 from verl_mm_tools.record import (
     FULL_MARKER,
     STAGED_RECORD_FILE,
@@ -134,7 +135,7 @@ def _turn_records(agent_data: LoopAgentData | None, outputs: list, decode) -> li
     turns = state.output_turns if state is not None else []
     records = []
     for index, output in enumerate(outputs):
-        spans = output.extra_fields.get(TURN_SPANS_KEY) or []
+        spans = output.extra_fields.get(SampleFields.key("turn_spans")) or []
         for turn, (start, end) in zip([turn for turn in turns if turn.sample == index], spans, strict=True):
             records.append(
                 TurnRecord(

@@ -37,14 +37,14 @@ from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
-from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, StopReason, TrajectoryState, Turn, attached_state
+from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, TrajectoryState, Turn, attached_state
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.handoff import SampleFields, StopReason
 from verl_mm_tools.ops.transform import distinct_image_bytes
-from verl_mm_tools.record import DUMP_KEY
 
 if TYPE_CHECKING:
     from verl.experimental.agent_loop.tool_agent_loop import AgentData
@@ -234,7 +234,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.outputs.add_extra_fields(outputs, state)
         final = outputs[-1][0]
         if self.mm_config.dump_dir:
-            final.extra_fields[DUMP_KEY] = await stage_trajectory(
+            final.extra_fields[SampleFields.key("dump")] = await stage_trajectory(
                 self.context, agent_data, [o for o, _ in outputs], kwargs
             )
         if self.mm_config.export is Export.PER_TRAJECTORY:

@@ -15,15 +15,7 @@ import numpy as np
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.engine import EngineAbortedError
 from verl_mm_tools.agent_loop.loop_output import MMToolOutput
-from verl_mm_tools.agent_loop.state import (
-    CALL_RATE_WINDOW_KEY,
-    MASKED_LIMIT_KEY,
-    TURN_CREDIT_KEY,
-    TURN_GAMMA_KEY,
-    SampleCut,
-    TrajectoryState,
-    Turn,
-)
+from verl_mm_tools.agent_loop.state import SampleCut, TrajectoryState, Turn
 from verl_mm_tools.agent_loop.tool_runner import ToolCrashError
 from verl_mm_tools.agent_loop.validation import trajectory_problems
 from verl_mm_tools.errors import (
@@ -33,7 +25,7 @@ from verl_mm_tools.errors import (
     ImageInputError,
     TrajectoryValidationError,
 )
-from verl_mm_tools.record import DUMP_KEY
+from verl_mm_tools.handoff import LoopSettings
 from verl_mm_tools.tokens import processor_image_tokens
 
 if TYPE_CHECKING:
@@ -87,20 +79,17 @@ class OutputBuilder:
         return outputs
 
     def add_extra_fields(self, outputs: Sequence[tuple[MMToolOutput, list | None]], state: TrajectoryState) -> None:
-        """The fixed keys of every output (verl concatenates per-key arrays across workers): the trajectory's
-        statistics and turns, and the options the trainer-side step hook reads."""
+        """What every output hands the trainer (``handoff.SampleFields``): the trajectory's statistics and turns,
+        and the options the trainer-side step hook reads."""
         options = self.context.options
+        settings = LoopSettings(
+            max_masked_fraction=options.max_masked_fraction,
+            call_rate_window=options.call_rate_window,
+            turn_credit=self.context.turn_credit,
+            turn_gamma=self.context.turn_gamma,
+        )
         for index, (output, spans) in enumerate(outputs):
-            output.extra_fields.update(
-                {
-                    **state.extra_fields(index, len(outputs), spans),
-                    MASKED_LIMIT_KEY: options.max_masked_fraction,
-                    CALL_RATE_WINDOW_KEY: options.call_rate_window,
-                    TURN_CREDIT_KEY: self.context.turn_credit,
-                    TURN_GAMMA_KEY: self.context.turn_gamma,
-                    **({DUMP_KEY: None} if options.dump_dir else {}),
-                }
-            )
+            output.extra_fields.update(state.sample_fields(settings, index, len(outputs), spans).extra_fields())
 
     def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
         if not self.context.sees_images:

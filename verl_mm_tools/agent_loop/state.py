@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.files import STATE_ATTR, FileRoots
-from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, TOOL_CALLS_KEY
+from verl_mm_tools.handoff import LoopSettings, SampleFields, StopReason
 from verl_mm_tools.workspace import ImageWorkspace, attach_tool_context
 
 if TYPE_CHECKING:
@@ -34,51 +34,6 @@ if TYPE_CHECKING:
     Routing = np.ndarray | torch.Tensor
 
 logger = logging.getLogger(__name__)
-# The trajectory's extra_fields: the same keys for every trajectory (verl concatenates per-key arrays across
-# workers). ``tool_call_counts`` is the key verl's own ``compute_data_metrics`` reads; ``attempts`` and
-# ``last_assistant_text`` are read by the reward managers; the ``mm_tool/*`` keys are aggregated per step by
-# ``stats.aggregate_metrics``.
-PREFIX = "mm_tool/"
-STOP_REASON_KEY = PREFIX + "stop_reason"
-TURN_REWARDS_KEY = PREFIX + "turn_rewards"
-TURN_SPANS_KEY = PREFIX + "turn_spans"
-TURNS_KEY = PREFIX + "turns"  # assistant turns (generations) in the output: the one turn count of logs and viewer
-MASKED_KEY = PREFIX + "masked"
-ERROR_KEY = PREFIX + "error"
-PER_TOOL_KEY = PREFIX + "per_tool"
-MASKED_LIMIT_KEY = PREFIX + "max_masked_fraction"  # the loop's max_masked_fraction, for the step hook's guard
-CALL_RATE_WINDOW_KEY = PREFIX + "call_rate_window"  # the loop's call_rate_window, for the step hook's collapse guard
-TURN_CREDIT_KEY = PREFIX + "turn_credit"  # whether the step hook places turn rewards (mm_turn_grpo)
-TURN_GAMMA_KEY = PREFIX + "turn_gamma"  # algorithm.gamma: the per-turn discount, for chaining a trajectory's samples
-# [index, count] of the output among its trajectory's training samples (export per_turn / auto); the trajectory's
-# statistics count once, on its final sample (``is_final_sample``)
-SAMPLE_KEY = PREFIX + "sample"
-REQUEST_ID_KEY = PREFIX + "request_id"  # verl's request id of the trajectory: what its server calls were sent as
-# from the second generation on, where the engine reports prefix-cache hits (``engine.CheckedEngine``): the prompt
-# tokens sent and those the engine's prefix cache held (0 and 0 where it does not report them)
-LATER_PROMPT_TOKENS_KEY = PREFIX + "later_prompt_tokens"
-LATER_CACHED_TOKENS_KEY = PREFIX + "later_cached_tokens"
-# weight versions (verl's fully async trainer, ``engine.WeightVersions``): [first, last] over the trajectory's
-# generations (None where the engine reports none), its generations a weight sync interrupted and verl's client
-# resumed (partial rollout), and those the engine aborted without a resume (the trajectory is masked)
-WEIGHT_VERSIONS_KEY = PREFIX + "weight_versions"
-RESUMED_KEY = PREFIX + "resumed_generations"
-ABORTED_KEY = PREFIX + "aborted_generations"
-# what the resumes cost the engine (``resumes.ResumeCost``, behind verl's resuming client): requests after a
-# generation's first, the prompt tokens prefilled again for them and the images sent (and encoded) again
-RESUMES_KEY = PREFIX + "resumes"
-RESUME_PREFILL_KEY = PREFIX + "resume_prefill_tokens"
-RESUME_IMAGES_KEY = PREFIX + "resume_images"
-PROCESSOR_RUNS_KEY = PREFIX + "processor_runs"  # images the HF image processor processed in the rollout
-# the bytes of image inputs a sample carries to the trainer (compact forms, or float pixel values for a family without
-# one), and on a trajectory's last sample its distinct images by content digest, each with its raw bytes (3 per pixel;
-# empty on its other samples): the step metric counts an image shown by several trajectories once
-IMAGE_BYTES_KEY = PREFIX + "image_bytes"
-FLOAT_IMAGES_KEY = PREFIX + "float_images"  # images kept as float pixel values: their family has no compact form
-DISTINCT_IMAGES_KEY = PREFIX + "distinct_images"
-# seconds a trajectory awaited the engine (verl's classic trainer logs the slowest as
-# timing_s/agent_loop/generate_sequences/max; its v1 trainer drops the loops' timers, so mm_tool carries it)
-GENERATE_S_KEY = PREFIX + "generate_s"
 
 
 class LoopState(Enum):
@@ -90,19 +45,6 @@ class LoopState(Enum):
     MALFORMED_CALLS = "malformed_calls"  # no call of the turn parsed: answer each with how to write one
     ENV_TURN = "env_turn"  # the environment reacts to the model's answer
     TERMINATED = "terminated"
-
-
-class StopReason(str, Enum):
-    """Why a trajectory ended."""
-
-    ANSWERED = "answered"  # the model answered without a tool call (and any environment was done with it)
-    TURN_LIMIT = "turn_limit"  # it still wanted to act at max_assistant_turns / max_user_turns
-    LENGTH_LIMIT = "length_limit"  # the response budget is used up (a turn that did not fit was dropped)
-    BUDGET = "budget"  # an image did not fit the image budget with over_budget=stop
-    # a tool's failed call ended it (its metrics' END_TRAJECTORY: the python tool's on_error: end), after that call's
-    # answer; trained as usual
-    TOOL_FAILED = "tool_failed"
-    ERROR = "error"  # masked: trained on nothing (mm_tool/error says why)
 
 
 @dataclass
@@ -151,32 +93,6 @@ class TrajectoryStats:
         stats.errors += int(failed)
         stats.time_s += seconds
         stats.remote_calls += int(remote)
-
-    def to_extra_fields(self) -> dict:
-        return {
-            TOOL_CALLS_KEY: self.tool_calls,
-            ATTEMPTS_KEY: max(1, self.attempts),  # answers given; read by the mm_turn_discount reward manager
-            LAST_ASSISTANT_TEXT_KEY: self.last_assistant_text,
-            PREFIX + "env_infos": list(self.env_infos),
-            PREFIX + "tool_calls": self.tool_calls,
-            PREFIX + "tool_errors": self.tool_errors,
-            PREFIX + "tool_time_s": sum(stats.time_s for stats in self.per_tool.values()),
-            PREFIX + "valid_actions": self.tool_calls - self.tool_errors,
-            PREFIX + "invalid_actions": self.invalid_actions,
-            PREFIX + "ignored_calls": self.ignored_calls,
-            PREFIX + "images": self.images,
-            PREFIX + "image_tokens": self.image_tokens,
-            PROCESSOR_RUNS_KEY: self.processor_runs,
-            FLOAT_IMAGES_KEY: self.float_images,
-            GENERATE_S_KEY: self.generate_s,
-            PREFIX + "budget_refusals": self.budget_refusals,
-            PREFIX + "budget_downscales": self.budget_downscales,
-            PREFIX + "dropped_turns": self.dropped_turns,
-            MASKED_KEY: int(self.masked),
-            ABORTED_KEY: self.aborted_generations,
-            ERROR_KEY: self.error,
-            PER_TOOL_KEY: {name: vars(stats).copy() for name, stats in self.per_tool.items()},
-        }
 
 
 @dataclass
@@ -283,53 +199,56 @@ class TrajectoryState:
         """The turns the output holds: none for a masked trajectory, whose output holds none of their tokens."""
         return [] if self.stats.masked else self.turns
 
-    def extra_fields(self, sample: int = 0, samples: int = 1, spans: list | None = None) -> dict:
-        """The fixed-key ``extra_fields`` of output ``sample`` of ``samples``: the trajectory's statistics, and the
-        turns that output holds (their rewards, and their response ``spans`` in it)."""
-        turns = [turn for turn in self.output_turns if turn.sample == sample]
-        if spans is None:
-            spans = [list(turn.response_span) for turn in turns]
-        return {
-            **self.stats.to_extra_fields(),
-            TURNS_KEY: len(self.output_turns),
-            STOP_REASON_KEY: self.stop_reason.value,
-            TURN_REWARDS_KEY: [turn.reward for turn in (turns if samples > 1 else self.turns)],
-            TURN_SPANS_KEY: spans,
-            SAMPLE_KEY: [sample, samples],
-            IMAGE_BYTES_KEY: sum(self.stats.sample_image_bytes[sample : sample + 1]),  # 0 where no image was kept
-            DISTINCT_IMAGES_KEY: dict(self.stats.distinct_images) if sample == samples - 1 else {},
-            REQUEST_ID_KEY: self.request_id,
-            **self._later_turn_cache(),
-            **self._weight_versions(),
-        }
-
-    def _weight_versions(self) -> dict:
-        """The weight versions the trajectory's generations ran under and what their resumes cost, masked
-        trajectories' included."""
+    def sample_fields(
+        self, settings: LoopSettings, sample: int = 0, samples: int = 1, spans: list[list[int]] | None = None
+    ) -> SampleFields:
+        """What output ``sample`` of ``samples`` hands the trainer: the trajectory's statistics, the turns that output
+        holds (their rewards, and their response ``spans`` in it) and the loop's ``settings``."""
+        stats, turns = self.stats, [turn for turn in self.output_turns if turn.sample == sample]
         versions = [turn.versions for turn in self.turns if turn.versions is not None]
-        span = [min(v.first for v in versions), max(v.last for v in versions)] if versions else None
         costs = [turn.resume_cost for turn in self.turns if turn.resume_cost is not None]
-        return {
-            WEIGHT_VERSIONS_KEY: span,
-            RESUMED_KEY: sum(v.resumed for v in versions),
-            RESUMES_KEY: sum(cost.resumes for cost in costs),
-            RESUME_PREFILL_KEY: sum(cost.prefilled_tokens for cost in costs),
-            RESUME_IMAGES_KEY: sum(cost.images for cost in costs),
-        }
-
-    def _later_turn_cache(self) -> dict:
-        """Prompt tokens of the generations after the first, and how many of them the prefix cache held (where the
-        engine reported it): a multi-turn rollout should not recompute its history."""
+        # the prompts of the generations after the first: a multi-turn rollout should not recompute its history
         later = [turn for turn in self.turns[1:] if turn.cached_tokens is not None]
-        return {
-            LATER_PROMPT_TOKENS_KEY: sum(turn.prompt_end for turn in later),
-            LATER_CACHED_TOKENS_KEY: sum(turn.cached_tokens for turn in later),
-        }
-
-
-def is_final_sample(sample) -> bool:
-    """Whether an output's ``SAMPLE_KEY`` value marks its trajectory's final sample (or a one-sample trajectory)."""
-    return sample is None or sample[0] == sample[1] - 1
+        return SampleFields(
+            **vars(settings),
+            tool_call_counts=stats.tool_calls,
+            attempts=max(1, stats.attempts),
+            last_assistant_text=stats.last_assistant_text,
+            turns=len(self.output_turns),
+            tool_calls=stats.tool_calls,
+            tool_errors=stats.tool_errors,
+            tool_time_s=sum(tool.time_s for tool in stats.per_tool.values()),
+            valid_actions=stats.tool_calls - stats.tool_errors,
+            invalid_actions=stats.invalid_actions,
+            ignored_calls=stats.ignored_calls,
+            per_tool={name: vars(tool).copy() for name, tool in stats.per_tool.items()},
+            env_infos=list(stats.env_infos),
+            stop_reason=self.stop_reason.value,
+            masked=int(stats.masked),
+            error=stats.error,
+            dropped_turns=stats.dropped_turns,
+            images=stats.images,
+            image_tokens=stats.image_tokens,
+            budget_refusals=stats.budget_refusals,
+            budget_downscales=stats.budget_downscales,
+            processor_runs=stats.processor_runs,
+            float_images=stats.float_images,
+            generate_s=stats.generate_s,
+            later_prompt_tokens=sum(turn.prompt_end for turn in later),
+            later_cached_tokens=sum(turn.cached_tokens or 0 for turn in later),
+            weight_versions=[min(v.first for v in versions), max(v.last for v in versions)] if versions else None,
+            resumed_generations=sum(v.resumed for v in versions),
+            aborted_generations=stats.aborted_generations,
+            resumes=sum(cost.resumes for cost in costs),
+            resume_prefill_tokens=sum(cost.prefilled_tokens for cost in costs),
+            resume_images=sum(cost.images for cost in costs),
+            request_id=self.request_id,
+            sample=[sample, samples],
+            turn_rewards=[turn.reward for turn in (turns if samples > 1 else self.turns)],
+            turn_spans=[list(turn.response_span) for turn in turns] if spans is None else spans,
+            image_bytes=sum(stats.sample_image_bytes[sample : sample + 1]),  # 0 where no image was kept
+            distinct_images=dict(stats.distinct_images) if sample == samples - 1 else {},
+        )
 
 
 def state_of(agent_data: Any) -> TrajectoryState | None:

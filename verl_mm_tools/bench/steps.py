@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.bench.figures import Figure, figure
-from verl_mm_tools.step_hook.stats import GENERATE_S_MAX, PREFIX_CACHE_HIT_RATE
+from verl_mm_tools.step_metrics import GENERATE_S_MAX, PREFIX_CACHE_HIT_RATE
 
 STEP_WARMUP = 2  # the first steps pay one-time costs (compilation of kernels, caches, Ray actor start-up)
 

@@ -7,20 +7,27 @@ import json
 from pathlib import Path
 
 from verl_mm_tools.demo.tasks import TRAINING_REWARD
+from verl_mm_tools.step_metrics import (
+    IMAGE_BYTES_OVER_RAW,
+    MASKED_COUNT,
+    REWARD_WITH_TOOLS,
+    REWARD_WITHOUT_TOOLS,
+    mean_metric,
+)
 
-TOOL_CALLS_METRIC = "mm_tool/tool_calls/mean"  # the step hook's, on both trainers (``metric`` reads either name)
+TOOL_CALLS_METRIC = mean_metric("tool_calls")  # the step hook's, on both trainers (``metric`` reads either name)
 
 
 # The step line: (label, verl metric key, format).
 STEP_FIELDS = (
     ("reward", TRAINING_REWARD, "{:.3f}"),
-    ("turns", "mm_tool/turns/mean", "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
+    ("turns", mean_metric("turns"), "{:.2f}"),  # assistant turns, as the viewer counts (verl's num_turns: messages)
     ("tool calls", TOOL_CALLS_METRIC, "{:.2f}"),
-    ("reward with tools", "mm_tool/reward/with_tool_calls", "{:.3f}"),  # whether calling pays
-    ("reward without tools", "mm_tool/reward/without_tool_calls", "{:.3f}"),
-    ("images", "mm_tool/images/mean", "{:.2f}"),
-    ("image bytes/raw", "mm_tool/image_bytes_over_raw", "{:.2f}"),  # what the images cost on the way to the trainer
-    ("masked", "mm_tool/masked/count", "{:.0f}"),
+    ("reward with tools", REWARD_WITH_TOOLS, "{:.3f}"),  # whether calling pays
+    ("reward without tools", REWARD_WITHOUT_TOOLS, "{:.3f}"),
+    ("images", mean_metric("images"), "{:.2f}"),
+    ("image bytes/raw", IMAGE_BYTES_OVER_RAW, "{:.2f}"),  # what the images cost on the way to the trainer
+    ("masked", MASKED_COUNT, "{:.0f}"),
     ("logprob diff", "training/rollout_probs_diff_max", "{:.1e}"),
     ("step", "timing_s/step", "{:.1f}s"),
 )

@@ -15,7 +15,7 @@ from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.summary import learning_curve
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD, DemoTask
 from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult
-from verl_mm_tools.step_hook.stats import CALL_RATE_COLLAPSED
+from verl_mm_tools.step_metrics import CALL_RATE_COLLAPSED
 
 HEADER = "seed  run  learned  steps  trainer s  reward first -> last  calls first -> last  validation  collapses"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
-from verl_mm_tools.step_hook.stats import CALL_RATE
+from verl_mm_tools.step_metrics import CALL_RATE, REWARD_MEAN
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
 
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
@@ -24,7 +24,7 @@ from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
 MICRO_BATCH = 8
 # The mean training reward of a step, per trajectory (the step hook's; verl's critic/score/mean counts a trajectory
 # exported as several samples once per sample)
-TRAINING_REWARD = "mm_tool/reward/mean"
+TRAINING_REWARD = REWARD_MEAN
 LEARNED_WINDOW = 5
 
 

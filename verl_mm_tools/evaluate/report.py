@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from verl_mm_tools.agent_loop.state import ERROR_KEY, MASKED_KEY, PREFIX, REQUEST_ID_KEY, STOP_REASON_KEY, StopReason
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import SampleFields, StopReason
 from verl_mm_tools.record import jsonable
-from verl_mm_tools.step_hook.stats import aggregate_metrics
+from verl_mm_tools.step_metrics import MASKED_COUNT, aggregate_metrics, mean_metric, tool_metric
 
 Z95 = 1.96
 SAMPLE_KEY = "eval/sample"  # the column of each row's sample number, 0 .. samples - 1 (run.py sets it)
@@ -23,8 +23,8 @@ def row_records(output, faults: dict) -> list[dict]:
     """One record per row (one sample of a prompt): where it came from, its reward, how it ended, and its endpoint
     faults."""
     columns = output.non_tensor_batch
-    stops = columns.get(STOP_REASON_KEY)
-    if stops is None or any(stop is None for stop in stops):
+    rows = [fields for fields in SampleFields.rows(columns, len(output)) if fields is not None]
+    if len(rows) != len(output):
         names = sorted({str(name) for name in columns.get("agent_name", ["?"])})
         raise ConfigError(
             f"eval reads what the mm_tool loop records; rows ran the agent loops {names}: set the "
@@ -32,8 +32,8 @@ def row_records(output, faults: dict) -> list[dict]:
         )
     scores = output.batch["rm_scores"].sum(dim=-1).tolist()
     records = []
-    for row, score in enumerate(scores):
-        request_faults = faults.get(columns[REQUEST_ID_KEY][row])
+    for row, (score, fields) in enumerate(zip(scores, rows, strict=True)):
+        request_faults = faults.get(fields.request_id)
         records.append(
             {
                 "data_source": str(columns["data_source"][row]) if "data_source" in columns else "unknown",
@@ -41,14 +41,14 @@ def row_records(output, faults: dict) -> list[dict]:
                 "uid": str(columns["uid"][row]),  # the prompt's, shared by its samples
                 "sample": int(columns[SAMPLE_KEY][row]),
                 "reward": float(score),
-                "stop_reason": columns[STOP_REASON_KEY][row],
-                "turns": int(columns[PREFIX + "turns"][row]),
-                "tool_calls": int(columns[PREFIX + "tool_calls"][row]),
-                "tool_errors": int(columns[PREFIX + "tool_errors"][row]),
-                "invalid_actions": int(columns[PREFIX + "invalid_actions"][row]),
-                "images": int(columns[PREFIX + "images"][row]),
-                "masked": bool(columns[MASKED_KEY][row]),
-                "error": str(columns[ERROR_KEY][row]),
+                "stop_reason": fields.stop_reason,
+                "turns": int(fields.turns),
+                "tool_calls": int(fields.tool_calls),
+                "tool_errors": int(fields.tool_errors),
+                "invalid_actions": int(fields.invalid_actions),
+                "images": int(fields.images),
+                "masked": bool(fields.masked),
+                "error": str(fields.error),
                 "endpoint": request_faults.as_dict() if request_faults is not None else {},
             }
         )
@@ -57,30 +57,30 @@ def row_records(output, faults: dict) -> list[dict]:
 
 def source_report(output, rows: list[int], records: list[dict], samples: int = 1) -> dict:
     """The figures of one data source's rows (all samples of its prompts)."""
-    columns = {key: [values[row] for row in rows] for key, values in output.non_tensor_batch.items()}
-    metrics = aggregate_metrics(columns)
+    every = SampleFields.rows(output.non_tensor_batch, len(output))
+    metrics = aggregate_metrics([fields for row in rows if (fields := every[row]) is not None])
     prompts = _prompt_rewards(rows, records)
     faults: Counter[str] = Counter()
     for row in rows:
         faults.update(records[row]["endpoint"])
-    tools = sorted({key.split("/")[2] for key in metrics if key.startswith(PREFIX + "tool/")})
+    tools = sorted({name for row in rows if (fields := every[row]) is not None for name in fields.per_tool})
     figures = {
         "rows": len(rows),
         "reward_mean": _mean([records[row]["reward"] for row in rows]),
         # over the prompts' mean rewards: the samples of one prompt are not independent draws
         "reward_ci95": _ci95([_mean(rewards) for rewards in prompts]),
-        "tool_calls_per_trajectory": metrics[PREFIX + "tool_calls/mean"],
-        "turns_per_trajectory": metrics[PREFIX + "turns/mean"],
-        "images_per_trajectory": metrics[PREFIX + "images/mean"],
-        "invalid_actions_per_trajectory": metrics[PREFIX + "invalid_actions/mean"],
-        "masked": int(metrics[MASKED_KEY + "/count"]),
+        "tool_calls_per_trajectory": metrics[mean_metric("tool_calls")],
+        "turns_per_trajectory": metrics[mean_metric("turns")],
+        "images_per_trajectory": metrics[mean_metric("images")],
+        "invalid_actions_per_trajectory": metrics[mean_metric("invalid_actions")],
+        "masked": int(metrics[MASKED_COUNT]),
         "stop_reasons": {
             reason.value: sum(records[row]["stop_reason"] == reason.value for row in rows) for reason in StopReason
         },
         "tools": {
             name: {
-                "calls_per_trajectory": metrics[f"{PREFIX}tool/{name}/calls_per_trajectory"],
-                "error_rate": metrics[f"{PREFIX}tool/{name}/error_rate"],
+                "calls_per_trajectory": metrics[tool_metric(name, "calls_per_trajectory")],
+                "error_rate": metrics[tool_metric(name, "error_rate")],
             }
             for name in tools
         },

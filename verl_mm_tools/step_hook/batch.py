@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
-from verl_mm_tools.agent_loop.state import SAMPLE_KEY, is_final_sample
+from verl_mm_tools.handoff import SampleFields
 
 
 @dataclass
@@ -16,7 +17,8 @@ class StepBatch:
     """One batch of finished trajectories as either trainer hands it over.
 
     ``columns`` holds the loop's extra fields, one sequence per key with a value per row (None where a row lacks
-    the key, e.g. a trajectory of another agent loop). ``rm_scores`` is changed in place by ``process_step``.
+    the key, e.g. a trajectory of another agent loop); ``fields`` reads them per row. ``rm_scores`` is changed in
+    place by ``process_step``.
     """
 
     columns: Mapping[str, Sequence]
@@ -29,14 +31,20 @@ class StepBatch:
     # each row's trajectory (``{uid}_{session}`` on the v1 trainer); None where every row is its own trajectory
     trajectory_ids: list[str] | None = None
 
-    def column(self, key: str) -> list:
-        values = self.columns.get(key)
-        return [None] * len(self.rollout_n) if values is None else list(values)
+    @cached_property
+    def fields(self) -> list[SampleFields | None]:
+        """What the mm_tool loop handed over with each row (None for a row of another agent loop)."""
+        return SampleFields.rows(self.columns, len(self.rollout_n))
+
+    @property
+    def ours(self) -> list[tuple[int, SampleFields]]:
+        """The mm_tool rows, each with its fields."""
+        return [(row, fields) for row, fields in enumerate(self.fields) if fields is not None]
 
     def trajectories(self) -> StepBatch:
         """One row per trajectory: each trajectory's final training sample (``export`` per_turn / auto give a
         trajectory several rows, each carrying the trajectory's statistics)."""
-        rows = [row for row, sample in enumerate(self.column(SAMPLE_KEY)) if is_final_sample(sample)]
+        rows = [row for row, fields in enumerate(self.fields) if fields is None or fields.is_final]
         if len(rows) == len(self.rollout_n):
             return self
         index = torch.tensor(rows, dtype=torch.long)
@@ -53,11 +61,11 @@ class StepBatch:
 
     def trajectory_samples(self, rows: list[int]) -> list[list[int]]:
         """The given rows of trajectories exported as several samples, grouped per trajectory in sample order."""
-        samples = self.column(SAMPLE_KEY)
-        grouped: dict[str, list[int]] = {}
+        grouped: dict[str, list[tuple[int, int]]] = {}  # trajectory -> (sample index, row)
         for row in rows:
-            if samples[row] is not None and samples[row][1] > 1:
+            fields = self.fields[row]
+            if fields is not None and fields.sample[1] > 1:
                 if self.trajectory_ids is None:
                     raise ValueError("rows of multi-sample trajectories need trajectory_ids (the v1 trainer's keys)")
-                grouped.setdefault(self.trajectory_ids[row], []).append(row)
-        return [sorted(group, key=lambda row: samples[row][0]) for group in grouped.values()]
+                grouped.setdefault(self.trajectory_ids[row], []).append((fields.sample[0], row))
+        return [[row for _, row in sorted(group)] for group in grouped.values()]

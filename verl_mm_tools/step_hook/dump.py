@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from verl_mm_tools.agent_loop.dump import folder_bytes, write_json
 from verl_mm_tools.record import (
-    DUMP_KEY,
     FULL_MARKER,
     RECORD_FILE,
     SITE_DIR,
@@ -29,6 +28,7 @@ from verl_mm_tools.record import (
     STEP_SUMMARY,
     jsonable,
 )
+from verl_mm_tools.step_metrics import DUMP_FAILED, DUMP_MB, DUMP_SKIPPED, DUMP_WRITTEN
 
 if TYPE_CHECKING:
     from verl_mm_tools.step_hook.batch import StepBatch
@@ -43,41 +43,40 @@ def finalize_step_dumps(batch: StepBatch) -> dict[str, float]:
     ``mm_tool/dump/{written,skipped,mb}``. Batches without dumps return ``{}``.
 
     A dump must never stop training: a file-system failure is logged and reported as ``mm_tool/dump/failed``."""
-    references = batch.column(DUMP_KEY)
+    references = [None if fields is None else fields.dump for fields in batch.fields]
     if not any(isinstance(reference, dict) for reference in references):
         return {}
     try:
         return _finalize(batch, references)
     except OSError:
         logger.warning("mm_tool dump: publishing the step's trajectories failed; training goes on", exc_info=True)
-        return {"mm_tool/dump/failed": 1.0}
+        return {DUMP_FAILED: 1.0}
 
 
-def _finalize(batch: StepBatch, references: list) -> dict[str, float]:
+def _finalize(batch: StepBatch, references: list[dict | None]) -> dict[str, float]:
     finals = _final_fields(batch)
-    by_dir: dict[str, list[int]] = {}
-    for row, reference in enumerate(references):
+    by_dir: dict[str, list[tuple[dict, dict]]] = {}
+    for reference, final in zip(references, finals, strict=True):
         if isinstance(reference, dict):
-            by_dir.setdefault(reference["dump_dir"], []).append(row)
+            by_dir.setdefault(reference["dump_dir"], []).append((reference, final))
     totals: Counter[str] = Counter()
     used = 0
-    for dump_dir, rows in by_dir.items():
-        pairs = [(references[row], finals[row]) for row in rows]
+    for dump_dir, pairs in by_dir.items():
         counts, dir_bytes = _publish_rows(Path(dump_dir), pairs, batch.step, batch.validate)
         totals.update(counts)
         used += dir_bytes
     skipped = sum(count for reason, count in totals.items() if reason != "written")
     return {
-        "mm_tool/dump/written": float(totals["written"]),
-        "mm_tool/dump/skipped": float(skipped),
-        "mm_tool/dump/mb": used / 2**20,
+        DUMP_WRITTEN: float(totals["written"]),
+        DUMP_SKIPPED: float(skipped),
+        DUMP_MB: used / 2**20,
     }
 
 
 def _final_fields(batch: StepBatch) -> list[dict]:
     """What only the trainer side knows, per row: step, rollout number, reward score and reward extra info."""
     scores = batch.rm_scores.sum(dim=-1).tolist() if batch.rm_scores is not None else None
-    turn_rewards = batch.column("mm_tool/turn_rewards")
+    turn_rewards = [None if fields is None else fields.turn_rewards for fields in batch.fields]
     extras = batch.reward_extra or [{}] * len(turn_rewards)
     return [
         {

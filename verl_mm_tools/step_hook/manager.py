@@ -19,7 +19,7 @@ from verl.utils.ray_utils import auto_await
 
 from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
-from verl_mm_tools.record import DUMP_KEY
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
@@ -77,24 +77,21 @@ def step_batch(output: DataProto, meta_info: dict, uids=None) -> StepBatch:
         columns=columns,
         response_mask=batch["response_mask"],
         rm_scores=batch["rm_scores"] if "rm_scores" in batch.keys() else None,
-        rollout_n=_rollout_numbers(columns.get(DUMP_KEY), len(output), uids),
+        rollout_n=_rollout_numbers(SampleFields.rows(columns, len(output)), uids),
         reward_extra=[{key: columns[key][row] for key in extra_keys} for row in range(len(output))],
         step=int(meta_info.get("global_steps", -1)),
         validate=bool(meta_info.get("validate", False)),
     )
 
 
-def _rollout_numbers(references, rows: int, uids=None) -> list[int]:
+def _rollout_numbers(rows: list[SampleFields | None], uids=None) -> list[int]:
     """verl's own rule (``get_trajectory_info``): consecutive rows of one prompt are its rollouts 0, 1, ... A prompt is
     its uid when every row has one (verl's group, one per prompt), else its sample index, which prompts may share
     (RLHFDataset gives 0 to every row without extra_info.index)."""
-    if uids is not None and len(uids) == rows:
+    if uids is not None and len(uids) == len(rows):
         keys = list(uids)
     else:
-        keys = [
-            (reference or {}).get("sample_index") if isinstance(reference, dict) else None
-            for reference in (references if references is not None else [None] * rows)
-        ]
+        keys = [fields.dump.get("sample_index") if fields is not None and fields.dump else None for fields in rows]
     numbers, current = [], 0
     for row, key in enumerate(keys):
         current = current + 1 if row and key is not None and key == keys[row - 1] else 0

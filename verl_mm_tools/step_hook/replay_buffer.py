@@ -35,7 +35,6 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
-from verl_mm_tools.agent_loop.state import SAMPLE_KEY, TURN_CREDIT_KEY
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 from verl_mm_tools.step_hook.batch import StepBatch
@@ -94,7 +93,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
-        if step.rm_scores is not None and any(step.column(TURN_CREDIT_KEY)):
+        if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
         return batch, metrics
@@ -107,7 +106,7 @@ class MMToolReplayBufferAsync(MMToolReplayBuffer, ReplayBufferAsync):
 def tool_call_counts(batch: StepBatch) -> dict[str, float]:
     """verl's ``tool_call_counts/{min,max,mean}``: its classic trainer computes them from the batch, its v1 trainer
     does not."""
-    counts = [value for value in batch.column("tool_call_counts") if value is not None]
+    counts = [fields.tool_call_counts for _, fields in batch.ours]
     if not counts:
         return {}
     values = np.asarray(counts, dtype=np.float64)
@@ -159,11 +158,7 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
 def mark_continuations(keys: list[str], partition_id: str, step: StepBatch) -> None:
     """mm_turn_grpo: the uid of every sample after a turn-credit trajectory's first gets ``CONTINUATION_MARK``, so
     the estimator takes its group baseline over trajectories (``rewards.turn_credit``)."""
-    rows = [
-        row
-        for row, (sample, credit) in enumerate(zip(step.column(SAMPLE_KEY), step.column(TURN_CREDIT_KEY)))
-        if credit and sample is not None and sample[0] > 0
-    ]
+    rows = [row for row, fields in step.ours if fields.turn_credit and fields.sample[0] > 0]
     if not rows:
         return
     uids = [keys[row].rsplit("_", 2)[0] + CONTINUATION_MARK for row in rows]

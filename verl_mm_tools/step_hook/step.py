@@ -22,25 +22,19 @@ from collections import Counter
 
 import torch
 
-from verl_mm_tools.agent_loop.state import (
-    CALL_RATE_WINDOW_KEY,
-    ERROR_KEY,
-    MASKED_KEY,
-    MASKED_LIMIT_KEY,
-    PREFIX,
-    SAMPLE_KEY,
-    STOP_REASON_KEY,
-    TURN_CREDIT_KEY,
-    TURN_GAMMA_KEY,
-    TURN_REWARDS_KEY,
-    TURN_SPANS_KEY,
-    is_final_sample,
-)
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.dump import finalize_step_dumps
-from verl_mm_tools.step_hook.stats import CALL_RATE, CALL_RATE_COLLAPSED, aggregate_metrics
+from verl_mm_tools.step_metrics import (
+    CALL_RATE,
+    CALL_RATE_COLLAPSED,
+    REWARD_MEAN,
+    REWARD_WITH_TOOLS,
+    REWARD_WITHOUT_TOOLS,
+    TURN_REWARDS_UNPLACED,
+    aggregate_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +51,7 @@ class CallRateWatch:
         self.rates: list[tuple[int, float]] = []  # (step, tool-call rate) of the training steps seen
 
     def check(self, batch: StepBatch, metrics: dict[str, float]) -> None:
-        windows = [int(window) for window in batch.column(CALL_RATE_WINDOW_KEY) if window is not None]
+        windows = [int(fields.call_rate_window) for _, fields in batch.ours]
         if batch.validate or CALL_RATE not in metrics or not windows or min(windows) == 0:
             return
         window, rate = min(windows), metrics[CALL_RATE]
@@ -86,57 +80,47 @@ def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[s
     """Metrics of the batch (``mm_tool/*``); raises MaskedBatchError (see module). ``watch``: the trainer's tool-call
     guard (None: none)."""
     trajectories = batch.trajectories()
-    metrics = aggregate_metrics(trajectories.columns)
+    metrics = aggregate_metrics([fields for _, fields in batch.ours])
     if watch is not None:
         watch.check(trajectories, metrics)
-    samples = [sample for sample in batch.column(SAMPLE_KEY) if sample is not None]
-    if samples:  # mm_tool rows: how many training samples a trajectory became (export)
-        metrics[PREFIX + "samples_per_trajectory"] = len(samples) / sum(map(is_final_sample, samples))
-    ours = [row for row, reason in enumerate(trajectories.column(STOP_REASON_KEY)) if reason is not None]
+    ours = [row for row, _ in trajectories.ours]
     if trajectories.rm_scores is not None and ours:
-        # per trajectory: verl's critic/score/mean counts a trajectory exported as several samples once per sample
-        metrics[PREFIX + "reward/mean"] = float(trajectories.rm_scores[ours].sum(dim=-1).mean())
+        metrics[REWARD_MEAN] = float(trajectories.rm_scores[ours].sum(dim=-1).mean())
         metrics.update(_reward_by_tool_use(trajectories, ours, trajectories.rm_scores))
     check_masked_fraction(trajectories)
     # before turn rewards join rm_scores: a dump shows the manager's score
     metrics.update(finalize_step_dumps(trajectories))
     unplaced = _place_turn_rewards(batch)
     if unplaced is not None:
-        metrics[PREFIX + "turn_rewards/unplaced"] = float(unplaced)
+        metrics[TURN_REWARDS_UNPLACED] = float(unplaced)
     return metrics
 
 
 def _reward_by_tool_use(batch: StepBatch, rows: list[int], rm_scores: torch.Tensor) -> dict[str, float]:
     """The mean reward of the trajectories that called a tool and of those that did not: whether calling pays, what
     a policy that is dropping its tools (or taking them up) follows."""
-    calls = batch.column(PREFIX + "tool_calls")
+    calls = [0 if fields is None else fields.tool_calls for fields in batch.fields]
     rewards = rm_scores.sum(dim=-1)
     metrics = {}
-    for name, called in (("with_tool_calls", True), ("without_tool_calls", False)):
-        chosen = [row for row in rows if ((calls[row] or 0) > 0) == called]
+    for name, called in ((REWARD_WITH_TOOLS, True), (REWARD_WITHOUT_TOOLS, False)):
+        chosen = [row for row in rows if (calls[row] > 0) == called]
         if chosen:
-            metrics[f"{PREFIX}reward/{name}"] = float(rewards[chosen].mean())
+            metrics[name] = float(rewards[chosen].mean())
     return metrics
 
 
 def check_masked_fraction(batch: StepBatch) -> None:
     """Raise MaskedBatchError when the mm_tool trajectories masked in this batch exceed their loop's limit."""
-    rows = [
-        (masked, error, limit)
-        for masked, error, limit in zip(
-            batch.column(MASKED_KEY), batch.column(ERROR_KEY), batch.column(MASKED_LIMIT_KEY)
-        )
-        if masked is not None
-    ]
-    limits = [float(limit) for _, _, limit in rows if limit is not None]
-    errors = [str(error) for masked, error, _ in rows if masked]
-    if not rows or len(errors) / len(rows) <= min(limits, default=1.0):
+    rows = [fields for _, fields in batch.ours]
+    errors = [str(fields.error) for fields in rows if fields.masked]
+    limit = min((float(fields.max_masked_fraction) for fields in rows), default=1.0)
+    if not rows or len(errors) / len(rows) <= limit:
         return
     example, count = _most_common(errors)
     kind = "validation" if batch.validate else "training"
     raise MaskedBatchError(
         f"{len(errors)} of {len(rows)} mm_tool trajectories of {kind} step {batch.step} were masked (trained on "
-        f"nothing), more than max_masked_fraction={min(limits):g}; the most common error ({count} of them): "
+        f"nothing), more than max_masked_fraction={limit:g}; the most common error ({count} of them): "
         f"{example}. {_advice(example)}"
     )
 
@@ -167,7 +151,8 @@ def _most_common(errors: list[str]) -> tuple[str, int]:
 def _place_turn_rewards(batch: StepBatch) -> int | None:
     """Per-turn rewards onto rm_scores for the rows whose loop uses turn credit; how many rows could not be placed
     (None when no row uses turn credit)."""
-    rows = [row for row, enabled in enumerate(batch.column(TURN_CREDIT_KEY)) if enabled]
+    credited = [(row, fields) for row, fields in batch.ours if fields.turn_credit]
+    rows = [row for row, _ in credited]
     if not rows:
         return None
     if batch.rm_scores is None:
@@ -177,19 +162,19 @@ def _place_turn_rewards(batch: StepBatch) -> int | None:
             len(rows),
         )
         return len(rows)
-    turn_rewards, turn_spans = batch.column(TURN_REWARDS_KEY), batch.column(TURN_SPANS_KEY)
     # verl copies the final reward to every sample of a trajectory: it belongs to the final one only
-    samples = batch.column(SAMPLE_KEY)
-    earlier = [row for row in rows if not is_final_sample(samples[row])]
+    earlier = [row for row, fields in credited if not fields.is_final]
     batch.rm_scores[torch.tensor(earlier, dtype=torch.long)] = 0.0
     index = torch.tensor(rows)
     scores = batch.rm_scores[index]
-    skipped = place_turn_rewards(scores, [turn_spans[row] for row in rows], [turn_rewards[row] for row in rows])
+    skipped = place_turn_rewards(
+        scores, [fields.turn_spans for _, fields in credited], [fields.turn_rewards for _, fields in credited]
+    )
     batch.rm_scores[index] = scores
-    gammas = batch.column(TURN_GAMMA_KEY)
+    by_row = dict(credited)
     for trajectory in batch.trajectory_samples(rows):
-        gamma = 1.0 if gammas[trajectory[0]] is None else float(gammas[trajectory[0]])
-        chain_sample_returns(batch.rm_scores, trajectory, [turn_spans[row] for row in trajectory], gamma)
+        gamma = float(by_row[trajectory[0]].turn_gamma)
+        chain_sample_returns(batch.rm_scores, trajectory, [by_row[row].turn_spans for row in trajectory], gamma)
     if skipped:
         logger.warning("mm_turn_grpo: %d trajectories' turn counts did not match their turn rewards", skipped)
     return skipped

@@ -183,7 +183,7 @@ def _images_in(messages: list[dict], images: list) -> list:
 def loop_fields(item: LoadedRecord, renderer: ChatRenderer) -> dict:
     """The loop's ``extra_fields`` (verl's ``tool_extra_fields``) from the record's ``stats``, which keeps them
     without their ``mm_tool/`` prefix, plus ``last_assistant_text``."""
-    from verl_mm_tools.agent_loop.state import PREFIX
+    from verl_mm_tools.handoff import PREFIX
     from verl_mm_tools.rewards.common import LAST_ASSISTANT_TEXT_KEY
 
     stats = item.record.get("stats") or {}
