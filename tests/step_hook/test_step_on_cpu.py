@@ -3,6 +3,8 @@ AgentLoopWorker: the masked-batch guard, metrics, turn rewards; and which hook a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from handoff_rows import columns
@@ -11,6 +13,7 @@ from PIL import Image
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import hook_overrides, step_hook_configured
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
 from verl_mm_tools.runtime.config import compose_trainer_config
 from verl_mm_tools.step_hook.batch import StepBatch
@@ -58,6 +61,20 @@ def test_the_slowest_trajectorys_time_in_the_engine_is_verls_own_timer(rollout):
     assert seconds == [metrics["generate_sequences"] for metrics in output.meta_info["metrics"]]
     assert len(seconds) == 3 and min(seconds) > 0
     assert process_step(step_batch(output, {"global_steps": 7, "validate": False}))[GENERATE_S_MAX] == max(seconds)
+
+
+def test_the_batch_holds_exactly_the_keys_of_the_typed_hand_off_and_reads_back_as_it(rollout):
+    """verl concatenates each extra field across workers: the loop writes every ``SampleFields`` key, no other, and
+    the trainer side reads each row back to the record the loop built."""
+    output, _, _ = rollout.run([ANSWER], prompts(long=0, short=2), prompt_length=PROMPT_LENGTH, extra=CLASSIC)
+    keys = {SampleFields.key(item.name) for item in dataclasses.fields(SampleFields)}
+    ours = {key for key in output.non_tensor_batch if key.startswith("mm_tool/")}
+    assert ours == {key for key in keys if key.startswith("mm_tool/")} and len(keys) == len(ours) + 3
+    rows = SampleFields.every_row(output.non_tensor_batch)
+    assert [(fields.stop_reason, fields.turns, fields.tool_calls, fields.sample) for fields in rows] == [
+        ("answered", 1, 0, [0, 1])
+    ] * 2
+    assert rows[0].extra_fields() == {key: output.non_tensor_batch[key][0] for key in keys}
 
 
 def test_the_guard_checks_validation_batches_too(rollout):
