@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.errors import PluginRegistrationError
@@ -38,6 +38,7 @@ REFUSE, WARN = "refuse", "warn"
 INVENTORY = "docs/verl_adaptations.md"
 _ENTRY = re.compile(r"^(?P<table>\w+)\[(?P<key>[\w.]+)\]$")
 _CONFIRMED: set[int] = set()  # the rows ``confirm`` checked in this process
+_Replacement = TypeVar("_Replacement", bound=Callable[..., object])
 
 
 class VerlChangedError(PluginRegistrationError):
@@ -50,14 +51,14 @@ def source_sha256(code: object) -> str:
 
 def locate(target: Target) -> Any:
     """The object ``target`` names (importing its module). A class's own attribute, not an inherited one."""
-    found: Any = importlib.import_module(target.module)
+    found: object = importlib.import_module(target.module)
     *path, last = target.name.split(".") if not _ENTRY.match(target.name) else [target.name]
     for part in path:
         found = getattr(found, part)
     entry = _ENTRY.match(last)
     if entry is not None:
         table = getattr(found, entry["table"])
-        key: Any = found
+        key: object = found
         for part in entry["key"].split("."):
             key = getattr(key, part)
         return table[key]
@@ -97,7 +98,7 @@ def confirm(adaptation: Adaptation) -> None:
     _CONFIRMED.add(adaptation.row)
 
 
-def mismatch(adaptation: Adaptation, found: Sequence[Any], downgraded: str = "run without it") -> str | None:
+def mismatch(adaptation: Adaptation, found: Sequence[object], downgraded: str = "run without it") -> str | None:
     """What is wrong when a target's source is not the one ``adaptation`` was written against; None when none is.
     ``downgraded``: what the ``warn`` policy does, for the message."""
     changed = [
@@ -128,12 +129,14 @@ def changed_message(
     )
 
 
-def mark(replacement: Callable) -> Callable:
+def mark(replacement: _Replacement) -> _Replacement:
     setattr(replacement, PATCHED_MARK, True)
     return replacement
 
 
-def install(target: Target, original: Callable, replacement: Callable, bound_in: str = "verl.") -> None:
+def install(
+    target: Target, original: Callable[..., object], replacement: Callable[..., object], bound_in: str = "verl."
+) -> None:
     """Put ``replacement`` wherever ``target``'s module and the loaded modules under ``bound_in`` (verl's, or vLLM's)
     hold ``original`` under its name."""
     mark(replacement)
@@ -144,10 +147,10 @@ def install(target: Target, original: Callable, replacement: Callable, bound_in:
     logger.debug("replaced %s", target.qualname)
 
 
-def install_method(target: Target, replacement: Callable) -> None:
+def install_method(target: Target, replacement: Callable[..., object]) -> None:
     """Put ``replacement`` on the class: ``target.name`` is ``Class.method``."""
     class_name, method_name = target.name.rsplit(".", 1)
-    owner: Any = importlib.import_module(target.module)
+    owner: object = importlib.import_module(target.module)
     for part in class_name.split("."):
         owner = getattr(owner, part)
     setattr(owner, method_name, mark(replacement))

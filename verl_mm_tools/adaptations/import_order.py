@@ -18,28 +18,32 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import cast
+from typing import TypeGuard, cast
 
 
 class _HookedLoader(importlib.abc.Loader):
     """The real loader, plus ``before()`` (runs before the module exists) and ``after(module)`` (after its code)."""
 
     def __init__(
-        self, loader, before: Callable[[], None] | None = None, after: Callable[[ModuleType], None] | None = None
-    ):
+        self,
+        loader: importlib.abc.Loader,
+        before: Callable[[], None] | None = None,
+        after: Callable[[ModuleType], None] | None = None,
+    ) -> None:
         self.loader, self.before, self.after = loader, before, after
         self.imported_by_before: ModuleType | None = None
         self.own_spec: ModuleSpec | None = None
 
-    def __getattr__(self, name):  # get_code, get_source, get_resource_reader, ...: the real loader's (runpy uses them)
+    # get_code, get_source, get_resource_reader, ...: the real loader's (runpy uses them)
+    def __getattr__(self, name: str) -> object:
         if name == "loader":  # not set yet (a copy in the making): no endless recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         if self.before is not None:
             self.before()
             # before() (importing verl, which loads our plugin) may have imported this very module: reuse it rather
@@ -61,7 +65,9 @@ class _HookedLoader(importlib.abc.Loader):
             self.after(module)
 
 
-def _spec_from_other_finders(finder: importlib.abc.MetaPathFinder, fullname, path, target):
+def _spec_from_other_finders(
+    finder: importlib.abc.MetaPathFinder, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+) -> ModuleSpec | None:
     for other in sys.meta_path:
         if other is not finder and hasattr(other, "find_spec"):
             spec = other.find_spec(fullname, path, target)
@@ -70,21 +76,23 @@ def _spec_from_other_finders(finder: importlib.abc.MetaPathFinder, fullname, pat
     return None
 
 
-def _hookable(spec) -> bool:
-    return spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module")
+def _hookable(loader: object) -> TypeGuard[importlib.abc.Loader]:
+    return loader is not None and hasattr(loader, "exec_module")
 
 
 class _ImportFirst(importlib.abc.MetaPathFinder):
     """Hooks the loader of each module ``wants(name)`` selects with ``before``."""
 
-    def __init__(self, wants: Callable[[str], bool], before: Callable[[], None]):
+    def __init__(self, wants: Callable[[str], bool], before: Callable[[], None]) -> None:
         self.wants, self.before = wants, before
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if not self.wants(fullname):
             return None
         spec = _spec_from_other_finders(self, fullname, path, target)
-        if _hookable(spec):
+        if spec is not None and _hookable(spec.loader):
             spec.loader = _HookedLoader(spec.loader, before=self.before)
         return spec
 
@@ -95,11 +103,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.pending: dict[str, list[Callable[[ModuleType], None]]] = {}
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname not in self.pending or fullname in sys.modules:
             return None
         spec = _spec_from_other_finders(self, fullname, path, target)
-        if _hookable(spec):
+        if spec is not None and _hookable(spec.loader):
             spec.loader = _HookedLoader(spec.loader, after=lambda module: self.run(fullname, module))
         return spec
 

@@ -12,11 +12,17 @@ this worker scores the final sample alone. Select it (the mm_tool loop asks for 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ray
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 from verl_mm_tools.adaptations.guard import checked
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 
 ADAPTATION = Adaptation(
     row=11,
@@ -51,21 +57,21 @@ ADAPTATION = Adaptation(
 )
 
 
-def final_sample_scoring_worker():
+def final_sample_scoring_worker() -> ActorClass[AgentLoopWorker]:
     """The Ray actor class of verl's v1 worker scoring a trajectory's final sample alone. Built in a function: a
     module-level subclass of a ``@ray.remote`` class is pickled by reference while its base travels by value, and the
     base's own ``super()`` then fails in the actor ("obj must be an instance or subtype of type")."""
 
     # the @ray.remote class's own class, an attribute Ray adds (so unknown to mypy)
     class FinalSampleScoringWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[name-defined, unused-ignore]
-        async def _compute_score(self, outputs, kwargs):
+        async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict[str, object]) -> None:
             await super()._compute_score(outputs[-1:], kwargs=kwargs)
 
     return ray.remote(FinalSampleScoringWorker)
 
 
 class MMToolAgentLoopManagerTQ(AgentLoopManagerTQ):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         verls_scoring = checked(ADAPTATION)  # changed: refuses to start, or (downgraded) None: verl's workers
         super().__init__(*args, **kwargs)  # sets verl's worker class; the workers start later, in create()
         if verls_scoring is not None:

@@ -22,9 +22,13 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.verl_registry import register_unique, when_imported
+
+if TYPE_CHECKING:
+    from verl_mm_tools.cpu.replica import HFReplica
 
 PLATFORM_ENV = "VERL_PLATFORM"
 
@@ -35,7 +39,7 @@ def cpu_platform_selected() -> bool:
     return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
 
 
-def _load_hf_replica():
+def _load_hf_replica() -> type[HFReplica]:
     from verl_mm_tools.cpu.replica import HFReplica
 
     return HFReplica

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from typing import Any, cast
 
 import ray
@@ -83,7 +83,7 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
         self.mailbox: ray.actor.ActorHandle | None = None
         self.sync_id: str | None = None
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> dict[str, bool]:
         return {"is_master": self.is_master}
 
     @classmethod
@@ -137,7 +137,11 @@ class CPUObjectStoreCheckpointEngine(CheckpointEngine):
                 "was send/receive_weights called outside CheckpointEngineManager.update_weights?"
             )
 
-    async def send_weights(self, weights, global_steps: int | None = None) -> dict[str, float]:
+    async def send_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
+        global_steps: int | None = None,
+    ) -> dict[str, float]:
         self._require(SENDER, RELAY)
         if self.role == RELAY:
             async for _ in ensure_async_iterator(weights):  # gathering each weight is collective over the actor

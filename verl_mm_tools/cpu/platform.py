@@ -9,9 +9,8 @@ pools, so a CPU run starts Ray with ``num_gpus=1`` logical GPU (see ``verl_mm_to
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psutil
 import torch
@@ -22,15 +21,15 @@ from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
 PLATFORM_NAME = "cpu"
 
 
-def _no_op(*args: Any, **kwargs: Any) -> None:
+def _no_op(*args: object, **kwargs: object) -> None:
     return None
 
 
-def _zero(*args: Any, **kwargs: Any) -> int:
+def _zero(*args: object, **kwargs: object) -> int:
     return 0
 
 
-def _mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+def _mem_get_info(*args: object, **kwargs: object) -> tuple[int, int]:
     memory = psutil.virtual_memory()
     return memory.available, memory.total
 
@@ -40,7 +39,7 @@ def _build_device_module() -> types.ModuleType:
     module = types.ModuleType("verl_mm_tools.cpu.device")
     for name in ("synchronize", "is_available", "current_stream", "stream", "Stream", "Event", "device_count"):
         setattr(module, name, getattr(torch.cpu, name))
-    cuda_only: dict[str, Callable[..., Any]] = {
+    cuda_only: dict[str, Callable[..., object]] = {
         "current_device": torch.cpu.current_device,  # "cpu", see PlatformCPU.current_device
         "set_device": _no_op,
         "empty_cache": _no_op,
@@ -123,7 +122,7 @@ class PlatformCPU(PlatformBase):
         return "CUDA_VISIBLE_DEVICES"
 
     @contextmanager
-    def nvtx_range(self, msg: str):
+    def nvtx_range(self, msg: str) -> Iterator[None]:
         yield
 
     def profiler_start(self) -> None:
@@ -145,5 +144,5 @@ class PlatformCPU(PlatformBase):
     def is_ipc_supported(self) -> bool:
         return False
 
-    def cudart(self) -> Any:
+    def cudart(self) -> None:
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import ray
 import torch
@@ -27,7 +27,11 @@ from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.cpu.server import HFRolloutServer
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterable, Iterable
+
     from omegaconf import DictConfig
+    from torch.distributed.device_mesh import DeviceMesh
+    from verl.workers.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +95,14 @@ class HFReplica(RolloutReplica):
 class HFServerAdapter(BaseRollout):
     """Worker-side half of the ``hf`` rollout: forwards the trainer's weights to the replica's server."""
 
-    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1, **kwargs: Any):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model_config: HFModelConfig,
+        device_mesh: DeviceMesh,
+        replica_rank: int = -1,
+        **kwargs: object,
+    ) -> None:
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", 0))
         rollout_world_size = (
@@ -103,7 +114,7 @@ class HFServerAdapter(BaseRollout):
         self.is_leader_rank = rank % rollout_world_size == 0
         self._server: ray.actor.ActorHandle | None = None
 
-    def _server_handle(self):
+    def _server_handle(self) -> ray.actor.ActorHandle:
         if self._server is None:
             self._server = ray.get_actor(server_name(self.replica_rank))
         return self._server
@@ -117,7 +128,11 @@ class HFServerAdapter(BaseRollout):
     # verl's base leaves global_steps to **kwargs; its callers pass everything but the weights as keywords.
     @torch.no_grad()
     async def update_weights(  # type: ignore[override, unused-ignore]
-        self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
+        global_steps: int | None = None,
+        wire_format: str = "named_tensors",
+        **kwargs: object,
     ) -> None:
         if wire_format != "named_tensors":
             raise NotImplementedError(

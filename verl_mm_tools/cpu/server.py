@@ -13,13 +13,16 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_mm_tools.cpu.hf_engine import LOGPROBS_MODES, PROCESSED_LOGPROBS, HFVisionLM
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ BATCH_WINDOW_S = 0.005
 @dataclass
 class _Request:
     prompt_ids: list[int]
-    images: list[Any]
+    images: list[Image.Image]
     max_new_tokens: int
     sampling: tuple[float, float, int, tuple[int, ...]]
     future: asyncio.Future = field(repr=False)
@@ -88,7 +91,7 @@ class HFRolloutServer:
         sampling_params: dict[str, Any],
         image_data: list | None = None,
         video_data: list | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> TokenOutput:
         if video_data:
             raise ValueError(
@@ -170,10 +173,10 @@ class HFRolloutServer:
 
     # verl's replica/manager lifecycle calls. The HF model keeps its weights and has no KV cache between requests,
     # so memory management is a no-op.
-    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
+    async def wake_up(self, *args: object, **kwargs: object) -> None:
         return None
 
-    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+    async def sleep(self, *args: object, **kwargs: object) -> None:
         return None
 
     async def clear_kv_cache(self) -> None:
@@ -185,7 +188,7 @@ class HFRolloutServer:
     async def resume_kv_cache(self) -> None:
         return None
 
-    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, int | list[str]]:
         # Nothing to abort for a weight update: batches and weight updates take turns under the lock, so every
         # response comes from one weight version, which it reports (verl's staleness tags stay exact).
         return {"aborted_count": 0, "request_ids": []}
@@ -193,7 +196,7 @@ class HFRolloutServer:
     async def resume_generation(self) -> None:
         return None
 
-    async def start_profile(self, **kwargs: Any) -> None:
+    async def start_profile(self, **kwargs: object) -> None:
         return None
 
     async def stop_profile(self) -> None:

@@ -100,7 +100,7 @@ class SFTKnobs:
     max_token_len_per_gpu: int = 8192  # tokens per micro-batch (verl's dynamic batch size)
     save_contents: tuple[str, ...] = (HF_MODEL,)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "max_length", "max_token_len_per_gpu"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"verl SFT: {name} must be >= 1, got {getattr(self, name)}")
@@ -125,7 +125,7 @@ def sft_overrides(
     model_path: str | os.PathLike,
     train_files: str | os.PathLike | Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
-    **knobs,
+    **knobs: object,
 ) -> list[str]:
     """The hydra overrides for ``verl.trainer.sft_trainer`` on CPU: ``CPU_SFT_OVERRIDES``, then the model, data,
     schedule and checkpoint (``trainer.default_local_dir`` is ``out_dir/checkpoints``). ``knobs``: ``SFTKnobs``."""
@@ -151,7 +151,7 @@ def sft_overrides(
     ]
 
 
-def train_file_list(train_files) -> list[Path]:
+def train_file_list(train_files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     listed = [train_files] if isinstance(train_files, str | os.PathLike) else list(train_files)
     files = [Path(path) for path in listed]
     if not files:
@@ -198,7 +198,7 @@ def run_verl_sft(
     *,
     overrides: Sequence[str] = (),
     timeout_s: float | None = None,
-    **knobs,
+    **knobs: object,
 ) -> Path:
     """Train ``model_path`` on ``train_files`` with verl's SFT trainer on CPU; return the Hugging Face model folder
     it saved after the last step. ``overrides`` (hydra) come last and win; ``knobs``: ``SFTKnobs``. Writes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -16,7 +15,7 @@ def image_prompt(text: str, images: Sequence[Image.Image] = ()) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def make_batch(prompts: Sequence[list[dict]], **columns: Sequence[Any]) -> DataProto:
+def make_batch(prompts: Sequence[list[dict]], **columns: Sequence[object]) -> DataProto:
     """A generation batch of raw prompts plus optional per-sample columns (agent_name, tools_kwargs, extra_info)."""
     size = len(prompts)
     non_tensor = {"raw_prompt": object_array(prompts), "index": np.arange(size)}
@@ -25,7 +24,7 @@ def make_batch(prompts: Sequence[list[dict]], **columns: Sequence[Any]) -> DataP
     return DataProto.from_dict(non_tensors=non_tensor, meta_info={"global_steps": 1, "validate": False})
 
 
-def object_array(values: Sequence[Any]) -> np.ndarray:
+def object_array(values: Sequence[object]) -> np.ndarray:
     """A 1-D object array of ``values`` (np.array would make a list of equal-length lists 2-D)."""
     array = np.empty(len(values), dtype=object)
     for index, value in enumerate(values):

@@ -4,7 +4,9 @@ verl-mm-tools' agent-loop manager, run on verl's event loop."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig
@@ -12,6 +14,18 @@ from verl.protocol import DataProto
 
 from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopManager,
+        AgentLoopOutput,
+        AgentLoopWorker,
+        _InternalAgentLoopOutput,
+    )
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
 
 ADAPTATION = Adaptation(
     row=21,
@@ -40,7 +54,7 @@ ADAPTATION = Adaptation(
 
 
 @contextlib.contextmanager
-def restored_loop_registry():
+def restored_loop_registry() -> Iterator[None]:
     """verl's worker writes agent_loop_config_path entries (our loop options) into its process-wide registry: put it
     back afterwards, so one run's loop options (a dump_dir, an export) never leak into later rollouts."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
@@ -53,7 +67,7 @@ def restored_loop_registry():
         _agent_loop_registry.update(saved)
 
 
-def make_worker(config: DictConfig, server, *, per_sample: bool = False) -> Any:
+def make_worker(config: DictConfig, server: LLMServerClient | None, *, per_sample: bool = False) -> Any:
     """verl's real AgentLoopWorker (the class Ray would wrap), talking to ``server``; with ``per_sample``, one that
     takes loops returning several training samples per trajectory (``per_sample_worker_class``)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
@@ -71,7 +85,9 @@ def per_sample_worker_class() -> type:
     confirm(ADAPTATION)  # the verl methods it overrides changed: refuses to start
 
     class PerSampleAgentLoopWorker(AgentLoopWorker):
-        async def _agent_loop_postprocess(self, output, validate, **kwargs):
+        async def _agent_loop_postprocess(  # type: ignore[override, unused-ignore]  # returns each sample's row
+            self, output: AgentLoopOutput | list[AgentLoopOutput], validate: bool, **kwargs: object
+        ) -> list[_InternalAgentLoopOutput]:
             postprocess = super()._agent_loop_postprocess  # zero-argument super() fails inside a comprehension
             return [
                 await postprocess(item, validate, **kwargs)
@@ -79,7 +95,12 @@ def per_sample_worker_class() -> type:
             ]
 
         # inputs: each trajectory's list of samples (verl's: one output per trajectory)
-        def _postprocess(self, inputs, input_non_tensor_batch=None, **kwargs):  # type: ignore[override, unused-ignore]
+        def _postprocess(  # type: ignore[override, unused-ignore]  # takes samples per trajectory
+            self,
+            inputs: list[list[_InternalAgentLoopOutput]],
+            input_non_tensor_batch: dict[str, np.ndarray] | None = None,
+            **kwargs: bool,
+        ) -> DataProto:
             counts = [len(samples) for samples in inputs]
             repeated = {
                 key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()
@@ -89,7 +110,7 @@ def per_sample_worker_class() -> type:
     return PerSampleAgentLoopWorker
 
 
-def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
+def in_process_manager(config: DictConfig) -> tuple[MMToolAgentLoopManager, Any]:
     """``MMToolAgentLoopManager`` over one in-process AgentLoopWorker (no Ray), and that worker, whose
     ``llm_client`` the caller sets: trajectories scored by verl's reward worker in-process, the step hook publishing
     dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``)."""
@@ -104,12 +125,12 @@ def in_process_manager(config: DictConfig) -> tuple[Any, Any]:
     return manager, worker
 
 
-def generate(worker, batch: DataProto) -> DataProto:
+def generate(worker: AgentLoopWorker | AgentLoopManager, batch: DataProto) -> DataProto:
     """Run ``worker.generate_sequences`` (an AgentLoopWorker or a manager) on verl's event loop (the one verl's
     reward worker and agent loops capture)."""
     from verl.utils.ray_utils import get_event_loop
 
-    async def run():
+    async def run() -> DataProto:
         return await worker.generate_sequences(batch)
 
     return get_event_loop().run_until_complete(run())
@@ -118,16 +139,14 @@ def generate(worker, batch: DataProto) -> DataProto:
 class InProcessActor:
     """Stands in for a Ray actor handle: ``handle.method.remote(...)`` returns the awaitable of the local call."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: object) -> None:
         self._target = target
 
-    def __getattr__(self, name: str) -> Any:
-        from types import SimpleNamespace
-
+    def __getattr__(self, name: str) -> SimpleNamespace:
         return SimpleNamespace(remote=getattr(self._target, name))
 
 
-def in_process_reward_worker(config: DictConfig):
+def in_process_reward_worker(config: DictConfig) -> RewardLoopWorker:
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
     return RewardLoopWorker(config)

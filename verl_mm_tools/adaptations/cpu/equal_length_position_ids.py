@@ -5,6 +5,7 @@ only."""
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -13,6 +14,7 @@ from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
+    from tensordict import TensorDict
     from torch.nested._internal.nested_tensor import NestedTensor
 
 TARGET = Target(
@@ -34,14 +36,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def left_right_2_no_padding(data):
+    def left_right_2_no_padding(data: TensorDict) -> TensorDict:
         data = original(data)
         data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
         return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
@@ -26,14 +27,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+    def initialize_global_process_group_ray(timeout_second: float | None = None, backend: str | None = None) -> None:
         return original(timeout_second=timeout_second, backend=backend or CPU_BACKEND)
 
     install(TARGET, original, initialize_global_process_group_ray)

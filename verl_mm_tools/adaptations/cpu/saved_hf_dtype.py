@@ -9,9 +9,14 @@ import functools
 import json
 import logging
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +42,20 @@ HF_MODEL_DIR = "huggingface"  # verl's folder for the Hugging Face model, under 
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+    def save_checkpoint(
+        self: FSDPCheckpointManager,
+        local_path: str,
+        hdfs_path: str | None = None,
+        global_step: int = 0,
+        max_ckpt_to_keep: int | None = None,
+    ) -> None:
         original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
         if local_path is not None and self.should_save_hf_model and self.rank == 0:
             record_weights_dtype(Path(local_path) / HF_MODEL_DIR)
@@ -75,7 +86,7 @@ def saved_weight_dtypes(model_dir: Path) -> set[str]:
     return {SAFETENSORS_DTYPES.get(dtype, dtype) for dtype in found}
 
 
-def with_dtype(config, dtype: str):
+def with_dtype(config: object, dtype: str) -> object:
     """``config`` with each ``dtype`` / ``torch_dtype`` entry, at any depth (``text_config``, ...), set to ``dtype``."""
     if isinstance(config, dict):
         return {

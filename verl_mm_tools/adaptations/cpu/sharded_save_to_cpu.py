@@ -5,11 +5,19 @@ update, and ``restore_model_from_cpu`` would restore the current weights instead
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    # verl's: each name's local shard and its spec
+    ShardedState = dict[str, tuple[torch.Tensor, DTensorSpec]]
 
 TARGET = Target(
     "verl.utils.fsdp_utils",
@@ -30,21 +38,21 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def fsdp2_sharded_save_to_cpu(model):
+    def fsdp2_sharded_save_to_cpu(model: torch.nn.Module) -> tuple[ShardedState, DTensorSpec]:
         cpu_sharded_state, global_spec = original(model)
         return detach_from_parameters(cpu_sharded_state, model), global_spec
 
     install(TARGET, original, fsdp2_sharded_save_to_cpu)
 
 
-def detach_from_parameters(cpu_sharded_state: dict, model: torch.nn.Module) -> dict:
+def detach_from_parameters(cpu_sharded_state: ShardedState, model: torch.nn.Module) -> ShardedState:
     """``cpu_sharded_state`` ({name: (tensor, spec)}) with every tensor that shares memory with one of ``model``'s
     parameters (an FSDP2 parameter's local shard) replaced by a copy."""
     # A DTensor has no storage of its own (asking raises); its shard, the one verl's save reads, has.

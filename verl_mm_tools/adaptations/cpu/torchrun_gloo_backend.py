@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import timedelta
+from types import ModuleType
 
 from verl_mm_tools.adaptations.cpu.gloo_backend import CPU_BACKEND
 from verl_mm_tools.adaptations.guard import checked, install
@@ -31,7 +32,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
@@ -39,7 +40,7 @@ def apply(_module=None) -> None:
 
     # verl's function takes no backend to pass on, so this is verl's, with "cpu:gloo" (set_device is a no-op here)
     @functools.wraps(original)
-    def initialize_global_process_group(timeout_second=36000):
+    def initialize_global_process_group(timeout_second: float = 36000) -> tuple[int, int, int]:
         import torch.distributed
 
         torch.distributed.init_process_group(

@@ -5,6 +5,7 @@ parameters already live in host memory)."""
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 from verl_mm_tools.adaptations.guard import PATCHED_MARK, checked, mark
@@ -30,14 +31,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     module: Any = importlib.import_module(OFFLOAD_MODULE)  # patched below
     original = module.CPUOffloadPolicy
     if getattr(original, PATCHED_MARK, False) or checked(ADAPTATION) is None:
         return
 
     class UnpinnedCPUOffloadPolicy(module.CPUOffloadPolicy):  # original, verl's class
-        def __init__(self, pin_memory: bool = True):
+        def __init__(self, pin_memory: bool = True) -> None:
             super().__init__(pin_memory=False)
 
     module.CPUOffloadPolicy = mark(UnpinnedCPUOffloadPolicy)

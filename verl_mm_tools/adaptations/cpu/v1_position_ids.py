@@ -4,10 +4,15 @@ verl's own repair (reset the ragged index, for tensors that lost it in a pickle)
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.cpu.equal_length_position_ids import fix_ragged_position_ids
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 TARGET = Target(
     "verl.utils.tensordict_utils",
@@ -28,14 +33,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def maybe_fix_3d_position_ids(data):
+    def maybe_fix_3d_position_ids(data: TensorDict) -> None:
         if "position_ids" in data.keys():
             data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
 

@@ -10,10 +10,17 @@ exactly stops the step with ``CompactImageError`` naming it; samples without com
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.compact_image import expanded_inputs
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict.tensorclass import NonTensorData
 
 TARGET = Target(
     "verl.utils.model",
@@ -40,21 +47,23 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (extract,) = found
 
     @functools.wraps(extract)
-    def extract_multi_modal_inputs(batch_data, indices=None):
+    def extract_multi_modal_inputs(
+        batch_data: Sequence[Mapping[str, object] | NonTensorData | None], indices: list[int] | None = None
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         selected = batch_data if indices is None else [batch_data[i] for i in indices if i < len(batch_data)]
         return extract([_expanded(inputs) for inputs in selected])
 
     install(TARGET, extract, extract_multi_modal_inputs)
 
 
-def _expanded(inputs):
+def _expanded(inputs: Mapping[str, object] | NonTensorData | None) -> dict[str, object] | None:
     from tensordict.tensorclass import NonTensorData
 
     inputs = inputs.data if isinstance(inputs, NonTensorData) else inputs

@@ -10,10 +10,15 @@ inside strings reach the parser whole."""
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.parsers.gemma4 import parse_gemma4_arguments
+
+if TYPE_CHECKING:
+    from verl.experimental.agent_loop.tool_parser import Gemma4ToolParser
 
 TOOL_PARSER_MODULE = "verl.experimental.agent_loop.tool_parser"
 PARSE = Target(
@@ -46,14 +51,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     parse, _ = found
 
     @functools.wraps(parse)
-    def _parse_arguments(self, args_str):
+    def _parse_arguments(self: Gemma4ToolParser, args_str: str) -> dict:
         return parse_gemma4_arguments(args_str)
 
     install_method(PARSE, _parse_arguments)

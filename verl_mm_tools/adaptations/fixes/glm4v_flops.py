@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, mark
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 FLOPS_MODULE = "verl.utils.flops_counter"
 TARGET = Target(
@@ -28,7 +34,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     flops = importlib.import_module(FLOPS_MODULE)
     found = checked(ADAPTATION)
     if found is None:
@@ -38,7 +44,9 @@ def apply(_module=None) -> None:
         return
 
     @functools.wraps(estimate)
-    def estimate_glm4v_flops(config, tokens_sum, batch_seqlens, delta_time):
+    def estimate_glm4v_flops(
+        config: PretrainedConfig, tokens_sum: int, batch_seqlens: Sequence[int], delta_time: float
+    ) -> float:
         language = config if hasattr(config, "hidden_size") else config.text_config
         return estimate(language, tokens_sum, batch_seqlens, delta_time)
 

@@ -7,9 +7,15 @@ and calls ``.shape`` on it; transformers >= 5 returns a ``BaseModelOutputWithPoo
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.models.glm4v.modeling_glm4v import Glm4vModel
 
 TARGET = Target(
     "verl.models.transformers.glm4v",
@@ -30,14 +36,17 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
+    # model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
     @functools.wraps(original)
-    def _get_input_embeds(model, input_ids, *args, **kwargs):
+    def _get_input_embeds(
+        model: Glm4vModel, input_ids: torch.LongTensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return original(UnpackedVisual(model), input_ids, *args, **kwargs)
 
     install(TARGET, original, _get_input_embeds)
@@ -47,22 +56,22 @@ class UnpackedVisual:
     """A view of a VLM whose ``visual(...)`` returns the image features themselves (transformers >= 5 wraps them in
     a ``BaseModelOutputWithPooling``); every other attribute is the model's."""
 
-    def __init__(self, model):
+    def __init__(self, model: Glm4vModel) -> None:
         self._model = model
         self.visual = _FeaturesOnly(model.visual)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> object:
         return getattr(self._model, name)
 
 
 class _FeaturesOnly:
-    def __init__(self, visual):
+    def __init__(self, visual: torch.nn.Module) -> None:
         self._visual = visual
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> object:
         return getattr(self._visual, name)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> torch.Tensor:
         from verl.utils.transformers_compat import unpack_visual_output
 
         return unpack_visual_output(self._visual(*args, **kwargs))[0]

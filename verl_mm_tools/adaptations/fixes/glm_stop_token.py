@@ -9,9 +9,14 @@ context does not start with (no call was parsed, a user turn follows) is left to
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.utils.tokenizer.continuous_token import GLMContinuousTokenBuilder
 
 TARGET = Target(
     "verl.utils.tokenizer.continuous_token",
@@ -32,7 +37,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
@@ -40,7 +45,9 @@ def apply(_module=None) -> None:
     from verl.utils.tokenizer.continuous_token import MergeResult
 
     @functools.wraps(merge)
-    def _merge_context_token_ids(self, runtime_token_ids, appended_token_ids, **kwargs):
+    def _merge_context_token_ids(
+        self: GLMContinuousTokenBuilder, runtime_token_ids: list[int], appended_token_ids: list[int], **kwargs: object
+    ) -> MergeResult:
         stop = runtime_token_ids[-1] if runtime_token_ids else None
         if stop in self._ambiguous_boundary_ids and appended_token_ids and appended_token_ids[0] == stop:
             appended = list(appended_token_ids[1:])

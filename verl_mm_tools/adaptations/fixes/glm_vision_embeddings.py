@@ -9,9 +9,16 @@ unit (gathered with it); every other target stays verl's."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 TARGET = Target(
     "verl.utils.fsdp_utils",
@@ -34,14 +41,16 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
     @functools.wraps(original)
-    def _select_fsdp2_wrap_targets(model, fsdp_transformer_layer_cls_to_wrap):
+    def _select_fsdp2_wrap_targets(
+        model: PreTrainedModel, fsdp_transformer_layer_cls_to_wrap: Collection[str]
+    ) -> list[torch.nn.Module]:
         read_directly = {id(module) for module in weight_read_embeddings(model)}
         return [
             module for module in original(model, fsdp_transformer_layer_cls_to_wrap) if id(module) not in read_directly
@@ -50,7 +59,7 @@ def apply(_module=None) -> None:
     install(TARGET, original, _select_fsdp2_wrap_targets)
 
 
-def weight_read_embeddings(model) -> list:
+def weight_read_embeddings(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Embeddings whose weight their parent reads directly instead of calling them (GLM-V's vision position
     embeddings): FSDP2 would never gather them as units of their own."""
     return [

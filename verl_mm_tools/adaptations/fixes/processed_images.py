@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.compact_image import PIXEL_PREFIX
+
+if TYPE_CHECKING:
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 
 TARGET = Target(
     "verl.experimental.agent_loop.agent_loop",
@@ -40,7 +46,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
@@ -50,7 +56,9 @@ def apply(_module=None) -> None:
     from verl_mm_tools.agent_loop import loop_output
 
     @functools.wraps(original)
-    def _compute_multi_modal_inputs(self, output, input_ids):
+    def _compute_multi_modal_inputs(
+        self: AgentLoopWorker, output: AgentLoopOutput, input_ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         store = loop_output.image_store(output)
         if store is None or store.source is not self.processor:
             return original(self, output, input_ids)

@@ -9,9 +9,15 @@ Qwen3-VL code does (``unpack_visual_output``) and leaves every other case to ver
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
 TARGET = Target(
     "verl.models.transformers.qwen2_vl",
@@ -33,22 +39,23 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (original,) = found
 
+    # model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
     @functools.wraps(original)
     def _get_input_embeds(
-        model,
-        input_ids,
-        attention_mask=None,
-        pixel_values=None,
-        pixel_values_videos=None,
-        image_grid_thw=None,
-        video_grid_thw=None,
-    ):
+        model: Qwen2VLModel,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        pixel_values_videos: torch.FloatTensor | None = None,
+        image_grid_thw: torch.LongTensor | None = None,
+        video_grid_thw: torch.LongTensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if pixel_values is not None or pixel_values_videos is not None:
             return original(
                 model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw
@@ -58,13 +65,16 @@ def apply(_module=None) -> None:
     install(TARGET, original, _get_input_embeds)
 
 
-def text_only_input_embeds(model, input_ids, attention_mask):
+def text_only_input_embeds(
+    model: Qwen2VLModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token embeddings plus zero times the vision tower's output on a dummy 4x4-patch image, as verl intends."""
     import torch
     from verl.utils.transformers_compat import unpack_visual_output
 
     inputs_embeds = model.get_input_embeddings()(input_ids)
-    config = model.config.vision_config
+    # transformers types the sizes int | list | tuple (the sub-config: also dict or None): Qwen2-VL's are ints
+    config: Any = model.config.vision_config
     patch_dim = config.in_channels * config.temporal_patch_size * config.patch_size**2
     pixel_values = torch.zeros((16, patch_dim), dtype=inputs_embeds.dtype, device=inputs_embeds.device)
     image_grid_thw = torch.tensor([[1, 4, 4]], dtype=torch.long, device=inputs_embeds.device)

@@ -5,6 +5,7 @@ target of this package) by one that builds a ``RemoteTool`` (``verl_mm_tools.rem
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
@@ -30,7 +31,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return

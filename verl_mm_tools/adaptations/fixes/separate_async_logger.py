@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import MutableMapping
+from types import ModuleType
 from typing import Any
 
 from verl_mm_tools.adaptations.guard import checked
@@ -43,7 +44,7 @@ class FlushIgnoringLogger(logging.LoggerAdapter):
         return msg, kwargs
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     if checked(ADAPTATION) is None:
         return
     module: Any = importlib.import_module(SEPARATE_ASYNC_MODULE)

@@ -8,9 +8,14 @@ a key gets None for it, which verl's collator already stores for rows after the 
 from __future__ import annotations
 
 import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.utils.dataset.dataset_utils import SFTTensorCollator
 
 TARGET = Target(
     "verl.utils.dataset.dataset_utils",
@@ -32,14 +37,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (collate,) = found
 
     @functools.wraps(collate)
-    def collate_variable_batch(self, batch):
+    def collate_variable_batch(self: SFTTensorCollator, batch: list[dict]) -> dict[str, object]:
         return collate(self, with_absent_keys_as_none(batch))
 
     install_method(TARGET, collate_variable_batch)

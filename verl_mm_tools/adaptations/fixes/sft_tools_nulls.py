@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
 SFT_DATASET_MODULE = "verl.utils.dataset.multiturn_sft_dataset"
 READ = Target(
@@ -44,20 +49,20 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     read, build = found
 
     @functools.wraps(read)
-    def _read_files_and_process(self):
+    def _read_files_and_process(self: MultiTurnSFTDataset) -> None:
         read(self)
         if self.tools is not None:
             self.tools = [read_tools_cell(tools, row) for row, tools in enumerate(self.tools)]
 
     @functools.wraps(build)
-    def _build_messages(self, example):
+    def _build_messages(self: MultiTurnSFTDataset, example: dict) -> list:
         from verl.utils.py_functional import convert_nested_value_to_list_recursive
 
         messages = convert_nested_value_to_list_recursive(example[self.messages_key])
@@ -67,7 +72,7 @@ def apply(_module=None) -> None:
     install_method(BUILD, _build_messages)
 
 
-def read_tools_cell(cell, row: int):
+def read_tools_cell(cell: object, row: int) -> object:
     """One row's ``tools``: JSON text decoded, a list of dicts without the None values Parquet added."""
     if not isinstance(cell, str):
         return without_nulls(cell)
@@ -79,7 +84,7 @@ def read_tools_cell(cell, row: int):
         ) from None
 
 
-def without_nulls(value):
+def without_nulls(value: object) -> object:
     """``value`` with every None-valued dict entry removed, at any depth (what Parquet adds to a struct column)."""
     if isinstance(value, dict):
         return {key: without_nulls(item) for key, item in value.items() if item is not None}

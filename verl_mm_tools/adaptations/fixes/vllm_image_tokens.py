@@ -9,9 +9,15 @@ families are not handled (mm_tool's tools return images)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
 
 TARGET = Target(
     "verl.workers.rollout.utils",
@@ -37,14 +43,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     (dedup,) = found
 
     @functools.wraps(dedup)
-    def qwen2_5_vl_dedup_image_tokens(prompt_ids, processor):
+    def qwen2_5_vl_dedup_image_tokens(prompt_ids: list[int], processor: ProcessorMixin) -> list[int]:
         image_processor = getattr(processor, "image_processor", None)
         if image_processor is None or "Qwen2VLImageProcessor" in type(image_processor).__name__:
             return dedup(prompt_ids, processor)
@@ -53,7 +59,8 @@ def apply(_module=None) -> None:
     install(TARGET, dedup, qwen2_5_vl_dedup_image_tokens)
 
 
-def unexpanded_image_tokens(prompt_ids, processor) -> list[int]:
+# processor: a family's own (GLM-V's, Gemma 4's), whose image_token, boi_token and eoi_token ProcessorMixin lacks
+def unexpanded_image_tokens(prompt_ids: Iterable[int], processor: Any) -> list[int]:
     """The prompt as the chat template wrote it, before the processor expanded each image: each run of the image
     placeholder as one token, without the begin- and end-of-image tokens the processor put around the run (Gemma's
     <|image> and <image|>, which vLLM adds again with the run)."""

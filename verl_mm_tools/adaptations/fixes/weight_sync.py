@@ -13,10 +13,24 @@ import functools
 import logging
 import os
 import pickle
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.errors import VerlMMToolsError
+
+if TYPE_CHECKING:
+    import torch
+    import zmq
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import (
+        BucketedWeightReceiver,
+        BucketedWeightSender,
+    )
+
+    # what the receiver hands its callback: one bucket's (name, tensor) pairs, and whether it is the sync's last
+    OnBucket = Callable[[list[tuple[str, torch.Tensor]], bool], None]
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +68,15 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module=None) -> None:
+def apply(_module: ModuleType | None = None) -> None:
     found = checked(ADAPTATION)
     if found is None:
         return
     receive, cleanup, init_socket = found
 
     @functools.wraps(receive)
-    def receive_weights(self, on_bucket_received):
-        def load_bucket(weights, is_last):
+    def receive_weights(self: BucketedWeightReceiver, on_bucket_received: OnBucket) -> None:
+        def load_bucket(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
             try:
                 on_bucket_received(weights, is_last)
             except BaseException as error:
@@ -72,16 +86,16 @@ def apply(_module=None) -> None:
         return receive(self, load_bucket)
 
     @functools.wraps(cleanup)
-    def _cleanup(self):
+    def _cleanup(self: BucketedWeightReceiver) -> None:
         failure = getattr(self, _FAILURE, None)
         if failure is None:
             return cleanup(self)
         answer_failed_bucket(self, failure)
 
     @functools.wraps(init_socket)
-    def _init_socket(self):
+    def _init_socket(self: BucketedWeightSender) -> None:
         init_socket(self)
-        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())
+        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())  # type: ignore[assignment, arg-type, unused-ignore]  # verl's attribute is typed by its None default; a zmq socket by now
 
     install_method(RECEIVE, receive_weights)
     install_method(CLEANUP, _cleanup)
@@ -92,7 +106,7 @@ class WeightSyncError(VerlMMToolsError, RuntimeError):
     """The rollout engine did not take the trainer's weights."""
 
 
-def answer_failed_bucket(receiver, failure: BaseException) -> None:
+def answer_failed_bucket(receiver: BucketedWeightReceiver, failure: BaseException) -> None:
     """Release what the receiver holds and answer the bucket it failed on with the error (the sender waits for it)."""
     receiver.buffer = None
     if receiver.shm is not None:
@@ -119,10 +133,10 @@ class CheckedReplies:
     """The sender's ZMQ socket: ``send_pyobj`` and ``recv`` raise ``WeightSyncError`` when the engine does not take
     the message in time (a REQ socket blocks on send until a receiver connects), ``recv`` also on an error answer."""
 
-    def __init__(self, socket, timeout_s: float):
+    def __init__(self, socket: zmq.Socket, timeout_s: float) -> None:
         self._socket, self._timeout_s = socket, timeout_s
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> object:
         return getattr(self._socket, name)
 
     def _wait(self, event: int, what: str) -> None:
@@ -132,13 +146,13 @@ class CheckedReplies:
                 f"its log). Raise {WEIGHT_SYNC_TIMEOUT_ENV} if loading a bucket really takes longer."
             )
 
-    def send_pyobj(self, *args, **kwargs):
+    def send_pyobj(self, *args: Any, **kwargs: Any) -> zmq.MessageTracker | None:
         import zmq
 
         self._wait(zmq.POLLOUT, "did not connect to take the weights")
         return self._socket.send_pyobj(*args, **kwargs)
 
-    def recv(self, *args, **kwargs):
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
         import zmq
 
         self._wait(zmq.POLLIN, "took no weight bucket")

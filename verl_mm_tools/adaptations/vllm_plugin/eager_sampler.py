@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +60,11 @@ def apply() -> None:
 
     # ``updated=()``: not torch.compile's attributes; ``__wrapped__`` keeps the guard reading vLLM's source
     @functools.wraps(draw, updated=())
-    def compiled_random_sample(logits):
+    def compiled_random_sample(logits: torch.Tensor) -> torch.Tensor:
         return random_sample(logits)
 
     @functools.wraps(rank, updated=())
-    def batched_count_greater_than(x, values):
+    def batched_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return count_greater_or_equal(x, values)
 
     install(DRAW, draw, compiled_random_sample, bound_in="vllm.")  # forward_cpu looks it up in its module
@@ -68,7 +72,7 @@ def apply() -> None:
     logger.debug("vLLM's CPU sampler runs without torch.compile")
 
 
-def random_sample(logits):
+def random_sample(logits: torch.Tensor) -> torch.Tensor:
     """One token per row of ``logits``, drawn from their softmax: the Gumbel-max draw ``argmax(probs / q)`` with
     ``q ~ Exp(1)``. ``u`` = 0 gives ``q`` = inf, a ratio of 0, never a division by zero; ``u`` < 1, so ``q`` > 0."""
     import torch
@@ -78,6 +82,6 @@ def random_sample(logits):
     return probs.div_(exponential).argmax(dim=-1).view(-1)
 
 
-def count_greater_or_equal(x, values):
+def count_greater_or_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Per row of ``x``, how many elements are at least that row's value in ``values`` (shape (rows, 1))."""
     return (x >= values).sum(-1)

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +46,7 @@ def apply() -> None:
     (original,) = found
 
     @functools.wraps(original)
-    def process_weights_after_loading(self, layer) -> None:
+    def process_weights_after_loading(self: UnquantizedLinearMethod, layer: torch.nn.Module) -> None:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         dispatch_cpu_unquantized_gemm(layer, remove_weight=False)

@@ -11,10 +11,14 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, mark
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +51,14 @@ def apply() -> None:
     moe = importlib.import_module(MOE_MODULE)
 
     @functools.wraps(original)
-    def silu_and_mul(x):
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul_native(x)
 
     moe._CPU_MOE_ACT_FN[moe.MoEActivation.SILU] = mark(silu_and_mul)
     logger.debug("vLLM CPU fused MoE's torch path computes SiLU-and-mul without a CustomOp")
 
 
-def silu_and_mul_native(x):
+def silu_and_mul_native(x: torch.Tensor) -> torch.Tensor:
     """``SiluAndMul.forward_native``: SiLU of the first half of the last dimension times the second half."""
     from torch.nn import functional
 

