@@ -12,6 +12,8 @@ import pytest
 PACKAGE = "verl_mm_tools"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 MAX_LINES = 500
+# the state machine stays readable: its parts live beside it (``agent_loop/*``), not in it
+LOOP_MODULE, LOOP_MAX_LINES = "verl_mm_tools.agent_loop.mm_tool_loop", 400
 
 # Lowest first: a module may import from its own layer and the ones before it. A module belongs to the longest
 # prefix listed (``verl_mm_tools.cpu.vllm_cpu`` is in ``cpu``'s layer unless it has its own entry).
@@ -154,7 +156,8 @@ def test_no_module_imports_one_from_a_layer_above_its_own(module):
     assert above == [], f"{module} (layer {layer_of(module)}) imports from higher layers: {above}"
 
 
-def test_no_module_passes_500_lines():
+def test_no_module_passes_500_lines_and_the_loop_400():
     lengths = {module: len(path.read_text(encoding="utf-8").splitlines()) for module, path in MODULES.items()}
     too_long = {module: lines for module, lines in lengths.items() if lines > MAX_LINES}
     assert too_long == {}, f"modules over {MAX_LINES} lines (split them): {too_long}"
+    assert lengths[LOOP_MODULE] <= LOOP_MAX_LINES, f"the loop module has {lengths[LOOP_MODULE]} lines: move a part out"

@@ -8,7 +8,7 @@ from PIL import Image
 from verl_mm_tools.agent_loop.budget import ImageBudget, ImageGeometry, Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.validation import placeholder_runs, trajectory_problems
-from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.errors import ConfigError, ImageBudgetError
 from verl_mm_tools.tokens import processor_image_tokens
 
 TINY = ImageGeometry(patch_size=14, merge_size=2, min_pixels=28 * 28, max_pixels=64 * 28 * 28)
@@ -55,7 +55,7 @@ def test_geometry_token_counts_match_the_processor(tiny_processor, size, tokens)
 
 def test_budget_sizes_tool_images_like_the_processor_and_downscales_to_fit():
     budget = ImageBudget(MMToolLoopConfig(max_image_tokens=10), TINY)
-    budget.count_prompt_images([Image.new("RGB", (84, 56))])
+    budget.admit_prompt_images([Image.new("RGB", (84, 56))])
     big = budget.admit(Image.new("RGBA", (1000, 1000)))
     assert big.verdict is Verdict.DOWNSCALED and big.image.size == (56, 56)
     assert big.note == "the image was downscaled to 56x56 px to fit the image token budget"
@@ -78,7 +78,7 @@ def test_budget_never_copies_an_image_that_already_fits():
 def test_budget_refuses_what_cannot_be_shown(image, refusal):
     budget = ImageBudget(MMToolLoopConfig(max_images=1), TINY)
     if image.size == (56, 56):
-        budget.count_prompt_images([Image.new("RGB", (28, 28))])
+        budget.admit_prompt_images([Image.new("RGB", (28, 28))])
     admission = budget.admit(image)
     assert admission.verdict is Verdict.REFUSED
     assert admission.image is None and admission.note.startswith(refusal)
@@ -86,7 +86,7 @@ def test_budget_refuses_what_cannot_be_shown(image, refusal):
 
 def test_over_budget_stop_is_the_budgets_verdict():
     budget = ImageBudget(MMToolLoopConfig(max_images=1, over_budget="stop"), TINY)
-    budget.count_prompt_images([Image.new("RGB", (28, 28))])
+    budget.admit_prompt_images([Image.new("RGB", (28, 28))])
     stop = budget.admit(Image.new("RGB", (56, 56)))
     assert (stop.verdict, stop.image, budget.images) == (Verdict.STOP, None, 1)
     assert stop.note == (
@@ -111,3 +111,9 @@ def test_placeholder_runs_and_problems():
         "image placeholder runs [2, 1] do not match the processor's tokens per image [2, 2]",
         "the model generated vision placeholder tokens [12]",
     ]
+
+
+def test_a_prompt_over_the_budget_fails_its_trajectory_with_what_to_change():
+    budget = ImageBudget(MMToolLoopConfig(max_images=1), TINY)
+    with pytest.raises(ImageBudgetError, match=r"^the prompt holds 2 images, more than max_images=1; raise the mm"):
+        budget.admit_prompt_images([Image.new("RGB", (28, 28))] * 2)

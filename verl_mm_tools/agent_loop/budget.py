@@ -16,7 +16,7 @@ from PIL import Image
 from qwen_vl_utils import smart_resize
 
 from verl_mm_tools.agent_loop.options import OverBudget
-from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.errors import ConfigError, ImageBudgetError
 from verl_mm_tools.families import family_of_image_processor
 from verl_mm_tools.files import MAX_DECODE_PIXELS, to_rgb
 from verl_mm_tools.tokens import (
@@ -197,10 +197,14 @@ class ImageBudget:
         self.images = 0
         self.tokens = 0
 
-    def count_prompt_images(self, images: list[Image.Image]) -> None:
-        """Charge the dataset's images (they are never refused; a prompt over budget fails the trajectory)."""
+    def admit_prompt_images(self, images: list[Image.Image]) -> None:
+        """Charge the dataset's images: they are never refused, and a prompt over budget fails the trajectory (an
+        ImageBudgetError)."""
         self.images += len(images)
         self.tokens += sum(self.geometry.tokens(*image.size) for image in images)
+        problem = self.prompt_problem
+        if problem:
+            raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
 
     @property
     def prompt_problem(self) -> str | None:

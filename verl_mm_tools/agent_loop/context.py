@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry, SoftTokenGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat
 from verl_mm_tools.files import FileRoots
+
+
+class TextDecoder(Protocol):
+    """The loop's use of its tokenizer: one sequence of ids decodes to its text."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,11 @@ class LoopContext:
     @property
     def sees_images(self) -> bool:
         return self.geometry is not None
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The tokenizer's decode (verl annotates it with the ``AutoTokenizer`` factory, and transformers' decode with
+        the batch case's list too)."""
+        return cast(TextDecoder, self.tokenizer).decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     @property
     def renderer(self) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
@@ -41,10 +41,9 @@ from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, TrajectoryStat
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
-from verl_mm_tools.errors import ImageBudgetError, TrajectoryValidationError
+from verl_mm_tools.errors import TrajectoryValidationError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.handoff import SampleFields, StopReason
-from verl_mm_tools.ops.transform import distinct_image_bytes
 
 if TYPE_CHECKING:
     from verl.experimental.agent_loop.tool_agent_loop import AgentData
@@ -53,19 +52,8 @@ logger = logging.getLogger(__name__)
 
 # Constructor kwargs verl itself passes (hydra also forwards the YAML entry's ``name``); everything else is ours.
 VERL_LOOP_KWARGS = frozenset(
-    {
-        "trainer_config",
-        "server_manager",
-        "tokenizer",
-        "processor",
-        "dataset_cls",
-        "data_config",
-        "hf_model_type",
-        "tools",
-        "name",
-    }
+    "trainer_config server_manager tokenizer processor dataset_cls data_config hf_model_type tools name".split()
 )
-
 
 ADAPTATION = Adaptation(
     row=17,
@@ -115,12 +103,6 @@ ADAPTATION = Adaptation(
 )
 
 
-class TextDecoder(Protocol):
-    """The loop's use of its tokenizer: one sequence of ids decodes to its text."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
-
-
 class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 
@@ -134,70 +116,54 @@ class MMToolAgentLoop(ToolAgentLoop):
         constants = startup.worker_constants(
             self.config, self.processor, self.tokenizer, self.mm_processor_kwargs, self.apply_chat_template_kwargs
         )
-        self.constants = constants
-        self.mm_config = MMToolLoopConfig.from_options(options, limit_images=constants.limit_images)
-        self.files = FileRoots.from_config(self.mm_config.file_roots)
-        self.sees_images = constants.geometry is not None
-        self.geometry = constants.geometry
-        check_pixel_bounds(self.mm_config, self.geometry)
-        self.forbidden_generated = constants.forbidden_generated
-        self.placeholder_ids = constants.placeholder_ids
-        self.image_token_id = self.placeholder_ids[0] if self.placeholder_ids else None
-        self.turn_credit = startup.turn_credit(self.config, self.mm_config)
+        loop_options = MMToolLoopConfig.from_options(options, limit_images=constants.limit_images)
+        self.context = self._context(loop_options, constants)
         self.end_of_turn = startup.end_of_turn_ids(self.config, self.tokenizer)
-        self.turn_gamma = startup.turn_gamma(self.config, self.turn_credit)
-        self.traits = constants.traits
-        startup.check_export(self.config, self.mm_config.export, self.traits)
-        self.tool_format = startup.tool_format(bool(self.tools), self.mm_config, self.traits, self.tool_parser_name)
         self.tool_runner = ToolRunner(
-            self.mm_config,
+            self.context.options,
             self.max_parallel_calls,
             self.max_tool_response_length,
             self.tool_response_truncate_side,
             self.tool_parser_name,
         )
         # verl's builder renders through the processor: each trajectory's copy of it processes each image once
-        self.caches_images = self.sees_images and getattr(self.continuous_token_builder, "processor", None) is not None
-        self.context = self._context()
+        builder_processor = getattr(self.continuous_token_builder, "processor", None)
+        self.caches_images = self.context.sees_images and builder_processor is not None
         self.exporter = Exporter(self.context)
         self.outputs = OutputBuilder(self.context)
 
-    def _context(self) -> LoopContext:
-        """What the loop's parts read of it (they never hold the loop)."""
-        constants = self.constants
-        full_determinism = constants.full_determinism
+    def _context(self, options: MMToolLoopConfig, constants: startup.WorkerConstants) -> LoopContext:
+        """The loop's settings, checked, and what its parts read of it (they never hold the loop)."""
+        check_pixel_bounds(options, constants.geometry)
+        turn_credit = startup.turn_credit(self.config, options)
+        startup.check_export(self.config, options.export, constants.traits)
+        placeholder_ids = constants.placeholder_ids
         return LoopContext(
             tokenizer=self.tokenizer,
             processor=self.processor,
-            options=self.mm_config,
+            options=options,
             model_path=constants.model_path,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             calculate_log_probs=constants.calculate_log_probs,
             apply_chat_template_kwargs=self.apply_chat_template_kwargs,
-            tool_format=self.tool_format,
-            traits=self.traits,
-            files=self.files,
+            tool_format=startup.tool_format(bool(self.tools), options, constants.traits, self.tool_parser_name),
+            traits=constants.traits,
+            files=FileRoots.from_config(options.file_roots),
             tools=self.tools,
-            geometry=self.geometry,
-            placeholder_ids=self.placeholder_ids,
-            image_token_id=self.image_token_id,
-            forbidden_generated=self.forbidden_generated,
-            turn_credit=self.turn_credit,
-            turn_gamma=self.turn_gamma,
+            geometry=constants.geometry,
+            placeholder_ids=placeholder_ids,
+            image_token_id=placeholder_ids[0] if placeholder_ids else None,
+            forbidden_generated=constants.forbidden_generated,
+            turn_credit=turn_credit,
+            turn_gamma=startup.turn_gamma(self.config, turn_credit),
             run_in_executor=self.loop.run_in_executor,
             build_initial_tokens=self.continuous_token_builder.build_initial_tokens,
             video_payload=self.build_sglang_video_payload,
             process_multi_modal_info=self.process_multi_modal_info,
             mm_processor_kwargs=self._get_mm_processor_kwargs,
-            new_request_id=lambda priority: self._make_request_id(priority, full_determinism),
+            new_request_id=lambda priority: self._make_request_id(priority, constants.full_determinism),
         )
-
-    @property
-    def text_tokenizer(self) -> TextDecoder:
-        """``tokenizer`` as the loop decodes with it (verl annotates it with the ``AutoTokenizer`` factory, and
-        transformers' decode with the batch case's list too)."""
-        return cast(TextDecoder, self.tokenizer)
 
     # ----- one trajectory -------------------------------------------------------------------------------------
 
@@ -206,13 +172,13 @@ class MMToolAgentLoop(ToolAgentLoop):
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
-        state = TrajectoryState(files=self.files, features=self._image_features(sample_name(kwargs)))
+        state = TrajectoryState(files=self.context.files, features=self._image_features(sample_name(kwargs)))
         agent_data: LoopAgentData | None = None
         outputs: Sequence[tuple[MMToolOutput, list | None]]
         try:
             agent_data = await new_agent_data(self.context, kwargs, priority, state)
             await start_remote_tools(agent_data._active_tools)
-            await start_environment(agent_data, kwargs, state, self.mm_config.env)  # close() runs if reset raises
+            await start_environment(agent_data, kwargs, state, self.context.options.env)  # close() runs if reset raises
             await self._run_states(agent_data, state, sampling_params)
             outputs = self.outputs.checked(agent_data, state)
         except (Exception, asyncio.CancelledError) as error:  # isolation: verl gathers without return_exceptions
@@ -223,21 +189,14 @@ class MMToolAgentLoop(ToolAgentLoop):
             await state.release()
         if agent_data is not None:
             state.stats.generate_s = agent_data.metrics.get("generate_sequences", 0.0)
-        if state.features is not None:  # verl's postprocess takes each sample's images from the store
-            state.stats.processor_runs, state.stats.float_images = state.features.runs, state.features.floats
-            samples_images = [(output.multi_modal_data or {}).get("images") or [] for output, _ in outputs]
-            state.stats.sample_image_bytes = [state.features.payload_bytes(images) for images in samples_images]
-            # off the event loop (hashing releases the GIL): 16 images of 1024 px took ~100 ms of it
-            state.stats.distinct_images = await asyncio.to_thread(distinct_image_bytes, samples_images[-1])
-            for output, _ in outputs:
-                output.hand_images(state.features)
+        await state.hand_images([output for output, _ in outputs])
         self.outputs.add_extra_fields(outputs, state)
         final = outputs[-1][0]
-        if self.mm_config.dump_dir:
+        if self.context.options.dump_dir:
             final.extra_fields[SampleFields.key("dump")] = await stage_trajectory(
                 self.context, agent_data, [o for o, _ in outputs], kwargs
             )
-        if self.mm_config.export is Export.PER_TRAJECTORY:
+        if self.context.options.export is Export.PER_TRAJECTORY:
             return final
         return [output for output, _ in outputs]
 
@@ -271,16 +230,13 @@ class MMToolAgentLoop(ToolAgentLoop):
         check of the prompt's images."""
         state = attached_state(agent_data)
         if state.budget is not None:
-            state.budget.count_prompt_images(agent_data.image_data)
-            problem = state.budget.prompt_problem
-            if problem:
-                raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
+            state.budget.admit_prompt_images(agent_data.image_data)
         schemas = agent_data._active_tool_schemas
         self._assert_mm_supported(bool(agent_data.image_data or agent_data.video_data or agent_data.audio_data))
         mm_inputs: dict = {}
         agent_data.prompt_ids = await self.ct_build_initial_tokens(
-            self.tool_format.view(agent_data.messages, schemas),
-            tools=self.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
+            self.context.tool_format.view(agent_data.messages, schemas),
+            tools=self.context.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
             images=agent_data.image_data,
             videos=agent_data.video_data,
             audios=agent_data.audio_data,  # type: ignore[arg-type, unused-ignore]  # verl's default is None
@@ -288,11 +244,9 @@ class MMToolAgentLoop(ToolAgentLoop):
         )
         agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
         state.prompt_ids = list(agent_data.prompt_ids)
+        context = self.context
         startup.require_visible_tools(
-            self.text_tokenizer.decode(agent_data.prompt_ids),
-            agent_data._active_tools,
-            self.mm_config,
-            self.tool_format,
+            context.decode(agent_data.prompt_ids), agent_data._active_tools, context.options, context.tool_format
         )
         return LoopState.GENERATING
 
@@ -319,7 +273,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         return self._after_generation(agent_data, state, verl_next, ignore_termination)
 
     def _record_turn(self, turn: Turn, agent_data: LoopAgentData, message: int | None) -> None:
-        generated = set(agent_data.response_ids) & self.forbidden_generated
+        generated = set(agent_data.response_ids) & self.context.forbidden_generated
         if generated:
             raise TrajectoryValidationError(f"the model generated vision placeholder tokens {sorted(generated)}")
         end = len(agent_data.response_mask)
@@ -336,13 +290,13 @@ class MMToolAgentLoop(ToolAgentLoop):
         """What the model wrote, as a chat server keeps it: special tokens and reasoning in, the end token out."""
         if token_ids and token_ids[-1] in self.end_of_turn:
             token_ids = token_ids[:-1]
-        return self.text_tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.context.decode(token_ids, skip_special_tokens=False)
 
     def _after_generation(
         self, agent_data: LoopAgentData, state: TrajectoryState, verl_next: AgentState, ignore_termination: bool
     ) -> LoopState:
         """Where the turn leads: its tool calls, an answer to its unparsable calls, the environment, or the end."""
-        state.stats.last_assistant_text = self.text_tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        state.stats.last_assistant_text = self.context.decode(agent_data.response_ids, skip_special_tokens=True)
         attempted = self._attempted_calls(agent_data.response_ids)
         at_limit = self._at_limit(agent_data, ignore_termination)
         if verl_next == AgentState.PROCESSING_TOOLS or not at_limit:
@@ -363,7 +317,7 @@ class MMToolAgentLoop(ToolAgentLoop):
     def _attempted_calls(self, token_ids: list[int]) -> int:
         """Calls the model began, by the parser's own opening tag (Gemma 4's <|tool_call> is a special token)."""
         opening = getattr(self.tool_parser, "tool_call_start_token", None) or "<tool_call>"
-        return self.text_tokenizer.decode(token_ids, skip_special_tokens=False).count(opening)
+        return self.context.decode(token_ids, skip_special_tokens=False).count(opening)
 
     def _at_limit(self, agent_data: LoopAgentData, ignore_termination: bool = False) -> bool:
         return (
@@ -413,15 +367,15 @@ class MMToolAgentLoop(ToolAgentLoop):
     ) -> LoopState:
         """Append tool or environment messages as context tokens, or drop the whole turn when it does not fit."""
         schemas = agent_data._active_tool_schemas
-        previous = self.tool_format.view(agent_data.messages[: checkpoint.messages], schemas)
+        previous = self.context.tool_format.view(agent_data.messages[: checkpoint.messages], schemas)
         agent_data.messages.extend(messages)
         merge_result, response_mask, response_logprobs = await self.ct_merge_context_msg(
             previous,
-            self.tool_format.view(agent_data.messages, schemas),
+            self.context.tool_format.view(agent_data.messages, schemas),
             agent_data.prompt_ids,
             agent_data.response_mask,
             agent_data.response_logprobs or None,
-            tools=self.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
+            tools=self.context.tool_format.template_tools(schemas),  # type: ignore[arg-type, unused-ignore]  # verl's default is None
         )
         if len(response_mask) >= self.response_length:
             # The whole tool turn is dropped, images included: never a partial image or a cut placeholder run.
