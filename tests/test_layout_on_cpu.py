@@ -4,13 +4,10 @@ a layer above its own, and no module passes 500 lines."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = "verl_mm_tools"
-ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+from verl_mm_tools.adaptations.import_graph import MODULES, PACKAGE, our_imports
+
 MAX_LINES = 500
 # the state machine stays readable: its parts live beside it (``agent_loop/*``), not in it
 LOOP_MODULE, LOOP_MAX_LINES = "verl_mm_tools.agent_loop.mm_tool_loop", 400
@@ -37,6 +34,8 @@ LAYERS: list[set[str]] = [
         "cli_types",
         "verl_registry",
         "adaptations.import_order",  # the import hooks: the package's __init__ and verl_registry's lazy registrations
+        "adaptations.import_graph",  # the import graph (this test reads it) and the light modules it finds
+        "adaptations.light_modules",
     },
     {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
     {"families", "supervise", "cpu.vllm_cpu", "adaptations.record", "adaptations.guard", "adaptations.touchpoints"},
@@ -64,40 +63,7 @@ LAYERS: list[set[str]] = [
 ]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
-
-
-def known_module(name: str) -> str | None:
-    """``name`` or its closest enclosing module of ours (``pkg.mod.attr`` -> ``pkg.mod``)."""
-    while name and name not in MODULES:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def imported_modules(module: str) -> set[str]:
-    """Every module of ours that ``module`` imports, anywhere in its source; ``from . import x`` resolved."""
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str | None] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {known_module(alias.name) for alias in node.names if alias.name.startswith(PACKAGE)}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            if base.split(".")[0] == PACKAGE:
-                found |= {known_module(f"{base}.{alias.name}") for alias in node.names}
-    return {name for name in found if name is not None and name != module}
-
-
-GRAPH = {module: imported_modules(module) for module in MODULES}
+GRAPH = {module: our_imports(module) for module in MODULES}  # imports anywhere in the source, functions included
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

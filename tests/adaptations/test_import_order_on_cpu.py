@@ -83,3 +83,33 @@ def test_call_after_import_runs_once_right_after_the_module_code(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [[], [42, "at once"], "SourceFileLoader", "SourceFileLoader"]
+
+
+def test_the_light_module_list_is_the_import_graphs():
+    """``LIGHT_MODULES`` is generated from the sources, never kept by hand: a module whose import now reaches verl
+    left the list, a new one that does not joined it."""
+    from verl_mm_tools.adaptations import import_graph
+    from verl_mm_tools.adaptations.light_modules import LIGHT_MODULES
+
+    assert import_graph.GENERATED.read_text(encoding="utf-8") == import_graph.generated_source(), (
+        "stale: run python -m verl_mm_tools.adaptations.import_graph"
+    )
+    assert {"verl_mm_tools.cli", "verl_mm_tools.record", "verl_mm_tools.handoff"} <= LIGHT_MODULES
+    assert not {"verl_mm_tools.agent_loop.mm_tool_loop", "verl_mm_tools.rewards.managers"} & LIGHT_MODULES
+
+
+def test_an_import_under_type_checking_or_in_a_function_leaves_a_module_light(tmp_path, monkeypatch):
+    from verl_mm_tools.adaptations import import_graph
+
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import verl\nelse:\n    import json\n"
+        "def later():\n    import verl\n"
+    )
+    heavy = "try:\n    from verl.protocol import DataProto\nexcept ImportError:\n    pass\n"
+    (tmp_path / "light.py").write_text(source)
+    (tmp_path / "heavy.py").write_text(heavy)
+    (tmp_path / "through.py").write_text("from verl_mm_tools import heavy\n")
+    modules = {f"verl_mm_tools.{path.stem}": path for path in tmp_path.glob("*.py")}
+    monkeypatch.setattr(import_graph, "MODULES", modules)
+    assert import_graph.light_modules() == ["verl_mm_tools.light"]
+    assert import_graph.our_imports("verl_mm_tools.through") == {"verl_mm_tools.heavy"}
