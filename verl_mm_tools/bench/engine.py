@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from vllm.entrypoints.chat_utils import ChatCompletionMessageParam
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 TURNS = 4
 IMAGE_SIDE = 224
@@ -43,7 +44,7 @@ def conversation_turns(model_dir: str) -> list[dict]:
     encoded: list[int] = []
     schedule = Scheduler.schedule
 
-    def counting_schedule(self, *args, **kwargs):
+    def counting_schedule(self: Scheduler, *args: Any, **kwargs: Any) -> SchedulerOutput:  # passed on unchanged
         output = schedule(self, *args, **kwargs)
         encoded.extend(len(inputs) for inputs in output.scheduled_encoder_inputs.values())
         return output

@@ -17,7 +17,7 @@ class Figure:
     samples: tuple[float, ...]
     target: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.samples:
             raise ValueError(f"figure {self.name!r} has no samples; measure at least once")
         if self.target is not None and (len(self.target.split()) != 2 or self.target.split()[0] not in ("<=", ">=")):

@@ -3,13 +3,17 @@ its per-turn growth, and what ``export: per_turn`` costs against ``per_trajector
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import io
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 from PIL import Image
 
@@ -21,22 +25,32 @@ from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor, BatchFeature, PreTrainedTokenizerBase
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, AgentLoopWorker
+    from verl.workers.rollout.replica import TokenOutput
+
+    # builds a fresh agent loop of a registered name, answered by a server
+    MakeLoop = Callable[[str, ScriptedServer], AgentLoopBase]
+
 LOOPS = ("tool_agent", "mm_tool")
 
 
 class TimedServer(ScriptedServer):
     """The scripted server, recording when each request arrived (per-turn loop cost = time between requests)."""
 
-    def __init__(self, tokenizer, turns):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, turns: Sequence[str | None]) -> None:
         super().__init__(tokenizer, turns)
         self.arrivals: list[float] = []
 
-    async def generate(self, request_id, **kwargs):
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
         self.arrivals.append(time.process_time())
         return await super().generate(request_id, **kwargs)
 
 
-def loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: str = "per_trajectory"):
+def loop_factory(
+    model_dir: str, workdir: Path, side: int, turns: int, export: str = "per_trajectory"
+) -> tuple[MakeLoop, PreTrainedTokenizerBase, AgentLoopWorker]:
     """A function making a fresh loop of a given name, on a config sized for ``turns`` images of ``side`` px, mm_tool
     with the given ``export``; with the tokenizer and verl's worker the loops run in."""
     import hydra
@@ -61,7 +75,7 @@ def loop_factory(model_dir: str, workdir: Path, side: int, turns: int, export: s
         worker = make_worker(config, None)
         entries = {name: _agent_loop_registry[name] for name in LOOPS}  # this config's loop options
 
-    def make(name: str, server):
+    def make(name: str, server: ScriptedServer) -> AgentLoopBase:
         return hydra.utils.instantiate(
             config=entries[name],
             trainer_config=DictConfigWrap(config),
@@ -81,7 +95,14 @@ def _script(turns: int) -> list[str]:
     return [tool_call_text("rotate", degrees=90)] * (turns - 1) + ["<answer>90</answer><|im_end|>"]
 
 
-def one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
+def one_trajectory(
+    make: MakeLoop,
+    tokenizer: PreTrainedTokenizerBase,
+    name: str,
+    turns: int,
+    side: int,
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[float, list[float], list[AgentLoopOutput]]:
     """One trajectory: (CPU seconds to build the loop and run it, the gaps between requests, verl's outputs: one, or
     a trajectory's samples with mm_tool's export per_turn)."""
     server = TimedServer(tokenizer, _script(turns))
@@ -92,15 +113,20 @@ def one_trajectory(make, tokenizer, name: str, turns: int, side: int, loop):
         output = loop.run_until_complete(agent.run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt))
         elapsed = time.process_time() - started
     outputs = output if isinstance(output, list) else [output]
-    images = len(outputs[-1].multi_modal_data.get("images", []))  # the final sample holds every image
+    images = len(output_images(outputs[-1]))  # the final sample holds every image
     if images != turns:
         raise RuntimeError(f"{name} made {images} images, expected {turns}")
     gaps = [b - a for a, b in zip(server.arrivals, server.arrivals[1:])]
     return elapsed, gaps, outputs
 
 
+def output_images(output: AgentLoopOutput) -> list[Image.Image]:
+    """The images of a loop's output (a trajectory's final sample holds all of its images)."""
+    return (output.multi_modal_data or {}).get("images", [])
+
+
 @contextlib.contextmanager
-def _without_gc():
+def _without_gc() -> Iterator[None]:
     """No garbage collection while a sample is timed (as ``timeit``): a collection of earlier samples' garbage landing
     in one sample is the likeliest cause of absolute times differing by up to 17 % between runs (not yet confirmed
     by two idle runs). Collected before each sample instead."""
@@ -146,7 +172,7 @@ def loop_overhead(model_dir: str, repeats: int = 12, pairs_per_size: int = 96) -
 
 
 @contextlib.contextmanager
-def _one_torch_thread():
+def _one_torch_thread() -> Iterator[None]:
     """torch's other threads spin while they wait, and under load that spinning is counted as CPU time: with one
     thread a trajectory's CPU time is its work (the image processor is the only torch user here)."""
     import torch
@@ -210,7 +236,14 @@ def export_cost(model_dir: str, repeats: int = 12, side: int = 448) -> list[Figu
     return figures
 
 
-def export_images(make, tokenizer, worker, turns: int, side: int, loop) -> tuple[float, float]:
+def export_images(
+    make: MakeLoop,
+    tokenizer: PreTrainedTokenizerBase,
+    worker: AgentLoopWorker,
+    turns: int,
+    side: int,
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[float, float]:
     """For one mm_tool trajectory of ``turns`` images, verl's postprocess of its samples included
     (``_compute_multi_modal_inputs``): the images the HF image processor processed, per image; and the bytes of image
     inputs its samples carry to the trainer (compact forms, float pixel values) over its distinct images' raw bytes
@@ -229,26 +262,21 @@ def export_images(make, tokenizer, worker, turns: int, side: int, loop) -> tuple
                 for key, value in inputs.items()
                 if key.startswith((PIXEL_PREFIX, f"{COMPACT_PREFIX}image_"))
             )
-    raw = sum(image.width * image.height * 3 for image in outputs[-1].multi_modal_data["images"])
+    raw = sum(image.width * image.height * 3 for image in output_images(outputs[-1]))
     return counted[0] / turns, carried / raw
 
 
 @contextlib.contextmanager
-def counting_image_processor(image_processor_class):
+def counting_image_processor(image_processor_class: type[BaseImageProcessor]) -> Iterator[list[int]]:
     """Within: the images every instance of ``image_processor_class`` is called with, counted (``[count]``)."""
     counted = [0]
-    own = vars(image_processor_class).get("__call__")
     real = image_processor_class.__call__
 
-    def __call__(self, images=None, *args, **kwargs):
+    # images, *args, **kwargs: passed on unchanged
+    def __call__(self: BaseImageProcessor, images: Any = None, *args: Any, **kwargs: Any) -> BatchFeature:
         counted[0] += len(images) if isinstance(images, (list, tuple)) else 1
         return real(self, images, *args, **kwargs)
 
-    image_processor_class.__call__ = __call__
-    try:
+    # put back as found on leaving: the class's own __call__, or none (the inherited one again)
+    with mock.patch.object(image_processor_class, "__call__", __call__):
         yield counted
-    finally:
-        if own is None:
-            del image_processor_class.__call__
-        else:
-            image_processor_class.__call__ = own

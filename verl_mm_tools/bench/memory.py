@@ -4,19 +4,29 @@ loop figures are timed. The worker sweep, peak RSS over 1-64 trajectories at onc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FunctionType, ModuleType
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
 from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.bench.figures import Figure, figure
-from verl_mm_tools.bench.loop import loop_factory, one_trajectory
+from verl_mm_tools.bench.loop import loop_factory, one_trajectory, output_images
 from verl_mm_tools.compact_image import CompactHeader, CompactImages, ProcessorSpec, compact_image, expanded_inputs
+
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor, PreTrainedTokenizerBase
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
+    from verl_mm_tools.bench.loop import MakeLoop
 
 
 def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, resident_side: int = 1024) -> list[Figure]:
@@ -38,7 +48,7 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, residen
         return figures + expansion_cost(worker.processor.image_processor, resident_side)
 
 
-def expansion_cost(image_processor, side: int, repeats: int = 9) -> list[Figure]:
+def expansion_cost(image_processor: BaseImageProcessor, side: int, repeats: int = 9) -> list[Figure]:
     """What the trainer pays per image for compact images (issue #59): ``expanded_inputs`` of a sample of one
     ``side`` px image (the image processor's pipeline after its resize, on the uint8 pixels), CPU ms per image, and
     over the full processor pass verl's worker would run on the same image (resize included), in interleaved pairs."""
@@ -66,7 +76,14 @@ def expansion_cost(image_processor, side: int, repeats: int = 9) -> list[Figure]
     ]
 
 
-def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> list[Figure]:
+def resident_memory(
+    make: MakeLoop,
+    tokenizer: PreTrainedTokenizerBase,
+    worker: AgentLoopWorker,
+    turns: int,
+    side: int,
+    loop: asyncio.AbstractEventLoop,
+) -> list[Figure]:
     """What one mm_tool trajectory of ``turns`` images holds once verl's worker has made its training sample,
     counted, over its images' raw bytes (3 per pixel, each image as the trajectory holds it): its image workspace
     (Pillow's pixels), its processor outputs (the trajectory's ``ImageFeatureStore``: token keys and each image's
@@ -75,7 +92,7 @@ def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> lis
     carries are the workspace's, counted there). Then what the store still keeps once verl has let go of the
     output."""
     _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
-    images, store = output.multi_modal_data["images"], image_store(output)
+    images, store = output_images(output), image_store(output)
     assert store is not None, "an mm_tool trajectory's outputs carry its image store"
     sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))
     raw = sum(image.width * image.height * 3 for image in images)
@@ -95,7 +112,7 @@ def resident_memory(make, tokenizer, worker, turns: int, side: int, loop) -> lis
     return figures + [figure(f"{name}/processor_outputs_kept_after_the_sample_MB", [kept / 2**20], "<= 0")]
 
 
-def _kept_bytes(store) -> int:
+def _kept_bytes(store: ImageFeatureStore) -> int:
     return sum(held_bytes(features) for features in store.kept)
 
 
@@ -146,7 +163,7 @@ def _held_objects(item: object) -> list:
 
 
 @contextlib.contextmanager
-def pillow_reusing_image_memory(blocks: int = 64):
+def pillow_reusing_image_memory(blocks: int = 64) -> Iterator[None]:
     """Let Pillow keep freed image blocks for reuse (the loop figures). By default it returns them, and whether an
     image then lands in fresh pages (page faults: ~0.2 ms for a 1024x1024 image) depended on the process's allocation
     history: two runs' timings differed by up to 16 %, with it by up to 5 %."""

@@ -14,10 +14,14 @@ from __future__ import annotations
 import logging
 import pickle
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
 from verl_mm_tools.bench.verl_loop import on_event_loop, timed
+
+if TYPE_CHECKING:
+    from verl_mm_tools.bench.figures import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +29,7 @@ SIDES = (448, 1024)
 WHERE = {"within_node": "node_a", "across_nodes": "node_b"}
 
 
-def cross_node_figures(repeats: int = 5) -> list:
+def cross_node_figures(repeats: int = 5) -> list[Figure]:
     """Start a 2-node cluster, measure, stop it. Empty (with a warning) when this process already has Ray running:
     the measurement needs its own driver of the 2-node cluster."""
     import ray
@@ -43,7 +47,7 @@ def cross_node_figures(repeats: int = 5) -> list:
             ray.shutdown()
 
 
-def measure(repeats: int) -> list:
+def measure(repeats: int) -> list[Figure]:
     """The figures, on a running cluster with nodes offering node_a (where this driver runs) and node_b."""
     from statistics import median
 

@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -73,7 +72,7 @@ def pil_rotate_matrix(width: int, height: int, degrees: float) -> tuple[tuple[fl
     return (a, b, a * shift_x + b * shift_y + c, d, e, d * shift_x + e * shift_y + f), (out_width, out_height)
 
 
-def opencv_rotate(array, degrees: float, interpolation: int):
+def opencv_rotate(array: np.ndarray, degrees: float, interpolation: int) -> np.ndarray:
     """``array`` rotated as ``ops.rotate`` does, by ``cv2.warpAffine``: Pillow's matrix with OpenCV's pixel centres
     (at i, not i + 0.5: the offset moves by half a pixel on both sides)."""
     import cv2
@@ -83,7 +82,7 @@ def opencv_rotate(array, degrees: float, interpolation: int):
     return cv2.warpAffine(array, matrix, size, flags=interpolation | cv2.WARP_INVERSE_MAP, borderValue=(0, 0, 0))
 
 
-def opencv_box(array, box: tuple[int, int, int, int], width: int = BOX_WIDTH):
+def opencv_box(array: np.ndarray, box: tuple[int, int, int, int], width: int = BOX_WIDTH) -> np.ndarray:
     """A copy of ``array`` with ``ops.draw_bbox``'s outline: ``width`` px bands inside the box, as four filled
     rectangles (OpenCV's own outline is centred on the path)."""
     import cv2
@@ -124,7 +123,7 @@ def _round_down(value: float) -> int:
     return int(math.ceil(value - 0.5)) if value >= 0 else -int(math.ceil(abs(value) - 0.5))
 
 
-def opencv_line(array, line: tuple[float, float, float, float], width: int = LINE_WIDTH):
+def opencv_line(array: np.ndarray, line: tuple[float, float, float, float], width: int = LINE_WIDTH) -> np.ndarray:
     """A copy of ``array`` with ``ops.draw_line``'s segment: Pillow's polygon filled by OpenCV (width 1: a line)."""
     import cv2
 
@@ -136,7 +135,7 @@ def opencv_line(array, line: tuple[float, float, float, float], width: int = LIN
     return out
 
 
-def op_pairs(image: Image.Image) -> dict[str, tuple[Callable[[], Image.Image], Callable[[Any], Any]]]:
+def op_pairs(image: Image.Image) -> dict[str, tuple[Callable[[], Image.Image], Callable[[np.ndarray], np.ndarray]]]:
     """Each op as (Pillow on ``image``, OpenCV on an array of it), uncapped: figure 3's inputs."""
     import cv2
 
@@ -189,7 +188,7 @@ def timed_functions(image: Image.Image) -> dict[str, Callable[[], object]]:
     return functions
 
 
-def _via_pil(opencv: Callable[[Any], Any], image: Image.Image) -> Image.Image:
+def _via_pil(opencv: Callable[[np.ndarray], np.ndarray], image: Image.Image) -> Image.Image:
     return Image.fromarray(opencv(np.asarray(image)))
 
 
@@ -237,7 +236,7 @@ def pixel_differences(image: Image.Image) -> dict[str, dict[str, float]]:
     return found
 
 
-def opencv_figures(repeats: int, processes: int, say: Callable[[str], None] = lambda line: None) -> list[Figure]:
+def opencv_figures(repeats: int, processes: int, say: Callable[[str], object] = lambda line: None) -> list[Figure]:
     """Pillow over OpenCV per op, paired samples pooled over ``processes`` fresh processes of ``ceil(repeats /
     processes)`` rounds: on arrays (``ops/opencv/NAME/pil_over_opencv``) and behind the op's interface
     (``.../pil_over_opencv_via_pil``), and the share of pixels that differ (counted, on ``noisy_image``). None,

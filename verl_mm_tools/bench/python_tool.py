@@ -11,7 +11,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 from PIL import Image
@@ -22,7 +22,7 @@ SIDE = 448
 CODE = "images[{n}].transpose(Image.Transpose.FLIP_LEFT_RIGHT).save('out.png')"
 
 
-def python_tool_figures(repeats: int, say: Callable[[str], None] = lambda line: None) -> list[Figure]:
+def python_tool_figures(repeats: int, say: Callable[[str], object] = lambda line: None) -> list[Figure]:
     """``python/start_ms``, ``python/448px/warm_call_ms``, ``python/448px/in_process_ms`` and their paired difference
     ``python/448px/warm_over_in_process_ms`` (target <= 50); none where bubblewrap cannot run."""
     from verl_mm_tools.files import FileRoots
@@ -75,7 +75,7 @@ def python_tool_figures(repeats: int, say: Callable[[str], None] = lambda line: 
 
 
 @contextlib.contextmanager
-def _cwd(folder: str):
+def _cwd(folder: str) -> Iterator[None]:
     before = os.getcwd()
     os.chdir(folder)
     try:

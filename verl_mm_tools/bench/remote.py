@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from PIL import Image
 from verl_mm_tools.bench.verl_loop import on_event_loop, timed
 
 if TYPE_CHECKING:
+    from verl_mm_tools.bench.figures import Figure
     from verl_mm_tools.remote.tool import RemoteTool
 
 ACTORS = (1, 2, 4)
@@ -33,7 +35,7 @@ BLOCK_S = 0.5
 
 
 @contextmanager
-def local_ray():
+def local_ray() -> Iterator[None]:
     import ray
 
     started = not ray.is_initialized()
@@ -46,7 +48,7 @@ def local_ray():
             ray.shutdown()
 
 
-def remote_figures(model_dir: str, quick: bool = False) -> list:
+def remote_figures(model_dir: str, quick: bool = False) -> list[Figure]:
     from verl_mm_tools.bench.multi_node import cross_node_figures
 
     with local_ray():
@@ -54,7 +56,7 @@ def remote_figures(model_dir: str, quick: bool = False) -> list:
     return figures + cross_node_figures(repeats=5 if quick else 15)  # c: its own 2-node cluster (bench.multi_node)
 
 
-def scaling(model_dir: str, trajectories: int) -> list:
+def scaling(model_dir: str, trajectories: int) -> list[Figure]:
     from verl.tools.tool_registry import load_all_tools
 
     from verl_mm_tools.bench.figures import figure
@@ -93,7 +95,7 @@ def scaling(model_dir: str, trajectories: int) -> list:
     return figures
 
 
-def image_crossing(repeats: int) -> list:
+def image_crossing(repeats: int) -> list[Figure]:
     from verl_mm_tools.bench.figures import figure
     from verl_mm_tools.files import FileRoots
     from verl_mm_tools.remote.spec import RemoteSpec

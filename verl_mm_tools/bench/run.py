@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def run(
     step_dir: Path | None = None,
     remote: bool = False,
     vllm: bool = False,
-    say=lambda line: None,
+    say: Callable[[str], object] = lambda line: None,
     repeats: int | None = None,
 ) -> list[Figure]:
     """Figures 1-4, 6, 9 and 10; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with

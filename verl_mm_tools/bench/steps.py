@@ -7,7 +7,9 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.step_metrics import GENERATE_S_MAX, PREFIX_CACHE_HIT_RATE
@@ -29,7 +31,9 @@ CLASSIC_SLOWEST_GENERATION = "timing_s/agent_loop/generate_sequences/max"
 OUTSIDE_GENERATION_TARGET = "<= 0.08"  # issue #49: the rollout's CPU work outside generation near zero
 
 
-def cpu_step(out_dir: Path, steps: int = 12, vllm: bool = False, say=lambda line: None) -> list[Figure]:
+def cpu_step(
+    out_dir: Path, steps: int = 12, vllm: bool = False, say: Callable[[str], object] = lambda line: None
+) -> list[Figure]:
     """Figure 5: one short trainer run each (a subprocess each; they cannot share one process)."""
     from verl_mm_tools.demo.options import DemoOptions
     from verl_mm_tools.demo.run import run_demo_result
@@ -52,7 +56,7 @@ def cpu_step(out_dir: Path, steps: int = 12, vllm: bool = False, say=lambda line
                 "trainer.save_freq=-1",
             ),
         )
-        result, _ = run_demo_result(options, say)
+        result, _ = run_demo_result(options, cast("Callable[[str], None]", say))  # its result is ignored
         if result.returncode != 0:
             raise RuntimeError(f"the {name} trainer run failed (exit {result.returncode}); see {out_dir / name}")
         metrics[name] = result.steps

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from PIL import Image
 
@@ -39,6 +39,12 @@ from verl_mm_tools.bench.memory import held_bytes
 from verl_mm_tools.runtime.batch import image_prompt, make_batch
 from verl_mm_tools.runtime.workers import generate
 from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+    from verl.protocol import DataProto
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.replica import TokenOutput
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
@@ -52,7 +58,7 @@ class UnrecordedServer(ScriptedServer):
     """The scripted server without its record of requests (every prompt's token ids and images, kept for tests'
     checks): over N trajectories x turns it would grow, and be counted as the worker's memory."""
 
-    async def generate(self, request_id, **kwargs):
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
         try:
             return await super().generate(request_id, **kwargs)
         finally:
@@ -76,7 +82,7 @@ def _status_bytes(field: str) -> int:
     return int(match.group(1)) * 1024
 
 
-def _batch(trajectories: int, side: int):
+def _batch(trajectories: int, side: int) -> DataProto:
     prompts = [
         image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
         for _ in range(trajectories)
@@ -84,13 +90,13 @@ def _batch(trajectories: int, side: int):
     return make_batch(prompts, agent_name=["mm_tool"] * trajectories)
 
 
-def worker_run(model_dir: str, trajectories: int, turns: int, side: int) -> dict[str, Any]:
+def worker_run(model_dir: str, trajectories: int, turns: int, side: int) -> dict[str, int]:
     """One warm-up trajectory, then ``trajectories`` at once through one ``generate_sequences`` call: the peak RSS
     that call added, and what its output holds."""
     script = [tool_call_text("rotate", degrees=90)] * (turns - 1) + ["<answer>90</answer><|im_end|>"]
     with tempfile.TemporaryDirectory() as workdir:
         _, tokenizer, worker = loop_factory(model_dir, Path(workdir), side, turns)
-        worker.llm_client = UnrecordedServer(tokenizer, script)
+        worker.llm_client = cast("LLMServerClient", UnrecordedServer(tokenizer, script))  # a stand-in for it
         generate(worker, _batch(1, side))  # first-call costs (imports, caches) are not the trajectories'
         gc.collect()
         _return_freed_blocks()
@@ -107,7 +113,7 @@ def _return_freed_blocks() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _held_for_the_trainer(output, processor) -> dict[str, int]:
+def _held_for_the_trainer(output: DataProto, processor: ProcessorMixin) -> dict[str, int]:
     """Counted from the output: every sample's ``multi_modal_inputs``, plus its images' pixels as Pillow holds them
     (4 bytes per RGB pixel; the batch does not carry the images, the finished trajectories did)."""
     inputs = list(output.non_tensor_batch["multi_modal_inputs"])
@@ -117,7 +123,7 @@ def _held_for_the_trainer(output, processor) -> dict[str, int]:
     return {"counted_bytes": held_bytes(inputs) + 4 * pixels, "raw_image_bytes": 3 * pixels, "images": images}
 
 
-def worker_memory(model_dir: str, say: Callable[[str], None] = lambda line: None) -> list[Figure]:
+def worker_memory(model_dir: str, say: Callable[[str], object] = lambda line: None) -> list[Figure]:
     """The sweep's figures (see the module docstring); none, with a line saying why, where the peak RSS cannot be
     reset (not Linux)."""
     why = peak_reset_available()

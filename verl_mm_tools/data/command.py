@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_make_data_command(commands) -> None:
+def add_make_data_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     make_data = commands.add_parser("make-data", help="write verl parquet for a built-in task")
     tasks = make_data.add_subparsers(dest="task", required=True)
     for name, write, help_text in (

@@ -15,9 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.data.common import write_parquet
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ def find_split_files(source: str | Path, split: str) -> list[Path]:
     return candidates + sorted(source.glob(f"{split}-*.parquet"))
 
 
-def _read_split(files: list[Path]):
+def _read_split(files: list[Path]) -> pd.DataFrame:
     import pandas as pd
 
     frame = pd.concat([pd.read_parquet(path) for path in files], ignore_index=True)
@@ -51,7 +55,7 @@ def _read_split(files: list[Path]):
     return frame
 
 
-def geo3k_rows(frame, split: str, *, max_attempts: int, agent_name: str) -> Iterator[dict]:
+def geo3k_rows(frame: pd.DataFrame, split: str, *, max_attempts: int, agent_name: str) -> Iterator[dict]:
     for index, record in enumerate(frame.to_dict("records")):
         images = [{"bytes": image["bytes"]} for image in record["images"]]
         if record["problem"].count("<image>") != len(images):

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast, overload
 
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.verl_registry import register_unique
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,11 @@ def make_environment(spec: str | dict[str, Any]) -> Environment:
         raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
 
 
-def _remote_environment(name: str, environment_class: type[Environment], kwargs: dict[str, Any], remote: Any):
-    """The environment on a Ray actor pool (``remote:``); its arguments are checked here, where it is not built."""
+def _remote_environment(
+    name: str, environment_class: type[Environment], kwargs: dict[str, Any], remote: object
+) -> Environment:
+    """The environment on a Ray actor pool (``remote:``); its arguments are checked here, where it is not built. Its
+    methods are async: the loop calls them through ``call``, as an environment's own async methods."""
     from verl_mm_tools.remote.env import RemoteEnvironment
     from verl_mm_tools.remote.spec import RemoteSpec
 
@@ -121,7 +127,8 @@ def _remote_environment(name: str, environment_class: type[Environment], kwargs:
         inspect.signature(environment_class).bind(**kwargs)
     except TypeError as error:
         raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
-    return RemoteEnvironment(name, environment_class, kwargs, RemoteSpec.from_config(remote, f"environment {name!r}"))
+    spec = RemoteSpec.from_config(remote, f"environment {name!r}")
+    return cast(Environment, RemoteEnvironment(name, environment_class, kwargs, spec))
 
 
 def _imported_environment(path: str) -> type[Environment]:
@@ -146,7 +153,11 @@ def _imported_environment(path: str) -> type[Environment]:
     return found
 
 
-async def call(method, *args):
+@overload
+async def call(method: Callable[..., Awaitable[T]], *args: object) -> T: ...
+@overload
+async def call(method: Callable[..., T], *args: object) -> T: ...
+async def call(method: Callable[..., object], *args: object) -> object:
     """Call a plain or async environment method."""
     result = method(*args)
     return await result if inspect.isawaitable(result) else result

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from collections.abc import Callable
 
 from PIL import Image
 
@@ -33,7 +33,7 @@ class EnvironmentCheckError(VerlMMToolsError, AssertionError):
 def check_environment(
     spec: str | dict | type[Environment],
     *,
-    ground_truth: Any = "1",
+    ground_truth: object = "1",
     answer: str = "<answer>1</answer>",
     extra_info: dict | None = None,
 ) -> CheckReport:
@@ -50,7 +50,11 @@ def check_environment(
 
 
 async def acheck_environment(
-    spec, *, ground_truth: Any = "1", answer: str = "<answer>1</answer>", extra_info: dict | None = None
+    spec: str | dict | type[Environment],
+    *,
+    ground_truth: object = "1",
+    answer: str = "<answer>1</answer>",
+    extra_info: dict | None = None,
 ) -> CheckReport:
     environment = spec() if isinstance(spec, type) else make_environment(spec)
     name = type(environment).__qualname__
@@ -72,14 +76,16 @@ async def acheck_environment(
     return report
 
 
-async def _outcome(method, *args) -> tuple[bool, Any]:
+async def _outcome(method: Callable[..., object], *args: object) -> tuple[bool, object]:
     try:
         return True, await call(method, *args)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return False, f"raised {type(error).__name__}: {error}"
 
 
-def _checked(report: CheckReport, label: str, outcome: tuple[bool, Any], problem_of) -> list[str]:
+def _checked(
+    report: CheckReport, label: str, outcome: tuple[bool, object], problem_of: Callable[[object], str | None]
+) -> list[str]:
     returned, value = outcome
     problem = problem_of(value) if returned else value
     if problem:
@@ -88,13 +94,13 @@ def _checked(report: CheckReport, label: str, outcome: tuple[bool, Any], problem
     return []
 
 
-def _reset_problem(value) -> str | None:
+def _reset_problem(value: object) -> str | None:
     if value is None:
         return None
     return _observation_problem(value)
 
 
-def _step_problem(value) -> str | None:
+def _step_problem(value: object) -> str | None:
     if not (isinstance(value, tuple) and len(value) == 4):
         return f"must return (observation, reward, done, info), got {type(value).__name__} {value!r:.80}"
     observation, reward, done, info = value
@@ -109,7 +115,7 @@ def _step_problem(value) -> str | None:
     return None
 
 
-def _observation_problem(value) -> str | None:
+def _observation_problem(value: object) -> str | None:
     if not isinstance(value, Observation):
         return f"must return an Observation (or None), got {type(value).__name__}"
     if not isinstance(value.text, str):

@@ -84,7 +84,7 @@ class RotationFeedbackEnv(AnswerFeedbackEnv):
 
     name = "rotation"
 
-    def __init__(self, reward_fn: str = "rotation_reward_45", show_image: bool = True, **kwargs):
+    def __init__(self, reward_fn: str = "rotation_reward_45", show_image: bool = True, **kwargs: Any):
         super().__init__(reward_fn=reward_fn, **kwargs)
         self.show_image = show_image
 
@@ -102,7 +102,13 @@ class RotationFeedbackEnv(AnswerFeedbackEnv):
         )
 
 
-def _verl_default_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+def _verl_default_score(
+    data_source: str | None,
+    solution_str: str,
+    ground_truth: object,
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: object,
+) -> float | dict[str, Any]:
     from verl.utils.reward_score import default_compute_score
 
     return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)

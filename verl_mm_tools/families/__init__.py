@@ -7,7 +7,7 @@ from verl_mm_tools.families.catalog import FAMILIES
 from verl_mm_tools.families.record import Family, ImageEntry, ModelSizes, TinyEntry, Vocabulary
 
 
-def family_of_image_processor(image_processor) -> Family | None:
+def family_of_image_processor(image_processor: object) -> Family | None:
     """The first family whose image processor classes this processor is one of (by class name); None for a
     processor no family declares."""
     name = type(image_processor).__name__

@@ -10,7 +10,7 @@ from verl_mm_tools.errors import ToolInputError
 _SHOW_LIMIT = 60
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     """A short, safe repr of a received value (long or hostile values are cut)."""
     try:
         text = repr(value)
@@ -19,7 +19,7 @@ def show(value: Any) -> str:
     return text if len(text) <= _SHOW_LIMIT else text[: _SHOW_LIMIT - 3] + "..."
 
 
-def kind_of(value: Any) -> str:
+def kind_of(value: object) -> str:
     """The JSON-ish kind of a value, for messages ('a string', 'a list', ...)."""
     names = {bool: "a boolean", int: "an integer", str: "a string", list: "a list", tuple: "a list", dict: "an object"}
     if value is None:
@@ -27,7 +27,7 @@ def kind_of(value: Any) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-def check_number(name: str, value: Any, low: float, high: float) -> float:
+def check_number(name: str, value: object, low: float, high: float) -> float:
     """``value`` as a finite float in ``[low, high]``; bools and strings are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ToolInputError(f"{name} must be a number, got {show(value)} ({kind_of(value)})")
@@ -42,7 +42,7 @@ def check_number(name: str, value: Any, low: float, high: float) -> float:
     return number
 
 
-def check_int(name: str, value: Any, low: int, high: int) -> int:
+def check_int(name: str, value: object, low: int, high: int) -> int:
     """``value`` as an int in ``[low, high]``; integral floats such as 3.0 are accepted, bools are refused."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)

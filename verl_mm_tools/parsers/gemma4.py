@@ -96,7 +96,7 @@ def read_gemma4_bare(text: str, position: int) -> tuple[object, int]:
     return gemma4_scalar(word), end
 
 
-def gemma4_scalar(word: str):
+def gemma4_scalar(word: str) -> bool | int | float | str | None:
     """verl's reading of a bare value: true/false/null (any case), an int, a float, else the text itself."""
     if word.lower() in _GEMMA4_CONSTANTS:
         return _GEMMA4_CONSTANTS[word.lower()]

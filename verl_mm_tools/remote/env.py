@@ -31,14 +31,15 @@ class RemoteEnvironment:
     def __repr__(self) -> str:
         return f"RemoteEnvironment({self.environment_class.__qualname__}, actors={self.spec.actors})"
 
-    async def reset(self, sample):
+    # the environment's sample and answers (envs.base's types: envs sits on this layer, which does not import it)
+    async def reset(self, sample: object) -> object:
         if self.key is not None:
             raise RemoteError(f"{self.pool.label}: reset called twice on one trajectory's environment")
         self.key = uuid.uuid4().hex
         slot = self.pool.open(self.key)
         return await self.pool.call(slot, "reset", self.key, self.kwargs, sample, timeout_s=self.spec.timeout_s)
 
-    async def step(self, assistant_text: str):
+    async def step(self, assistant_text: str) -> object:
         if self.key is None:
             raise RemoteError(f"{self.pool.label}: step called before reset (or after close); call reset first")
         slot = self.pool.slot_of(self.key)

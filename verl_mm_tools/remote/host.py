@@ -14,12 +14,20 @@ import inspect
 import os
 import threading
 import uuid
+from collections.abc import Awaitable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from verl_mm_tools.errors import RemoteError
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.workspace import ImageWorkspace, ToolContext, attach_tool_context
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import ToolResponse
+
+T = TypeVar("T")
 
 TOOL, ENVIRONMENT = "tool", "environment"
 
@@ -32,7 +40,7 @@ class RemoteHost:
         self.kind = kind
         self.target = target = resolve_class(kind, target)
         self.incarnation = uuid.uuid4().hex  # changes when Ray restarts the actor
-        self.tool = target(**init_kwargs) if kind == TOOL else None
+        self.tool: BaseTool | None = target(**init_kwargs) if kind == TOOL else None
         self.sessions: dict[str, Any] = {}
         self.ended: set[str] = set()  # sessions released before their (timed-out) create finished here
         self.lock = threading.Lock()
@@ -58,19 +66,21 @@ class RemoteHost:
 
     # ----- tools ----------------------------------------------------------------------------------------------
 
-    def _tool(self) -> Any:
+    def _tool(self) -> BaseTool:
         if self.tool is None:
             raise RemoteError(f"{self.target.__qualname__}: this actor hosts environments, not a tool")
         return self.tool
 
-    def create(self, key: str, kwargs: dict[str, Any]):
+    def create(self, key: str, kwargs: dict[str, Any]) -> ToolResponse:
         instance_id, response = self._run(self._tool().create(**kwargs))
         instance = ToolSession(instance_id=instance_id, images=[])
         if not self._open(key, instance):
             self._run(self._tool().release(instance.instance_id))
         return response
 
-    def execute(self, key: str, parameters: dict[str, Any], keep: int, new_images: list, files: FileRoots):
+    def execute(
+        self, key: str, parameters: dict[str, Any], keep: int, new_images: list[Image.Image], files: FileRoots
+    ) -> tuple[ToolResponse, float, dict]:
         session = self._session(key, "execute")
         del session.images[keep:]
         session.images.extend(new_images)
@@ -85,14 +95,15 @@ class RemoteHost:
 
     # ----- environments ---------------------------------------------------------------------------------------
 
-    def reset(self, key: str, env_kwargs: dict[str, Any], sample):
-        environment = self.target(**env_kwargs)
+    # an environment's sample, observation and step result: envs sits on this layer, which does not know its types
+    def reset(self, key: str, env_kwargs: dict[str, Any], sample: object) -> object:
+        environment = self.target(**env_kwargs)  # its methods may be plain or async
         if not self._open(key, environment):
             self._run(environment.close())
             return None
         return self._run(environment.reset(sample))
 
-    def step(self, key: str, assistant_text: str):
+    def step(self, key: str, assistant_text: str) -> object:
         return self._run(self._session(key, "step").step(assistant_text))
 
     def close(self, key: str) -> None:
@@ -102,7 +113,7 @@ class RemoteHost:
 
     # ----- sessions -------------------------------------------------------------------------------------------
 
-    def _open(self, key: str, session: Any) -> bool:
+    def _open(self, key: str, session: object) -> bool:
         """Keep a new session; False when it was already ended (its create or reset timed out on the caller)."""
         with self.lock:
             if key in self.ended:
@@ -128,7 +139,7 @@ class RemoteHost:
             )
         return session
 
-    def _run(self, result: Any) -> Any:
+    def _run(self, result: object) -> Any:
         """The value of a plain or async method's result, awaited on this thread's own event loop."""
         if not inspect.isawaitable(result):
             return result
@@ -176,10 +187,10 @@ class ToolSession:
 
     __slots__ = ("instance_id", "images")
 
-    def __init__(self, instance_id: str, images: list):
+    def __init__(self, instance_id: str, images: list[Image.Image]):
         self.instance_id, self.images = instance_id, images
 
 
-async def awaited(awaitable):
+async def awaited(awaitable: Awaitable[T]) -> T:
     """A coroutine of any awaitable (a Ray ObjectRef too), for event-loop APIs that take coroutines."""
     return await awaitable

@@ -16,12 +16,17 @@ import dataclasses
 import functools
 import hashlib
 import logging
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import RemoteError, RemoteTimeoutError
 from verl_mm_tools.remote.host import RemoteHost, awaited, class_reference
 from verl_mm_tools.remote.nodes import live_nodes_offering, node_info, node_label
 from verl_mm_tools.remote.spec import RemoteSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorClass
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +89,7 @@ class ActorPool:
     # ----- calls ----------------------------------------------------------------------------------------------
 
     async def call(
-        self, slot: Slot, method: str, *args: Any, timeout_s: float | None = None, cancel_on_timeout: bool = True
+        self, slot: Slot, method: str, *args: object, timeout_s: float | None = None, cancel_on_timeout: bool = True
     ) -> Any:
         """``method(*args)`` on the slot's actor. Raises RemoteTimeoutError past ``timeout_s``, RemoteError when the
         actor or the session is lost, and the hosted class's own exception when it raised. A release or close is
@@ -146,7 +151,7 @@ class ActorPool:
             await self._wait_started(slot, ray)
         return slot.handle
 
-    async def _wait_started(self, slot: Slot, ray) -> None:
+    async def _wait_started(self, slot: Slot, ray: ModuleType) -> None:
         try:
             info = await asyncio.wait_for(_first_answer(slot.handle, ray), self.spec.startup_timeout_s)
         except asyncio.TimeoutError:
@@ -184,7 +189,7 @@ class ActorPool:
         return [await self.call(slot, "ping") for slot in self.slots]
 
 
-async def _first_answer(handle: Any, ray) -> dict[str, Any]:
+async def _first_answer(handle: Any, ray: ModuleType) -> dict[str, Any]:
     """The actor's ping, asked again while Ray says the actor is restarting (ActorUnavailableError: a call sent
     while Ray restarts a killed actor, or while its node reconnects, fails at once instead of waiting)."""
     while True:
@@ -211,13 +216,13 @@ def pool_for(kind: str, name: str, target: type, init_kwargs: dict[str, Any], sp
 
 
 @functools.cache
-def _actor_class():
+def _actor_class() -> ActorClass[RemoteHost]:
     import ray
 
     return ray.remote(RemoteHost)
 
 
-def _cancel(ref) -> None:
+def _cancel(ref: ObjectRef[object]) -> None:
     import ray
 
     try:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from verl.tools.base_tool import BaseTool
-from verl.tools.schemas import ToolResponse
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.tools.base import build_schema
 from verl_mm_tools.workspace import workspace_of
@@ -28,14 +28,16 @@ class BlockingTool(BaseTool):
 
     schema_fn = staticmethod(wait)
 
-    def __init__(self, config: dict[str, Any] | None = None, tool_schema=None):
+    def __init__(self, config: dict[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         # BaseTool.__init__ is not called on purpose: it print()s the schema.
         self.config = dict(config or {})
         self.seconds = float(self.config.get("seconds", 0.5))
         self.tool_schema = tool_schema or build_schema(wait)
         self.name = self.tool_schema.function.name
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
         began = time.time()
         time.sleep(self.seconds)  # blocking on purpose: the event loop it runs on is stuck meanwhile
         images = len(workspace_of(kwargs.get("agent_data")).images)

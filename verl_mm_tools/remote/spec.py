@@ -94,7 +94,7 @@ class RemoteSpec:
         _require(not reserved, "resources", "free of CPU and GPU (use num_cpus / num_gpus)", self.resources)
 
     @classmethod
-    def from_config(cls, config: Any, owner: str) -> RemoteSpec:
+    def from_config(cls, config: object, owner: str) -> RemoteSpec:
         """Parse a ``remote:`` mapping (``True``: every default). ``owner`` names the tool or environment."""
         if config is True:
             return cls()
@@ -128,12 +128,12 @@ class RemoteSpec:
         return options
 
 
-def _number(value: Any, *, minimum: float, strict: bool = False) -> bool:
+def _number(value: object, *, minimum: float, strict: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     return value > minimum if strict else value >= minimum
 
 
-def _require(ok: bool, name: str, expected: str, got: Any) -> None:
+def _require(ok: bool, name: str, expected: str, got: object) -> None:
     if not ok:
         raise ConfigError(f"remote {name} must be {expected}, got {got!r}")

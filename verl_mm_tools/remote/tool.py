@@ -22,7 +22,9 @@ from __future__ import annotations
 import io
 import logging
 import uuid
-from typing import Any, cast
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
@@ -34,9 +36,15 @@ from verl_mm_tools.remote.pool import ActorPool, pool_for
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC, RemoteSpec
 from verl_mm_tools.workspace import workspace_of
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 logger = logging.getLogger(__name__)
 
 REMOTE_KEY = "remote"
+
+# verl's initialize_tools_from_config: the tool YAML (its path or a stream of its text) to its tools
+ToolsLoader = Callable[[str | Path | IO[str]], list[BaseTool]]
 
 
 class RemoteTool(BaseTool):
@@ -133,7 +141,7 @@ def _common_prefix(sent: list, images: list) -> int:
 # ----- the tool YAML --------------------------------------------------------------------------------------------
 
 
-def remote_tool(entry: Any) -> RemoteTool:
+def remote_tool(entry: DictConfig) -> RemoteTool:
     """The ``RemoteTool`` of one tool-YAML entry with a ``remote:`` block (an OmegaConf node)."""
     from omegaconf import OmegaConf
     from verl.tools.tool_registry import get_tool_class
@@ -161,7 +169,7 @@ def remote_tool(entry: Any) -> RemoteTool:
     return RemoteTool(tool_class, config, _schema(entry, tool_class, owner), spec)
 
 
-def _schema(entry: Any, tool_class: type, owner: str) -> OpenAIFunctionToolSchema:
+def _schema(entry: DictConfig, tool_class: type, owner: str) -> OpenAIFunctionToolSchema:
     from omegaconf import OmegaConf
 
     if entry.get("tool_schema") is not None:
@@ -179,7 +187,7 @@ def _schema(entry: Any, tool_class: type, owner: str) -> OpenAIFunctionToolSchem
 def without_remote(yaml_text: str) -> str:
     """The tool YAML with every ``remote:`` block removed (the same tools, built in this process); the text itself
     when it has none."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     config = cast("DictConfig", OmegaConf.create(yaml_text))  # the tool YAML is a mapping with ``tools:``
     if not any(REMOTE_KEY in entry for entry in config.get("tools") or []):
@@ -189,17 +197,17 @@ def without_remote(yaml_text: str) -> str:
     return OmegaConf.to_yaml(config)
 
 
-def with_remote_tools(original):
+def with_remote_tools(original: ToolsLoader) -> ToolsLoader:
     """verl's ``initialize_tools_from_config``, building a ``RemoteTool`` for each entry with ``remote:`` and
     leaving every other entry to verl, in the YAML's order."""
 
-    def initialize_tools_from_config(tools_config_file) -> list:
+    def initialize_tools_from_config(tools_config_file: str | Path | IO[str]) -> list[BaseTool]:
         from omegaconf import OmegaConf
 
         entries = list(OmegaConf.load(tools_config_file).tools)
         if not any(REMOTE_KEY in entry for entry in entries):
             return original(tools_config_file)
-        tools = []
+        tools: list[BaseTool] = []
         for entry in entries:
             if REMOTE_KEY in entry:
                 tools.append(remote_tool(entry))

@@ -64,7 +64,7 @@ def _has_think_before(prefix: str) -> bool:
 def format_reward(
     data_source: str,
     solution_str: str,
-    ground_truth: Any = None,
+    ground_truth: object = None,
     extra_info: dict | None = None,
     *,
     tag: str = "answer",

@@ -41,7 +41,7 @@ class WeightedReward:
                 raise ConfigError(f"weight of {_component_name(function)!r} must be a finite number, got {weight!r}")
 
     def __call__(
-        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+        self, data_source: str, solution_str: str, ground_truth: object, extra_info: dict | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         total = 0.0
         merged: dict[str, Any] = {}

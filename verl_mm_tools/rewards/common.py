@@ -78,7 +78,7 @@ def read_tool_calls(extra_info: Mapping[str, Any] | None) -> int:
     return _count(value)
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(f"{TOOL_CALLS_KEY} must be a non-negative integer or a dict of them, got {value!r}")
     return int(value)

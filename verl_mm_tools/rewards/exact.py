@@ -14,7 +14,7 @@ _TUNABLES = ("case_sensitive", "require_tag")
 def exact_answer_reward(
     data_source: str,
     solution_str: str,
-    ground_truth: Any,
+    ground_truth: object,
     extra_info: dict | None = None,
     *,
     case_sensitive: bool = False,

@@ -63,7 +63,7 @@ def geo3k_accuracy(text: str, ground_truth: str, *, use_boxed: bool = True) -> f
 def geo3k_reward(
     data_source: str,
     solution_str: str,
-    ground_truth: Any,
+    ground_truth: object,
     extra_info: dict | None = None,
     *,
     format_weight: float = 0.1,

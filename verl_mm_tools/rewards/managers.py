@@ -58,6 +58,7 @@ from verl_mm_tools.verl_registry import register_unique
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+    from verl.protocol import DataProtoItem
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
         raw = await self._call(function, kwargs)
         return self._assemble(raw, attempts, extra_info)
 
-    def _extra_info(self, item: Any) -> dict[str, Any]:
+    def _extra_info(self, item: DataProtoItem) -> dict[str, Any]:
         # Copies: the row's dict and the agent loop's extra_fields are shared objects in-process.
         extra_info = dict(item.non_tensor_batch.get("extra_info") or {})
         extra_info.update(_trajectory_fields(item.non_tensor_batch))
@@ -220,7 +221,7 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
         row_choice = extra_info.get(REWARD_FN_KEY)
         return self.default_function if row_choice is None else get_reward_function(row_choice)
 
-    async def _solution_text(self, item: Any, extra_info: Mapping[str, Any]) -> str:
+    async def _solution_text(self, item: DataProtoItem, extra_info: Mapping[str, Any]) -> str:
         last_text = extra_info.get(LAST_ASSISTANT_TEXT_KEY)
         if isinstance(last_text, str):
             return last_text
@@ -247,7 +248,7 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
         term = shaping.shaping(read_tool_calls(extra_info), answer_score=answer_score)
         return {**result, "score": answer_score + term, "answer_score": answer_score, "tool_shaping": term}
 
-    def _assemble(self, raw: Any, attempts: int, extra_info: Mapping[str, Any]) -> dict[str, Any]:
+    def _assemble(self, raw: float | Mapping[str, Any], attempts: int, extra_info: Mapping[str, Any]) -> dict[str, Any]:
         result = self._shape(as_result_dict(raw), extra_info)
         discount = float(self.settings.gamma) ** (attempts - 1)
         score = result["score"] * discount

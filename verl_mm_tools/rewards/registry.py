@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
@@ -13,7 +13,9 @@ from verl_mm_tools.rewards.rotation import rotation_reward, rotation_reward_45, 
 
 __all__ = ["REWARD_FUNCTIONS", "RewardFunction", "get_reward_function", "resolve_reward_function"]
 
-RewardFunction = Callable[..., Any]
+# verl's compute_score signature (data_source, solution_str, ground_truth, extra_info, **kwargs): a score, or a dict
+# with one under "score"
+RewardFunction = Callable[..., float | Mapping[str, Any]]
 
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "rotation_reward": rotation_reward,

@@ -57,7 +57,7 @@ def parse_angle_answer(solution_str: str, *, require_tag: bool = False) -> tuple
     return angle, "ok"
 
 
-def _ground_truth_angle(ground_truth: Any) -> float:
+def _ground_truth_angle(ground_truth: object) -> float:
     angle: float | None
     if isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool):
         angle = float(ground_truth)
@@ -77,7 +77,7 @@ def _check_tolerance(tolerance: float) -> None:
 def rotation_reward(
     data_source: str,
     solution_str: str,
-    ground_truth: Any,
+    ground_truth: object,
     extra_info: dict | None = None,
     *,
     tolerance: float = 180.0,
@@ -113,7 +113,7 @@ def rotation_reward(
 def rotation_reward_180(
     data_source: str,
     solution_str: str,
-    ground_truth: Any,
+    ground_truth: object,
     extra_info: dict | None = None,
     *,
     require_tag: bool = False,
@@ -129,7 +129,7 @@ def rotation_reward_180(
 def rotation_reward_45(
     data_source: str,
     solution_str: str,
-    ground_truth: Any,
+    ground_truth: object,
     extra_info: dict | None = None,
     *,
     require_tag: bool = False,
@@ -153,7 +153,7 @@ class RotationReward:
         _check_tolerance(self.tolerance)
 
     def __call__(
-        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+        self, data_source: str, solution_str: str, ground_truth: object, extra_info: dict | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         check_tunables(f"{self!r}", kwargs)  # tunables are fixed by the factory
         return rotation_reward(

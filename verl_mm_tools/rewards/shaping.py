@@ -62,7 +62,7 @@ class ToolShaping:
         )
 
 
-def _is_real(value: Any) -> bool:
+def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -100,7 +100,7 @@ class ToolShapedReward:
         self,
         data_source: str,
         solution_str: str,
-        ground_truth: Any,
+        ground_truth: object,
         extra_info: dict | None = None,
         *,
         num_tool_calls: int | None = None,

@@ -35,9 +35,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from verl.trainer.config import AlgoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
     return spans
 
 
-def _turn_returns(rewards_row: torch.Tensor, spans: list[tuple[int, int]], gamma: float) -> list[float]:
+def _turn_returns(rewards_row: torch.Tensor, spans: Sequence[Sequence[int]], gamma: float) -> list[float]:
     """``G_ij`` of each turn of one row (its rewards up to the next turn's start, the last turn's to the row's end)."""
     bounds = [start for start, _ in spans[1:]] + [rewards_row.shape[0]]
     # strict=False: without spans, bounds still holds the row's end
@@ -78,7 +83,7 @@ def compute_turn_grpo_advantage(
     index: np.ndarray,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config=None,
+    config: AlgoConfig | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl advantage-estimator signature; see the module docstring for the definition."""
@@ -104,8 +109,8 @@ def compute_turn_grpo_advantage(
     return advantages, advantages
 
 
-def _group_statistics(index, whole_returns: list[float]) -> tuple[dict, dict]:
-    groups: dict = defaultdict(list)
+def _group_statistics(index: list[str], whole_returns: list[float]) -> tuple[dict[str, float], dict[str, float]]:
+    groups: dict[str, list[float]] = defaultdict(list)
     for uid, value in zip(index, whole_returns, strict=True):
         groups[uid].append(value)
     baseline, scale = {}, {}
@@ -118,7 +123,9 @@ def _group_statistics(index, whole_returns: list[float]) -> tuple[dict, dict]:
     return baseline, scale
 
 
-def chain_sample_returns(rm_scores: torch.Tensor, rows: list[int], spans_per_row: list, gamma: float) -> None:
+def chain_sample_returns(
+    rm_scores: torch.Tensor, rows: list[int], spans_per_row: Sequence[Sequence[Sequence[int]] | None], gamma: float
+) -> None:
     """One trajectory's samples ``rows`` (in order, each holding its own turn rewards): add to each earlier sample's
     last turn's last token gamma times the return of the next sample's first turn (in place)."""
     following = None
@@ -131,7 +138,11 @@ def chain_sample_returns(rm_scores: torch.Tensor, rows: list[int], spans_per_row
         following = _turn_returns(rm_scores[row], spans, gamma)[0]
 
 
-def place_turn_rewards(rm_scores: torch.Tensor, turn_spans_per_row, turn_rewards_per_row) -> int:
+def place_turn_rewards(
+    rm_scores: torch.Tensor,
+    turn_spans_per_row: Sequence[Sequence[Sequence[int]] | None],
+    turn_rewards_per_row: Sequence[Sequence[float] | None],
+) -> int:
     """Add each trajectory's per-turn rewards on the last generated token of each of its turns (in place); a row's
     turns are its ``[start, end)`` response spans, as the loop recorded them.
 

@@ -26,7 +26,11 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, BinaryIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:  # PIL is imported in the sandbox once its packages are bound (load_packages)
+    from PIL import Image
 
 # a message: 4-byte big-endian length of a JSON header, 4-byte length of the binary blobs, the header, the blobs
 FRAME = struct.Struct(">II")
@@ -153,8 +157,8 @@ class Kernel:
         self.settings = settings
         self.pid = os.getpid()
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-        self.images: dict[int, Any] = {}
-        self.outputs: list[tuple[Any, str]] = []
+        self.images: dict[int, Image.Image] = {}
+        self.outputs: list[tuple[Image.Image, str]] = []
         self.returned_pixels = 0
         self.refused: list[str] = []
         self.more_refused = 0
@@ -195,7 +199,7 @@ class Kernel:
         session = int(limits["session_cpu_s"])
         resource.setrlimit(resource.RLIMIT_CPU, (session, session + 1))
 
-    def _on_cpu_limit(self, signum: int, frame: Any) -> None:
+    def _on_cpu_limit(self, signum: int, frame: FrameType | None) -> None:
         raise CPUTimeExceeded(f"the code used up its {self.settings['limits']['cpu_s']:g} CPU seconds")
 
     def load_packages(self) -> None:
@@ -222,7 +226,7 @@ class Kernel:
 
     # ----- one call -------------------------------------------------------------------------------------------
 
-    def collect(self, image: Any, origin: str) -> None:
+    def collect(self, image: Image.Image, origin: str) -> None:
         width, height = image.width, image.height
         reason = refusal(width, height, len(self.outputs), self.returned_pixels, self.settings["limits"])
         if reason is None:
@@ -327,7 +331,7 @@ class Kernel:
         finally:
             pyplot.close("all")
 
-    def _saved_already(self, rgba: Any) -> bool:
+    def _saved_already(self, rgba: Image.Image) -> bool:
         """Whether the code saved this figure in this call (``savefig`` writes it through PIL): returned once."""
         data = rgba.tobytes()
         return any(

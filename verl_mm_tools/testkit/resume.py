@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig
@@ -26,6 +26,11 @@ from verl_mm_tools.testkit.scripted import (
     prefix_cache_hits,
     scripted_logprob,
 )
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from transformers import PreTrainedTokenizerBase
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
 ROUTING_LAYERS, ROUTING_TOP_K = 2, 2
 
@@ -62,14 +67,14 @@ class InterruptingServer(ScriptedServer):
 
     def __init__(
         self,
-        tokenizer,
-        turns: Sequence[str] | Callable[[int, list[int], list], str],
+        tokenizer: PreTrainedTokenizerBase,
+        turns: Sequence[str] | Callable[[int, list[int], list[Image.Image]], str],
         interrupts: Mapping[int, Sequence[int]] | None = None,
         *,
         version: int = SCRIPTED_WEIGHTS_STEP,
         routing: bool = False,
         turn_of: Callable[[list[int]], int] | None = None,
-    ):
+    ) -> None:
         super().__init__(tokenizer, turns)
         self.interrupts = {turn: sorted(points) for turn, points in (interrupts or {}).items()}
         self.version = version
@@ -83,7 +88,15 @@ class InterruptingServer(ScriptedServer):
     def _assistant_turns(self, prompt_ids: list[int]) -> int:
         return self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Image.Image] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
         prompt_ids = list(prompt_ids)
         images = list(image_data or [])
         self.requests.append({"prompt_ids": prompt_ids, "images": images, "sampling_params": dict(sampling_params)})
@@ -125,7 +138,7 @@ class LocalBalancer:
     """An in-process stand-in for verl's global load balancer (``workers/rollout/router``) with one server: what
     verl's ``LLMServerClient`` calls on it, through ``InProcessActor``."""
 
-    def __init__(self, server: Any):
+    def __init__(self, server: object):
         self.server = InProcessActor(server)
         self.in_flight = 0
 
@@ -135,15 +148,15 @@ class LocalBalancer:
     async def require_release_fields(self) -> list[str]:
         return []
 
-    async def acquire_server(self, request_id: str, **fields: Any) -> tuple[str, Any]:
+    async def acquire_server(self, request_id: str, **fields: object) -> tuple[str, InProcessActor]:
         self.in_flight += 1
         return "local", self.server
 
-    def release_server(self, server_id: str, **fields: Any) -> None:  # verl calls it without awaiting
+    def release_server(self, server_id: str, **fields: object) -> None:  # verl calls it without awaiting
         self.in_flight -= 1
 
 
-def resuming_client(config: DictConfig, server: Any) -> Any:
+def resuming_client(config: DictConfig, server: object) -> FullyAsyncLLMServerClient:
     """verl's ``FullyAsyncLLMServerClient`` (the client of its fully async rollouter) in front of ``server``: it
     resumes an aborted generation with the tokens so far unless ``async_training.partial_rollout`` is false."""
     from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient

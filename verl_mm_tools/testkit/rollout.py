@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -21,8 +21,17 @@ from verl_mm_tools.runtime.workers import (
     make_worker,
     restored_loop_registry,
 )
-from verl_mm_tools.testkit.scripted import ScriptedServer
+from verl_mm_tools.testkit.scripted import Script, ScriptedServer
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.function_tool import FunctionTool
+
+    from verl_mm_tools.cpu.hf_engine import HFVisionLM
 
 
 class LocalRollout:
@@ -60,18 +69,18 @@ class LocalRollout:
 
     def run(
         self,
-        turns,
+        turns: Sequence[str | None] | Script,
         prompts: Sequence[list[dict]],
         *,
-        model=None,
+        model: HFVisionLM | None = None,
         columns: dict | None = None,
-        tools=None,
+        tools: Iterable[BaseTool | FunctionTool] | None = None,
         score: bool = False,
         per_sample: bool = False,
-        server: Callable[[Any], Any] | None = None,
-        client: Callable[[DictConfig, Any], Any] | None = None,
-        **config_kwargs,
-    ):
+        server: Callable[[PreTrainedTokenizerBase], ScriptedServer] | None = None,
+        client: Callable[[DictConfig, ScriptedServer], object] | None = None,
+        **config_kwargs: Any,
+    ) -> tuple[DataProto, ScriptedServer, AgentLoopWorker]:
         """Returns (the generated DataProto, the server with its recorded requests, the worker). ``tools`` replaces
         the tools loaded from the YAML (instances, e.g. defined in a test); ``score`` streams every trajectory
         through verl's real reward worker (the configured reward manager), in-process; ``per_sample`` takes loops

@@ -3,8 +3,15 @@ log-probs the trainer computes for it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PIL import Image
 from verl.protocol import DataProto
+
+if TYPE_CHECKING:
+    import torch
+
+    from verl_mm_tools.cpu.hf_engine import HFVisionLM
 
 
 def marked_image(size: tuple[int, int] = (84, 56)) -> Image.Image:
@@ -29,7 +36,7 @@ def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
     return row
 
 
-def trainer_logprobs(model, output: DataProto, row: int = 0):
+def trainer_logprobs(model: HFVisionLM, output: DataProto, row: int = 0) -> torch.Tensor:
     """The response tokens' log-probs of one float32 forward over sample ``row`` of a generated batch, with verl's
     position ids ((4, L) for M-RoPE families, (L,) for Gemma 4) and multimodal inputs: what the trainer computes.
     ``model``: an ``HFVisionLM``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from PIL import Image
 
@@ -15,8 +16,16 @@ from verl_mm_tools.runtime.batch import image_prompt, make_batch
 from verl_mm_tools.runtime.config import CLASSIC_HOOK
 from verl_mm_tools.runtime.workers import generate, in_process_manager, restored_loop_registry
 from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+from verl_mm_tools.testkit.scripted import Script, ScriptedServer, tool_call_text
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from transformers import PreTrainedTokenizerBase
+    from verl.protocol import DataProto
+
+    # the ScriptedServer's turns, from the worker's tokenizer
+    TurnsFor = Callable[[PreTrainedTokenizerBase], Sequence[str | None] | Script]
 
 REWARD_OVERRIDES = (
     "reward.reward_manager.name=mm_turn_discount",
@@ -53,11 +62,12 @@ def sample_rows(words: Sequence[str]) -> tuple[list[list[dict]], dict[str, list]
     return prompts, columns
 
 
-def scripted_by_word(tokenizer, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) -> Callable:
+def scripted_by_word(tokenizer: PreTrainedTokenizerBase, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) -> Script:
     """A ScriptedServer script answering turn k with ``scripts[word][k]``, the word being the question's first."""
 
-    def script(turn: int, prompt_ids: list[int], images: list) -> str:
-        question = tokenizer.decode(prompt_ids).split("<|im_start|>user\n", 1)[1]
+    def script(turn: int, prompt_ids: list[int], images: list[Image.Image]) -> str:
+        text = cast(str, tokenizer.decode(prompt_ids))  # one sequence of ids decodes to one text
+        question = text.split("<|im_start|>user\n", 1)[1]
         word = next(word for word in scripts if word in question.split(":", 1)[0])
         return scripts[word][turn]
 
@@ -66,15 +76,15 @@ def scripted_by_word(tokenizer, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) 
 
 def run_steps(
     rollout: LocalRollout,
-    turns_for: Callable,
-    prompts,
+    turns_for: TurnsFor,
+    prompts: Sequence[list[dict]],
     columns: dict,
     *,
     steps: Sequence[int],
     loop_options: dict,
     extra: Sequence[str] = (),
     validate: bool = False,
-) -> tuple[list, ScriptedServer]:
+) -> tuple[list[DataProto], ScriptedServer]:
     """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
     server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
     turns (a list of texts or a script function)."""
@@ -83,7 +93,14 @@ def run_steps(
         return _run_manager_steps(config, turns_for, prompts, columns, steps, validate)
 
 
-def _run_manager_steps(config, turns_for: Callable, prompts, columns: dict, steps: Sequence[int], validate: bool):
+def _run_manager_steps(
+    config: DictConfig,
+    turns_for: TurnsFor,
+    prompts: Sequence[list[dict]],
+    columns: dict,
+    steps: Sequence[int],
+    validate: bool,
+) -> tuple[list[DataProto], ScriptedServer]:
     manager, worker = in_process_manager(config)
     server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
     worker.llm_client = server
@@ -101,8 +118,8 @@ def write_sample_dump(
     *,
     model_dir: str | None = None,
     steps: Sequence[int] = (1, 2),
-    **loop_options,
-) -> list:
+    **loop_options: object,
+) -> list[DataProto]:
     """Dump the four sample scripts for each step into ``dump_dir``; returns the generated outputs."""
     from verl_mm_tools.tiny import tiny_model_path
 

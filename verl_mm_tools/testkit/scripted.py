@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from PIL import Image
 from verl.workers.rollout.replica import TokenOutput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from verl_mm_tools.cpu.hf_engine import HFVisionLM
+
+# A scripted model: (turn k of the trajectory, the request's prompt ids, its images) -> the text it answers, or None
+# where the model itself generates the turn
+Script = Callable[[int, list[int], list[Image.Image]], "str | None"]
 
 SCRIPTED_WEIGHTS_STEP = 7  # the weight version the scripted server reports for every turn
 
@@ -51,15 +61,26 @@ class ScriptedServer:
     """
 
     def __init__(
-        self, tokenizer, turns: Sequence[str | None] | Callable[[int, list[int], list], str | None], model=None
-    ):
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        turns: Sequence[str | None] | Script,
+        model: HFVisionLM | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.model = model
-        self.script = turns if callable(turns) else (lambda turn, prompt_ids, images: turns[turn])
+        self.script: Script = turns if callable(turns) else (lambda turn, prompt_ids, images: turns[turn])
         self.turns_seen: dict[str, int] = {}
         self.requests: list[dict[str, Any]] = []
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Image.Image] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
         # verl gives each trajectory its own request id: the k-th request of an id is the trajectory's turn k
         turn = self.turns_seen.get(request_id, 0)
         self.turns_seen[request_id] = turn + 1
@@ -70,6 +91,8 @@ class ScriptedServer:
         text = self.script(turn, list(prompt_ids), images)
         limit = sampling_params.get("max_tokens")
         if text is None:
+            if self.model is None:
+                raise ValueError(f"ScriptedServer: turn {turn} is scripted as None (the model's own) without a model")
             token_ids, log_probs = self.model.generate(
                 prompt_ids,
                 images,
@@ -90,6 +113,6 @@ class ScriptedServer:
         )
 
 
-def tool_call_text(name: str, **arguments: Any) -> str:
+def tool_call_text(name: str, **arguments: object) -> str:
     """The text a Qwen model writes for one tool call, ending its turn (hermes format)."""
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call><|im_end|>"

@@ -63,7 +63,7 @@ def _tool_call(rng: random.Random) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-def _json_value(rng: random.Random):
+def _json_value(rng: random.Random) -> int | list[int] | str | float:
     choice = rng.randint(0, 3)
     if choice == 0:
         return rng.randint(-360, 1024)

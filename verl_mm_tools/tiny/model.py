@@ -4,12 +4,15 @@ declares."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.tiny.spec import TinyModelSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-def build_random_model(spec: TinyModelSpec, tokenizer):
+
+def build_random_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     import torch
     import transformers
 
@@ -22,7 +25,7 @@ def build_random_model(spec: TinyModelSpec, tokenizer):
     return model
 
 
-def build_config(spec: TinyModelSpec, tokenizer):
+def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:
     import transformers
 
     family = spec.family_record
@@ -37,7 +40,7 @@ def build_config(spec: TinyModelSpec, tokenizer):
     )
 
 
-def _text_sizes(spec: TinyModelSpec, tokenizer) -> dict:
+def _text_sizes(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> dict:
     """The text model's sizes, the same in every family."""
     return {
         "vocab_size": len(tokenizer),
@@ -50,7 +53,7 @@ def _text_sizes(spec: TinyModelSpec, tokenizer) -> dict:
     }
 
 
-def _text_config(spec: TinyModelSpec, tokenizer) -> dict:
+def _text_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> dict:
     family = spec.family_record
     vocabulary = family.vocabulary
     config = {

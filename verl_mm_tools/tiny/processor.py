@@ -3,10 +3,15 @@ budget."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from verl_mm_tools.tiny.spec import TinyModelSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-def build_processor(spec: TinyModelSpec, tokenizer):
+
+def build_processor(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> ProcessorMixin:
     import transformers
 
     family = spec.family_record
@@ -35,7 +40,7 @@ def stand_in_soft_tokens(spec: TinyModelSpec) -> int:
     return spec.family_record.image.soft_token_budgets[0]
 
 
-def _soft_token_processor(spec: TinyModelSpec, tokenizer):
+def _soft_token_processor(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> ProcessorMixin:
     """Gemma 4's processor: every image scaled to the soft-token budget."""
     import transformers
 

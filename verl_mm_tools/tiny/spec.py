@@ -39,7 +39,7 @@ class TinyModelSpec:
     min_tokens: int = 1
     max_tokens: int = 64
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ConfigError(
                 f"unknown tiny model family {self.family!r}; choose one of {sorted(FAMILIES)}."

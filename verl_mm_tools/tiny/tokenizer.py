@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from verl_mm_tools.tiny.corpus import generate_corpus
 from verl_mm_tools.tiny.spec import TinyModelSpec
 
@@ -10,8 +12,11 @@ QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
-def build_tokenizer(spec: TinyModelSpec):
+
+def build_tokenizer(spec: TinyModelSpec) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on generated text, with the family's special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -27,8 +27,8 @@ class Parameter:
 
     name: str
     kind: type
-    choices: tuple[Any, ...] | None
-    default: Any
+    choices: tuple[object, ...] | None
+    default: object
 
     @property
     def required(self) -> bool:
@@ -38,7 +38,7 @@ class Parameter:
         kind = "one of " + ", ".join(repr(c) for c in self.choices) if self.choices else _JSON_KIND[self.kind]
         return f"{self.name} ({kind}, {'required' if self.required else 'optional'})"
 
-    def check(self, value: Any) -> Any:
+    def check(self, value: object) -> object:
         """``value`` converted to the parameter's kind, or a ToolInputError."""
         if self.choices is not None:
             return _check_choice(self.name, value, self.choices)
@@ -55,7 +55,7 @@ def _article(kind: type) -> str:
     return {str: "a string", bool: "true or false"}.get(kind, _JSON_KIND.get(kind, kind.__name__))
 
 
-def _check_float(name: str, value: Any) -> int | float:
+def _check_float(name: str, value: object) -> int | float:
     """``value`` itself when it is a finite int or float (ints stay ints, so messages print them as given)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ToolInputError(f"{name} must be a number, got {show(value)} ({kind_of(value)})")
@@ -68,14 +68,14 @@ def _check_float(name: str, value: Any) -> int | float:
     return value
 
 
-def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> object:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value in choices:
         return value
     hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
     raise ToolInputError(f"{name} must be one of {list(choices)}, got {show(value)}.{hint}")
 
 
-def _unwrap(name: str, annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
+def _unwrap(name: str, annotation: Any) -> tuple[type, tuple[object, ...] | None]:
     """(kind, literal choices) of an annotation, ``| None`` removed."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
         inner = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -93,7 +93,7 @@ def _unwrap(name: str, annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
 class ArgumentSpec:
     """The parameters of a schema function, and ``parse`` for a model's argument dict."""
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., object]):
         hints = typing.get_type_hints(fn)
         self.name = fn.__name__
         self.parameters: dict[str, Parameter] = {}
@@ -106,7 +106,7 @@ class ArgumentSpec:
     def summary(self) -> str:
         return f"{self.name} takes: " + ", ".join(p.describe() for p in self.parameters.values())
 
-    def parse(self, arguments: Any) -> dict[str, Any]:
+    def parse(self, arguments: object) -> dict[str, Any]:
         """Checked arguments with defaults filled in."""
         if not isinstance(arguments, Mapping):
             raise ToolInputError(f"the arguments must be a JSON object, got {show(arguments)}; {self.summary()}")
@@ -114,7 +114,7 @@ class ArgumentSpec:
             if name not in self.parameters:
                 hint = did_you_mean(str(name), self.parameters)
                 raise ToolInputError(f"unknown argument {show(name)}.{hint} {self.summary()}")
-        parsed = {}
+        parsed: dict[str, Any] = {}  # the checked JSON values, each of its parameter's kind
         for name, parameter in self.parameters.items():
             value = arguments.get(name)
             if value is None and parameter.required:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from PIL import Image
 from transformers.utils import get_json_schema
@@ -32,6 +32,9 @@ from verl_mm_tools.ops.geometry import DEFAULT_MAX_PIXELS, MIN_MAX_PIXELS, fit_p
 from verl_mm_tools.ops.transform import as_rgb
 from verl_mm_tools.tools.arguments import ArgumentSpec
 from verl_mm_tools.workspace import workspace_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class ImageToolConfig:
             )
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any] | None) -> ImageToolConfig:
+    def from_dict(cls, config: Mapping[str, Any] | None) -> Self:
         """Parse a config mapping once; unknown keys and wrongly typed values are ConfigErrors."""
         fields = {field.name: field for field in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
@@ -74,7 +77,7 @@ class ImageToolConfig:
         return cls(**values)
 
 
-def build_schema(fn: Callable[..., Any]) -> OpenAIFunctionToolSchema:
+def build_schema(fn: Callable[..., object]) -> OpenAIFunctionToolSchema:
     """The OpenAI tool schema of a schema function (name, Google docstring, typed parameters), with the
     docstring's line breaks folded into spaces. A ConfigError naming the function when transformers'
     ``get_json_schema`` cannot read it (the tool is then not built, whether by ``check_tool`` or verl's tool YAML)."""
@@ -93,8 +96,13 @@ def build_schema(fn: Callable[..., Any]) -> OpenAIFunctionToolSchema:
     return schema
 
 
-class ImageTool(BaseTool):
-    """Base of the image tools. Subclasses set ``schema_fn`` and implement ``apply``.
+# The config class of an ImageTool: ``class RotateTool(ImageTool[RotateConfig])`` types its ``settings``.
+ConfigT = TypeVar("ConfigT", bound=ImageToolConfig)
+
+
+class ImageTool(BaseTool, Generic[ConfigT]):
+    """Base of the image tools. Subclasses set ``schema_fn`` and implement ``apply``; a tool with a config class of
+    its own derives from ``ImageTool[ItsConfig]`` and sets ``config_cls = ItsConfig``.
 
     Class attributes:
         schema_fn: the tool's argument function; its name, docstring and typed parameters give the schema, and
@@ -104,16 +112,17 @@ class ImageTool(BaseTool):
         example_arguments: valid arguments for ``check_tool``'s probe image (64x48 px).
     """
 
-    schema_fn: ClassVar[Callable[..., Any]]
-    config_cls: ClassVar[type[ImageToolConfig]] = ImageToolConfig
-    example_arguments: ClassVar[dict[str, Any]] = {}
+    schema_fn: ClassVar[Callable[..., object]]
+    # not a ClassVar, which cannot hold a type variable; a tool without a config class of its own keeps the default
+    config_cls: type[ConfigT] = cast("type[ConfigT]", ImageToolConfig)
+    example_arguments: ClassVar[dict[str, object]] = {}
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         # BaseTool.__init__ is not called on purpose: it print()s the schema.
         if not callable(getattr(type(self), "schema_fn", None)):
             raise TypeError(f"{type(self).__name__} must set schema_fn, the function its schema is derived from")
         self.config = dict(config or {})
-        self.settings = self.config_cls.from_dict(self.config)
+        self.settings: ConfigT = self.config_cls.from_dict(self.config)
         if isinstance(tool_schema, Mapping):
             tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
         self.tool_schema = tool_schema or build_schema(type(self).schema_fn)
@@ -138,7 +147,7 @@ class ImageTool(BaseTool):
             logger.exception("%s failed on arguments %s", self.name, show(parameters))
             return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
 
-    def _run(self, parameters: Any, agent_data: Any) -> tuple[ToolResponse, float, dict]:
+    def _run(self, parameters: object, agent_data: object) -> tuple[ToolResponse, float, dict]:
         arguments = self.arguments.parse(parameters)
         image_id = arguments.pop("image_id", None)
         workspace = workspace_of(agent_data)

@@ -32,7 +32,7 @@ from verl_mm_tools.errors import ConfigError, VerlMMToolsError
 PROBE_SIZE = (64, 48)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JSON_TYPES = {"string", "number", "integer", "boolean", "array", "object", "null"}
-_HOSTILE_VALUES: tuple[Any, ...] = (None, "", "ninety", math.nan, math.inf, -1e308, 10**30, -1, True, [1, 2], {"a": 1})
+_HOSTILE_VALUES = (None, "", "ninety", math.nan, math.inf, -1e308, 10**30, -1, True, [1, 2], {"a": 1})
 
 
 class ToolCheckError(VerlMMToolsError, AssertionError):
@@ -46,7 +46,7 @@ def probe_image() -> Image.Image:
     return image
 
 
-def schema_problems(tool: Any) -> list[str]:
+def schema_problems(tool: object) -> list[str]:
     """Problems with a tool's name and OpenAI schema."""
     schema = getattr(tool, "tool_schema", None)
     if not isinstance(schema, OpenAIFunctionToolSchema):
@@ -75,7 +75,7 @@ def schema_problems(tool: Any) -> list[str]:
     return problems
 
 
-async def _call(tool: BaseTool, arguments: Any, images: list[Image.Image]) -> Any:
+async def _call(tool: BaseTool, arguments: dict[str, Any], images: list[Image.Image]) -> object:
     agent_data = types.SimpleNamespace(image_data=images)
     instance_id, _ = await tool.create()
     try:
@@ -142,7 +142,7 @@ async def bad_input_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[
     return problems
 
 
-def constructed(tool: Any) -> tuple[BaseTool, list[str]]:
+def constructed(tool: BaseTool | type) -> tuple[BaseTool, list[str]]:
     """``tool``, built with no config when it is a class, and the problem when it cannot be: most often a schema
     function whose docstring transformers' ``get_json_schema`` cannot read (no ``Args:`` section, a parameter
     without a type or a description)."""

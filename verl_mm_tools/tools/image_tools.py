@@ -32,7 +32,7 @@ def _clipped_box(image: Image.Image, box: tuple[float, float, float, float]) -> 
     return clipped, f"{_box_text(clipped)} (requested {_box_text(box)}, {change})"
 
 
-def rotate(degrees: float, image_id: int | None = None):
+def rotate(degrees: float, image_id: int | None = None) -> None:
     """Rotate an image counter-clockwise by any angle; the canvas grows to keep the whole image, corners are black.
 
     Args:
@@ -54,18 +54,17 @@ class RotateConfig(ImageToolConfig):
             raise ConfigError(f"resample must be one of {sorted(ops.ROTATE_RESAMPLING)}, got {self.resample!r}")
 
 
-class RotateTool(ImageTool):
+class RotateTool(ImageTool[RotateConfig]):
     schema_fn = rotate
     config_cls = RotateConfig
     example_arguments = {"degrees": 90}
 
     def apply(self, image: Image.Image, degrees: float) -> tuple[Image.Image, str]:
-        settings: RotateConfig = self.settings  # type: ignore[assignment]
-        rotated = ops.rotate(image, degrees, max_pixels=settings.max_pixels, resample=settings.resample)
+        rotated = ops.rotate(image, degrees, max_pixels=self.settings.max_pixels, resample=self.settings.resample)
         return rotated, f"rotated by {degrees:g} degrees counter-clockwise"
 
 
-def flip(direction: Literal["horizontal", "vertical"], image_id: int | None = None):
+def flip(direction: Literal["horizontal", "vertical"], image_id: int | None = None) -> None:
     """Mirror an image.
 
     Args:
@@ -74,7 +73,7 @@ def flip(direction: Literal["horizontal", "vertical"], image_id: int | None = No
     """
 
 
-class FlipTool(ImageTool):
+class FlipTool(ImageTool[ImageToolConfig]):
     schema_fn = flip
     example_arguments = {"direction": "horizontal"}
 
@@ -84,7 +83,7 @@ class FlipTool(ImageTool):
         return flipped, f"flipped {direction}ly ({swapped} swapped)"
 
 
-def crop(x1: float, y1: float, x2: float, y2: float, image_id: int | None = None):
+def crop(x1: float, y1: float, x2: float, y2: float, image_id: int | None = None) -> None:
     """Cut out a box of an image. Coordinates are pixels of that image: origin top-left, x right, y down.
 
     Args:
@@ -96,7 +95,7 @@ def crop(x1: float, y1: float, x2: float, y2: float, image_id: int | None = None
     """
 
 
-class CropTool(ImageTool):
+class CropTool(ImageTool[ImageToolConfig]):
     schema_fn = crop
     example_arguments = {"x1": 8, "y1": 8, "x2": 56, "y2": 40}
 
@@ -105,7 +104,7 @@ class CropTool(ImageTool):
         return ops.crop(image, box, max_pixels=self.settings.max_pixels), f"cropped to box {text}"
 
 
-def zoom_in(x1: float, y1: float, x2: float, y2: float, image_id: int | None = None):
+def zoom_in(x1: float, y1: float, x2: float, y2: float, image_id: int | None = None) -> None:
     """Zoom in on a box of an image: cut it out and enlarge it. Coordinates are pixels of that image: origin
     top-left, x right, y down.
 
@@ -130,15 +129,14 @@ class ZoomInConfig(ImageToolConfig):
             raise ConfigError(f"target_side must be between {ops.MIN_SIDE} and {MAX_ZOOM_SIDE}, got {self.target_side}")
 
 
-class ZoomInTool(ImageTool):
+class ZoomInTool(ImageTool[ZoomInConfig]):
     schema_fn = zoom_in
     config_cls = ZoomInConfig
     example_arguments = {"x1": 16, "y1": 12, "x2": 48, "y2": 36}
 
     def apply(self, image: Image.Image, x1: float, y1: float, x2: float, y2: float) -> tuple[Image.Image, str]:
         box, text = _clipped_box(image, (x1, y1, x2, y2))
-        settings: ZoomInConfig = self.settings  # type: ignore[assignment]
-        zoomed = ops.zoom_in(image, box, target_side=settings.target_side, max_pixels=settings.max_pixels)
+        zoomed = ops.zoom_in(image, box, target_side=self.settings.target_side, max_pixels=self.settings.max_pixels)
         return zoomed, f"zoomed in on box {text}"
 
 
@@ -151,7 +149,7 @@ def draw_bbox(
     color: Color = "red",
     width: int = 3,
     image_id: int | None = None,
-):
+) -> None:
     """Draw a rectangle (bounding box) on an image, optionally with a text label above it. Coordinates are pixels
     of that image: origin top-left, x right, y down.
 
@@ -167,7 +165,7 @@ def draw_bbox(
     """
 
 
-class DrawBBoxTool(ImageTool):
+class DrawBBoxTool(ImageTool[ImageToolConfig]):
     schema_fn = draw_bbox
     example_arguments = {"x1": 8, "y1": 8, "x2": 40, "y2": 32, "label": "cat"}
 
@@ -182,7 +180,7 @@ class DrawBBoxTool(ImageTool):
 
 def draw_line(
     x1: float, y1: float, x2: float, y2: float, color: Color = "red", width: int = 3, image_id: int | None = None
-):
+) -> None:
     """Draw a straight line between two points of an image. Coordinates are pixels of that image: origin top-left,
     x right, y down.
 
@@ -197,7 +195,7 @@ def draw_line(
     """
 
 
-class DrawLineTool(ImageTool):
+class DrawLineTool(ImageTool[ImageToolConfig]):
     schema_fn = draw_line
     example_arguments = {"x1": 4, "y1": 4, "x2": 60, "y2": 44, "color": "blue"}
 

@@ -39,7 +39,7 @@ LOST_SESSION = "The Python session was restarted: variables, imports and files o
 ON_ERROR = ("answer", "end")
 
 
-def python(code: str):
+def python(code: str) -> None:
     """Run Python code in this conversation's own sandboxed Python session, like a notebook cell: variables, imports
     and files persist between calls. The conversation's images are images[1], images[2], ... (PIL images; Image 1 is
     the first) and the files image_1.png, image_2.png, ... in the working directory. Every image the code saves
@@ -87,12 +87,12 @@ class PythonTool(BaseTool):
 
     schema_fn = staticmethod(python)
     config_cls: ClassVar[type[PythonToolConfig]] = PythonToolConfig
-    example_arguments: ClassVar[dict[str, Any]] = {"code": "images[1].crop((8, 8, 40, 32)).save('crop.png')"}
+    example_arguments: ClassVar[dict[str, object]] = {"code": "images[1].crop((8, 8, 40, 32)).save('crop.png')"}
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         # BaseTool.__init__ is not called on purpose: it print()s the schema.
         self.config = dict(config or {})
-        self.settings: PythonToolConfig = self.config_cls.from_dict(self.config)  # type: ignore[assignment]
+        self.settings = self.config_cls.from_dict(self.config)
         self.limits = SandboxLimits.from_dict(self.settings.limits)
         if self.settings.sandbox == "bwrap":
             check_bwrap(self.settings.bwrap)  # refuse to start where the sandbox cannot run

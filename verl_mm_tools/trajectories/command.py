@@ -21,7 +21,7 @@ unreadable images) are left out, each named on stderr; --strict then exits 1.
 """
 
 
-def add_export_sft_command(commands) -> None:
+def add_export_sft_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     command = commands.add_parser(
         "export-sft",
         help="recorded trajectories as verl's multi-turn SFT parquet (a cold start)",
@@ -94,7 +94,7 @@ edit; on GPUs drop the CPU overrides), sft_trainer.log and checkpoints/.
 """
 
 
-def add_sft_command(commands) -> None:
+def add_sft_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     command = commands.add_parser(
         "sft",
         help="verl's own SFT trainer on CPU on an export-sft parquet (a cold start for RL)",

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,7 +254,7 @@ def _checked_image(record_path: Path, image: dict, key: str) -> Path:
     return path
 
 
-def report_bad(command: str, bad: Sequence[BadRecord], write) -> None:
+def report_bad(command: str, bad: Sequence[BadRecord], write: Callable[[str], object]) -> None:
     """Each bad record on one line (``write``: stderr's), prefixed with the command."""
     for item in bad:
         write(f"verl-mm-tools {command}: left out {item.line()}\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
 
 ID_PATTERN = re.compile(r"[0-9A-Za-z_-]{1,128}")  # ids name site pages and copy folders: no path characters
 SHOWN_CHARS = 60
@@ -21,16 +20,16 @@ class FieldError(ValueError):
     """A record field of the wrong type or out of range."""
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
-def _fail(where: str, expected: str, value: Any) -> FieldError:
+def _fail(where: str, expected: str, value: object) -> FieldError:
     return FieldError(f"field {where} must be {expected}, found {_shown(value)}")
 
 
-def count(value: Any, where: str, minimum: int = 0, optional: bool = True) -> None:
+def count(value: object, where: str, minimum: int = 0, optional: bool = True) -> None:
     """A whole number at least ``minimum`` (bool is not a number here)."""
     if value is None and optional:
         return
@@ -38,7 +37,7 @@ def count(value: Any, where: str, minimum: int = 0, optional: bool = True) -> No
         raise _fail(where, f"a whole number >= {minimum}", value)
 
 
-def number(value: Any, where: str, optional: bool = True) -> None:
+def number(value: object, where: str, optional: bool = True) -> None:
     """A finite number, a reward's size at most (``REWARD_LIMIT``)."""
     if value is None and optional:
         return
@@ -48,19 +47,19 @@ def number(value: Any, where: str, optional: bool = True) -> None:
         raise _fail(where, f"a number from -{REWARD_LIMIT:g} to {REWARD_LIMIT:g}", value)
 
 
-def text(value: Any, where: str, optional: bool = True) -> None:
+def text(value: object, where: str, optional: bool = True) -> None:
     if value is None and optional:
         return
     if not isinstance(value, str):
         raise _fail(where, "a string", value)
 
 
-def flag(value: Any, where: str) -> None:
+def flag(value: object, where: str) -> None:
     if value is not None and not isinstance(value, bool):
         raise _fail(where, "true, false or null", value)
 
 
-def mapping(value: Any, where: str, optional: bool = True) -> dict:
+def mapping(value: object, where: str, optional: bool = True) -> dict:
     if value is None and optional:
         return {}
     if not isinstance(value, dict):
@@ -68,7 +67,7 @@ def mapping(value: Any, where: str, optional: bool = True) -> dict:
     return value
 
 
-def items(value: Any, where: str, optional: bool = True) -> list:
+def items(value: object, where: str, optional: bool = True) -> list:
     if value is None and optional:
         return []
     if not isinstance(value, list):
@@ -76,12 +75,12 @@ def items(value: Any, where: str, optional: bool = True) -> list:
     return value
 
 
-def each(value: Any, where: str, check: Callable[[Any, str], None], optional: bool = True) -> None:
+def each(value: object, where: str, check: Callable[[object, str], None], optional: bool = True) -> None:
     for position, item in enumerate(items(value, where, optional)):
         check(item, f"{where}[{position}]")
 
 
-def finite_everywhere(value: Any, where: str = "record") -> None:
+def finite_everywhere(value: object, where: str = "record") -> None:
     """No NaN or infinity anywhere (JSON as Python writes it allows them; no report can average them)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise _fail(where, "a finite number", value)
@@ -127,7 +126,7 @@ def check_fields(record: dict) -> None:
         _reward(record.get(key), key)
 
 
-def _sample(value: Any) -> None:
+def _sample(value: object) -> None:
     sample = mapping(value, "sample")
     index = sample.get("index")
     if index is not None and not isinstance(index, str):
@@ -139,13 +138,13 @@ def _sample(value: Any) -> None:
     mapping(sample.get("extra_info"), "sample.extra_info")
 
 
-def _image_id(value: Any, where: str, image_count: int) -> None:
+def _image_id(value: object, where: str, image_count: int) -> None:
     count(value, where, minimum=1, optional=False)
-    if value > image_count:
+    if isinstance(value, int) and value > image_count:  # an int once counted
         raise _fail(where, f"an image id from 1 to {image_count}", value)
 
 
-def _image(value: Any, position: int) -> None:
+def _image(value: object, position: int) -> None:
     where = f"images[{position}]"
     image = mapping(value, where, optional=False)
     if image.get("id") != position + 1 or isinstance(image.get("id"), bool):
@@ -158,7 +157,7 @@ def _image(value: Any, position: int) -> None:
     text(image.get("thumb"), f"{where}.thumb")
 
 
-def _message(value: Any, where: str, image_count: int) -> None:
+def _message(value: object, where: str, image_count: int) -> None:
     message = mapping(value, where, optional=False)
     text(message.get("role"), f"{where}.role", optional=False)
     count(message.get("turn"), f"{where}.turn", optional=False)
@@ -171,7 +170,7 @@ def _message(value: Any, where: str, image_count: int) -> None:
     text(message.get("note"), f"{where}.note")
 
 
-def _tool_call(value: Any, where: str, image_count: int) -> None:
+def _tool_call(value: object, where: str, image_count: int) -> None:
     call = mapping(value, where, optional=False)
     count(call.get("turn"), f"{where}.turn", optional=False)
     text(call.get("name"), f"{where}.name")
@@ -181,7 +180,7 @@ def _tool_call(value: Any, where: str, image_count: int) -> None:
         _image_id(image_id, f"{where}.image_ids[{position}]", image_count)
 
 
-def _turn(value: Any, where: str, image_count: int) -> None:
+def _turn(value: object, where: str, image_count: int) -> None:
     turn = mapping(value, where, optional=False)
     count(turn.get("turn"), f"{where}.turn", minimum=1, optional=False)
     count(turn.get("trained_tokens"), f"{where}.trained_tokens", optional=False)
@@ -195,7 +194,7 @@ def _turn(value: Any, where: str, image_count: int) -> None:
     _weight_versions(turn.get("weight_versions"), f"{where}.weight_versions")
 
 
-def _weight_versions(value: Any, where: str) -> None:
+def _weight_versions(value: object, where: str) -> None:
     """Version 5 on: null, or the [first, last] weight versions of the turn's generation."""
     if value is None:
         return
@@ -205,14 +204,14 @@ def _weight_versions(value: Any, where: str) -> None:
     count(value[1], f"{where}[1]", minimum=value[0], optional=False)
 
 
-def _training_sample(value: Any, where: str) -> None:
+def _training_sample(value: object, where: str) -> None:
     sample = mapping(value, where, optional=False)
     for key in ("sample", "prompt_tokens", "response_tokens", "trained_tokens", "images"):
         count(sample.get(key), f"{where}.{key}", optional=False)
     each(sample.get("turns"), f"{where}.turns", lambda turn, at: count(turn, at, minimum=1, optional=False))
 
 
-def _chat(value: Any, image_count: int) -> None:
+def _chat(value: object, image_count: int) -> None:
     chat = mapping(value, "chat")
     for position, message in enumerate(items(chat.get("messages"), "chat.messages", optional=not chat)):
         where = f"chat.messages[{position}]"
@@ -241,7 +240,7 @@ def _chat_extras(message: dict, where: str) -> None:
             raise _fail(f"{where}.{key}", "a string, a number or null", value)
 
 
-def _chat_part(value: Any, where: str, image_count: int) -> None:
+def _chat_part(value: object, where: str, image_count: int) -> None:
     part = mapping(value, where, optional=False)
     if part.get("type") == "image":
         _image_id(part.get("image_id"), f"{where}.image_id", image_count)
@@ -251,7 +250,7 @@ def _chat_part(value: Any, where: str, image_count: int) -> None:
         raise _fail(f"{where}.type", "'text' or 'image'", part.get("type"))
 
 
-def _reward(value: Any, where: str) -> None:
+def _reward(value: object, where: str) -> None:
     reward = mapping(value, where)
     number(reward.get("score"), f"{where}.score")
     each(reward.get("turn_rewards"), f"{where}.turn_rewards", lambda item, at: number(item, at, optional=False))

@@ -23,7 +23,7 @@ that cannot be read or scored are listed with their reason.
 """
 
 
-def add_rescore_command(commands) -> None:
+def add_rescore_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     command = commands.add_parser(
         "rescore",
         help="score recorded trajectories again with another reward function or manager",

@@ -30,7 +30,7 @@ token counts but no token ids (``manager_input``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from PIL import Image
@@ -39,10 +39,15 @@ from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import LoadedRecord
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from verl.protocol import DataProto
+
 
 @dataclass
 class ManagerInput:
-    data: Any  # verl's DataProto, one row per training sample
+    data: DataProto  # one row per training sample
     fields: dict
     tokens_as_recorded: bool
 
@@ -51,13 +56,18 @@ class ChatRenderer:
     """The model's chat template and processor: a conversation of the record's ``chat`` to token ids, images
     expanded as the loop's processor call expanded them."""
 
-    def __init__(self, tokenizer, processor, mm_processor_kwargs: dict | None = None):
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        processor: ProcessorMixin | None,
+        mm_processor_kwargs: dict | None = None,
+    ):
         self.tokenizer = tokenizer
         self.processor = processor
         self.mm_processor_kwargs = mm_processor_kwargs or {}
 
     @classmethod
-    def load(cls, model_path: str, config) -> ChatRenderer:
+    def load(cls, model_path: str, config: DictConfig) -> ChatRenderer:
         """The model's tokenizer and processor as verl's agent-loop worker loads them, with the processor kwargs of
         verl's config (``data.mm_processor_kwargs``)."""
         from omegaconf import OmegaConf
@@ -66,7 +76,9 @@ class ChatRenderer:
         mm_processor_kwargs = cast("dict | None", OmegaConf.to_container(config.data.mm_processor_kwargs, resolve=True))
         return cls(hf_tokenizer(model_path), hf_processor(model_path), mm_processor_kwargs)
 
-    def token_ids(self, messages: list[dict], images: list, chat: dict, add_generation_prompt: bool) -> list[int]:
+    def token_ids(
+        self, messages: list[dict], images: list[Image.Image], chat: dict, add_generation_prompt: bool
+    ) -> list[int]:
         from verl.utils.tokenizer.chat_template import apply_chat_template
         from verl.utils.tokenizer.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
 
@@ -88,7 +100,8 @@ class ChatRenderer:
     def plain_text(self, text: str) -> str:
         """``text`` (decoded with special tokens) as the loop decodes generated tokens for the reward managers:
         re-tokenised, decoded without special tokens."""
-        return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))  # one sequence: one text
 
 
 def manager_input(item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | None) -> ManagerInput:
@@ -137,7 +150,7 @@ def _template_message(message: dict) -> dict:
     return {**message, "content": content}
 
 
-def _images(item: LoadedRecord) -> list:
+def _images(item: LoadedRecord) -> list[Image.Image]:
     """The pixels of the record's images in the rendered conversation's order (the ids in ``chat``)."""
     images = []
     for image_id in chat_image_ids(item.record["chat"]):
@@ -147,7 +160,7 @@ def _images(item: LoadedRecord) -> list:
 
 
 def sample_tokens(
-    record: dict, sample: dict, messages: list[dict], images: list, chat: dict, renderer: ChatRenderer
+    record: dict, sample: dict, messages: list[dict], images: list[Image.Image], chat: dict, renderer: ChatRenderer
 ) -> tuple[list[int], list[int], bool]:
     """One training sample's prompt and response ids, and whether their counts are the record's."""
     assistant_at = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
@@ -170,7 +183,7 @@ def sample_tokens(
     return prompt, response, matches
 
 
-def _images_in(messages: list[dict], images: list) -> list:
+def _images_in(messages: list[dict], images: list[Image.Image]) -> list[Image.Image]:
     count = sum(
         part.get("type") == "image"
         for message in messages
@@ -220,7 +233,7 @@ def num_turns(record: dict) -> int:
     return assistant + len(answers) + 1
 
 
-def _data_proto(prompt: list[int], response: list[int], row: dict, fields: dict, turns: int):
+def _data_proto(prompt: list[int], response: list[int], row: dict, fields: dict, turns: int) -> DataProto:
     """The batch verl's ``AgentLoopWorker._compute_score`` builds for the trajectory's final sample (its code, minus
     M-RoPE): the one sample the v1 manager hands it (``adaptations.manager_tq``; several samples, right-padded as one
     sequence each, would give a manager the longest response's length for every one)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.runtime.batch import object_array
@@ -17,6 +19,9 @@ from verl_mm_tools.trajectories.rescore_copies import write_copy
 from verl_mm_tools.trajectories.rescore_options import REPORT_FILE, REPORT_TEXT, ROWS_FILE, TRAJECTORIES, RescoreOptions
 from verl_mm_tools.trajectories.rescore_records import described
 from verl_mm_tools.trajectories.rescore_scoring import Rescored
+
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +122,7 @@ def _mode_report(results: list[Rescored], out: Path) -> tuple[dict, list[dict]]:
     return ({BEFORE: before} if before is not None else {}) | {RESCORED: figures}, rows
 
 
-def _report_columns(results: list[Rescored], scores: list):
+def _report_columns(results: list[Rescored], scores: Sequence[float | None]) -> DataProto:
     """What eval's report reads of a generated batch: the loop's extra fields per row, the dataset row's columns
     (data source, extra_info, index, uid), its sample number (the record's rollout number) and ``rm_scores``
     (float64: the scores exactly as computed)."""

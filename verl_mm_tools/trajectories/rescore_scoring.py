@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from verl_mm_tools.record import RecordError, jsonable
 from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet
 from verl_mm_tools.trajectories.rescore_input import ChatRenderer, manager_input
 from verl_mm_tools.trajectories.rescore_options import RescoreOptions
+
+if TYPE_CHECKING:
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.protocol import DataProto
 
 REWARDS_MODULE = "pkg://verl_mm_tools.rewards"  # where verl's custom_reward_function finds our functions by name
 
@@ -82,7 +86,7 @@ def score_with_model(
     return scored
 
 
-def reward_worker(model_path: str, options: RescoreOptions):
+def reward_worker(model_path: str, options: RescoreOptions) -> RewardLoopWorker:
     """verl's ``RewardLoopWorker`` on verl's trainer config with the chosen manager and function, in-process."""
     from verl_mm_tools.rewards.managers import REWARD_MANAGERS
     from verl_mm_tools.runtime.config import compose_trainer_config
@@ -104,12 +108,12 @@ def reward_worker(model_path: str, options: RescoreOptions):
     return in_process_reward_worker(config)
 
 
-def _compute_scores(worker, batches: list) -> list:
+def _compute_scores(worker: RewardLoopWorker, batches: list[DataProto]) -> list[dict | BaseException]:
     """``worker.compute_score`` on every batch at once, on verl's event loop (the one the worker's manager
     captured); a ConfigError stops everything (every record would fail the same way), other errors are per record."""
     from verl.utils.ray_utils import get_event_loop
 
-    async def run():
+    async def run() -> list[dict | BaseException]:
         return await asyncio.gather(*(worker.compute_score(batch) for batch in batches), return_exceptions=True)
 
     results = get_event_loop().run_until_complete(run())

@@ -122,7 +122,7 @@ class Chromium:
         os.close(from_browser_write)
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         try:
             if not self._exited(0):
                 self.command("Browser.close")

@@ -11,7 +11,7 @@ from verl_mm_tools.cli_types import whole_number
 VIEW_HELP = "write a static HTML site of dumped trajectories (and optionally serve it on localhost)"
 
 
-def add_view_command(commands) -> None:
+def add_view_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``view`` on the CLI's sub-parsers."""
     view = commands.add_parser("view", help=VIEW_HELP, description=VIEW_HELP)
     view.add_argument("dir", help="the mm_tool loop's dump_dir, or verl's trainer.rollout_data_dir (JSONL, text only)")

@@ -251,7 +251,7 @@ def _badge(text: str, kind: str) -> str:
     return f'<span class="badge {kind}">{escape(text)}</span>'
 
 
-def _number_text(value) -> str:
+def _number_text(value: object) -> str:
     if value is None:
         return "—"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
@@ -453,11 +453,11 @@ def _details(title: str, values: dict | None) -> str:
     )
 
 
-def _json(value) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, indent=1) if not isinstance(value, str) else value
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if isinstance(value, float):
         return _number_text(value)
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -155,7 +155,7 @@ def _assistant_messages(record: dict) -> int | None:
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         logger.debug("%s - %s", self.address_string(), format % args)
 
 
