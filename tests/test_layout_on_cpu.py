@@ -4,6 +4,8 @@ a layer above its own, and no module passes 500 lines."""
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from verl_mm_tools.adaptations.import_graph import MODULES, PACKAGE, our_imports
@@ -127,3 +129,19 @@ def test_no_module_passes_500_lines_and_the_loop_400():
     too_long = {module: lines for module, lines in lengths.items() if lines > MAX_LINES}
     assert too_long == {}, f"modules over {MAX_LINES} lines (split them): {too_long}"
     assert lengths[LOOP_MODULE] <= LOOP_MAX_LINES, f"the loop module has {lengths[LOOP_MODULE]} lines: move a part out"
+
+
+# the keys of what the loop hands the trainer and the step metrics' names: defined once, in these two modules
+KEY_MODULES = {f"{PACKAGE}.handoff", f"{PACKAGE}.step_metrics"}
+
+
+def test_no_module_but_the_hand_off_and_the_step_metrics_spells_an_mm_tool_key():
+    spelled = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+            first = parts[0] if parts else None
+            key = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+            if key.startswith("mm_tool/") and " " not in key and module not in KEY_MODULES:
+                spelled.append(f"{module}:{node.lineno} {key!r}")
+    assert spelled == [], "use handoff.SampleFields (a field) or a step_metrics name: " + ", ".join(spelled)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 from PIL import Image
 
 from verl_mm_tools.bench.verl_loop import on_event_loop, timed
+from verl_mm_tools.handoff import SampleFields
 
 if TYPE_CHECKING:
     from verl_mm_tools.bench.figures import Figure
@@ -83,10 +84,9 @@ def scaling(model_dir: str, trajectories: int) -> list[Figure]:
             began = time.perf_counter()
             output, _, _ = rollout.run(turns, prompts, tools=tools)
             seconds[actors] = time.perf_counter() - began
-            if any(output.non_tensor_batch["mm_tool/error"]):
-                raise RuntimeError(
-                    f"a trajectory on {actors} actors was masked: {output.non_tensor_batch['mm_tool/error']}"
-                )
+            errors = [fields.error for fields in SampleFields.every_row(output.non_tensor_batch) if fields.masked]
+            if errors:
+                raise RuntimeError(f"a trajectory on {actors} actors was masked: {errors}")
     name = f"remote/{trajectories}x2_calls_of_{BLOCK_S:g}s"
     figures = [figure(f"{name}/in_process_s", [seconds[0]])]
     figures += [figure(f"{name}/{actors}_actors_s", [seconds[actors]]) for actors in ACTORS]

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.handoff import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, TOOL_CALLS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -30,19 +31,14 @@ __all__ = [
     "read_tool_calls",
 ]
 
-ATTEMPTS_KEY = "attempts"
-"""int >= 1: how many answers the model gave in the trajectory (1 + the number of retries after feedback).
-Missing means 1 (a loop without environment turns)."""
-
-TOOL_CALLS_KEY = "tool_call_counts"
-"""int >= 0: tool calls the model made in the trajectory (all tools together). The name is the column verl's
-``compute_data_metrics`` already logs as ``tool_call_counts/{min,max,mean}``. A ``{tool_name: count}`` dict is
-accepted too and summed. Missing means 0."""
-
-LAST_ASSISTANT_TEXT_KEY = "last_assistant_text"
-"""str, optional: the text of the final assistant turn. When present, managers score it instead of the decoded
-whole response, which in a multi-turn trajectory also holds tool responses, feedback turns and earlier answers."""
-
+# The keys of what the loop hands over (``handoff.SampleFields``) that reward functions read in ``extra_info``:
+# ATTEMPTS_KEY, int >= 1: how many answers the model gave in the trajectory (1 + the number of retries after
+# feedback); missing means 1 (a loop without environment turns). TOOL_CALLS_KEY, int >= 0: tool calls the model made
+# in the trajectory (all tools together), the column verl's ``compute_data_metrics`` logs as
+# ``tool_call_counts/{min,max,mean}``; a ``{tool_name: count}`` dict is accepted too and summed; missing means 0.
+# LAST_ASSISTANT_TEXT_KEY, str, optional: the text of the final assistant turn; when present, managers score it
+# instead of the decoded whole response, which in a multi-turn trajectory also holds tool responses, feedback turns
+# and earlier answers.
 REWARD_FN_KEY = "reward_fn"
 """str, optional, in a dataset row's ``extra_info``: the name of a built-in reward function (see
 ``REWARD_FUNCTIONS``) that scores this row."""
