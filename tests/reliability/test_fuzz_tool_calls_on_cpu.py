@@ -251,7 +251,7 @@ def answer_text(message: dict) -> str:
 async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[object, str, dict | None]]:
     """Parse one assistant turn and run its calls: (call, response, message) per parsed call, and the count of
     malformed calls the loop will answer with its notice."""
-    state = TrajectoryState(files=loop.files)
+    state = TrajectoryState(files=loop.context.files)
     agent_data = await new_agent_data(loop.context, {"raw_prompt": marked_prompt(0, "fuzz", images)}, 0, state)
     token_ids = loop.tokenizer.encode(text, add_special_tokens=False)
     _, calls = await loop.tool_parser.extract_tool_calls(token_ids, agent_data._active_tool_schemas)
