@@ -105,7 +105,7 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if args.strict and missed(figures) else 0
 
 
-def _add_tiny_model_command(commands) -> None:
+def _add_tiny_model_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tiny = commands.add_parser("tiny-model", help="build (or reuse) the embedded tiny VLM and print its directory")
     tiny.add_argument("--out", help="directory to build into (default: the user cache, reused across runs)")
     tiny.add_argument(
@@ -129,7 +129,7 @@ def _add_tiny_model_command(commands) -> None:
     tiny.set_defaults(run=_tiny_model)
 
 
-def _add_demo_command(commands) -> None:
+def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser(
         "demo", help="train the tiny VLM with verl's own GRPO trainer on CPU (mm_tool loop), ~4-8 min"
     )
@@ -245,7 +245,7 @@ exit status: 0 when every figure was measured, checks met or not; 1 with
 """
 
 
-def _add_bench_command(commands) -> None:
+def _add_bench_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser(
         "bench",
         help="benchmarks: each figure's median and spread, each target met or missed",

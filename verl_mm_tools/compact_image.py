@@ -27,9 +27,14 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import VerlMMToolsError
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+    from transformers import BaseImageProcessor, BatchFeature
 
 # each supported image processor's resize step: the method whose output is the compact form
 RESIZE_METHODS = {
@@ -58,7 +63,7 @@ class CompactImage:
     """One image as its processor resized it: ``pixels`` (channels, height, width), uint8 for 8-bit images, and the
     keyword arguments of the processor call that made it (the same ones rebuild its output)."""
 
-    pixels: Any  # torch.Tensor
+    pixels: torch.Tensor
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -75,7 +80,7 @@ class ProcessorSpec:
     config: str
 
     @classmethod
-    def of(cls, image_processor: Any) -> ProcessorSpec:
+    def of(cls, image_processor: BaseImageProcessor) -> ProcessorSpec:
         return cls(type(image_processor).__name__, json.dumps(image_processor.to_dict(), sort_keys=True, default=str))
 
 
@@ -90,7 +95,7 @@ class CompactHeader:
     sample: str = "<unknown>"
 
     @functools.cached_property
-    def tensor(self) -> Any:
+    def tensor(self) -> torch.Tensor:
         import torch
 
         fields = {
@@ -106,7 +111,7 @@ class CompactHeader:
         return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
 
     @classmethod
-    def parse(cls, tensor: Any) -> CompactHeader:
+    def parse(cls, tensor: object) -> CompactHeader:
         import torch
 
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
@@ -129,13 +134,13 @@ class CompactImages:
     """One training sample's images, in order, as their compact forms (uint8 tensors, channels first)."""
 
     header: CompactHeader
-    pixels: tuple[Any, ...]
+    pixels: tuple[torch.Tensor, ...]
 
     @property
     def nbytes(self) -> int:
         return sum(int(each.numel() * each.element_size()) for each in self.pixels)
 
-    def inputs(self) -> dict[str, Any]:
+    def inputs(self) -> dict[str, torch.Tensor]:
         """The sample's ``multi_modal_inputs`` entries that carry them."""
         return {HEADER_KEY: self.header.tensor, **{f"{IMAGE_KEY}{i}": each for i, each in enumerate(self.pixels)}}
 
@@ -161,7 +166,7 @@ class CompactImages:
         return cls(header, tuple(inputs[key] for key in expected))
 
 
-def _malformed(pixels: list[Any]) -> str | None:
+def _malformed(pixels: list[object]) -> str | None:
     import torch
 
     for index, each in enumerate(pixels):
@@ -172,13 +177,13 @@ def _malformed(pixels: list[Any]) -> str | None:
     return None
 
 
-def _described(value: Any) -> str:
+def _described(value: object) -> str:
     import torch
 
     return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def compact_image(image_processor: Any, image: Any, **arguments: Any) -> tuple[CompactImage, Any]:
+def compact_image(image_processor: Any, image: Image.Image, **arguments: Any) -> tuple[CompactImage, BatchFeature]:
     """The image's compact form and the processor's own output for it (``image_processor(images=[image],
     **arguments)``, unchanged)."""
     name = type(image_processor).__name__
@@ -188,7 +193,7 @@ def compact_image(image_processor: Any, image: Any, **arguments: Any) -> tuple[C
             f"the image processor {name} has no known resize step (known: {sorted(RESIZE_METHODS)}); its float "
             "output is kept"
         )
-    resized: list[Any] = []
+    resized: list[torch.Tensor] = []
     resize = getattr(image_processor, method)
 
     def keeping(*args: Any, **kwargs: Any) -> Any:
@@ -206,7 +211,7 @@ def compact_image(image_processor: Any, image: Any, **arguments: Any) -> tuple[C
     return CompactImage(pixels.contiguous(), dict(arguments)), output
 
 
-def expanded(image_processor: Any, images: list[CompactImage]) -> Any:
+def expanded(image_processor: Any, images: list[CompactImage]) -> BatchFeature:
     """The processor's output for the images whose compact forms these are, in order: what it returned for them."""
     if not images:
         raise ValueError("expanded() needs at least one compact image")
@@ -220,7 +225,7 @@ def expanded(image_processor: Any, images: list[CompactImage]) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def image_processor(spec: ProcessorSpec) -> Any:
+def image_processor(spec: ProcessorSpec) -> BaseImageProcessor:
     """The image processor ``spec`` describes, built once per process. Only the classes whose resize step is known
     here: a spec is data from another process, never a way to import anything else."""
     if spec.class_name not in RESIZE_METHODS:
@@ -261,7 +266,7 @@ def expanded_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {**rest, **{key: value for key, value in output.items() if key.startswith(PIXEL_PREFIX)}}
 
 
-def _equal(got: Any, kept: Any) -> bool:
+def _equal(got: object, kept: object) -> bool:
     import torch
 
     if isinstance(got, torch.Tensor) and isinstance(kept, torch.Tensor):

@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -65,7 +64,7 @@ class FileRoots:
             roots = [roots]
         return cls(tuple(_checked_root(root) for root in roots), max_bytes)
 
-    def confined(self, path: Any) -> Path:
+    def confined(self, path: object) -> Path:
         """The real path of ``path`` if it lies inside a root (it need not exist); FileAccessError otherwise."""
         text = _path_text(path)
         if not self.roots:
@@ -82,7 +81,7 @@ class FileRoots:
             )
         return real
 
-    def resolve(self, path: Any) -> Path:
+    def resolve(self, path: object) -> Path:
         """The real path of ``path`` if it is a regular file inside a root; FileAccessError otherwise."""
         text, real = _path_text(path), self.confined(path)
         if not real.exists():
@@ -91,7 +90,7 @@ class FileRoots:
             raise FileAccessError(f"refused to read {text!r}: {str(real)!r} is not a regular file")
         return real
 
-    def read_bytes(self, path: Any) -> bytes:
+    def read_bytes(self, path: object) -> bytes:
         """The content of a file inside the roots (at most ``max_bytes``)."""
         real = self.resolve(path)
         descriptor = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -115,18 +114,18 @@ class FileRoots:
                 f"refused to read {str(real)!r}: {info.st_size} bytes, more than max_bytes={self.max_bytes}"
             )
 
-    def open_image(self, path: Any, *, max_pixels: int = MAX_DECODE_PIXELS) -> Image.Image:
+    def open_image(self, path: object, *, max_pixels: int = MAX_DECODE_PIXELS) -> Image.Image:
         """The decoded RGB image stored in a file inside the roots."""
         return decode_image(self.read_bytes(path), source=_path_text(path), max_pixels=max_pixels)
 
 
-def files_of(agent_data: Any) -> FileRoots:
+def files_of(agent_data: object) -> FileRoots:
     """The file roots of a trajectory (set by the mm_tool loop); none, so nothing readable, elsewhere."""
     roots = getattr(getattr(agent_data, STATE_ATTR, None), "files", None)
     return roots if isinstance(roots, FileRoots) else FileRoots()
 
 
-def _checked_root(root: Any) -> Path:
+def _checked_root(root: object) -> Path:
     path = Path(_path_text(root)).expanduser()
     if not path.is_absolute():
         raise ConfigError(
@@ -138,7 +137,7 @@ def _checked_root(root: Any) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _path_text(path: Any) -> str:
+def _path_text(path: object) -> str:
     """A path as text, ``file://`` stripped; URLs, bytes and NUL characters refused."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)

@@ -53,6 +53,7 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,15 +127,15 @@ class SampleRecord:
 
 def build_record(
     *,
-    messages,
-    images,
+    messages: list[dict],
+    images: list,
     samples: list[SampleRecord],
     turns: list[TurnRecord],
-    extra_fields,
-    sample,
+    extra_fields: dict,
+    sample: dict,
     model: str | None = None,
-    request_id=None,
-    timing=None,
+    request_id: str | None = None,
+    timing: dict | None = None,
     chat: dict | None = None,
 ) -> tuple[dict, list]:
     """The JSON-able record of one trajectory and the image for each image id (None when unavailable); ``chat``
@@ -214,7 +215,7 @@ def chat_record(messages: list[dict], tools: list[dict] | None, template_kwargs:
     }
 
 
-def _chat_message(message: dict, ids) -> dict:
+def _chat_message(message: dict, ids: Iterator[int]) -> dict:
     entry = {key: jsonable(value) for key, value in message.items() if key != "content"}
     content = message.get("content")
     if content is None or isinstance(content, str):
@@ -239,13 +240,13 @@ def chat_image_ids(chat: dict) -> list[int]:
     ]
 
 
-def _is_image(item) -> bool:
+def _is_image(item: object) -> bool:
     return isinstance(item, dict) and (
         item.get("type") in ("image", "image_url") or "image" in item or "image_url" in item
     )
 
 
-def _split_content(content) -> tuple[str, list]:
+def _split_content(content: str | list[dict] | None) -> tuple[str, list]:
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -400,7 +401,7 @@ def sample_ids(sample: dict) -> dict:
     )
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> Any:
     """Plain JSON types: numpy scalars and arrays unwrapped, anything else (an image, say) as a short repr."""
     if isinstance(value, dict):
         return {str(key): jsonable(item) for key, item in value.items()}

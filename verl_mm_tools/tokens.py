@@ -6,8 +6,15 @@ the image placeholder ids, and how many placeholder tokens the processor makes f
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+# An image processor's type stays open: transformers sets its geometry (``patch_size``, ``merge_size``, ``size``,
+# Gemma 4's ``max_soft_tokens``) from its kwargs at run time, and ``ProcessorMixin.image_processor`` is untyped.
 
 # Every family's vision tokens (Qwen-VL's, then GLM-V's): a token absent from the vocabulary is skipped.
 VISION_TOKENS = (
@@ -25,7 +32,7 @@ VISION_TOKENS = (
 )
 
 
-def token_id(tokenizer, token: str) -> int | None:
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int | None:
     """The id of a single token, None when the vocabulary lacks it (without building the whole vocabulary dict,
     which costs tens of milliseconds for a 150k-token Qwen tokenizer)."""
     found = tokenizer.convert_tokens_to_ids(token)
@@ -39,7 +46,7 @@ def token_id(tokenizer, token: str) -> int | None:
 _VISION_IDS: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
 
 
-def vision_token_ids(tokenizer) -> frozenset[int]:
+def vision_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Ids of the vision placeholder tokens the model must never generate itself."""
     cached = _VISION_IDS.get(id(tokenizer))
     if cached is not None and cached[0]() is tokenizer:
@@ -50,14 +57,16 @@ def vision_token_ids(tokenizer) -> frozenset[int]:
     return found
 
 
-def stop_ids(generation_eos: int | list[int] | None, tokenizer) -> frozenset[int]:
+def stop_ids(generation_eos: int | list[int] | None, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every token that ends a generated turn: a generation config's ``eos_token_id`` (one or a list; GLM lists
     <|endoftext|>, <|user|> and <|observation|>) and the tokenizer's eos."""
     listed = generation_eos if isinstance(generation_eos, list) else [generation_eos]
     return frozenset(token for token in [*listed, tokenizer.eos_token_id] if token is not None)
 
 
-def placeholder_token_ids(processor, tokenizer) -> tuple[int | None, int | None]:
+def placeholder_token_ids(
+    processor: ProcessorMixin, tokenizer: PreTrainedTokenizerBase
+) -> tuple[int | None, int | None]:
     """(image, video) placeholder ids: the tokens the processor repeats once per image or video token (Qwen's
     ``<|image_pad|>``, GLM's ``<|image|>``), as the processor names them."""
     image = getattr(processor, "image_token", None) or "<|image_pad|>"
@@ -65,12 +74,16 @@ def placeholder_token_ids(processor, tokenizer) -> tuple[int | None, int | None]
     return token_id(tokenizer, image), token_id(tokenizer, video)
 
 
-def processor_image_tokens(processor, image: Image.Image, mm_processor_kwargs: dict | None = None) -> int:
+def processor_image_tokens(
+    processor: ProcessorMixin, image: Image.Image, mm_processor_kwargs: dict | None = None
+) -> int:
     """Placeholder tokens the processor produces for this image (its own computation, not ours)."""
     return processor_size_tokens(processor, *image.size, mm_processor_kwargs)
 
 
-def processor_size_tokens(processor, width: int, height: int, mm_processor_kwargs: dict | None = None) -> int:
+def processor_size_tokens(
+    processor: ProcessorMixin, width: int, height: int, mm_processor_kwargs: dict | None = None
+) -> int:
     """Placeholder tokens the processor produces for an image of this size, with these kwargs."""
     image_processor = processor.image_processor
     kwargs = dict(mm_processor_kwargs or {})
@@ -86,18 +99,18 @@ def processor_size_tokens(processor, width: int, height: int, mm_processor_kwarg
     return patches // image_processor.merge_size**2
 
 
-def counts_soft_tokens(image_processor) -> bool:
+def counts_soft_tokens(image_processor: object) -> bool:
     """Whether the processor scales every image to a soft-token budget (Gemma 4's ``max_soft_tokens``)."""
     return hasattr(image_processor, "max_soft_tokens") and hasattr(image_processor, "pooling_kernel_size")
 
 
-def soft_token_side(image_processor, kwargs: dict) -> int:
+def soft_token_side(image_processor: Any, kwargs: dict) -> int:
     """Pixels per side of one soft token: a pooled square of patches."""
     patch = int(kwargs.get("patch_size", image_processor.patch_size))
     return patch * int(kwargs.get("pooling_kernel_size", image_processor.pooling_kernel_size))
 
 
-def soft_token_size(image_processor, width: int, height: int, kwargs: dict) -> tuple[int, int]:
+def soft_token_size(image_processor: Any, width: int, height: int, kwargs: dict) -> tuple[int, int]:
     """(width, height) Gemma 4's processor scales an image to, up or down: the largest size of whole soft tokens
     within ``max_soft_tokens`` at the image's aspect ratio (transformers' own function). ValueError for an image too
     elongated for one soft token on its short side."""
@@ -112,12 +125,12 @@ def soft_token_size(image_processor, width: int, height: int, kwargs: dict) -> t
     return new_width, new_height
 
 
-def takes_pixel_bounds(image_processor) -> bool:
+def takes_pixel_bounds(image_processor: object) -> bool:
     """Whether the image processor takes ``min_pixels`` / ``max_pixels`` (Qwen-VL's; GLM-V's ignores them)."""
     return "max_pixels" in getattr(type(image_processor), "valid_kwargs", dict).__annotations__
 
 
-def pixel_bounds(image_processor, kwargs: dict) -> tuple[int, int]:
+def pixel_bounds(image_processor: Any, kwargs: dict) -> tuple[int, int]:
     """(min, max) pixels the processor resizes to with verl's ``mm_processor_kwargs``, as transformers 5 applies
     them: a ``size`` replaces the processor's; ``min_pixels`` and ``max_pixels`` only both together, and only on a
     processor that takes them (Qwen-VL's; one alone is ignored)."""

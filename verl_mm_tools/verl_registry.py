@@ -20,7 +20,7 @@ def qualified_name(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-def _describe(entry: Any) -> str:
+def _describe(entry: object) -> str:
     if isinstance(entry, type) or callable(entry) and hasattr(entry, "__qualname__"):
         return qualified_name(entry)
     if isinstance(entry, MutableMapping) and "_target_" in entry:
@@ -28,7 +28,7 @@ def _describe(entry: Any) -> str:
     return repr(entry)
 
 
-def register_unique(registry: MutableMapping, name: Hashable, entry: Any, kind: str) -> None:
+def register_unique(registry: MutableMapping, name: Hashable, entry: object, kind: str) -> None:
     """Put ``entry`` under ``name`` unless another package already owns that name.
 
     Re-registering the very same entry is a no-op (the plugin module may be imported twice: once by verl's

@@ -64,12 +64,12 @@ class ToolContext:
     files: FileRoots
 
 
-def attach_tool_context(agent_data: Any, context: Any) -> None:
+def attach_tool_context(agent_data: object, context: object) -> None:
     """Attach a ``ToolContext`` (or the loop's ``TrajectoryState``) to verl's AgentData."""
     setattr(agent_data, STATE_ATTR, context)
 
 
-def workspace_of(agent_data) -> ImageWorkspace:
+def workspace_of(agent_data: Any) -> ImageWorkspace:  # what verl hands a tool (its kwargs are Any), or None
     """The workspace of a verl AgentData: the mm_tool loop's own, or (under verl's plain ``tool_agent`` loop) a
     view over ``agent_data.image_data`` so tools still resolve ids there."""
     workspace = getattr(getattr(agent_data, STATE_ATTR, None), "workspace", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ from verl_mm_tools.tokens import (
 )
 
 if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+
     from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 
 logger = logging.getLogger(__name__)
@@ -43,11 +46,13 @@ class ImageGeometry:
     max_pixels: int
     takes_pixel_bounds = True  # mm_tool's min_pixels / max_pixels narrow the processor's
     # the processor, whose own count ``tokens`` returns (each family resizes odd images its own way)
-    processor: Any = field(default=None, compare=False, repr=False)
+    processor: ProcessorMixin | None = field(default=None, compare=False, repr=False)
     processor_kwargs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_processor(cls, processor, mm_processor_kwargs: dict | None = None) -> ImageGeometry | SoftTokenGeometry:
+    def from_processor(
+        cls, processor: ProcessorMixin, mm_processor_kwargs: Mapping[str, Any] | None = None
+    ) -> ImageGeometry | SoftTokenGeometry:
         """The geometry the processor applies with verl's ``mm_processor_kwargs`` (``pixel_bounds``); Gemma 4's
         processor has its own kind (``SoftTokenGeometry``)."""
         image_processor = processor.image_processor
@@ -115,7 +120,7 @@ class SoftTokenGeometry:
     a smaller image costs as many tokens: the budget can refuse an image but never downscale it to fit."""
 
     side: int  # pixels per side of one soft token
-    processor: Any = field(compare=False, repr=False)
+    processor: ProcessorMixin = field(compare=False, repr=False)
     processor_kwargs: dict = field(default_factory=dict, compare=False, repr=False)
     takes_pixel_bounds = False
 
@@ -142,7 +147,7 @@ class SoftTokenGeometry:
         return processor_size_tokens(self.processor, width, height, self.processor_kwargs)
 
 
-def _frames_per_image(image_processor) -> int:
+def _frames_per_image(image_processor: Any) -> int:  # an image processor: see ``tokens``
     """How many frames the processor's pixel bounds count an image as: GLM-V's resize (transformers' glm4v
     ``smart_resize``) bounds ``temporal_patch_size`` frames of the image, Qwen-VL's one (the family record's
     ``bounds_count_frames``)."""

@@ -115,7 +115,7 @@ class MMToolLoopConfig:
         config.check_against_server(limit_images)
         return config
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _require_positive_int("max_images", self.max_images)
         for name in ("min_pixels", "max_pixels", "max_image_tokens"):
             if getattr(self, name) is not None:
@@ -154,11 +154,11 @@ class MMToolLoopConfig:
             )
 
 
-def _require_positive_int(name: str, value: Any) -> None:
+def _require_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"mm_tool {name} must be a positive integer, got {value!r}")
 
 
-def _require_positive_number(name: str, value: Any) -> None:
+def _require_positive_number(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"mm_tool {name} must be a positive number, got {value!r}")

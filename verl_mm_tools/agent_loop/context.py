@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from verl_mm_tools.agent_loop.budget import ImageGeometry, SoftTokenGeometry
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.tool_format import TemplateTraits, ToolFormat
 from verl_mm_tools.files import FileRoots
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 
 class TextDecoder(Protocol):
@@ -24,8 +27,8 @@ class TextDecoder(Protocol):
 class LoopContext:
     """One loop's settings, its resolved chat-template handling, and the few verl methods its parts call."""
 
-    tokenizer: Any
-    processor: Any  # None for a text-only model
+    tokenizer: PreTrainedTokenizerBase
+    processor: ProcessorMixin | None  # None for a text-only model
     options: MMToolLoopConfig
     model_path: str
     prompt_length: int
@@ -47,9 +50,9 @@ class LoopContext:
     # SGLang video payload, the prompt's multimodal info, its processor kwargs and a new request id (by priority)
     run_in_executor: Callable[..., Awaitable[Any]]
     build_initial_tokens: Callable[..., list[int]]
-    video_payload: Callable[[Any, dict], Any]
+    video_payload: Callable[[Any, dict], list[dict] | None]
     process_multi_modal_info: Callable[[list[dict]], Awaitable[dict]]
-    mm_processor_kwargs: Callable[[Any], dict]
+    mm_processor_kwargs: Callable[[list | None], dict]
     new_request_id: Callable[[int], str]
 
     @property
@@ -62,6 +65,6 @@ class LoopContext:
         return cast(TextDecoder, self.tokenizer).decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     @property
-    def renderer(self) -> Any:
+    def renderer(self) -> ProcessorMixin | PreTrainedTokenizerBase:
         """What renders the chat template: the processor, or the tokenizer of a text-only model."""
         return self.processor or self.tokenizer

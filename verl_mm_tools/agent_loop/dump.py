@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -49,6 +50,7 @@ from verl_mm_tools.record import (
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
+    from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,9 @@ THUMBNAIL_SIZE = (160, 160)
 # ----- phase 1: the loop stages one trajectory (phase 2: step_hook/dump.py) -----------------------------------------
 
 
-async def stage_trajectory(context: LoopContext, agent_data: LoopAgentData | None, outputs: list, sample: dict) -> dict:
+async def stage_trajectory(
+    context: LoopContext, agent_data: LoopAgentData | None, outputs: list[MMToolOutput], sample: dict
+) -> dict:
     """Stage one finished trajectory of the loop of ``context``, its training samples ``outputs`` (the final one
     last); returns the reference for the final output's ``extra_fields``.
 
@@ -85,7 +89,7 @@ async def stage_trajectory(context: LoopContext, agent_data: LoopAgentData | Non
 
 
 def _loop_record(
-    context: LoopContext, agent_data: LoopAgentData | None, outputs: list, sample: dict
+    context: LoopContext, agent_data: LoopAgentData | None, outputs: list[MMToolOutput], sample: dict
 ) -> tuple[dict, list]:
     messages = list(getattr(agent_data, "messages", None) or sample.get("raw_prompt") or [])
     state = state_of(agent_data)
@@ -95,10 +99,10 @@ def _loop_record(
         messages=messages,
         images=images,
         samples=[
-            SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len(o.multi_modal_data.get("images") or []))
+            SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len((o.multi_modal_data or {}).get("images") or []))
             for o in outputs
         ],
-        turns=_turn_records(agent_data, outputs, lambda ids: context.tokenizer.decode(ids, skip_special_tokens=True)),
+        turns=_turn_records(agent_data, outputs, lambda ids: context.decode(ids, skip_special_tokens=True)),
         extra_fields=output.extra_fields,
         sample=sample,
         model=context.model_path,
@@ -129,7 +133,9 @@ def _final_turn_outside_messages(state: TrajectoryState) -> list[dict]:
     return [{"role": "assistant", "content": last.text}]
 
 
-def _turn_records(agent_data: LoopAgentData | None, outputs: list, decode) -> list[TurnRecord]:
+def _turn_records(
+    agent_data: LoopAgentData | None, outputs: list[MMToolOutput], decode: Callable[[list[int]], str]
+) -> list[TurnRecord]:
     """The turns the loop recorded that the outputs hold, with their spans in their own sample's response."""
     state = state_of(agent_data)
     turns = state.output_turns if state is not None else []

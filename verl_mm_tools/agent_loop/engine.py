@@ -25,10 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.agent_loop.resumes import ResumeCost, recorded, recording_view
 from verl_mm_tools.errors import VerlMMToolsError
+
+if TYPE_CHECKING:
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.replica import TokenOutput
 
 ABORTED_STOP_REASONS = ("aborted", "abort")  # verl's servers say "aborted"; its fully-async client also checks "abort"
 
@@ -83,11 +87,11 @@ class CheckedEngine:
     ``GenerationRecord`` of each finished one in ``generations``. verl builds a loop, and so one of these, per
     trajectory."""
 
-    def __init__(self, server_manager: Any):
+    def __init__(self, server_manager: LLMServerClient):
         self.server_manager = recording_view(server_manager)
         self.generations: list[GenerationRecord] = []
 
-    async def generate(self, request_id, **kwargs) -> Any:
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:  # verl's keyword arguments, passed on
         with recorded() as attempts:
             output = await self.server_manager.generate(request_id, **kwargs)
         if output.stop_reason in ABORTED_STOP_REASONS:

@@ -4,7 +4,12 @@ lives here, below ``step_hook/``, because the loop reads it; it names the hook's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 MANAGER_FQN = "verl_mm_tools.step_hook.manager.MMToolAgentLoopManager"
 # verl's v1 manager, fixed for trajectories returned as several samples (mm_tool export per_turn / auto)
@@ -19,27 +24,31 @@ FULLY_ASYNC_HOOK_KEY = "step_hook"
 FULLY_ASYNC_HOOK = f"{FULLY_ASYNC_ENTRY}.MMToolFullyAsyncTrainer"
 
 
-def uses_fully_async_trainer(trainer_config) -> bool:
+def uses_fully_async_trainer(trainer_config: DictConfig) -> bool:
     """Whether the config is verl's fully async trainer's (``fully_async_ppo_trainer``: it has ``async_training``)."""
     return "async_training" in trainer_config
 
 
-def uses_v1_trainer(trainer_config) -> bool:
+def uses_v1_trainer(trainer_config: DictConfig) -> bool:
     """verl's v1 trainer (``main_ppo`` with ``trainer.use_v1``, verl 0.9.1's default); not its fully async one."""
     return bool(trainer_config.trainer.get("use_v1", True)) and not uses_fully_async_trainer(trainer_config)
 
 
-def how_to_hook(trainer_config) -> str:
+def how_to_hook(trainer_config: DictConfig) -> str:
     """What selects the step hook of the trainer this config runs, for a message."""
     if uses_fully_async_trainer(trainer_config):
         return f"run python -m {FULLY_ASYNC_ENTRY} (verl's fully_async_main with the hook; same overrides)"
     return "set " + " ".join(hook_overrides(trainer_config))
 
 
-def hook_overrides(trainer_config=None, *, v1: bool | None = None) -> list[str]:
+def hook_overrides(trainer_config: DictConfig | None = None, *, v1: bool | None = None) -> list[str]:
     """The hydra overrides that select the step hook of the trainer this config runs (or of the v1 or classic
     trainer, by ``v1``)."""
-    if v1 if v1 is not None else uses_v1_trainer(trainer_config):
+    if v1 is None:
+        if trainer_config is None:
+            raise TypeError("hook_overrides takes a trainer config or v1")
+        v1 = uses_v1_trainer(trainer_config)
+    if v1:
         return [
             f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
             f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
@@ -47,13 +56,13 @@ def hook_overrides(trainer_config=None, *, v1: bool | None = None) -> list[str]:
     return [f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_FQN}"]
 
 
-def multi_sample_manager_configured(trainer_config) -> bool:
+def multi_sample_manager_configured(trainer_config: DictConfig) -> bool:
     """Whether the v1 trainer runs ``MMToolAgentLoopManagerTQ`` (or a subclass): needed for several samples per
     trajectory of a multimodal model."""
     return _manager_is(trainer_config, MANAGER_TQ_FQN)
 
 
-def step_hook_configured(trainer_config) -> bool:
+def step_hook_configured(trainer_config: DictConfig) -> bool:
     """Whether ``process_step`` runs in this config's trainer: verl-mm-tools' replay buffer on the v1 trainer, its
     agent-loop manager (or a subclass) on the classic one, its entry point on the fully async one."""
     if uses_fully_async_trainer(trainer_config):
@@ -64,7 +73,7 @@ def step_hook_configured(trainer_config) -> bool:
     return _manager_is(trainer_config, MANAGER_FQN)
 
 
-def _manager_is(trainer_config, ours: str) -> bool:
+def _manager_is(trainer_config: DictConfig, ours: str) -> bool:
     """Whether the configured agent-loop manager class is ``ours`` (a fully qualified name) or a subclass."""
     agent = trainer_config.actor_rollout_ref.rollout.get("agent") or {}
     module, _, name = str(agent.get("agent_loop_manager_class") or "").rpartition(".")
@@ -85,7 +94,7 @@ def _loads_subclass(path: str | None, name: str | None, ours: str) -> bool:
     )
 
 
-def require_step_hook(trainer_config, needed_for: str) -> None:
+def require_step_hook(trainer_config: DictConfig, needed_for: str) -> None:
     """Refuse an option that only works with the trainer-side hook when the hook is not configured."""
     if step_hook_configured(trainer_config):
         return
@@ -102,7 +111,7 @@ def require_step_hook(trainer_config, needed_for: str) -> None:
     )
 
 
-def refuse_unsupported_with_hook(trainer_config) -> None:
+def refuse_unsupported_with_hook(trainer_config: DictConfig) -> None:
     """verl hands a custom replay buffer no DAPO settings: with ours, ``algorithm.filter_groups`` would silently do
     nothing, so it is refused."""
     filter_groups = trainer_config.algorithm.get("filter_groups") or {}

@@ -36,7 +36,7 @@ import logging
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
@@ -51,6 +51,9 @@ from verl_mm_tools.compact_image import (
     compact_image,
     expanded,
 )
+
+if TYPE_CHECKING:
+    from transformers import BatchFeature, ProcessorMixin
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class ImageFeatureStore:
     compact form for a caller that asked for pixel values (``with_pixels``). ``sample`` names the trajectory's row in
     the errors of its compact images."""
 
-    def __init__(self, processor: Any, sample: str = "<unknown>"):
+    def __init__(self, processor: ProcessorMixin, sample: str = "<unknown>"):
         self.source = processor
         self.sample = sample
         self.runs = self.floats = self.expansions = 0
@@ -140,7 +143,7 @@ class ImageFeatureStore:
         finally:
             self._with_pixels = False
 
-    def joined(self, features: list[ImageFeatures]) -> Any:
+    def joined(self, features: list[ImageFeatures]) -> BatchFeature | None:
         """The image processor's output for these images (``concatenated``): with their pixel values only within
         ``with_pixels``."""
         if not self._with_pixels:
@@ -189,12 +192,12 @@ class ImageFeatureStore:
                 total += sum(value.numel() * value.element_size() for value in (features.pixels or {}).values())
         return total
 
-    def counted(self, images: Any) -> None:
+    def counted(self, images: object) -> None:
         """The real image processor ran on ``images`` outside the store."""
         logger.debug("the image processor ran outside the trajectory's store (%s)", type(images).__name__)
         self.runs += len(images) if isinstance(images, (list, tuple)) else 1
 
-    def tie(self, output: Any) -> None:
+    def tie(self, output: object) -> None:
         """Keep the kept outputs while ``output`` (one of the trajectory's samples, handed this store) lives; once
         every output it was tied to is gone, release them."""
         self._outputs += 1
@@ -253,7 +256,7 @@ class CachedImageProcessor:
         return joined
 
 
-def concatenated(outputs: list[dict[str, Any]]) -> Any:
+def concatenated(outputs: list[dict[str, Any]]) -> BatchFeature | None:
     """The image processor's output for the images whose outputs these are: tensors joined along the first
     dimension, lists joined; None for an output holding anything else."""
     import torch

@@ -106,7 +106,7 @@ ADAPTATION = Adaptation(
 class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # verl's and hydra's keyword arguments, and the options
         confirm(ADAPTATION)  # the verl code this loop copies changed: refuses to start (checked once per process)
         confirm(OUTPUT_MODEL)  # likewise verl's output model, which the loop's outputs extend
         options = {key: kwargs.pop(key) for key in list(kwargs) if key not in VERL_LOOP_KWARGS}
@@ -118,7 +118,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         )
         loop_options = MMToolLoopConfig.from_options(options, limit_images=constants.limit_images)
         self.context = self._context(loop_options, constants)
-        self.end_of_turn = startup.end_of_turn_ids(self.config, self.tokenizer)
+        self.end_of_turn = startup.end_of_turn_ids(self.config, constants.tokenizer)
         self.tool_runner = ToolRunner(
             self.context.options,
             self.max_parallel_calls,
@@ -139,8 +139,8 @@ class MMToolAgentLoop(ToolAgentLoop):
         startup.check_export(self.config, options.export, constants.traits)
         placeholder_ids = constants.placeholder_ids
         return LoopContext(
-            tokenizer=self.tokenizer,
-            processor=self.processor,
+            tokenizer=constants.tokenizer,  # verl's, as transformers makes them (verl annotates the Auto factories)
+            processor=constants.processor,
             options=options,
             model_path=constants.model_path,
             prompt_length=self.prompt_length,
@@ -169,7 +169,7 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     # verl's run returns one output; with export per_turn / auto this one returns the list its worker also takes
     async def run(  # type: ignore[override, unused-ignore]
-        self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
+        self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One trajectory: its output, or with ``export`` per_turn / auto the list of its training samples."""
         state = TrajectoryState(files=self.context.files, features=self._image_features(sample_name(kwargs)))
@@ -202,9 +202,9 @@ class MMToolAgentLoop(ToolAgentLoop):
 
     def _image_features(self, sample: str) -> ImageFeatureStore | None:
         """The trajectory's images as the image processor saw them, and verl's builder rendering through them."""
-        if not self.caches_images:
+        if not self.caches_images or self.context.processor is None:  # caching: the model sees images (a processor)
             return None
-        features = ImageFeatureStore(self.processor, sample)
+        features = ImageFeatureStore(self.context.processor, sample)
         self.continuous_token_builder.processor = features.processor  # type: ignore[attr-defined, unused-ignore]
         return features
 

@@ -92,9 +92,10 @@ class OutputBuilder:
             output.extra_fields.update(state.sample_fields(settings, index, len(outputs), spans).extra_fields())
 
     def _image_tokens(self, images: list, mm_processor_kwargs: dict) -> list[int]:
-        if not self.context.sees_images:
+        processor = self.context.processor
+        if not self.context.sees_images or processor is None:  # a model that sees images has a processor
             return []
-        return [processor_image_tokens(self.context.processor, image, mm_processor_kwargs) for image in images]
+        return [processor_image_tokens(processor, image, mm_processor_kwargs) for image in images]
 
     def _problems(self, output: MMToolOutput, image_tokens: list[int]) -> list[str]:
         return trajectory_problems(

@@ -6,7 +6,8 @@ sample's environment reset, whose observation joins the prompt.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import cast
 
 from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
@@ -56,7 +57,7 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     return agent_data
 
 
-def select_tools(agent_data: LoopAgentData, tools: dict, selection: Any) -> None:
+def select_tools(agent_data: LoopAgentData, tools: dict, selection: Iterable[str] | None) -> None:
     """Per-sample tool selection (``extra_info.tool_selection``), as in verl's tool loop."""
     if selection and tools:
         tools = {name: tools[name] for name in selection if name in tools}
@@ -66,7 +67,9 @@ def select_tools(agent_data: LoopAgentData, tools: dict, selection: Any) -> None
     ]
 
 
-async def start_environment(agent_data: LoopAgentData, row: dict, state: TrajectoryState, default_env: Any) -> None:
+async def start_environment(
+    agent_data: LoopAgentData, row: dict, state: TrajectoryState, default_env: str | dict | None
+) -> None:
     """Create and reset the sample's environment (``extra_info.env``, else the loop's ``env``); an observation
     from reset joins the prompt."""
     extra_info = row.get("extra_info") or {}

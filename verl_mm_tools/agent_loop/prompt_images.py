@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
 
 from PIL import Image
 
@@ -58,7 +57,7 @@ def cheap_to_check(messages: list[dict]) -> bool:
     return pixels <= INLINE_MAX_PIXELS
 
 
-def _is_image(item: Any) -> bool:
+def _is_image(item: object) -> bool:
     """What qwen_vl_utils takes for an image entry (videos are left to verl)."""
     if not isinstance(item, dict) or "video" in item:
         return False
@@ -82,7 +81,7 @@ def _safe_item(item: dict, files: FileRoots, name: str) -> dict:
     return {**safe, "type": "image", "image": image}
 
 
-def _decoded(source: Any, files: FileRoots, name: str) -> Image.Image:
+def _decoded(source: object, files: FileRoots, name: str) -> Image.Image:
     if isinstance(source, Image.Image):
         return loaded_rgb(source, source=name)
     if isinstance(source, (bytes, bytearray)):

@@ -21,12 +21,15 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.workers.rollout.replica import TokenOutput
 
 _ATTEMPTS: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar("mm_tool_attempts", default=None)
 
@@ -99,7 +102,15 @@ class ResumeCost:
 class _AttemptLog(LLMServerClient):
     """verl's base client, recording each call into the calling generation's list (when it set one)."""
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs) -> Any:
+    async def generate(  # verl's signature; its other keyword arguments passed on
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
         output = await super().generate(
             request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, image_data=image_data, **kwargs
         )
@@ -120,7 +131,7 @@ class ResumeRecordingClient(FullyAsyncLLMServerClient, _AttemptLog):
     """verl's resuming client whose every attempt is recorded (its ``super().generate`` reaches ``_AttemptLog``)."""
 
 
-def recording_view(client: Any) -> Any:
+def recording_view(client: LLMServerClient) -> LLMServerClient:
     """``client`` where each of its generations' attempts can be recorded (``recorded``): verl's resuming client
     as a ``ResumeRecordingClient`` sharing its state; any other client as it is (it makes one attempt)."""
     if type(client) is not FullyAsyncLLMServerClient:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import re
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from omegaconf import OmegaConf
 
@@ -32,6 +32,10 @@ from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import ESTIMATOR_NAME as TURN_CREDIT_ESTIMATOR
 from verl_mm_tools.tokens import placeholder_token_ids, stop_ids, vision_token_ids
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -45,7 +49,7 @@ class PerConfig(Generic[T]):
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, dict[Hashable, T]]] = {}
 
-    def get(self, config: Any, key: Hashable, compute: Callable[[], T]) -> T:
+    def get(self, config: object, key: Hashable, compute: Callable[[], T]) -> T:
         entry = self._entries.get(id(config))
         if entry is None or entry[0]() is not config:
             address = id(config)
@@ -62,9 +66,9 @@ class WorkerConstants:
     """What every loop of a worker derives alike from its trainer config, processor and tokenizer. Derived anew for
     each trajectory, this cost ~0.15 ms of DictConfig reads and processor inspection (bench figure 1, 56 px)."""
 
-    processor: Any
-    tokenizer: Any
-    limit_images: Any
+    processor: ProcessorMixin | None  # None for a text-only model
+    tokenizer: PreTrainedTokenizerBase
+    limit_images: int | None
     model_path: str
     calculate_log_probs: bool
     full_determinism: bool
@@ -82,10 +86,16 @@ _logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged 
 
 
 def worker_constants(
-    trainer_config: Any, processor: Any, tokenizer: Any, mm_processor_kwargs: Any, chat_template_kwargs: dict
+    trainer_config: DictConfig,
+    processor: object,
+    tokenizer: object,
+    mm_processor_kwargs: Mapping[str, Any] | None,
+    chat_template_kwargs: dict,
 ) -> WorkerConstants:
     """The worker's ``WorkerConstants`` (its loops share one trainer config, processor and tokenizer; the
-    constants hold both, so no other object takes their identities while the entry lives)."""
+    constants hold both, so no other object takes their identities while the entry lives). ``processor`` and
+    ``tokenizer`` are verl's loop's, which verl annotates with transformers' ``AutoProcessor`` and ``AutoTokenizer``
+    factories: the constants hold them as what those factories make."""
     return _worker_constants.get(
         trainer_config,
         (id(processor), id(tokenizer)),
@@ -94,10 +104,17 @@ def worker_constants(
 
 
 def _worker_constants_of(
-    trainer_config: Any, processor: Any, tokenizer: Any, mm_processor_kwargs: Any, chat_template_kwargs: dict
+    trainer_config: DictConfig,
+    verl_processor: object,
+    verl_tokenizer: object,
+    mm_processor_kwargs: Mapping[str, Any] | None,
+    chat_template_kwargs: dict,
 ) -> WorkerConstants:
+    # what transformers' Auto factories make: a processor (None for a text-only model) and a tokenizer
+    processor = cast("ProcessorMixin | None", verl_processor)
+    tokenizer = cast("PreTrainedTokenizerBase", verl_tokenizer)
+    vision = processor if getattr(processor, "image_processor", None) is not None else None
     rollout = trainer_config.actor_rollout_ref.rollout
-    sees_images = getattr(processor, "image_processor", None) is not None
     return WorkerConstants(
         processor=processor,
         tokenizer=tokenizer,
@@ -105,26 +122,26 @@ def _worker_constants_of(
         model_path=str(trainer_config.actor_rollout_ref.model.path),
         calculate_log_probs=bool(rollout.calculate_log_probs),
         full_determinism=bool(rollout.full_determinism),
-        geometry=ImageGeometry.from_processor(processor, mm_processor_kwargs) if sees_images else None,
-        placeholder_ids=placeholder_token_ids(processor, tokenizer) if sees_images else None,
+        geometry=ImageGeometry.from_processor(vision, mm_processor_kwargs) if vision is not None else None,
+        placeholder_ids=placeholder_token_ids(vision, tokenizer) if vision is not None else None,
         forbidden_generated=vision_token_ids(tokenizer),
         traits=template_traits(processor or tokenizer, chat_template_kwargs),
     )
 
 
-def turn_credit(trainer_config: Any, options: MMToolLoopConfig) -> bool:
+def turn_credit(trainer_config: DictConfig, options: MMToolLoopConfig) -> bool:
     """Whether the run uses turn credit. Dumps and turn credit need the trainer-side step hook; without it, say
     once what the run lacks."""
     return _turn_credit.get(trainer_config, options.dump_dir, lambda: _check_step_hook(trainer_config, options))
 
 
-def end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
+def end_of_turn_ids(trainer_config: DictConfig, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every token that ends a generated turn: the model's generation config's eos ids (what verl's vLLM server stops
     at: Qwen's <|im_end|>, GLM's <|user|> and <|observation|> too) and the tokenizer's eos."""
     return _end_of_turn.get(trainer_config, "ids", lambda: _end_of_turn_ids(trainer_config, tokenizer))
 
 
-def _end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
+def _end_of_turn_ids(trainer_config: DictConfig, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     from transformers import GenerationConfig
 
     path = OmegaConf.select(trainer_config, "actor_rollout_ref.model.path", default=None)
@@ -135,12 +152,12 @@ def _end_of_turn_ids(trainer_config: Any, tokenizer) -> frozenset[int]:
     return stop_ids(eos, tokenizer)
 
 
-def turn_gamma(trainer_config: Any, turn_credit: bool) -> float:
+def turn_gamma(trainer_config: DictConfig, turn_credit: bool) -> float:
     """algorithm.gamma: the per-turn discount the step hook chains a trajectory's samples with (turn credit only)."""
     return float(OmegaConf.select(trainer_config, "algorithm.gamma", default=1.0)) if turn_credit else 1.0
 
 
-def _check_step_hook(trainer_config: Any, options: MMToolLoopConfig) -> bool:
+def _check_step_hook(trainer_config: DictConfig, options: MMToolLoopConfig) -> bool:
     uses_turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
     refuse_unsupported_with_hook(trainer_config)
     if options.dump_dir:
@@ -155,13 +172,13 @@ def _check_step_hook(trainer_config: Any, options: MMToolLoopConfig) -> bool:
     return uses_turn_credit
 
 
-def check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -> None:
+def check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> None:
     """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
     deserves per_turn (said once)."""
     _export_checked.get(trainer_config, export, lambda: _check_export(trainer_config, export, traits))
 
 
-def _check_export(trainer_config: Any, export: Export, traits: TemplateTraits) -> bool:
+def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> bool:
     if export is not Export.PER_TRAJECTORY and uses_fully_async_trainer(trainer_config):
         raise ConfigError(
             f"mm_tool export={export.value!r} returns several training samples per trajectory, which verl's fully "

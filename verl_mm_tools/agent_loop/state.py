@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.files import STATE_ATTR, FileRoots
@@ -269,12 +269,12 @@ class TrajectoryState:
         )
 
 
-def state_of(agent_data: Any) -> TrajectoryState | None:
+def state_of(agent_data: object) -> TrajectoryState | None:
     state = getattr(agent_data, STATE_ATTR, None)
     return state if isinstance(state, TrajectoryState) else None
 
 
-def attached_state(agent_data: Any) -> TrajectoryState:
+def attached_state(agent_data: object) -> TrajectoryState:
     """The state ``TrajectoryState.attach`` put on ``agent_data`` (``prompt.new_agent_data`` attaches it)."""
     state = state_of(agent_data)
     if state is None:

@@ -25,11 +25,15 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from verl_mm_tools.agent_loop.options import ToolPrompt, ToolResponseRole
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 # The Qwen2-VL / Qwen2.5-VL templates' default system prompt, used when the tool block needs a system message.
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
@@ -67,7 +71,7 @@ class ToolFormat:
     tool_prompt: ToolPrompt  # never AUTO
     response_role: ToolResponseRole  # never AUTO
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "tool_prompt", ToolPrompt(self.tool_prompt))
         object.__setattr__(self, "response_role", ToolResponseRole(self.response_role))
 
@@ -207,7 +211,7 @@ def _text(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def _items(content) -> list[dict]:
+def _items(content: str | Iterable[dict] | None) -> list[dict]:
     if content is None:
         return []
     return [_text(content)] if isinstance(content, str) else list(content)
@@ -219,7 +223,9 @@ def _items(content) -> list[dict]:
 _TRAITS: dict[int, tuple[weakref.ref, str, TemplateTraits]] = {}
 
 
-def template_traits(renderer, template_kwargs: dict | None = None) -> TemplateTraits:
+def template_traits(
+    renderer: PreTrainedTokenizerBase | ProcessorMixin, template_kwargs: dict | None = None
+) -> TemplateTraits:
     """Probe the chat template of ``renderer`` (the processor, or the tokenizer of a text model), once."""
     kwargs = dict(template_kwargs or {})
     key = json.dumps(kwargs, sort_keys=True, default=str)
@@ -231,20 +237,20 @@ def template_traits(renderer, template_kwargs: dict | None = None) -> TemplateTr
     return traits
 
 
-def _probe(renderer, kwargs: dict) -> TemplateTraits:
+def _probe(renderer: PreTrainedTokenizerBase | ProcessorMixin, kwargs: dict) -> TemplateTraits:
     from verl.utils.tokenizer.chat_template import apply_chat_template
 
-    def render(messages, tools=None, generation=True) -> str:
+    def render(messages: list[dict], tools: list[dict] | None = None, generation: bool = True) -> str:
         text = apply_chat_template(
             renderer, messages, tokenize=False, add_generation_prompt=generation, tools=tools, **kwargs
         )
         return cast(str, text)  # tokenize=False: the text
 
-    user = [{"role": "user", "content": _PROBE_TEXT}]
+    user: list[dict] = [{"role": "user", "content": _PROBE_TEXT}]
     renders_tools = _PROBE_TOOL in render(user, tools=[_PROBE_SCHEMA])
     prefix_stable = _prefix_stable(render, user)
     call = {"type": "function", "function": {"name": _PROBE_TOOL, "arguments": {}}}
-    history = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    history: list[dict] = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
     try:
         as_tool = render([*history, {"role": "tool", "content": _PROBE_TEXT}], generation=False)
     except Exception:  # noqa: BLE001 - a template that refuses the tool role has no convention for it
@@ -263,7 +269,7 @@ def _probe(renderer, kwargs: dict) -> TemplateTraits:
     return TemplateTraits(renders_tools, not plain, prefix_stable, renders_tool_images, without_calls)
 
 
-def _prefix_stable(render, user: list[dict]) -> bool:
+def _prefix_stable(render: Callable[..., str], user: list[dict]) -> bool:
     """Whether an answer with reasoning renders as it was generated (after the generation prompt) and the same once
     another user turn follows it."""
     answered = [*user, {"role": "assistant", "content": f"<think>\n{_PROBE_TEXT}\n</think>\n\n{_PROBE_TEXT}"}]

@@ -15,8 +15,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from PIL import Image
 from verl.experimental.agent_loop.tool_parser import FunctionCall
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CANCEL_GRACE_S = 1.0  # how long a cancelled tool call may take to stop before it is abandoned
 MALFORMED_CALL_TEXT = (
@@ -66,7 +69,7 @@ class CallAnswer(NamedTuple):
     """One call's answer: the tool's response and reward, and whether its tool ends the trajectory with it."""
 
     response: ToolResponse
-    reward: Any
+    reward: float | None  # None: the call did not run
     ends_trajectory: bool = False
 
 
@@ -174,7 +177,9 @@ class ToolRunner:
         return CallAnswer(response, reward, bool(metrics.get(END_TRAJECTORY)))
 
     @staticmethod
-    async def _invoke(tool_name: str, arguments: dict, state: TrajectoryState, agent_data: LoopAgentData):
+    async def _invoke(
+        tool_name: str, arguments: dict, state: TrajectoryState, agent_data: LoopAgentData
+    ) -> tuple[ToolResponse, float, dict]:
         tool = agent_data._active_tools[tool_name]
         if isinstance(tool, FunctionTool):
             return normalize_function_tool_return(await tool.call(arguments))
@@ -249,7 +254,7 @@ async def start_remote_tools(tools: dict) -> None:
             await tool.start()
 
 
-async def finished_or_cancelled(coroutine, timeout_s: float) -> asyncio.Task | None:
+async def finished_or_cancelled(coroutine: Awaitable[T], timeout_s: float) -> asyncio.Task[T] | None:
     """The finished task of a tool call, or None when it ran past ``timeout_s`` and was cancelled.
 
     Unlike ``asyncio.wait_for``, the tool's own TimeoutError or CancelledError stays the tool's (in the task), and a

@@ -13,9 +13,13 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from verl.workers.rollout.replica import TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +84,15 @@ class CheckpointClient:
         self._lock: asyncio.Lock | None = None
         self._requests = 0  # each request samples with its own seed (see generate)
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
+    async def generate(  # verl's client's signature: its other keyword arguments (videos, audio: none here) unused
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Image.Image] | None = None,
+        **kwargs: object,
+    ) -> TokenOutput:
         from verl.workers.rollout.replica import TokenOutput
 
         if self._lock is None:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_mm_tools.cli_types import whole_number
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+    from transformers import PreTrainedTokenizerBase
 
 DESCRIPTION = """\
 Score a model on a dataset with the same tools, image workspace, budget,
@@ -21,7 +27,7 @@ stop reason, calls and endpoint faults) and OUT/<mode>/trajectories
 """
 
 
-def add_eval_command(commands) -> None:
+def add_eval_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     command = commands.add_parser(
         "eval",
         help="score a model through the mm_tool loop: an endpoint or a checkpoint",
@@ -130,7 +136,8 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> tuple[Callable[[PreTrainedTokenizerBase], object], str]:
+    """What answers the worker's generate calls, made from the model's tokenizer, and the model's path."""
     if args.checkpoint is not None:
         from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 
@@ -151,7 +158,7 @@ def _client(args: argparse.Namespace):
     return (lambda tokenizer: EndpointClient(settings, tokenizer)), args.model_path or args.model
 
 
-def _progress_bar(data: Path, runs_per_row: int):
+def _progress_bar(data: Path, runs_per_row: int) -> tqdm:
     import pyarrow.parquet as pq
     from tqdm import tqdm
 

@@ -16,13 +16,16 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from verl_mm_tools.errors import ConfigError, EndpointError
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
 
 if TYPE_CHECKING:
     import httpx
+    from PIL import Image
+    from transformers import PreTrainedTokenizerBase
+    from verl.workers.rollout.replica import TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class EndpointSettings:
     backoff_s: float = 1.0
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key; unset: no key is sent
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, got {self.url!r}")
         for name, low in (("concurrency", 1), ("timeout_s", 1e-3), ("retries", 0), ("backoff_s", 0)):
@@ -82,19 +85,27 @@ class _Retry(Exception):
 class EndpointClient:
     """verl's LLM server client, answered by a chat endpoint (see the module docstring)."""
 
-    def __init__(self, settings: EndpointSettings, tokenizer):
+    def __init__(self, settings: EndpointSettings, tokenizer: PreTrainedTokenizerBase):
         self.settings = settings
         self.tokenizer = tokenizer
         self.faults: dict[str, RequestFaults] = defaultdict(RequestFaults)
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
+    async def generate(  # verl's client's signature: its other keyword arguments (videos, audio: none here) unused
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Image.Image] | None = None,
+        **kwargs: object,
+    ) -> TokenOutput:
         from verl.workers.rollout.replica import TokenOutput
 
         faults = self.faults[request_id]
         faults.requests += 1
-        prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        prompt_text = cast(str, self.tokenizer.decode(prompt_ids, skip_special_tokens=False))  # one sequence: a text
         limit = sampling_params.get("max_tokens")
         # verl's validation sampling (actor_rollout_ref.rollout.val_kwargs: greedy unless overridden)
         body = {
@@ -166,7 +177,7 @@ class EndpointClient:
         except (ValueError, KeyError, IndexError, TypeError) as error:
             raise _Retry("malformed", f"not a chat completion ({error}): {response.text[:300]}") from None
 
-    def _http(self):
+    def _http(self) -> httpx.AsyncClient:
         import httpx
 
         if self._client is None:  # created on the event loop that uses it

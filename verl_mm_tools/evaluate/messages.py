@@ -15,7 +15,7 @@ import base64
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from PIL import Image
 
@@ -50,7 +50,7 @@ def chat_messages(prompt_text: str, images: Sequence[Image.Image]) -> list[dict]
     return messages
 
 
-def _content(text: str, images) -> str | list[dict]:
+def _content(text: str, images: Iterator[Image.Image]) -> str | list[dict]:
     if not IMAGE_RUN.search(text):
         return text
     parts: list[dict] = []

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.handoff import SampleFields, StopReason
 from verl_mm_tools.record import jsonable
 from verl_mm_tools.step_metrics import MASKED_COUNT, aggregate_metrics, mean_metric, tool_metric
+
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
+
+    from verl_mm_tools.evaluate.endpoint import RequestFaults
 
 Z95 = 1.96
 SAMPLE_KEY = "eval/sample"  # the column of each row's sample number, 0 .. samples - 1 (run.py sets it)
@@ -19,7 +26,7 @@ SAMPLE_KEY = "eval/sample"  # the column of each row's sample number, 0 .. sampl
 SUCCESS_REWARD = 1.0
 
 
-def row_records(output, faults: dict) -> list[dict]:
+def row_records(output: DataProto, faults: Mapping[str, RequestFaults]) -> list[dict]:
     """One record per row (one sample of a prompt): where it came from, its reward, how it ended, and its endpoint
     faults."""
     columns = output.non_tensor_batch
@@ -55,7 +62,7 @@ def row_records(output, faults: dict) -> list[dict]:
     return records
 
 
-def source_report(output, rows: list[int], records: list[dict], samples: int = 1) -> dict:
+def source_report(output: DataProto, rows: list[int], records: list[dict], samples: int = 1) -> dict:
     """The figures of one data source's rows (all samples of its prompts)."""
     every = SampleFields.rows(output.non_tensor_batch, len(output))
     metrics = aggregate_metrics([fields for row in rows if (fields := every[row]) is not None])
@@ -109,7 +116,7 @@ def best_of(prompts: list[list[float]]) -> dict:
     }
 
 
-def build_report(output, faults: dict, samples: int = 1) -> tuple[dict, list[dict]]:
+def build_report(output: DataProto, faults: Mapping[str, RequestFaults], samples: int = 1) -> tuple[dict, list[dict]]:
     """``({data_source: figures}, row records)`` of one evaluation of ``samples`` answers per prompt."""
     records = row_records(output, faults)
     by_source: dict[str, list[int]] = {}
@@ -174,7 +181,7 @@ def table(reports: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _cell(value, form: str | None) -> str:
+def _cell(value: Any, form: str | None) -> str:  # a figure: a number, an interval or None (JSON)
     if form is None:
         return "n/a" if value is None else f"[{value[0]:.3f}, {value[1]:.3f}]"
     return form.format(value)

@@ -17,12 +17,19 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from omegaconf import DictConfig
+    from transformers import PreTrainedTokenizerBase
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ class EvalOptions:
     temperature: float | None = None  # None: greedy for one sample, SAMPLING_TEMPERATURE for several
     overrides: tuple[str, ...] = field(default_factory=tuple)  # hydra overrides of verl's trainer config, last
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.data.is_file():
             raise ConfigError(f"--data {self.data}: no such file (a parquet file verl's RLHFDataset reads)")
         for flag, path in (("--tools", self.tools_yaml), ("--loop-config", self.loop_config)):
@@ -152,7 +159,11 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
     return entries
 
 
-def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[int], None] = lambda rows: None) -> dict:
+def evaluate(
+    options: EvalOptions,
+    make_client: Callable[[PreTrainedTokenizerBase], object],
+    progress: Callable[[int], None] = lambda rows: None,
+) -> dict:
     """Run every mode; write OUT/report.json, OUT/report.txt and OUT/<mode>/rows.jsonl; return the report
     ``{"modes": {mode: {data_source: figures}}, "table": text}``. ``make_client(tokenizer)`` gives the object that
     answers the worker's generate calls (its ``faults``, when it has them, are counted per row)."""
@@ -171,7 +182,12 @@ def evaluate(options: EvalOptions, make_client: Callable, progress: Callable[[in
     return report
 
 
-def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: Callable):
+def _run_mode(
+    options: EvalOptions,
+    mode: str,
+    make_client: Callable[[PreTrainedTokenizerBase], object],
+    progress: Callable[[int], None],
+) -> tuple[DataProto, object]:
     from verl.protocol import DataProto
     from verl.utils.ray_utils import get_event_loop
 
@@ -195,7 +211,7 @@ def _run_mode(options: EvalOptions, mode: str, make_client: Callable, progress: 
 ROW_COLUMNS = ("data_source", "extra_info", "index", "uid")  # what the report groups and names rows by
 
 
-def _with_row_columns(output, batch, samples):
+def _with_row_columns(output: DataProto, batch: DataProto, samples: np.ndarray) -> DataProto:
     """The generated rows with their dataset columns (the trainer unions them the same way) and their sample numbers,
     without the batch's timings and step metrics (the report reads the rows)."""
     from verl_mm_tools.evaluate.report import SAMPLE_KEY
@@ -213,7 +229,9 @@ def _with_row_columns(output, batch, samples):
     return output
 
 
-def _batches(options: EvalOptions, config, worker):
+def _batches(
+    options: EvalOptions, config: DictConfig, worker: AgentLoopWorker
+) -> Iterator[tuple[DataProto, np.ndarray]]:
     """The parquet's rows as verl's trainer batches them for validation (RLHFDataset, its collate_fn, each row
     repeated val_kwargs.n times, its samples next to each other), with each row's sample numbers."""
     import numpy as np

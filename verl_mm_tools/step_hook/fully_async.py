@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import ray
-from omegaconf import open_dict
+from omegaconf import DictConfig, open_dict
 from verl.experimental.fully_async_policy import fully_async_main as verl_main
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer
 from verl.trainer.ppo.utils import Role
@@ -30,6 +30,9 @@ from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.step_hook.manager import step_batch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
+
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class MMToolFullyAsyncTrainer(_VerlTrainer):
     """verl's ``FullyAsyncTrainer``, running ``process_step`` on each step's batch: its metrics join the step's
     (``self.metrics``, which verl logs), per-turn rewards land in the batch's ``rm_scores`` before the advantage."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # verl's, passed on
         confirm(ADAPTATION)  # the verl methods it overrides or copies changed: refuses to start
         super().__init__(*args, **kwargs)
 
@@ -88,7 +91,7 @@ class MMToolFullyAsyncTrainer(_VerlTrainer):
     def call_rate_watch(self) -> CallRateWatch:
         return CallRateWatch()
 
-    async def _fit_generate(self, batch=None):
+    async def _fit_generate(self, batch: DataProto | None = None) -> DataProto:
         batch = await super()._fit_generate(batch)
         meta_info = {"global_steps": self.global_steps, "validate": False}
         metrics = process_step(step_batch(batch, meta_info, batch.non_tensor_batch.get("uid")), self.call_rate_watch)
@@ -99,7 +102,7 @@ class MMToolFullyAsyncTrainer(_VerlTrainer):
 class MMToolFullyAsyncTaskRunner(_VerlTaskRunner):
     """verl's ``FullyAsyncTaskRunner``, creating ``MMToolFullyAsyncTrainer`` (its ``_create_trainer``, copied)."""
 
-    def _create_trainer(self, config) -> None:
+    def _create_trainer(self, config: DictConfig) -> None:
         trainer_role_mapping = {
             role: worker_cls
             for role, worker_cls in self.components["role_worker_mapping"].items()
@@ -120,7 +123,7 @@ class MMToolFullyAsyncTaskRunner(_VerlTaskRunner):
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
-def main(config) -> None:
+def main(config: DictConfig) -> None:
     """verl's ``fully_async_main.main`` with the task runner above, the config marked as hooked."""
     from verl.trainer.main_ppo import run_ppo
 

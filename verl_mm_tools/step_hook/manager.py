@@ -12,6 +12,7 @@ v1 trainer the hook is ``replay_buffer.MMToolReplayBuffer`` and the names have n
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
@@ -22,6 +23,9 @@ from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ADAPTATION = Adaptation(
     row=18,
@@ -50,7 +54,7 @@ ADAPTATION = Adaptation(
 
 
 class MMToolAgentLoopManager(AgentLoopManager):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # verl's, passed on
         confirm(ADAPTATION)  # the verl method it calls into changed: refuses to start
         super().__init__(*args, **kwargs)
 
@@ -68,7 +72,7 @@ class MMToolAgentLoopManager(AgentLoopManager):
         return output
 
 
-def step_batch(output: DataProto, meta_info: dict, uids=None) -> StepBatch:
+def step_batch(output: DataProto, meta_info: dict, uids: np.ndarray | None = None) -> StepBatch:
     """The classic trainer's generated batch as a StepBatch (``rm_scores`` shared, so turn rewards land in it);
     ``uids``: the prompts' uid column (their rollouts' group), when the trainer gave one."""
     batch, columns = output.batch, output.non_tensor_batch
@@ -84,7 +88,7 @@ def step_batch(output: DataProto, meta_info: dict, uids=None) -> StepBatch:
     )
 
 
-def _rollout_numbers(rows: list[SampleFields | None], uids=None) -> list[int]:
+def _rollout_numbers(rows: list[SampleFields | None], uids: np.ndarray | None = None) -> list[int]:
     """verl's own rule (``get_trajectory_info``): consecutive rows of one prompt are its rollouts 0, 1, ... A prompt is
     its uid when every row has one (verl's group, one per prompt), else its sample index, which prompts may share
     (RLHFDataset gives 0 to every row without extra_info.index)."""

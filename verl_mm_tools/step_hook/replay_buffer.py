@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
+
+if TYPE_CHECKING:
+    from transfer_queue import KVBatchMeta
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +79,12 @@ class MMToolReplayBuffer(ReplayBuffer):
     """verl's replay buffer plus the mm_tool step hook (see module). ``trainer_mode`` other than ``sync`` builds a
     ``MMToolReplayBufferAsync``, as verl builds ``ReplayBufferAsync``."""
 
-    def __new__(cls, *args, trainer_mode: str = "sync", **kwargs):
+    def __new__(cls, *args: Any, trainer_mode: str = "sync", **kwargs: Any) -> MMToolReplayBuffer:  # verl's arguments
         if cls is MMToolReplayBuffer and trainer_mode != "sync":
             cls = MMToolReplayBufferAsync
         return super().__new__(cls)
 
-    def __init__(self, *args, sampler_kwargs: Mapping | None = None, **kwargs):
+    def __init__(self, *args: Any, sampler_kwargs: Mapping | None = None, **kwargs: Any) -> None:
         confirm(ADAPTATION)  # the verl method it samples as changed: refuses to start
         # verl's trainer passes sampler_kwargs by keyword (its config node, None when unset); it goes on unchanged
         kwargs["sampler_kwargs"] = sampler_kwargs
@@ -88,7 +92,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         self.poll_interval = _poll_interval(sampler_kwargs or {})
         self.call_rate_watch = CallRateWatch()
 
-    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step, self.call_rate_watch))

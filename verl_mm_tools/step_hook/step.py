@@ -47,7 +47,7 @@ class CallRateWatch:
     """Tool-use collapse guard, one per trainer: remembers each training step's tool-call rate and warns when a step's
     falls below half the highest of the previous ``call_rate_window`` steps (the loop option)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rates: list[tuple[int, float]] = []  # (step, tool-call rate) of the training steps seen
 
     def check(self, batch: StepBatch, metrics: dict[str, float]) -> None:
