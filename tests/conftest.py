@@ -115,6 +115,34 @@ def serial_scope(nodeid: str) -> str:
     return SERIAL_GROUP if in_serial_line else module
 
 
+# Fixtures that load the tiny model or its tokenizer, a trajectory dump, verl's worker or event loop, TransferQueue or
+# Ray: a test using one is an ``integration`` test (the unit lane, ``-m "not slow and not integration"``, leaves it
+# out). A module that loads such things by itself says so with ``pytestmark = pytest.mark.integration``.
+INTEGRATION_FIXTURES = frozenset(
+    {
+        "tiny_model_dir",
+        "tiny_family_dir",
+        "tiny_processor",
+        "tiny_tokenizer",
+        "sample_dump",
+        "rollout",
+        "transfer_queue",
+        "event_loop_for_verl",
+        "tokenizer_dir",
+        "ray_daemons_at_full_priority",
+        "ray_cluster",
+        "local_ray",
+        "verl_imported_first",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 

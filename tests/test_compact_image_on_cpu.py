@@ -31,6 +31,8 @@ from verl_mm_tools.compact_image import (
 from verl_mm_tools.families.catalog import FAMILIES
 from verl_mm_tools.tiny import tiny_model_path
 
+pytestmark = pytest.mark.integration  # every family's tiny model and processor
+
 
 @functools.cache
 def image_processor(family: str):

@@ -15,6 +15,8 @@ import pytest
 
 import verl_mm_tools.cpu
 
+pytestmark = pytest.mark.integration  # fresh interpreters importing the package
+
 
 def loaded_after(statement: str) -> list[str]:
     probe = f"import sys; {statement}; import json; print(json.dumps(sorted(sys.modules)))"

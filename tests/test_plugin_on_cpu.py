@@ -14,6 +14,8 @@ import pytest
 from verl_mm_tools.errors import PluginRegistrationError
 from verl_mm_tools.verl_registry import register_unique
 
+pytestmark = pytest.mark.integration  # fresh interpreters importing verl
+
 MM_TOOL_TARGET = "verl_mm_tools.agent_loop.MMToolAgentLoop"
 
 

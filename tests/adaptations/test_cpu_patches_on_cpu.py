@@ -24,6 +24,8 @@ from verl_mm_tools.adaptations.cpu import (
 )
 from verl_mm_tools.adaptations.record import Target
 
+pytestmark = pytest.mark.integration  # verl's worker and trainer modules, on the tiny model
+
 GLOO_EXPECTED_SOURCE = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
 PADDING_EXPECTED_SOURCE = "torch.nested.as_nested_tensor(position_ids_list, layout=torch.jagged)"
 OFFLOAD_EXPECTED_SOURCE = "offload_policy = CPUOffloadPolicy(pin_memory=True)"

@@ -17,6 +17,8 @@ from verl_mm_tools.adaptations import guard
 from verl_mm_tools.adaptations.fixes import remote_tools
 from verl_mm_tools.adaptations.record import Target
 
+pytestmark = pytest.mark.integration  # verl's tool loader in a fresh interpreter
+
 REMOTE_ROTATE_YAML = """tools:
   - class_name: verl_mm_tools.tools.RotateTool
     config: {type: native}

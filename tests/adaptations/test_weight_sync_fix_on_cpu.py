@@ -17,6 +17,8 @@ import torch
 import verl_mm_tools.plugin  # noqa: F401  (applies the fixes when verl imports the modules they fix)
 from verl_mm_tools.adaptations.fixes.weight_sync import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
 
+pytestmark = pytest.mark.integration  # verl's weight-sync sender and receiver, in processes
+
 WEIGHTS = [("layer.weight", torch.arange(96 * 32, dtype=torch.float32).reshape(96, 32)), ("layer.bias", torch.ones(96))]
 LOAD_ERROR = "Attempted to load weight (torch.Size([96, 32])) into parameter (torch.Size([0]))"
 

@@ -21,6 +21,8 @@ from verl_mm_tools.testkit.scripted import scripted_logprob, tool_call_text
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+pytestmark = pytest.mark.integration  # the families' tiny models through verl's worker
+
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)  # the v1 trainer, with the manager several samples need
 QUESTION = "How far is this image rotated?"
 CALLS = [tool_call_text("rotate", degrees=90), tool_call_text("rotate", degrees=90, image_id=1)]

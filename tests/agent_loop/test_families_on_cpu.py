@@ -26,6 +26,8 @@ from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+pytestmark = pytest.mark.integration  # every family's tiny model through verl's worker
+
 QUESTION = "How far is this image rotated?"
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)
 

@@ -28,6 +28,8 @@ from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+pytestmark = pytest.mark.integration  # the tiny Gemma 4 through verl's worker
+
 QUESTION = "How far is this image rotated?"
 FORMAT = "actor_rollout_ref.rollout.multi_turn.format=gemma4"
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)

@@ -29,6 +29,8 @@ from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+pytestmark = pytest.mark.integration  # the families' tiny models through verl's worker
+
 QUESTION = "How far is this image rotated?"
 V1 = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE)
 CALLS = ({"degrees": 90}, {"degrees": 90, "image_id": 1})

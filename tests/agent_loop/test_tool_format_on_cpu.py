@@ -26,6 +26,8 @@ from verl_mm_tools.testkit.scripted import tool_call_text
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
+pytestmark = pytest.mark.integration  # every family's chat template
+
 SCHEMA = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "

@@ -21,6 +21,8 @@ from verl_mm_tools.bench import steps as bench_steps
 from verl_mm_tools.cli import main
 from verl_mm_tools.step_metrics import GENERATE_S_MAX
 
+pytestmark = pytest.mark.integration  # the bench, on the tiny model and verl's worker
+
 NUMBER = r"-?[0-9.e+-]+|inf|nan"
 SPREAD = rf"median ({NUMBER}) \(min ({NUMBER}), max ({NUMBER}), n=(\d+)\)"
 LINE = re.compile(rf"^(\S+): (?:{SPREAD}|({NUMBER}))(, target [<>]= \S+: (met|MISSED))?$")

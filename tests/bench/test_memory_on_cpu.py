@@ -9,6 +9,8 @@ from verl_mm_tools.bench.loop import loop_factory
 from verl_mm_tools.bench.memory import resident_memory
 from verl_mm_tools.tiny import tiny_model_path
 
+pytestmark = pytest.mark.integration  # the memory bench on the tiny processor
+
 
 def test_a_trajectory_holds_its_images_once_each_processor_output_once_and_the_sample(tmp_path):
     from verl.utils.ray_utils import get_event_loop

@@ -9,6 +9,8 @@ import pytest
 from verl_mm_tools.bench import worker_memory
 from verl_mm_tools.tiny import tiny_model_path
 
+pytestmark = pytest.mark.integration  # worker processes of the memory bench
+
 MB = 2**20
 
 

@@ -13,6 +13,8 @@ import torch
 
 from verl_mm_tools.cpu.platform import DEVICE_MODULE, PlatformCPU
 
+pytestmark = pytest.mark.integration  # fresh interpreters importing verl
+
 
 def run_python(code: str, platform: str | None) -> dict:
     """Run ``code`` in a fresh interpreter (the platform and patches are process-wide); it prints one JSON line."""

@@ -24,6 +24,8 @@ from verl_mm_tools.data.zoom_color import (
 )
 from verl_mm_tools.errors import ConfigError
 
+pytestmark = pytest.mark.integration  # a whole demo dataset
+
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):

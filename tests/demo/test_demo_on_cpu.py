@@ -24,6 +24,8 @@ from verl_mm_tools.demo.watch import RunResult
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
 
+pytestmark = pytest.mark.integration  # verl's trainer config and the demo's data
+
 LEARN = TASKS["learn"]
 VALIDATION = LEARN.validation_metric
 

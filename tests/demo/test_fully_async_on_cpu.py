@@ -21,6 +21,8 @@ from verl_mm_tools.demo.watch import run_processes
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.trajectories.read import load_records
 
+pytestmark = pytest.mark.integration  # verl's fully async trainer's config
+
 # three steps: two weight syncs with the next step's generations in flight (the last sync ends the run), so a sync that
 # finds the rollouter between requests does not leave the run without a resume
 STEPS, PROMPTS, ROLLOUTS = 3, 4, 4

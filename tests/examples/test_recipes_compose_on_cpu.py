@@ -16,6 +16,8 @@ from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.hook_config import step_hook_configured
 from verl_mm_tools.agent_loop.mm_tool_loop import VERL_LOOP_KWARGS
 
+pytestmark = pytest.mark.integration  # verl's whole trainer config, composed per recipe
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"
 NAMES = sorted(path.stem for path in RECIPES.glob("*.yaml") if path.stem != "common")

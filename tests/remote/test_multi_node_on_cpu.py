@@ -20,6 +20,8 @@ from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import unpadded_row
 from verl_mm_tools.testkit.scripted import tool_call_text
 
+pytestmark = pytest.mark.integration  # Ray nodes
+
 # The tests that start actors on the cluster are marked slow, so they run on the serial line, never beside a trainer
 # run: beside one (and a second 2-node cluster, the separate_async demo's), their actors missed their start-up time.
 

@@ -16,6 +16,8 @@ from verl_mm_tools.families.vocabularies import QWEN_VOCABULARY
 from verl_mm_tools.tiny import TinyModelSpec, build_tiny_model, tiny_model_path
 from verl_mm_tools.tiny.builder import BUILDER_VERSION, COMPLETE_MARKER
 
+pytestmark = pytest.mark.integration  # builds tiny models
+
 ROTATE_SCHEMA = {
     "type": "function",
     "function": {

@@ -13,6 +13,8 @@ from verl.tools.schemas import ToolResponse
 from verl_mm_tools.ops import MIN_MAX_PIXELS
 from verl_mm_tools.tools import BUILTIN_TOOLS
 
+pytestmark = pytest.mark.integration  # verl's tool loader over every tool
+
 CONFIG = {"type": "native", "max_pixels": MIN_MAX_PIXELS}  # small, so zooms (target 448) hit the cap
 EXTRA_KEYS = ["bogus", "image", "angle", "bbox_2d", ""]
 

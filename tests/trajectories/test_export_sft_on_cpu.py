@@ -22,6 +22,8 @@ from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.trajectories.sft import TRAIN_FILE, SFTFilters, export_sft
 
+pytestmark = pytest.mark.integration  # the tiny model
+
 ROTATE_AND_ZOOM_YAML = (
     ROTATE_TOOLS_YAML + "  - class_name: verl_mm_tools.tools.ZoomInTool\n    config:\n      type: native\n"
 )
