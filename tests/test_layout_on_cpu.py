@@ -131,6 +131,26 @@ def test_no_module_passes_500_lines_and_the_loop_400():
     assert lengths[LOOP_MODULE] <= LOOP_MAX_LINES, f"the loop module has {lengths[LOOP_MODULE]} lines: move a part out"
 
 
+# The test kit stands in for parts of a run (a scripted server a model answers, marked images, sample dumps) for the
+# tests; a command the user runs needs none of it: what the demo runs (its rollouts, scripted demonstrations, Ray
+# nodes) is the runtime's.
+DEMO, TESTKIT = f"{PACKAGE}.demo", f"{PACKAGE}.testkit"
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_no_demo_module_imports_the_test_kit():
+    demo_modules = [module for module in GRAPH if in_package(module, DEMO)]
+    assert demo_modules, f"no module of {DEMO} found"
+    found = {
+        module: sorted(target for target in GRAPH[module] if in_package(target, TESTKIT)) for module in demo_modules
+    }
+    found = {module: targets for module, targets in found.items() if targets}
+    assert found == {}, f"demo modules import the test kit (move what they need into a product module): {found}"
+
+
 # the keys of what the loop hands the trainer and the step metrics' names: defined once, in these two modules
 KEY_MODULES = {f"{PACKAGE}.handoff", f"{PACKAGE}.step_metrics"}
 

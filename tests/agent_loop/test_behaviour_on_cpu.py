@@ -13,10 +13,10 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl_mm_tools.agent_loop.validation import placeholder_runs, trajectory_problems
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.step_metrics import aggregate_metrics
-from verl_mm_tools.testkit.rows import marked_image, unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.testkit.rows import marked_image
 from verl_mm_tools.tokens import processor_image_tokens
 
 ANSWER = "<answer>90</answer><|im_end|>"

@@ -16,10 +16,10 @@ from verl_mm_tools.agent_loop.dump import folder_bytes
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import FULL_MARKER, RECORD_FILE, STAGING_DIR, STEP_SUMMARY
 from verl_mm_tools.rewards.turn_credit import turn_spans
+from verl_mm_tools.runtime.batch import unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout, run_steps
 from verl_mm_tools.step_hook import dump as finalisation
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import unpadded_row
-from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, run_steps, sample_rows, scripted_by_word
+from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, sample_rows, scripted_by_word
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 WORDS = list(SAMPLE_SCRIPTS)  # rotated, guess, typo, broken: batch rows 0..3

@@ -8,9 +8,8 @@ from PIL import Image
 from verl_mm_tools.agent_loop.budget import ImageGeometry
 from verl_mm_tools.agent_loop.validation import placeholder_runs
 from verl_mm_tools.ops import rotate
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rows import unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.tokens import processor_image_tokens
 
 REWARD = [

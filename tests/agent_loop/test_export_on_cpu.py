@@ -14,10 +14,11 @@ import torch
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
-from verl_mm_tools.testkit.scripted import scripted_logprob, tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import scripted_logprob, tool_call_text
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
@@ -166,10 +167,11 @@ def test_per_turn_and_auto_start_a_sample_where_the_template_drops_reasoning(tmp
 
 def test_each_per_turn_samples_rollout_logprobs_equal_a_full_forward(tiny_model_dir, tmp_path):
     model = HFVisionLM(str(tiny_model_dir))
+    turns = [*CALLS, None]
     output, _, _ = rollout_for("qwen2_5_vl", "family", tmp_path).run(
-        [*CALLS, None],
+        turns,
         [image_prompt(QUESTION, [marked_image()])],
-        model=model,
+        server=lambda tokenizer: ScriptedServer(tokenizer, turns, model=model),
         per_sample=True,
         loop_options={"export": "per_turn"},
         extra=V1,

@@ -18,10 +18,11 @@ from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.agent_loop.tool_format import template_traits
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
-from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, scripted_turn_expectations
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import SCRIPTED_WEIGHTS_STEP
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
+from verl_mm_tools.testkit.scripted import ScriptedServer, scripted_turn_expectations
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
@@ -284,10 +285,11 @@ def test_rollout_logprobs_equal_a_full_forward(family, tmp_path):
     """Log-probs from the real tiny model at each turn (teacher-forced), and the trainer's single float32 forward over
     the whole trajectory with verl's position ids and multi_modal_inputs: equal within 1e-5."""
     model = HFVisionLM(str(tiny_model_path(family=family)))
+    turns = turns_of(DIALECTS[family])
     output, _, _ = rollout_for(family, tmp_path).run(
-        turns_of(DIALECTS[family]),
+        turns,
         [image_prompt(QUESTION, [marked_image()])],
-        model=model,
+        server=lambda tokenizer: ScriptedServer(tokenizer, turns, model=model),
         response_length=400,
         extra=[parser_override(family)],
     )

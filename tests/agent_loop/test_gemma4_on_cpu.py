@@ -20,10 +20,10 @@ from verl_mm_tools.agent_loop.tool_runner import MALFORMED_CALL_TEXT_OTHER_FORMA
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
-from verl_mm_tools.testkit.scripted import scripted_turn_expectations
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
+from verl_mm_tools.testkit.scripted import ScriptedServer, scripted_turn_expectations
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tokens import processor_image_tokens
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
@@ -205,7 +205,9 @@ def test_rollout_logprobs_equal_a_full_forward(tmp_path):
     the whole trajectory with verl's position ids and multi_modal_inputs (pixel values padded to the soft-token
     budget, image_position_ids): equal within 1e-5."""
     model = HFVisionLM(str(tiny_model_path(family="gemma4")))
-    output, _, _ = run(tmp_path, TURNS, model=model, response_length=600)
+    output, _, _ = run(
+        tmp_path, TURNS, server=lambda tokenizer: ScriptedServer(tokenizer, TURNS, model=model), response_length=600
+    )
     row = unpadded_row(output)
     mask = torch.tensor(row["response_mask"]).bool()
     rollout, recomputed = torch.tensor(row["logprobs"]), trainer_logprobs(model, output)

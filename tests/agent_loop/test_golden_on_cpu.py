@@ -9,10 +9,11 @@ import torch
 
 from verl_mm_tools.compact_image import CompactImages, expanded_inputs
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs, unpadded_row
-from verl_mm_tools.testkit.scripted import scripted_logprob, tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import scripted_logprob, tool_call_text
+from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tiny import TinyModelSpec, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
@@ -151,8 +152,12 @@ def test_rollout_logprobs_equal_a_full_forward_with_verls_position_ids(tiny_mode
     tools_yaml = tmp_path / "tools.yaml"
     tools_yaml.write_text(ROTATE_TOOLS_YAML)
     model = HFVisionLM(str(tiny_model_path()))
+    turns = [*TURNS[:2], last_turn]
     output, _, _ = LocalRollout(tiny_model_dir, tools_yaml, tmp_path).run(
-        [*TURNS[:2], last_turn], [image_prompt(QUESTION, [marked_image()])], model=model, response_length=256
+        turns,
+        [image_prompt(QUESTION, [marked_image()])],
+        server=lambda tokenizer: ScriptedServer(tokenizer, turns, model=model),
+        response_length=256,
     )
     row = unpadded_row(output)
     mask = torch.tensor(row["response_mask"]).bool()

@@ -18,13 +18,13 @@ from verl_mm_tools.compact_image import CompactImages
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.step_metrics import (
     FLOAT_IMAGE_SHARE,
     IMAGE_BYTES_OVER_RAW,
     PROCESSOR_RUNS_PER_IMAGE,
     aggregate_metrics,
 )
-from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.rows import marked_image, trainer_logprobs
 from verl_mm_tools.tiny import FAMILIES, tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML

@@ -14,9 +14,10 @@ from verl.utils.ray_utils import get_event_loop
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.runtime.workers import make_worker, restored_loop_registry
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tiny import tiny_model_path
 
 LAYERS, TOP_K = 2, 2

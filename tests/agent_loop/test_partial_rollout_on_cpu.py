@@ -18,12 +18,13 @@ import torch
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
 from verl_mm_tools.runtime.config import CLASSIC_HOOK
+from verl_mm_tools.runtime.scripted_client import SCRIPTED_WEIGHTS_STEP, tool_call_text
 from verl_mm_tools.step_metrics import aggregate_metrics
 from verl_mm_tools.testkit.resume import InterruptingServer, resuming_client, scripted_routing
-from verl_mm_tools.testkit.rows import marked_image, unpadded_row
-from verl_mm_tools.testkit.scripted import SCRIPTED_WEIGHTS_STEP, scripted_turn_expectations, tool_call_text
+from verl_mm_tools.testkit.rows import marked_image
+from verl_mm_tools.testkit.scripted import scripted_turn_expectations
 from verl_mm_tools.tools import RotateTool
 from verl_mm_tools.viewer.site import build_site
 

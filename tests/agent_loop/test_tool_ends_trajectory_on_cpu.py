@@ -8,10 +8,11 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.handoff import SampleFields
-from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.step_metrics import aggregate_metrics
-from verl_mm_tools.testkit.rows import marked_image, unpadded_row
-from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+from verl_mm_tools.testkit.rows import marked_image
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tools.base import END_TRAJECTORY
 
 ANSWER = "<answer>90</answer><|im_end|>"

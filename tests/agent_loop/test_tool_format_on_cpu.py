@@ -19,10 +19,9 @@ from verl_mm_tools.agent_loop.tool_format import (
     with_tool_block,
 )
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 

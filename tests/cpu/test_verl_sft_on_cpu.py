@@ -82,9 +82,8 @@ def exported_file(tool_aware_dir, tmp_path_factory):
     """ROWS trajectories of the mm_tool loop (verl's AgentLoopWorker, the rotate tool, a scripted model that
     rotates and answers), dumped and written by export-sft: identical rows, so any batch's mean loss is one row's."""
     from verl_mm_tools.runtime.batch import image_prompt
-    from verl_mm_tools.testkit.rollout import LocalRollout
-    from verl_mm_tools.testkit.sample_dump import run_steps
-    from verl_mm_tools.testkit.scripted import tool_call_text
+    from verl_mm_tools.runtime.rollout import LocalRollout, run_steps
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
     from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
     from verl_mm_tools.trajectories.sft import TRAIN_FILE, export_sft
 
@@ -146,7 +145,7 @@ def prompt_inputs(processor, exported_file):
 
 def shown_reply_ids(processor) -> list[int]:
     """The assistant turn verl trained (its generation prompt excluded): the call, then <|im_end|>."""
-    from verl_mm_tools.testkit.scripted import tool_call_text
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
 
     return processor.tokenizer.encode(tool_call_text("rotate", degrees=90))
 

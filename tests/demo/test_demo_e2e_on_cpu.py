@@ -43,7 +43,7 @@ RUNS = [("vllm", "colocate_async"), ("vllm", "separate_async"), (HF_ROLLOUT, "cl
 assert {trainer for _, trainer in RUNS} == set(TRAINERS) - {"sync"}
 TURN_CREDIT_RUN = "separate_async"  # algorithm.adv_estimator=mm_turn_grpo
 REMOTE_TOOL_RUN = "colocate_async"  # the rotate tool from a user's module, on two Ray actors
-# on two Ray nodes started on this machine (testkit.cluster): the trainer's pool on one, the rollout's on the other
+# on two Ray nodes started on this machine (runtime.cluster): the trainer's pool on one, the rollout's on the other
 TWO_NODE_RUN = "separate_async"
 
 SLOW_ROTATE = '''"""A rotate tool that blocks its thread 0.1 s per call, as a tool running a model does."""

@@ -113,9 +113,8 @@ def test_rotation_recipe_first_prompt_shows_the_real_qwen2_5_vl_every_tool_schem
     from PIL import Image
 
     from verl_mm_tools.data.rotation import UNIFORM_PROMPT
-    from verl_mm_tools.runtime.batch import image_prompt
-    from verl_mm_tools.testkit.rollout import LocalRollout
-    from verl_mm_tools.testkit.rows import unpadded_row
+    from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+    from verl_mm_tools.runtime.rollout import LocalRollout
     from verl_mm_tools.tiny import tiny_model_path
 
     monkeypatch.chdir(ROOT)

@@ -25,8 +25,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_mm_tools.runtime.batch import make_batch
+from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.runtime.workers import generate, make_worker, restored_loop_registry
-from verl_mm_tools.testkit.rollout import LocalRollout
 from verl_mm_tools.testkit.scripted import prefix_cache_hits
 from verl_mm_tools.tools import BUILTIN_TOOLS, build_schema
 

@@ -1,4 +1,4 @@
-"""``remote:`` pools on a two-node Ray cluster started on this machine (``testkit.cluster``): the driver (verl's
+"""``remote:`` pools on a two-node Ray cluster started on this machine (``runtime.cluster``): the driver (verl's
 AgentLoopWorker, in this process) attaches to node_a, the pools are placed on node_b through its custom resource.
 Images cross nodes through Ray's object store and come back pixel for pixel (dataset images given as paths too, with
 an environment's pool on node_a beside the tool's on node_b); a user's tool module reaches node_b
@@ -15,10 +15,9 @@ import time
 import pytest
 from PIL import Image
 
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 
 pytestmark = pytest.mark.integration  # Ray nodes
 
@@ -55,7 +54,7 @@ def write_user_package(root, name: str) -> str:
 def cluster(tmp_path_factory):
     import ray
 
-    from verl_mm_tools.testkit.cluster import local_cluster
+    from verl_mm_tools.runtime.cluster import local_cluster
 
     packages = tmp_path_factory.mktemp("user_code")
     shipped = write_user_package(packages, SHIPPED)
@@ -352,7 +351,7 @@ def test_resources_are_checked_where_the_yaml_is_read(resources, error):
 
 
 def test_a_cluster_that_cannot_start_says_why_and_leaves_nothing(tmp_path):
-    from verl_mm_tools.testkit.cluster import ClusterError, local_cluster
+    from verl_mm_tools.runtime.cluster import ClusterError, local_cluster
 
     with pytest.raises(ClusterError) as too_many, local_cluster(nodes=5):
         pass

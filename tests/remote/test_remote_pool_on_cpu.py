@@ -11,10 +11,10 @@ import time
 import pytest
 from PIL import Image
 
-from verl_mm_tools.runtime.batch import image_prompt
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
+from verl_mm_tools.testkit.rows import marked_image
 
 ANSWER = "<answer>90</answer><|im_end|>"
 

@@ -16,12 +16,12 @@ from PIL import Image
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.remote.host import TOOL, RemoteHost
-from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.sandbox import RunResult
 from verl_mm_tools.step_metrics import aggregate_metrics
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import marked_image, unpadded_row
-from verl_mm_tools.testkit.scripted import tool_call_text
+from verl_mm_tools.testkit.rows import marked_image
 from verl_mm_tools.tools import PythonTool, check_tool
 from verl_mm_tools.tools.base import END_TRAJECTORY
 from verl_mm_tools.tools.python_tool import LOST_SESSION

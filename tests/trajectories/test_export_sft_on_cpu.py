@@ -15,9 +15,9 @@ from verl_mm_tools.cli import main
 from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.rows import unpadded_row
-from verl_mm_tools.testkit.sample_dump import run_steps, sample_rows, scripted_by_word, write_sample_dump
+from verl_mm_tools.runtime.batch import unpadded_row
+from verl_mm_tools.runtime.rollout import LocalRollout, run_steps
+from verl_mm_tools.testkit.sample_dump import sample_rows, scripted_by_word, write_sample_dump
 from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.trajectories.sft import TRAIN_FILE, SFTFilters, export_sft

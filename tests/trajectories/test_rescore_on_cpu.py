@@ -20,14 +20,8 @@ from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
 from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.sample_dump import (
-    REWARD_OVERRIDES,
-    SAMPLE_SCRIPTS,
-    sample_image,
-    sample_rows,
-    scripted_by_word,
-)
+from verl_mm_tools.runtime.rollout import REWARD_OVERRIDES, LocalRollout
+from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, sample_image, sample_rows, scripted_by_word
 from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.trajectories.rescore import rescore

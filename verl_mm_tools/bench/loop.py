@@ -20,9 +20,10 @@ from PIL import Image
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.runtime.workers import make_worker, restored_loop_registry
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+from verl_mm_tools.testkit.scripted import ScriptedServer
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``bench --remote``, figure 7c: an image crossing Ray nodes, against the same call within a node.
 
-Two Ray nodes started on this machine (``testkit.cluster.local_cluster``); the driver attaches to node_a. A rotate
+Two Ray nodes started on this machine (``runtime.cluster.local_cluster``); the driver attaches to node_a. A rotate
 call on a new square RGB image (448 and 1024 px) goes to a remote session on node_a (within the node: the image goes
 through node_a's object store, shared memory) and on node_b (across nodes: node_b's object manager pulls it from
 node_a's store over TCP, and the rotated image comes back the same way), in interleaved pairs. Figures: the
@@ -34,7 +34,7 @@ def cross_node_figures(repeats: int = 5) -> list[Figure]:
     the measurement needs its own driver of the 2-node cluster."""
     import ray
 
-    from verl_mm_tools.testkit.cluster import local_cluster
+    from verl_mm_tools.runtime.cluster import local_cluster
 
     if ray.is_initialized():
         logger.warning("bench: the cross-node figure needs its own Ray driver; Ray already runs here, skipped")

@@ -62,8 +62,8 @@ def scaling(model_dir: str, trajectories: int) -> list[Figure]:
 
     from verl_mm_tools.bench.figures import figure
     from verl_mm_tools.runtime.batch import image_prompt
-    from verl_mm_tools.testkit.rollout import LocalRollout
-    from verl_mm_tools.testkit.scripted import tool_call_text
+    from verl_mm_tools.runtime.rollout import LocalRollout
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
 
     turns = [tool_call_text("wait"), tool_call_text("wait"), "<answer>0</answer><|im_end|>"]
     prompts = [image_prompt("Wait twice.", [Image.new("RGB", (56, 56), (i, 0, 0))]) for i in range(trajectories)]

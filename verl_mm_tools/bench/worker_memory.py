@@ -37,8 +37,9 @@ from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import loop_factory
 from verl_mm_tools.bench.memory import held_bytes
 from verl_mm_tools.runtime.batch import image_prompt, make_batch
+from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.runtime.workers import generate
-from verl_mm_tools.testkit.scripted import ScriptedServer, tool_call_text
+from verl_mm_tools.testkit.scripted import ScriptedServer
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin

@@ -40,7 +40,7 @@ class ColdStartSpec:
     lr: float = 1e-2
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.task not in SFT_TASKS:
             raise ConfigError(
                 f"the SFT cold start fits {list(SFT_TASKS)}; {self.task!r} needs a loss verl's SFT trainer does not "
@@ -71,8 +71,7 @@ def sft_cold_started_model(
 def record_and_export(base_dir: Path, tools_yaml: Path, spec: ColdStartSpec, work: Path) -> dict:
     """Run the demonstrations through the mm_tool loop with dumps on, then export them (``work/sft``)."""
     from verl_mm_tools.runtime.batch import image_prompt
-    from verl_mm_tools.testkit.rollout import LocalRollout
-    from verl_mm_tools.testkit.sample_dump import run_steps
+    from verl_mm_tools.runtime.rollout import LocalRollout, run_steps
     from verl_mm_tools.trajectories.sft import export_sft
 
     task = TASKS[spec.task]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -18,6 +18,12 @@ from PIL import Image
 from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.demo.format_tasks import TASKS, AfterCall, FormatTask, WarmStartSpec
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from verl.protocol import DataProto
+
+    from verl_mm_tools.runtime.scripted_client import Script
 
 # Demonstration pictures come from their own seed stream: their labels are random anyway.
 DEMO_SEED_OFFSET = 7_000_001
@@ -58,7 +64,7 @@ def task_demonstrations(
     check, ``premise``)."""
     from verl_mm_tools.runtime.batch import image_prompt
     from verl_mm_tools.runtime.config import CLASSIC_HOOK
-    from verl_mm_tools.testkit.rollout import LocalRollout
+    from verl_mm_tools.runtime.rollout import LocalRollout
 
     script, calling = demonstration_script(task, pictures, rng, true_labels=true_labels)
     prompts = [image_prompt(task.question, [picture]) for picture, _ in pictures]
@@ -91,11 +97,11 @@ class LabelTokens:
 
 
 def row_example(
-    output, index: int, calls: bool, task: FormatTask, tokens: LabelTokens, *, true_labels: bool
+    output: DataProto, index: int, calls: bool, task: FormatTask, tokens: LabelTokens, *, true_labels: bool
 ) -> dict[str, Any]:
     """Row ``index`` of the rollout's output as a training example: its ids, labels on the trained response
     tokens, each labelled token's weight, its image inputs, and where its answer starts."""
-    from verl_mm_tools.testkit.rows import unpadded_row
+    from verl_mm_tools.runtime.batch import unpadded_row
 
     row = unpadded_row(output, index)
     ids = row["prompt_ids"] + row["response_ids"]
@@ -128,12 +134,12 @@ def row_example(
 
 def demonstration_script(
     task: FormatTask, pictures: list[tuple[Image.Image, str]], rng: random.Random, *, true_labels: bool = False
-) -> tuple[Callable, list[bool]]:
-    """The scripted model's turns for the demonstrations of ``pictures`` (a ScriptedServer script) and which of them
+) -> tuple[Script, list[bool]]:
+    """The scripted model's turns for the demonstrations of ``pictures`` (a ``ScriptedClient`` script) and which of them
     call a tool: a tool call (drawn from the task's) or none (``direct_share`` of each true answer's pictures), then
     an answer: uninformative labels, the true answers after a call with ``AfterCall.TRUE``, every true answer with
     ``true_labels``."""
-    from verl_mm_tools.testkit.scripted import tool_call_text
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
 
     truths = [truth for _, truth in pictures]
     calling = calling_demonstrations(truths, task.direct_share, rng)
@@ -143,7 +149,7 @@ def demonstration_script(
     # The server sees trajectories in any order: the prompt picture's pixels tell which demonstration it serves.
     index_of = {picture.tobytes(): index for index, (picture, _) in enumerate(pictures)}
 
-    def script(turn: int, prompt_ids, images) -> str:
+    def script(turn: int, prompt_ids: list[int], images: list[Image.Image]) -> str:
         index = index_of[images[0].tobytes()]
         if turn == 0 and calling[index]:
             name, arguments = rng.choice(task.calls)
@@ -153,7 +159,7 @@ def demonstration_script(
     return script, calling
 
 
-def answer_tokens(tokenizer, answers: Sequence[str]) -> torch.Tensor:
+def answer_tokens(tokenizer: PreTrainedTokenizerBase, answers: Sequence[str]) -> torch.Tensor:
     """Each answer's one token (a fit to "any answer" needs answers of one token each)."""
     tokens = [tokenizer.encode(answer) for answer in answers]
     if any(len(ids) != 1 for ids in tokens):

@@ -8,16 +8,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 READING_LR = 3e-3  # the premise's rate: at 1e-2 its fit answered at chance after 300 steps
 
 
-def read_after_calls(model, examples: list[dict], spec: WarmStartSpec) -> list[float]:
+def read_after_calls(model: PreTrainedModel, examples: list[dict], spec: WarmStartSpec) -> list[float]:
     """The task's ``reading_steps`` fit on the answers after a call (their labels, answer tokens only); returns the
     loss per step (none without reading steps)."""
     task = TASKS[spec.task]
@@ -60,7 +63,7 @@ def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
     }
 
 
-def fit(model, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> list[float]:
+def fit(model: PreTrainedModel, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> list[float]:
     """AdamW on the summed token loss (normalised by the batch's labelled tokens); returns the loss per step.
 
     The learning rate decays to 0 (cosine): the answer's prior then settles near the labels' overall mix. At a
@@ -89,7 +92,9 @@ def fit(model, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> 
     return losses
 
 
-def answer_shares(model, examples: list[dict], model_dir: Path, answers: Sequence[str]) -> dict[str, float]:
+def answer_shares(
+    model: PreTrainedModel, examples: list[dict], model_dir: Path, answers: Sequence[str]
+) -> dict[str, float]:
     """Mean probability of each answer choice (its first token) where the demonstrations answer."""
     from transformers import AutoTokenizer
 
@@ -120,7 +125,7 @@ def _picks_from(kinds: list[list[int]], count: int, generator: torch.Generator) 
 
 
 @torch.no_grad()
-def answer_probabilities(model, example: dict, tokens: Sequence[int]) -> torch.Tensor:
+def answer_probabilities(model: PreTrainedModel, example: dict, tokens: Sequence[int]) -> torch.Tensor:
     """The model's probabilities of ``tokens`` where the example's answer starts."""
     batch = model_inputs(collate([example], model.config.get_text_config().pad_token_id or 0))
     hidden = model.model(**batch).last_hidden_state[0, example["answer_at"] - 1]
@@ -135,7 +140,7 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
-def token_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def token_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Weighted mean loss over the labelled tokens of the batch (``weights``): cross-entropy; -log(sum of the
     answers' probabilities) where any answer is fitted (``any_answer_at``); and, where there are such answers, one
     balance term: the KL divergence from even shares to their mean shares of the answers (each answer's probability

@@ -60,7 +60,7 @@ class FormatTask:
     # answer) 0.50 after a zoom; seeds 0 and 2: 1.00).
     reading_steps: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.calls and self.direct_share != 1.0:
             raise ConfigError(
                 f"a format task without tool calls answers at once: direct_share must be 1.0, got {self.direct_share}"
@@ -115,6 +115,6 @@ class WarmStartSpec:
     lr: float = 1e-2
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"unknown warm-start task {self.task!r}; choose one of {sorted(TASKS)}")

@@ -33,7 +33,7 @@ STEP_FIELDS = (
 )
 
 
-def metric(metrics: dict, key: str):
+def metric(metrics: dict, key: str) -> float | None:
     """A step metric by its v1 name; the classic trainer logs the mm_tool ones as ``timing_s/mm_tool/...``."""
     return metrics.get(key, metrics.get(f"timing_s/{key}"))
 

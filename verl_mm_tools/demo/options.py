@@ -47,7 +47,7 @@ class DemoOptions:
     tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
     env: str | None = None  # the environment of every trajectory: a registered name or a class path
     export: str = "per_trajectory"  # the mm_tool loop's export: training samples per trajectory
-    nodes: int = 1  # Ray nodes started on this machine (``testkit.cluster``): 2 puts the rollout and the trainer apart
+    nodes: int = 1  # Ray nodes started on this machine (``runtime.cluster``): 2 puts the rollout and the trainer apart
 
     def __post_init__(self) -> None:
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later

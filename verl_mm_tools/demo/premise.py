@@ -20,12 +20,16 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl_mm_tools.demo.demonstrations import task_demonstrations
 from verl_mm_tools.demo.fit import answer_only, answer_probabilities, fit
 from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +96,7 @@ def premise_check(
     return results
 
 
-def _fresh_model(model_dir: Path, scratch: Path):
+def _fresh_model(model_dir: Path, scratch: Path) -> tuple[PreTrainedModel, dict[str, int]]:
     """A copy of the untrained model and the first token of each answer choice."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
@@ -102,7 +106,7 @@ def _fresh_model(model_dir: Path, scratch: Path):
     return AutoModelForImageTextToText.from_pretrained(scratch, dtype=torch.float32), answers
 
 
-def accuracy(model, examples: list[dict], truths: list[str], answers: dict[str, int]) -> float:
+def accuracy(model: PreTrainedModel, examples: list[dict], truths: list[str], answers: dict[str, int]) -> float:
     """The share of ``examples`` whose true answer's first token is the likeliest of the answers' where the answer
     starts."""
     names, tokens = list(answers), list(answers.values())

@@ -68,7 +68,7 @@ def run_demo_result(options: DemoOptions, say: Callable[[str], None]) -> tuple[R
 def _on_local_cluster(options: DemoOptions, paths: DemoPaths, clock: float, say: Callable[[str], None]) -> RunResult:
     """``--nodes 2``: start Ray nodes on this machine (each with one logical GPU, so verl's trainer pool and its
     rollout pool land on different nodes) with the trainer's environment, point verl at them, always stop them."""
-    from verl_mm_tools.testkit.cluster import local_cluster
+    from verl_mm_tools.runtime.cluster import local_cluster
 
     num_cpus, num_gpus = ray_sizes(trainer_command(options, paths))
     per_node_gpus = max(1, num_gpus // options.nodes)

@@ -11,9 +11,9 @@ arrow pictures, a showcase of the loop; the tiny model cannot see arrows well, s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.step_metrics import CALL_RATE, REWARD_MEAN
@@ -28,6 +28,12 @@ TRAINING_REWARD = REWARD_MEAN
 LEARNED_WINDOW = 5
 
 
+class DatasetWriter(Protocol):
+    """Writes a task's ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
+
+    def __call__(self, out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]: ...
+
+
 @dataclass(frozen=True)
 class DemoTask:
     """What differs between the demo's tasks."""
@@ -35,7 +41,7 @@ class DemoTask:
     name: str
     warm_start_task: str  # a key of warm_start.TASKS
     warm_start_steps: int
-    write_dataset: Callable[..., tuple[Path, Path]]  # (out_dir, train_size=, val_size=, seed=) -> train, val
+    write_dataset: DatasetWriter  # (out_dir, train_size=, val_size=, seed=) -> train, val
     validation_metric: str  # verl's name of the greedy validation reward
     reward: tuple[str, ...]  # reward overrides
     lr: float
@@ -88,22 +94,22 @@ class DemoTask:
         return found
 
 
-def _write_rotation(out_dir: Path, **sizes) -> tuple[Path, Path]:
+def _write_rotation(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
     from verl_mm_tools.data.rotation import write_rotation_dataset
 
-    return write_rotation_dataset(out_dir, **sizes)
+    return write_rotation_dataset(out_dir, train_size=train_size, val_size=val_size, seed=seed)
 
 
-def _write_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+def _write_color(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
     from verl_mm_tools.data.color import write_color_dataset
 
-    return write_color_dataset(out_dir, **sizes)
+    return write_color_dataset(out_dir, train_size=train_size, val_size=val_size, seed=seed)
 
 
-def _write_zoom_color(out_dir: Path, **sizes) -> tuple[Path, Path]:
+def _write_zoom_color(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
     from verl_mm_tools.data.zoom_color import write_zoom_color_dataset
 
-    return write_zoom_color_dataset(out_dir, **sizes)
+    return write_zoom_color_dataset(out_dir, train_size=train_size, val_size=val_size, seed=seed)
 
 
 TASKS = {

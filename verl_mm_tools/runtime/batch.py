@@ -1,4 +1,5 @@
-"""Generation batches as verl's dataset builds them: raw prompts plus per-sample columns."""
+"""Generation batches as verl's dataset builds them (raw prompts plus per-sample columns), and one sample of a
+generated batch without its padding."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def object_array(values: Sequence[object]) -> np.ndarray:
     for index, value in enumerate(values):
         array[index] = value
     return array
+
+
+def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
+    """One sample of a generated batch without padding: prompt ids, response ids, mask and rollout log-probs."""
+    prompt_width = output.batch["prompts"].shape[1]
+    attention = output.batch["attention_mask"][index]
+    prompt_part, response_part = attention[:prompt_width].bool(), attention[prompt_width:].bool()
+    row = {
+        "prompt_ids": output.batch["prompts"][index][prompt_part].tolist(),
+        "response_ids": output.batch["responses"][index][response_part].tolist(),
+        "response_mask": output.batch["response_mask"][index][response_part].tolist(),
+    }
+    if "rollout_log_probs" in output.batch.keys():
+        row["logprobs"] = output.batch["rollout_log_probs"][index][response_part].tolist()
+    return row

@@ -19,13 +19,9 @@ import numpy as np
 from omegaconf import DictConfig
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_mm_tools.runtime.scripted_client import SCRIPTED_WEIGHTS_STEP, scripted_logprob
 from verl_mm_tools.runtime.workers import InProcessActor
-from verl_mm_tools.testkit.scripted import (
-    SCRIPTED_WEIGHTS_STEP,
-    ScriptedServer,
-    prefix_cache_hits,
-    scripted_logprob,
-)
+from verl_mm_tools.testkit.scripted import ScriptedServer, prefix_cache_hits
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -1,5 +1,5 @@
-"""Inputs and checks for rollouts: a marked image, one sample of a generated batch without its padding, and the
-log-probs the trainer computes for it."""
+"""Inputs and checks for rollouts: a marked image, and the log-probs the trainer computes for a sample of a generated
+batch (``runtime.batch.unpadded_row`` gives one without its padding)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,6 @@ def marked_image(size: tuple[int, int] = (84, 56)) -> Image.Image:
     image = Image.new("RGB", size, (128, 128, 128))
     image.paste((255, 0, 0), (0, 0, 28, 28))
     return image
-
-
-def unpadded_row(output: DataProto, index: int = 0) -> dict[str, list]:
-    """One sample of a generated batch without padding: prompt ids, response ids, mask and rollout log-probs."""
-    prompt_width = output.batch["prompts"].shape[1]
-    attention = output.batch["attention_mask"][index]
-    prompt_part, response_part = attention[:prompt_width].bool(), attention[prompt_width:].bool()
-    row = {
-        "prompt_ids": output.batch["prompts"][index][prompt_part].tolist(),
-        "response_ids": output.batch["responses"][index][response_part].tolist(),
-        "response_mask": output.batch["response_mask"][index][response_part].tolist(),
-    }
-    if "rollout_log_probs" in output.batch.keys():
-        row["logprobs"] = output.batch["rollout_log_probs"][index][response_part].tolist()
-    return row
 
 
 def trainer_logprobs(model: HFVisionLM, output: DataProto, row: int = 0) -> torch.Tensor:

@@ -6,32 +6,21 @@ are scripted, so the dump is reproducible; used by the tests and to render the v
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from PIL import Image
 
-from verl_mm_tools.runtime.batch import image_prompt, make_batch
-from verl_mm_tools.runtime.config import CLASSIC_HOOK
-from verl_mm_tools.runtime.workers import generate, in_process_manager, restored_loop_registry
-from verl_mm_tools.testkit.rollout import LocalRollout
-from verl_mm_tools.testkit.scripted import Script, ScriptedServer, tool_call_text
+from verl_mm_tools.runtime.batch import image_prompt
+from verl_mm_tools.runtime.rollout import LocalRollout, run_steps
+from verl_mm_tools.runtime.scripted_client import Script, tool_call_text
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
     from transformers import PreTrainedTokenizerBase
     from verl.protocol import DataProto
 
-    # the ScriptedServer's turns, from the worker's tokenizer
-    TurnsFor = Callable[[PreTrainedTokenizerBase], Sequence[str | None] | Script]
-
-REWARD_OVERRIDES = (
-    "reward.reward_manager.name=mm_turn_discount",
-    "+reward.reward_kwargs.gamma=0.9",
-    "+reward.reward_kwargs.reward_fn=rotation_reward_45",
-)
 ANSWER_90 = "<answer>90</answer><|im_end|>"
 # What the scripted model does, by a word of the question: rotate twice (2 tool images) then answer; answer at once
 # (wrongly); call an unknown tool then answer; generate an image placeholder (the loop masks the trajectory).
@@ -63,7 +52,7 @@ def sample_rows(words: Sequence[str]) -> tuple[list[list[dict]], dict[str, list]
 
 
 def scripted_by_word(tokenizer: PreTrainedTokenizerBase, scripts: dict[str, list[str]] = SAMPLE_SCRIPTS) -> Script:
-    """A ScriptedServer script answering turn k with ``scripts[word][k]``, the word being the question's first."""
+    """A scripted client's script answering turn k with ``scripts[word][k]``, the word being the question's first."""
 
     def script(turn: int, prompt_ids: list[int], images: list[Image.Image]) -> str:
         text = cast(str, tokenizer.decode(prompt_ids))  # one sequence of ids decodes to one text
@@ -72,44 +61,6 @@ def scripted_by_word(tokenizer: PreTrainedTokenizerBase, scripts: dict[str, list
         return scripts[word][turn]
 
     return script
-
-
-def run_steps(
-    rollout: LocalRollout,
-    turns_for: TurnsFor,
-    prompts: Sequence[list[dict]],
-    columns: dict,
-    *,
-    steps: Sequence[int],
-    loop_options: dict,
-    extra: Sequence[str] = (),
-    validate: bool = False,
-) -> tuple[list[DataProto], ScriptedServer]:
-    """Generate one batch per step through MMToolAgentLoopManager (scored in-process); returns the outputs and the
-    server (its ``requests`` hold the images the model saw). ``turns_for(tokenizer)`` gives the ScriptedServer's
-    turns (a list of texts or a script function)."""
-    config = rollout.config(loop_options=loop_options, extra=[*CLASSIC_HOOK, *REWARD_OVERRIDES, *extra])
-    with restored_loop_registry():
-        return _run_manager_steps(config, turns_for, prompts, columns, steps, validate)
-
-
-def _run_manager_steps(
-    config: DictConfig,
-    turns_for: TurnsFor,
-    prompts: Sequence[list[dict]],
-    columns: dict,
-    steps: Sequence[int],
-    validate: bool,
-) -> tuple[list[DataProto], ScriptedServer]:
-    manager, worker = in_process_manager(config)
-    server = ScriptedServer(worker.tokenizer, turns_for(worker.tokenizer))
-    worker.llm_client = server
-    outputs = []
-    for step in steps:
-        batch = make_batch(prompts, **columns)
-        batch.meta_info.update(global_steps=step, validate=validate)
-        outputs.append(generate(manager, batch))
-    return outputs, server
 
 
 def write_sample_dump(

@@ -1,6 +1,7 @@
 """Several Ray nodes on one machine: a head (``ray start --head``) and more raylets (``ray start --address``), each
 with its own custom resource (``node_a``, ``node_b``, ...), its own temporary directory and its own working
-directory, so a test (or ``demo --nodes 2``) can prove what a multi-node cluster does without a second machine::
+directory, so ``demo --nodes 2``, the benchmarks and the tests run what a multi-node cluster does without a second
+machine::
 
     with local_cluster(nodes=2, num_gpus=1) as cluster:
         ray.init(address=cluster.address)
