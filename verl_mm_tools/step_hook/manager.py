@@ -12,6 +12,7 @@ v1 trainer the hook is ``replay_buffer.MMToolReplayBuffer`` and the names have n
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager
@@ -81,21 +82,23 @@ def step_batch(output: DataProto, meta_info: dict, uids: np.ndarray | None = Non
         columns=columns,
         response_mask=batch["response_mask"],
         rm_scores=batch["rm_scores"] if "rm_scores" in batch.keys() else None,
-        rollout_n=_rollout_numbers(SampleFields.rows(columns, len(output)), uids),
+        rollout_n=_rollout_numbers(columns.get(SampleFields.key("dump")), len(output), uids),
         reward_extra=[{key: columns[key][row] for key in extra_keys} for row in range(len(output))],
         step=int(meta_info.get("global_steps", -1)),
         validate=bool(meta_info.get("validate", False)),
     )
 
 
-def _rollout_numbers(rows: list[SampleFields | None], uids: np.ndarray | None = None) -> list[int]:
+def _rollout_numbers(dumps: Sequence[object] | None, rows: int, uids: np.ndarray | None = None) -> list[int]:
     """verl's own rule (``get_trajectory_info``): consecutive rows of one prompt are its rollouts 0, 1, ... A prompt is
     its uid when every row has one (verl's group, one per prompt), else its sample index, which prompts may share
-    (RLHFDataset gives 0 to every row without extra_info.index)."""
-    if uids is not None and len(uids) == len(rows):
+    (RLHFDataset gives 0 to every row without extra_info.index). ``dumps``: the rows' staged dumps (the hand-off's
+    ``dump`` column; None without dump_dir), which name their sample index."""
+    if uids is not None and len(uids) == rows:
         keys = list(uids)
     else:
-        keys = [fields.dump.get("sample_index") if fields is not None and fields.dump else None for fields in rows]
+        dumps = dumps if dumps is not None else [None] * rows
+        keys = [dump.get("sample_index") if isinstance(dump, dict) else None for dump in dumps]
     numbers, current = [], 0
     for row, key in enumerate(keys):
         current = current + 1 if row and key is not None and key == keys[row - 1] else 0
