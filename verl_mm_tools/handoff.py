@@ -38,6 +38,16 @@ class StopReason(str, Enum):
     ERROR = "error"  # masked: trained on nothing (mm_tool/error says why)
 
 
+@dataclass
+class ToolStats:
+    """One tool's calls in a trajectory (as a dict in ``SampleFields.per_tool``), or summed over a step."""
+
+    calls: int = 0
+    errors: int = 0
+    time_s: float = 0.0
+    remote_calls: int = 0  # answered by a Ray actor pool (``remote:``)
+
+
 @dataclass(frozen=True)
 class LoopSettings:
     """The loop's options the trainer-side step hook acts on, carried by each sample."""
@@ -64,7 +74,7 @@ class SampleFields(LoopSettings):
     valid_actions: int
     invalid_actions: int
     ignored_calls: int
-    per_tool: dict[str, dict[str, float]]  # tool name -> calls, errors, time_s, remote_calls
+    per_tool: dict[str, dict[str, float]]  # tool name -> its ToolStats' fields
     env_infos: list[dict[str, Any]]  # what the environment reported, per environment turn (JSON)
     # how it ended
     stop_reason: str  # a StopReason's value

@@ -4,13 +4,12 @@ report (``evaluate/report.py``)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from verl_mm_tools.handoff import PREFIX, SampleFields, StopReason
+from verl_mm_tools.handoff import PREFIX, SampleFields, StopReason, ToolStats
 
 # the fields logged as their mean over the step's trajectories, ``mm_tool/<field>/mean``
 MEAN_FIELDS = (
@@ -154,30 +153,22 @@ def _version_metrics(trajectories: Sequence[SampleFields]) -> dict[str, float]:
     }
 
 
-@dataclass
-class _ToolTotals:
-    calls: float = 0
-    errors: float = 0
-    time_s: float = 0.0
-    remote_calls: float = 0
-    callers: int = 0  # trajectories that called the tool
-
-
 def _per_tool_metrics(per_tool_rows: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    totals: dict[str, _ToolTotals] = defaultdict(_ToolTotals)
+    totals: dict[str, ToolStats] = defaultdict(ToolStats)
+    callers: Counter[str] = Counter()  # trajectories that called the tool
     for row in per_tool_rows:
         for name, stats in row.items():
+            callers[name] += stats["calls"] > 0
             total = totals[name]
-            total.callers += stats["calls"] > 0
-            total.calls += stats["calls"]
-            total.errors += stats["errors"]
+            total.calls += int(stats["calls"])
+            total.errors += int(stats["errors"])
             total.time_s += stats["time_s"]
-            total.remote_calls += stats["remote_calls"]
+            total.remote_calls += int(stats["remote_calls"])
     metrics = {}
     rows = len(per_tool_rows)
     for name, total in totals.items():
         metrics[tool_metric(name, "calls_per_trajectory")] = total.calls / rows
-        metrics[tool_metric(name, "call_rate")] = total.callers / rows
+        metrics[tool_metric(name, "call_rate")] = callers[name] / rows
         metrics[tool_metric(name, "error_rate")] = total.errors / total.calls if total.calls else 0.0
         metrics[tool_metric(name, "time_s_per_call")] = total.time_s / total.calls if total.calls else 0.0
         if total.remote_calls:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.files import STATE_ATTR, FileRoots
-from verl_mm_tools.handoff import LoopSettings, SampleFields, StopReason
+from verl_mm_tools.handoff import LoopSettings, SampleFields, StopReason, ToolStats
 from verl_mm_tools.ops.transform import distinct_image_bytes
 from verl_mm_tools.workspace import ImageWorkspace, attach_tool_context
 
@@ -49,14 +49,6 @@ class LoopState(Enum):
     MALFORMED_CALLS = "malformed_calls"  # no call of the turn parsed: answer each with how to write one
     ENV_TURN = "env_turn"  # the environment reacts to the model's answer
     TERMINATED = "terminated"
-
-
-@dataclass
-class ToolStats:
-    calls: int = 0
-    errors: int = 0
-    time_s: float = 0.0
-    remote_calls: int = 0  # answered by a Ray actor pool (``remote:``)
 
 
 @dataclass
