@@ -135,9 +135,9 @@ def test_a_sample_expands_in_another_process_to_verls_own_inputs(family):
 
 
 def test_verls_function_cannot_read_compact_images():
-    """The proof of adaptation 42: verl's own extract_multi_modal_inputs joins a sample's compact images as if they
-    were model inputs and gives no pixel values (the model would see no image); the fixed one gives what verl's own
-    pass gives."""
+    """The proof of the compact images' fix (``adaptations/fixes/compact_images.py``): verl's own
+    extract_multi_modal_inputs joins a sample's compact images as if they were model inputs and gives no pixel values
+    (the model would see no image); the fixed one gives what verl's own pass gives."""
     from verl.utils.model import extract_multi_modal_inputs
 
     inputs, own = sample_inputs("qwen2_5_vl", [IMAGES["rgb"]])

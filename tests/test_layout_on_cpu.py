@@ -35,12 +35,13 @@ LAYERS: list[set[str]] = [
         "check_report",
         "cli_types",
         "verl_registry",
+        "adaptations.record",  # the adaptations' record type (the import hooks declare theirs)
         "adaptations.import_order",  # the import hooks: the package's __init__ and verl_registry's lazy registrations
         "adaptations.import_graph",  # the import graph (this test reads it) and the light modules it finds
         "adaptations.light_modules",
     },
     {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
-    {"families", "supervise", "cpu.vllm_cpu", "adaptations.record", "adaptations.guard", "adaptations.touchpoints"},
+    {"families", "supervise", "cpu.vllm_cpu", "adaptations.guard", "adaptations.touchpoints"},
     {"tools", "rewards", "data", "tiny", "parsers"},
     {"remote"},  # tools on Ray actor pools
     {"envs"},  # environments (a remote environment runs on the pools)

@@ -17,6 +17,7 @@ import importlib
 import logging
 from types import ModuleType
 
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.verl_registry import register_unique, when_imported
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,33 @@ AGENT_LOOPS = {LOOP_NAME: LOOP_TARGET}
 REWARD_MANAGERS_MODULE = "verl.experimental.reward_loop.reward_manager"
 ADVANTAGES_MODULE = "verl.trainer.ppo.core_algos"
 
+REPORTED_FAILURES = Adaptation(
+    section=Section.IMPORT_ORDER,
+    what="logs any registration failure at ERROR with its traceback, then re-raises (the lazily "
+    "registered agent loop: logs only, so verl's agent-loop module stays usable)",
+    why="verl's entry-point loader logs a failing plugin at DEBUG: a broken plugin would silently vanish",
+    applies_to="verl 0.9.1",
+    proof="`tests/test_plugin_on_cpu.py::test_verls_own_loader_still_hides_a_failing_plugin_below_info` "
+    "(added with this inventory)",
+)
+AGENT_LOOP_REGISTRATION = Adaptation(
+    section=Section.PRIVATE_STATE,
+    targets=(
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "register",
+            "d4713a91cdbbbe838a94a77d7089c113f63b95b0d635796db0b24c5fb25389bb",
+        ),
+    ),
+    what='writes `{"_target_": "verl_mm_tools.agent_loop.MMToolAgentLoop"}` into `_agent_loop_registry` directly',
+    why="verl's `register` decorator needs the class, whose import costs seconds at every `import verl`",
+    applies_to="verl 0.9.1",
+    proof="none (not a bug); works: "
+    "`tests/test_plugin_on_cpu.py::test_import_verl_registers_mm_tool_through_the_installed_entry_point`",
+)
 
+
+@AGENT_LOOP_REGISTRATION.implements
 def register_agent_loops_into(verl_agent_loop: ModuleType) -> None:
     for name, target in AGENT_LOOPS.items():
         register_unique(verl_agent_loop._agent_loop_registry, name, {"_target_": target}, "agent loop")
@@ -72,6 +99,7 @@ def register_all() -> None:
     register_cpu_backend()
 
 
+@REPORTED_FAILURES.implements
 def _register_or_report() -> None:
     try:
         register_all()

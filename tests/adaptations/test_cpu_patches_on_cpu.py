@@ -66,7 +66,7 @@ def test_a_changed_verl_function_is_refused_with_its_name(monkeypatch):
 
     monkeypatch.setattr(distributed, "initialize_global_process_group_ray", initialize_global_process_group_ray)
     with pytest.raises(guard.VerlChangedError, match=r"verl\.utils\.distributed\.initialize_global_process_group_ray"):
-        gloo_backend.apply()
+        guard.apply(gloo_backend.ADAPTATION)
 
 
 def _free_port() -> int:
@@ -254,11 +254,12 @@ def test_pinned_offload_fails_without_an_accelerator_and_the_patched_policy_neve
             print("pinned")
         except RuntimeError:
             print("pinning needs an accelerator")
-        from verl_mm_tools.adaptations.cpu.unpinned_offload import apply as patch_unpinned_offload
+        from verl_mm_tools.adaptations import guard
+        from verl_mm_tools.adaptations.cpu import unpinned_offload
         from torch.distributed.fsdp import CPUOffloadPolicy
         from verl.workers.engine.fsdp import transformer_impl
-        patch_unpinned_offload()
-        patch_unpinned_offload()  # idempotent
+        guard.apply(unpinned_offload.ADAPTATION)
+        guard.apply(unpinned_offload.ADAPTATION)  # idempotent
         policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
         print(isinstance(policy, CPUOffloadPolicy), policy.pin_memory)
     """)
@@ -276,7 +277,7 @@ def test_a_changed_offload_module_is_refused_with_its_name(monkeypatch):
     )
     monkeypatch.setattr(transformer_impl, "CPUOffloadPolicy", CPUOffloadPolicy)  # unpatched
     with pytest.raises(guard.VerlChangedError, match=r"verl\.workers\.engine\.fsdp\.transformer_impl"):
-        unpinned_offload.apply()
+        guard.apply(unpinned_offload.ADAPTATION)  # the changed record (its installer is the same): refused first
 
 
 # ----- the torchrun process group (verl.trainer.sft_trainer) ---------------------------------------------------------
@@ -385,7 +386,7 @@ def save_hf_model_as_verl_does(out, rendezvous) -> tuple[list[str], set]:
 
 
 def test_verl_saves_float32_weights_under_a_bfloat16_config(tmp_path, monkeypatch):
-    """Why patch 6 exists: the folder loads as bfloat16 although the weights are float32. If this fails, verl
+    """Why saved_hf_dtype exists: the folder loads as bfloat16 although the weights are float32. If this fails, verl
     writes the weights' dtype itself and the patch can go."""
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
@@ -401,8 +402,8 @@ def test_the_patched_save_records_the_weights_dtype(tmp_path, monkeypatch):
 
     verls = FSDPCheckpointManager.save_checkpoint
     monkeypatch.setattr(FSDPCheckpointManager, "save_checkpoint", getattr(verls, "__wrapped__", verls))  # restored
-    saved_hf_dtype.apply()
-    saved_hf_dtype.apply()  # idempotent
+    guard.apply(saved_hf_dtype.ADAPTATION)
+    guard.apply(saved_hf_dtype.ADAPTATION)  # idempotent
     dtypes, loaded = save_hf_model_as_verl_does(tmp_path / "step", tmp_path / "rendezvous")
     assert dtypes == ["float32", "float32", "float32"]
     assert loaded == {torch.float32}

@@ -1,6 +1,7 @@
-"""The rows whose code subclasses or copies verl's (17-19, 21: the mm_tool loop, the classic and v1 step hooks, the
-in-process per-sample worker) are checked where that code is used, as every patch is before it is applied: a changed
-target refuses to start, naming its row, and ``VERL_MM_TOOLS_ADAPTATIONS=warn`` only logs it (once per process)."""
+"""The rows whose code subclasses or copies verl's (the mm_tool loop and its output model, the classic and v1 step
+hooks, the in-process per-sample worker, the resume recording) are checked where that code is used, as every patch is
+before it is applied: a changed target refuses to start, naming the adaptation's code, and
+``VERL_MM_TOOLS_ADAPTATIONS=warn`` only logs it (once per process)."""
 
 from __future__ import annotations
 
@@ -67,20 +68,26 @@ def unconfirmed(monkeypatch):
     monkeypatch.delenv(guard.POLICY_ENV, raising=False)
 
 
-@pytest.mark.parametrize("adaptation", EXTENSION_ROWS, ids=lambda adaptation: str(adaptation.row))
+@pytest.mark.parametrize("adaptation", EXTENSION_ROWS, ids=lambda adaptation: adaptation.locations()[0].name)
 def test_each_extension_row_pins_verl_code_and_passes_against_the_installed_verl(adaptation, unconfirmed):
     assert adaptation.targets
     guard.confirm(adaptation)
-    assert adaptation.row in guard._CONFIRMED
+    assert adaptation in guard._CONFIRMED
 
 
-@pytest.mark.parametrize(("adaptation", "use"), USES, ids=[str(adaptation.row) for adaptation, _ in USES])
-def test_using_the_code_of_a_changed_row_refuses_to_start_naming_the_row(adaptation, use, unconfirmed, monkeypatch):
+@pytest.mark.parametrize(("adaptation", "use"), USES, ids=[use.__name__ for _, use in USES])
+def test_using_the_code_of_a_changed_row_refuses_to_start_naming_its_code(adaptation, use, unconfirmed, monkeypatch):
     monkeypatch.setattr(guard, "source_sha256", lambda code: "0" * 64)
     with pytest.raises(guard.VerlChangedError) as refused:
         use()
     message = str(refused.value)
-    for part in (f"#{adaptation.row}", f"row {adaptation.row}", adaptation.targets[0].qualname, "=warn to run it"):
+    location = adaptation.locations()[0]
+    for part in (
+        f"{location.path}:{location.first_line}-{location.last_line} ({location.name})",
+        "docs/verl_adaptations.md",
+        adaptation.targets[0].qualname,
+        "=warn to run it",
+    ):
         assert part in message
 
 
@@ -94,7 +101,8 @@ def test_a_changed_row_downgraded_to_warn_is_logged_once_and_its_code_runs(uncon
         assert isinstance(per_sample_worker_class(), type)
     errors = [record for record in caplog.records if record.levelno == logging.ERROR]
     assert len(errors) == 1, [record.getMessage() for record in errors]
-    assert f"#{PER_SAMPLE_WORKER.row}" in errors[0].getMessage()
+    assert "verl_mm_tools/runtime/workers.py:" in errors[0].getMessage()
+    assert "(per_sample_worker_class)" in errors[0].getMessage()
     assert "runs this code, written against the old one, as it is" in errors[0].getMessage()
 
 

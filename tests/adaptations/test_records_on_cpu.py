@@ -1,6 +1,8 @@
 """The adaptations' records (``verl_mm_tools/adaptations/registry.py``): every target is the code its record was
-written against (the one guard: the sha256 of its source), the inventory document is generated from the records, every
-proof test they name exists, and a changed target refuses to start unless the policy is downgraded."""
+written against (the one guard: the sha256 of its source), every record the package declares is listed once and names
+its code, the inventory document is generated from the records, every proof test they name exists, a changed target
+refuses to start unless the policy is downgraded, and the one install skeleton (``guard.apply``) puts a replacement
+where verl looks its target up."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.adaptations import guard
+from verl_mm_tools.adaptations import guard, touchpoints
 from verl_mm_tools.adaptations.inventory import REGENERATE, inventory
-from verl_mm_tools.adaptations.record import Adaptation, Section, Target
-from verl_mm_tools.adaptations.registry import ADAPTATIONS
+from verl_mm_tools.adaptations.record import Adaptation, CodeLocation, Section, Target
+from verl_mm_tools.adaptations.registry import ADAPTATIONS, row
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = [(adaptation.row, target) for adaptation in ADAPTATIONS for target in adaptation.targets]
+PACKAGE = ROOT / "verl_mm_tools"
+TARGETS = [(row(adaptation), target) for adaptation in ADAPTATIONS for target in adaptation.targets]
 
 
 @pytest.mark.parametrize(("row", "target"), TARGETS, ids=[f"{row}-{target.qualname}" for row, target in TARGETS])
@@ -36,12 +39,50 @@ def test_the_inventory_document_is_generated_from_the_records():
     assert written == inventory(), f"docs/verl_adaptations.md is not the records' inventory: run `{REGENERATE}`"
 
 
-def test_every_row_is_numbered_once_and_every_earlier_row_survives():
-    rows = [adaptation.row for adaptation in ADAPTATIONS]
-    # 35 rows before the records, the MoE SiLU (36), fully async (37), processed images (38), the eager sampler (39),
-    # separate_async's logger (40), the resume recording (41), the compact images' expansion (42), the loop's output
-    # model (43)
-    assert sorted(rows) == list(range(1, 44))
+def declared_records() -> list[tuple[str, str]]:
+    """(module, name) of every module-level ``NAME = Adaptation(...)`` in the package's sources."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Adaptation":
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                found += [(module, target.id) for target in targets if isinstance(target, ast.Name)]
+    return found
+
+
+def test_every_record_the_package_declares_is_listed_once_in_the_registry():
+    import importlib
+
+    declared = [getattr(importlib.import_module(module), name) for module, name in declared_records()]
+    assert len(declared) == len(ADAPTATIONS) == 43  # one row per record, numbered by its place
+    assert all(any(record is listed for listed in ADAPTATIONS) for record in declared)
+    assert len(set(ADAPTATIONS)) == len(ADAPTATIONS)  # no record twice (``row`` finds each by equality)
+    assert [row(adaptation) for adaptation in ADAPTATIONS] == list(range(1, 44))
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATIONS, ids=lambda adaptation: str(row(adaptation)))
+def test_every_record_names_its_code_and_every_replacement_covers_its_targets(adaptation):
+    assert adaptation.code or adaptation.files, f"row {row(adaptation)} names no code: decorate it (record.py)"
+    for path in adaptation.files:
+        assert (ROOT / path).is_file(), f"row {row(adaptation)} names {path}, which does not exist"
+    for location in adaptation.locations():
+        assert location.path.startswith("verl_mm_tools/") and location.first_line <= location.last_line
+    if adaptation.section is Section.REPLACEMENTS and adaptation.targets:  # ``guard.apply`` installs something
+        assert adaptation.replacements or adaptation.installers, f"row {row(adaptation)} replaces nothing"
+
+
+def test_where_is_derived_from_the_decorated_code():
+    from verl_mm_tools.adaptations.fixes import glm_stop_token
+    from verl_mm_tools.adaptations.inventory import ranges, where_cell
+
+    assert where_cell(glm_stop_token.ADAPTATION) == (
+        "`adaptations/fixes/glm_stop_token.py`: `_merge_context_token_ids` "
+        "(every run, applied when verl imports the module)"
+    )
+    assert where_cell(touchpoints.PACKAGING) == "`setup.py`"
+    assert ranges([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
 
 
 @functools.cache
@@ -59,25 +100,25 @@ def proof_nodes(proof: str) -> list[tuple[str, str]]:
     return nodes
 
 
-@pytest.mark.parametrize("adaptation", ADAPTATIONS, ids=lambda adaptation: str(adaptation.row))
+@pytest.mark.parametrize("adaptation", ADAPTATIONS, ids=lambda adaptation: str(row(adaptation)))
 def test_every_proof_test_the_records_name_exists(adaptation):
     for path, test in proof_nodes(adaptation.proof):
-        assert (ROOT / path).is_file(), f"row {adaptation.row} names {path}, which does not exist"
-        assert test in defined_functions(ROOT / path), f"row {adaptation.row} names {path}::{test}, not defined there"
+        assert (ROOT / path).is_file(), f"row {row(adaptation)} names {path}, which does not exist"
+        assert test in defined_functions(ROOT / path), f"row {row(adaptation)} names {path}::{test}, not defined there"
 
 
 def changed_json_dumps() -> Adaptation:
     """A record whose target (``json.dumps``) is not the code it pins."""
-    return Adaptation(
-        row=99,
+    record = Adaptation(
         section=Section.REPLACEMENTS,
-        where="`tests/adaptations/test_records_on_cpu.py`",
         targets=(Target("json", "dumps", "0" * 64),),
         what="nothing",
         why="a test",
         applies_to="json of a Python that never was",
         proof="none",
     )
+    record.implements(changed_json_dumps)  # its "code": this function, named in the message
+    return record
 
 
 def test_a_changed_target_refuses_to_start_unless_downgraded(monkeypatch, caplog):
@@ -89,8 +130,9 @@ def test_a_changed_target_refuses_to_start_unless_downgraded(monkeypatch, caplog
         guard.checked(changed_json_dumps())
     message = str(refused.value)
     for part in (
-        "#99",
-        "docs/verl_adaptations.md row 99",
+        str(CodeLocation.of(changed_json_dumps)),
+        "tests/adaptations/test_records_on_cpu.py:",
+        "docs/verl_adaptations.md",
         "json.dumps",
         "0" * 64,
         found,
@@ -120,3 +162,62 @@ def test_an_unchanged_target_is_returned_and_an_adapted_one_left_alone():
         assert guard.checked(marked) is None  # applied already: the hash is not even looked at
     finally:
         json.JSONEncoder.encode = original
+
+
+VICTIM = """
+import enum
+
+
+class Kind(enum.Enum):
+    A = "a"
+
+
+def double(x):
+    return 2 * x
+
+
+class Box:
+    def size(self):
+        return 1
+
+
+TABLE = {Kind.A: double}
+"""
+
+
+def test_the_install_skeleton_replaces_a_function_a_method_and_a_table_entry_once(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    (tmp_path / "victim_module.py").write_text(VICTIM, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    victim = importlib.import_module("victim_module")
+    monkeypatch.setitem(sys.modules, "victim_module", victim)
+    bound_copy = type(sys)("victim_module.bound")  # a module of the same package that bound the function by name
+    bound_copy.double = victim.double
+    monkeypatch.setitem(sys.modules, "victim_module.bound", bound_copy)
+    function, method, entry = (
+        Target("victim_module", name, guard.source_sha256(code))
+        for name, code in (("double", victim.double), ("Box.size", victim.Box.size), ("TABLE[Kind.A]", victim.double))
+    )
+    record = Adaptation(
+        section=Section.REPLACEMENTS,
+        targets=(function, method, entry),
+        what="",
+        why="",
+        applies_to="",
+        proof="none",
+    )
+    record.replaces(function)(lambda original, x: original(x) + 1)
+    record.replaces(method)(lambda original, self: original(self) * 10)
+    record.replaces(entry)(lambda original, x: -original(x))
+
+    guard.apply(record)
+    guard.apply(record)  # applied already: nothing wrapped twice
+
+    assert victim.double(3) == 7 and bound_copy.double(3) == 7
+    assert victim.Box().size() == 10
+    assert victim.TABLE[victim.Kind.A](3) == -6
+    assert victim.double.__name__ == "double" and guard.source_sha256(victim.double) == function.sha256
+    with pytest.raises(ValueError, match="is not one of this adaptation's targets"):
+        record.replaces(Target("victim_module", "other", "0" * 64))

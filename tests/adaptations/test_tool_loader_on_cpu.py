@@ -62,13 +62,17 @@ def changed_loader(monkeypatch):
     return tool_registry.initialize_tools_from_config
 
 
-def test_a_changed_loader_refuses_to_start_naming_the_row_and_the_target(monkeypatch):
+def test_a_changed_loader_refuses_to_start_naming_the_adaptation_and_the_target(monkeypatch):
     from verl.tools import tool_registry
 
     before = changed_loader(monkeypatch)
     monkeypatch.delenv(guard.POLICY_ENV, raising=False)
-    with pytest.raises(guard.VerlChangedError, match=r"#9 .*verl\.tools\.tool_registry\.initialize_tools_from_config"):
-        remote_tools.apply()
+    with pytest.raises(
+        guard.VerlChangedError,
+        match=r"adaptations/fixes/remote_tools\.py:\d+-\d+ \(initialize_tools_from_config\) .*"
+        r"verl\.tools\.tool_registry\.initialize_tools_from_config: expected sha256 0{64}",
+    ):
+        guard.apply(remote_tools.ADAPTATION)
     assert tool_registry.initialize_tools_from_config is before
 
 
@@ -77,6 +81,6 @@ def test_a_changed_loader_downgraded_is_reported_and_left_as_verl_has_it(monkeyp
 
     before = changed_loader(monkeypatch)
     monkeypatch.setenv(guard.POLICY_ENV, "warn")
-    remote_tools.apply()
+    guard.apply(remote_tools.ADAPTATION)
     assert tool_registry.initialize_tools_from_config is before
     assert "runs WITHOUT this adaptation" in caplog.text and "initialize_tools_from_config" in caplog.text

@@ -333,7 +333,7 @@ def test_qwen_prompts_still_take_verls_own_dedup():
     assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == rendered
 
 
-# ----- fix 9: multi-turn SFT rows whose tools differ -------------------------------------------------------------
+# ----- sft_tools_nulls: multi-turn SFT rows whose tools differ -----------------------------------------------------
 
 TWO_TOOLS = [
     {
@@ -396,7 +396,7 @@ def test_the_fixed_sft_dataset_reads_json_tools_exactly_and_drops_parquets_nulls
         sft_dataset_of(tmp_path, tiny_tokenizer, "[{")
 
 
-# ----- fix 10: multi-turn SFT batches mixing rows without images ----------------------------------------------------
+# ----- sft_rows_without_images: multi-turn SFT batches mixing rows without images -----------------------------------
 
 
 def text_and_image_rows(tmp_path, tokenizer, processor) -> list[dict]:

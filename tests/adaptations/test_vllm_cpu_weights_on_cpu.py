@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
+from verl_mm_tools.adaptations import guard
 from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu, linear_weights, moe_weights
 
 
@@ -24,7 +25,7 @@ def linear_layer(seed: int) -> torch.nn.Module:
 def method():
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-    linear_weights.apply()
+    guard.apply(linear_weights.ADAPTATION)
     return UnquantizedLinearMethod()
 
 
@@ -62,7 +63,7 @@ def test_applying_twice_changes_nothing(method):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     patched = UnquantizedLinearMethod.process_weights_after_loading
-    linear_weights.apply()
+    guard.apply(linear_weights.ADAPTATION)
     assert UnquantizedLinearMethod.process_weights_after_loading is patched
 
 

@@ -75,4 +75,5 @@ def test_a_zero_uniform_draw_excludes_its_token_instead_of_choosing_it(monkeypat
     by zero and chosen it whatever its probability."""
     logits = torch.tensor([[5.0, -5.0, 0.0]])
     monkeypatch.setattr(torch, "rand_like", lambda probs: torch.tensor([[0.0, 0.5, 0.5]]))
-    assert eager_sampler.random_sample(logits).tolist() == [2]
+    vllms_draw = None  # passed first, never called
+    assert eager_sampler.random_sample(vllms_draw, logits).tolist() == [2]

@@ -127,7 +127,8 @@ class ProcessorWatch:
         def compared(worker, output, input_ids):
             """The sample's inputs as the fixed worker sends them (compact images, no pixel values) and as verl's
             own pass makes them; through verl's ``extract_multi_modal_inputs`` (fixed: it expands compact images,
-            adaptation 42, and verl's own), what reaches the model's forward is the same, tensor for tensor."""
+            ``adaptations/fixes/compact_images.py``, and verl's own), what reaches the model's forward is the same,
+            tensor for tensor."""
             assert image_store(output) is not None
             got = fixed(worker, output, input_ids)
             self._checking = True
@@ -320,9 +321,9 @@ def test_the_store_drops_its_outputs_once_every_output_it_was_tied_to_is_gone():
 
 
 def test_an_output_hands_its_store_to_verls_postprocess_and_never_into_a_pickle_or_its_fields():
-    """The store travels on the output as a private attribute (adaptation 43): verl's fields of the sample (what goes
-    into TransferQueue or the DataProto) never hold it, a pickled output goes without it, and any other loop's output
-    has none."""
+    """The store travels on the output as a private attribute (the adaptation of ``agent_loop/loop_output.py``):
+    verl's fields of the sample (what goes into TransferQueue or the DataProto) never hold it, a pickled output goes
+    without it, and any other loop's output has none."""
     import pickle
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput

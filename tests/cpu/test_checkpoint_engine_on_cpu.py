@@ -146,6 +146,7 @@ def save_pi_old_then_step() -> dict[str, bool]:
     from torch.distributed.fsdp import fully_shard
     from verl.utils import fsdp_utils
 
+    from verl_mm_tools.adaptations import guard
     from verl_mm_tools.adaptations.cpu import sharded_save_to_cpu
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
@@ -153,7 +154,7 @@ def save_pi_old_then_step() -> dict[str, bool]:
         model = torch.nn.Linear(3, 2)
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
         unpatched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
-        sharded_save_to_cpu.apply()
+        guard.apply(sharded_save_to_cpu.ADAPTATION)
         patched, _ = fsdp_utils.fsdp2_sharded_save_to_cpu(model)
         before = {name: param.full_tensor().clone() for name, param in model.named_parameters()}
         with torch.no_grad():

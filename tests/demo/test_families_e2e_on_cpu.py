@@ -1,11 +1,12 @@
 """End to end on the VLM families beyond Qwen-VL: verl's v1 trainer (sync) runs two GRPO steps of the mm_tool loop
 on each family's tiny stand-in (``verl-mm-tools demo --family F --no-warm-start``): FSDP2 training of the family's
-transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V, inventory rows 25-27 in
-``adaptations/fixes/``), the family's Continuous-Token builder and tool parser, and the trainer's log-probs of the
-rollout's tokens equal to the rollout's. The rollout is the project's hf server: the untrained stand-ins write vision
-placeholders now and then, which the hf server never samples while vLLM does (the loop masks such trajectories; with
-vLLM, half of them). vLLM's side is checked per family by ``tests/tiny/test_vllm_engine_on_cpu.py``, and in the
-trainer for Gemma 4 and for Qwen3-VL-MoE with rollout routing replay (the last tests)."""
+transformers model with verl's own model code (and verl-mm-tools' fixes for GLM-V in ``adaptations/fixes/``:
+``glm_vision_embeddings``, ``glm4v_image_features``, ``glm4v_flops``), the family's Continuous-Token builder and tool
+parser, and the trainer's log-probs of the rollout's tokens equal to the rollout's. The rollout is the project's hf
+server: the untrained stand-ins write vision placeholders now and then, which the hf server never samples while vLLM
+does (the loop masks such trajectories; with vLLM, half of them). vLLM's side is checked per family by
+``tests/tiny/test_vllm_engine_on_cpu.py``, and in the trainer for Gemma 4 and for Qwen3-VL-MoE with rollout routing
+replay (the last tests)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ Must import without verl and torch: the vLLM plugin uses it in every vLLM engine
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -25,6 +26,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
@@ -37,8 +39,31 @@ POLICY_ENV = "VERL_MM_TOOLS_ADAPTATIONS"
 REFUSE, WARN = "refuse", "warn"
 INVENTORY = "docs/verl_adaptations.md"
 _ENTRY = re.compile(r"^(?P<table>\w+)\[(?P<key>[\w.]+)\]$")
-_CONFIRMED: set[int] = set()  # the rows ``confirm`` checked in this process
+_CONFIRMED: set[Adaptation] = set()  # the rows ``confirm`` checked in this process
 _Replacement = TypeVar("_Replacement", bound=Callable[..., object])
+
+ADAPTATION = Adaptation(
+    section=Section.REPLACEMENTS,
+    what="the mechanism of every replacement (the rows of this table; the records: `adaptations/record.py`): "
+    "checks the sha256 of each target's "
+    "source against its record, then installs the replacement in its home module and in every verl module (vLLM "
+    "module, for the vLLM plugin's rows) that bound it by name (marked, so a second import is a no-op). A changed "
+    "target refuses to start, naming the adaptation's code, the target, the expected and found hashes and what to do; "
+    f"`{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and the adaptation is then not applied. The "
+    "same check, by `confirm`, guards the rows whose code subclasses or copies verl's where that code is used "
+    "(downgraded, that code runs as it is)",
+    why="verl's modules bind functions by name at import (`from verl.utils.distributed import ...`), and a blind "
+    "patch of a changed function would hide the change",
+    applies_to="any",
+    proof="n/a (mechanism); its refusal is tested: "
+    "`tests/adaptations/test_cpu_patches_on_cpu.py::test_a_changed_verl_function_is_refused_with_its_name`, "
+    "`::test_a_changed_offload_module_is_refused_with_its_name`, "
+    "`tests/adaptations/test_records_on_cpu.py::test_a_changed_target_refuses_to_start_unless_downgraded`; the "
+    "install: `::test_the_install_skeleton_replaces_a_function_a_method_and_a_table_entry_once`; "
+    "`confirm`'s: `tests/adaptations/test_extension_checks_on_cpu.py::"
+    "test_using_the_code_of_a_changed_row_refuses_to_start_naming_its_code`, "
+    "`::test_a_changed_row_downgraded_to_warn_is_logged_once_and_its_code_runs`",
+)
 
 
 class VerlChangedError(PluginRegistrationError):
@@ -72,6 +97,7 @@ def policy() -> str:
     return value
 
 
+@ADAPTATION.implements
 def checked(adaptation: Adaptation) -> list[Any] | None:
     """The objects ``adaptation``'s targets name, once their source hashes are checked. None when the adaptation is
     applied already, or when a target changed and the policy is ``warn`` (logged); raises ``VerlChangedError``
@@ -86,16 +112,17 @@ def checked(adaptation: Adaptation) -> list[Any] | None:
     return None
 
 
+@ADAPTATION.implements
 def confirm(adaptation: Adaptation) -> None:
     """Check the targets of a row that patches nothing (an extension subclass, a copied method) where its code is
     used, once per process: a changed target refuses to start (``VerlChangedError``), or, downgraded, is logged once
     and our code runs as it is (a subclass cannot be left out)."""
-    if adaptation.row in _CONFIRMED:
+    if adaptation in _CONFIRMED:
         return
     message = mismatch(adaptation, [locate(target) for target in adaptation.targets], downgraded="run it anyway")
     if message is not None:
         refuse_or_warn(message, "verl-mm-tools runs this code, written against the old one, as it is.")
-    _CONFIRMED.add(adaptation.row)
+    _CONFIRMED.add(adaptation)
 
 
 def mismatch(adaptation: Adaptation, found: Sequence[object], downgraded: str = "run without it") -> str | None:
@@ -122,11 +149,61 @@ def changed_message(
         f"{target.qualname}: expected sha256 {target.sha256}, found {digest}" for target, digest in changed
     )
     return (
-        f"verl-mm-tools' adaptation #{adaptation.row} ({adaptation.where}; {INVENTORY} row {adaptation.row}) relies "
-        f"on code that is not the code it was written against ({adaptation.applies_to}): {targets}. Install "
+        f"verl-mm-tools' adaptation {adaptation.origin} ({INVENTORY}, the row of its module) relies on code that "
+        f"is not the code it was written against ({adaptation.applies_to}): {targets}. Install "
         f"{adaptation.applies_to}; or re-read the changed code, update the adaptation and its sha256 (or drop it if "
         f"its proof test shows the problem is gone); or set {POLICY_ENV}={WARN} to {downgraded}."
     )
+
+
+@ADAPTATION.implements
+def apply(adaptation: Adaptation) -> None:
+    """The one install skeleton: check the targets (``checked``), then put each target's replacement where verl (or
+    vLLM) looks it up and run the record's installers with the targets' objects. Once per process: applied already,
+    or a changed target downgraded to ``warn``, it does nothing."""
+    found = checked(adaptation)
+    if found is None:
+        return
+    for target, original in zip(adaptation.targets, found, strict=True):
+        replacement = adaptation.replacements.get(target)
+        if replacement is not None:
+            install_replacement(target, original, calling(replacement, original))
+    for installer in adaptation.installers:
+        installer(*found)
+
+
+def apply_declared(declaring: ModuleType, _imported: ModuleType | None = None) -> None:
+    """``apply`` the ``ADAPTATION`` that module ``declaring`` holds, read at the call (a test may have replaced it).
+    ``_imported``: the module whose import triggered it (``import_order.call_after_import``), unused."""
+    apply(declaring.ADAPTATION)
+
+
+def calling(replacement: Callable[..., object], original: Callable[..., object]) -> Callable[..., object]:
+    """``replacement`` with ``original`` as its first argument, looking like ``original`` (its ``__wrapped__`` keeps
+    the guard reading the original's source). ``updated=()``: a compiled function's attributes are not ours."""
+
+    @functools.wraps(original, updated=())
+    def replaced(*args: object, **kwargs: object) -> object:
+        return replacement(original, *args, **kwargs)
+
+    return replaced
+
+
+def install_replacement(target: Target, original: Callable[..., object], replacement: Callable[..., object]) -> None:
+    """``replacement`` in ``target``'s place: a table entry, a class's method, or a function (in its module and in
+    every loaded module of the same package that bound it by name)."""
+    entry = _ENTRY.match(target.name)
+    if entry is not None:
+        owner = importlib.import_module(target.module)
+        key: object = owner
+        for part in entry["key"].split("."):
+            key = getattr(key, part)
+        getattr(owner, entry["table"])[key] = mark(replacement)
+        logger.debug("replaced %s", target.qualname)
+    elif "." in target.name:
+        install_method(target, replacement)
+    else:
+        install(target, original, replacement, bound_in=target.module.split(".")[0] + ".")
 
 
 def mark(replacement: _Replacement) -> _Replacement:
@@ -155,28 +232,3 @@ def install_method(target: Target, replacement: Callable[..., object]) -> None:
         owner = getattr(owner, part)
     setattr(owner, method_name, mark(replacement))
     logger.debug("replaced %s", target.qualname)
-
-
-ADAPTATION = Adaptation(
-    row=1,
-    section=Section.REPLACEMENTS,
-    where="`adaptations/guard.py`: `checked`, `install` / `install_method`, `confirm`; the records: "
-    "`adaptations/record.py`",
-    what="the mechanism of every replacement (rows 2-10, 24-34, 36, 38, 39, 42): checks the sha256 of each target's "
-    "source against its record, then installs the replacement in its home module and in every verl module (vLLM "
-    "module, for the vLLM plugin's rows) that bound it by name (marked, so a second import is a no-op). A changed "
-    "target refuses to start, naming the row, the target, the expected and found hashes and what to do; "
-    f"`{POLICY_ENV}={WARN}` downgrades that to an ERROR in the log, and the adaptation is then not applied. The "
-    "same check, by `confirm`, guards the rows whose code subclasses or copies verl's (17-19, 21) where that code is "
-    "used (downgraded, that code runs as it is)",
-    why="verl's modules bind functions by name at import (`from verl.utils.distributed import ...`), and a blind "
-    "patch of a changed function would hide the change",
-    applies_to="any",
-    proof="n/a (mechanism); its refusal is tested: "
-    "`tests/adaptations/test_cpu_patches_on_cpu.py::test_a_changed_verl_function_is_refused_with_its_name`, "
-    "`::test_a_changed_offload_module_is_refused_with_its_name`, "
-    "`tests/adaptations/test_records_on_cpu.py::test_a_changed_target_refuses_to_start_unless_downgraded`; "
-    "`confirm`'s: `tests/adaptations/test_extension_checks_on_cpu.py::"
-    "test_using_the_code_of_a_changed_row_refuses_to_start_naming_the_row`, "
-    "`::test_a_changed_row_downgraded_to_warn_is_logged_once_and_its_code_runs`",
-)

@@ -25,13 +25,7 @@ if TYPE_CHECKING:
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 
 ADAPTATION = Adaptation(
-    row=11,
     section=Section.SUBCLASS_FIXES,
-    where="`adaptations/manager_tq.py`: `MMToolAgentLoopManagerTQ` (subclass of verl's `AgentLoopManagerTQ`), whose "
-    "workers are `AgentLoopWorkerTQ` with `_compute_score` overridden. Selected with "
-    "`+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.adaptations.manager_tq."
-    "MMToolAgentLoopManagerTQ` (`agent_loop/hook_config.py`: `MANAGER_TQ_FQN`, `MANAGER_TQ_OVERRIDE`; the demo and "
-    "the bench add it; the mm_tool loop refuses several samples per trajectory without it)",
     targets=(
         Target(
             "verl.experimental.agent_loop.agent_loop",
@@ -44,7 +38,10 @@ ADAPTATION = Adaptation(
             "523edacbff73640dee470baf8c1f09fb3450e4095c05d5d2226f9ef706604b5b",
         ),
     ),
-    what="scores a trajectory's final sample alone",
+    what="scores a trajectory's final sample alone: its workers are `AgentLoopWorkerTQ` with `_compute_score` "
+    "overridden. Selected with `+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools."
+    "adaptations.manager_tq.MMToolAgentLoopManagerTQ` (`agent_loop/hook_config.py`: `MANAGER_TQ_OVERRIDE`; the "
+    "demo and the bench add it; the mm_tool loop refuses several samples per trajectory without it)",
     why="verl stacks every sample's position ids with `pad_sequence`; Qwen-VL's (4, L) ids of different lengths crash "
     "the reward step and the prompt group fails. Reward managers read only the final sample, and verl copies its "
     "score to the others. (With several samples, verl also right-pads each prompt + response as one sequence, so a "
@@ -70,6 +67,7 @@ def final_sample_scoring_worker() -> ActorClass[AgentLoopWorker]:
     return ray.remote(FinalSampleScoringWorker)
 
 
+@ADAPTATION.implements
 class MMToolAgentLoopManagerTQ(AgentLoopManagerTQ):
     def __init__(self, *args: object, **kwargs: object) -> None:
         verls_scoring = checked(ADAPTATION)  # changed: refuses to start, or (downgraded) None: verl's workers

@@ -4,10 +4,10 @@ as the image processor saw them.
 The image's path, one direction: a tool's answer adds a ``PIL.Image`` to the trajectory's workspace; the render that
 admits it runs the image processor once, through the trajectory's ``ImageFeatureStore``, which keeps the image's token
 keys and compact form; each training sample is an ``MMToolOutput`` that holds the store (``image_store``, a typed
-private attribute, never dumped into the sample's fields); verl's worker postprocess (adaptation 38) reads it from the
-output it is given, and the sample's ``multi_modal_inputs`` carry the compact forms to the trainer, which expands them
-just before the forward (adaptation 42). No table keyed by ``id()``, no lookup from outside: an output that is not an
-``MMToolOutput`` (another loop's) has no store and takes verl's path.
+private attribute, never dumped into the sample's fields); verl's worker postprocess (``fixes/processed_images.py``)
+reads it from the output it is given, and the sample's ``multi_modal_inputs`` carry the compact forms to the trainer,
+which expands them just before the forward (``fixes/compact_images.py``). No table keyed by ``id()``, no lookup from
+outside: an output that is not an ``MMToolOutput`` (another loop's) has no store and takes verl's path.
 
 The store lets go of its kept images once every output it was handed to is gone (``ImageFeatureStore.tie``). An
 output pickled to another process goes without its store (its images are processed there as verl does).
@@ -24,10 +24,7 @@ from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
 
 ADAPTATION = Adaptation(
-    row=43,
     section=Section.EXTENSIONS,
-    where="`agent_loop/loop_output.py`: `MMToolOutput(AgentLoopOutput)`, the outputs the mm_tool loop returns "
-    "(`agent_loop/output.py`); its target checked where the loop starts (`guard.confirm`)",
     targets=(
         Target(
             "verl.experimental.agent_loop.agent_loop",
@@ -35,9 +32,10 @@ ADAPTATION = Adaptation(
             "33447ecd3e119b3576b3488c74cf687679c6547e55fbc912c5f59e0414b645c7",
         ),
     ),
-    what="adds one private attribute to verl's output model: the trajectory's `ImageFeatureStore`, which "
-    "adaptation 38 reads in verl's worker postprocess; pydantic leaves it out of `model_dump` (so out of the "
-    "sample's fields, TransferQueue and the DataProto), and a pickled output goes without it",
+    what="adds one private attribute to verl's output model: the trajectory's `ImageFeatureStore`, which the "
+    "processed images' fix (`adaptations/fixes/processed_images.py`) reads in verl's worker postprocess; pydantic "
+    "leaves it out of `model_dump` (so out of the sample's fields, TransferQueue and the DataProto), and a pickled "
+    "output goes without it",
     why="verl's postprocess gets the output alone: without a field on it, the store reached the postprocess "
     "through a module-global table keyed by `id(output)` (issue #59, item 5)",
     applies_to=VERL,
@@ -46,6 +44,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class MMToolOutput(AgentLoopOutput):
     """verl's ``AgentLoopOutput`` with the trajectory's image store (see the module docstring)."""
 

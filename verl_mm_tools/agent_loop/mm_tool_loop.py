@@ -56,12 +56,7 @@ VERL_LOOP_KWARGS = frozenset(
 )
 
 ADAPTATION = Adaptation(
-    row=17,
     section=Section.EXTENSIONS,
-    where=(
-        "`agent_loop/`: `MMToolAgentLoop(ToolAgentLoop)` — **the parts of verl's `ToolAgentLoop` it re-implements**"
-        "; its targets checked when a loop is built (`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.experimental.agent_loop.tool_agent_loop",
@@ -103,6 +98,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class MMToolAgentLoop(ToolAgentLoop):
     """Multimodal tool loop registered as ``mm_tool``. Options: see ``MMToolLoopConfig``."""
 

@@ -35,13 +35,7 @@ _ATTEMPTS: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar
 
 
 ADAPTATION = Adaptation(
-    row=41,
     section=Section.EXTENSIONS,
-    where=(
-        "`agent_loop/resumes.py`: `ResumeRecordingClient(FullyAsyncLLMServerClient, _AttemptLog)` and "
-        "`recording_view`, used by the mm_tool loop's engine (`agent_loop/engine.py`) when verl hands it the "
-        "resuming client; its target checked there (`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.workers.rollout.llm_server",
@@ -50,6 +44,7 @@ ADAPTATION = Adaptation(
         ),
     ),
     what=(
+        "used by the mm_tool loop's engine (`agent_loop/engine.py`) when verl hands it the resuming client: "
         "puts a class between verl's resuming client and its base, so each attempt of the resume loop (one "
         "`super().generate` per abort) is recorded: the prompt tokens sent, vLLM's prefix-cache hits for it, the "
         "images sent; a view sharing the client's `__dict__`, verl's object untouched"
@@ -127,6 +122,7 @@ class _AttemptLog(LLMServerClient):
         return output
 
 
+@ADAPTATION.implements
 class ResumeRecordingClient(FullyAsyncLLMServerClient, _AttemptLog):
     """verl's resuming client whose every attempt is recorded (its ``super().generate`` reaches ``_AttemptLog``)."""
 

@@ -24,6 +24,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from verl_mm_tools.adaptations.record import Adaptation, Section
 from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.verl_registry import register_unique, when_imported
 
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from verl_mm_tools.cpu.replica import HFReplica
 
 PLATFORM_ENV = "VERL_PLATFORM"
+
+
+BACKEND_REGISTRATION = Adaptation(
+    section=Section.PRIVATE_STATE,
+    what="`PlatformRegistry._platforms`, `RolloutReplicaRegistry._registry` (a lazy loader), "
+    '`rollout.base._ROLLOUT_REGISTRY[("hf", "async")]`, `CheckpointEngineRegistry._registry`',
+    why="verl has no public API for the worker-side rollout class; the others are written directly so "
+    "that `register_unique` (`verl_registry.py`) can refuse to overwrite another package's entry",
+    applies_to="verl 0.9.1",
+    proof="none (not a bug); works: `tests/cpu/test_platform_on_cpu.py`, "
+    "`tests/cpu/test_checkpoint_engine_on_cpu.py::test_the_backend_is_registered_with_verl`",
+)
 
 
 def cpu_platform_selected() -> bool:
@@ -45,6 +58,7 @@ def _load_hf_replica() -> type[HFReplica]:
     return HFReplica
 
 
+@BACKEND_REGISTRATION.implements
 def register_cpu_backend() -> None:
     """Register the CPU platform, the ``hf`` rollout and the ``cpu_object_store`` checkpoint engine with verl, each
     when verl imports its registry; patch verl (each patch when verl imports its target) only when the CPU platform

@@ -28,6 +28,7 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from verl_mm_tools.cpu.platform import CPU_BACKEND
 from verl_mm_tools.cpu.weight_mailbox import WeightMailbox
 from verl_mm_tools.verl_registry import register_unique
 
@@ -61,6 +62,7 @@ def weight_mailbox() -> ray.actor.ActorHandle:
     return _mailboxes[job]
 
 
+@CPU_BACKEND.implements
 class CPUObjectStoreCheckpointEngine(CheckpointEngine):
     """Trainer -> rollout weights through Ray's object store (see the module docstring for the protocol).
 

@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import os
 
+from verl_mm_tools.adaptations.record import Adaptation, Section
 from verl_mm_tools.cpu.checkpoint_engine import BACKEND_NAME as CHECKPOINT_BACKEND
 from verl_mm_tools.cpu.names import ROLLOUT_NAME
 from verl_mm_tools.cpu.platform import PLATFORM_NAME
+from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
+
+CPU_OVERRIDES = Adaptation(
+    section=Section.CONFIGURATION,
+    what="the hydra overrides a CPU run needs, each with its reason in the code (e.g. "
+    "`ray_init.num_gpus=1`: verl's resource pools are hard-coded `use_gpu=True`; "
+    "`SimpleStorage.num_data_storage_units=1`: TransferQueue's 8 default storage actors are never "
+    "placed)",
+    why="verl's defaults assume GPUs and several nodes",
+    applies_to="verl 0.9.1",
+    proof="none; the overrides compose with verl's own config: `tests/demo/test_demo_on_cpu.py`",
+)
+CPU_OVERRIDES.implements(vllm_rollout_overrides)  # the vLLM rollout's, in the layer below
 
 # (override, why)
 CPU_TRAINER_OVERRIDES: tuple[tuple[str, str], ...] = (
@@ -113,16 +127,19 @@ FULLY_ASYNC_OVERRIDES: tuple[tuple[str, str], ...] = (
 CLASSIC_OVERRIDES: tuple[tuple[str, str], ...] = (("trainer.use_v1=false", "verl's classic (deprecated) trainer"),)
 
 
+@CPU_OVERRIDES.implements
 def cpu_trainer_overrides(classic: bool = False) -> list[str]:
     extra = CLASSIC_OVERRIDES if classic else V1_OVERRIDES
     return [override for override, _ in (*CPU_TRAINER_OVERRIDES, *extra)]
 
 
+@CPU_OVERRIDES.implements
 def separate_async_overrides() -> list[str]:
     """Add to ``cpu_trainer_overrides()`` (after it) for ``trainer.v1.trainer_mode=separate_async``."""
     return [override for override, _ in SEPARATE_ASYNC_OVERRIDES]
 
 
+@CPU_OVERRIDES.implements
 def fully_async_overrides() -> list[str]:
     """Add to ``cpu_trainer_overrides()`` (after it) for verl's fully async trainer."""
     return [override for override, _ in FULLY_ASYNC_OVERRIDES]

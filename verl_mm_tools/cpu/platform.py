@@ -16,6 +16,7 @@ import psutil
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
 
+from verl_mm_tools.adaptations.record import Adaptation, Section
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_ENVIRONMENT
 
 PLATFORM_NAME = "cpu"
@@ -64,6 +65,17 @@ def _build_device_module() -> types.ModuleType:
 DEVICE_MODULE = _build_device_module()
 
 
+CPU_BACKEND = Adaptation(
+    section=Section.EXTENSIONS,
+    what="the CPU backend: a platform (device `cpu`, gloo, a device module with no-op CUDA calls, Ray "
+    "resource `GPU`), the `hf` rollout, the `cpu_object_store` checkpoint engine",
+    why="verl 0.9.1 has no CPU platform nor a rollout or checkpoint engine that runs without GPUs",
+    applies_to="verl 0.9.1",
+    proof="none (extensions); tested in `tests/cpu/`",
+)  # its classes: here, in replica.py, server.py and checkpoint_engine.py
+
+
+@CPU_BACKEND.implements
 class PlatformCPU(PlatformBase):
     """verl on CPU: torch device ``cpu``, gloo collectives, Ray resource ``GPU`` (one logical GPU per worker)."""
 

@@ -24,6 +24,7 @@ from verl.workers.rollout.replica import RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_mm_tools.cpu.names import ROLLOUT_NAME
+from verl_mm_tools.cpu.platform import CPU_BACKEND
 from verl_mm_tools.cpu.server import HFRolloutServer
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def server_name(replica_rank: int, kind: str = "", suffix: str = "") -> str:
     return f"{SERVER_NAME_PREFIX}{kind}{replica_rank}_0{suffix}"
 
 
+@CPU_BACKEND.implements
 class HFReplica(RolloutReplica):
     """A rollout replica served by one ``HFRolloutServer`` (tensor/pipeline parallel size 1)."""
 
@@ -92,6 +94,7 @@ class HFReplica(RolloutReplica):
         return ray.get_runtime_context().get_node_id()
 
 
+@CPU_BACKEND.implements
 class HFServerAdapter(BaseRollout):
     """Worker-side half of the ``hf`` rollout: forwards the trainer's weights to the replica's server."""
 

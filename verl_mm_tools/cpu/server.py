@@ -19,6 +19,7 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_mm_tools.cpu.hf_engine import LOGPROBS_MODES, PROCESSED_LOGPROBS, HFVisionLM
+from verl_mm_tools.cpu.platform import CPU_BACKEND
 from verl_mm_tools.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def sampling_key(sampling_params: dict[str, Any]) -> tuple[float, float, int, tu
     )
 
 
+@CPU_BACKEND.implements
 class HFRolloutServer:
     """Serves ``generate`` for one rollout replica. Wrapped with ``ray.remote`` by ``HFReplica``."""
 

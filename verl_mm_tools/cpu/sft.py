@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_mm_tools.adaptations.record import Adaptation, Section
 from verl_mm_tools.cpu.overrides import THREAD_ENV, cpu_environment
 from verl_mm_tools.errors import ConfigError, VerlMMToolsError, did_you_mean
 from verl_mm_tools.supervise import kill_group, supervised, write_trainer_script
@@ -82,6 +83,21 @@ CPU_SFT_OVERRIDES: tuple[tuple[str, str], ...] = (
 )
 
 
+SFT_OVERRIDES = Adaptation(
+    section=Section.CONFIGURATION,
+    what="the hydra overrides and launch of `verl.trainer.sft_trainer` on CPU, each override with its "
+    "reason (e.g. `engine.strategy=fsdp2`: FSDP1 refuses CPU parameters with `sync_module_states`; "
+    "`model.use_remove_padding=false`: verl's packed attention needs flash-attention; "
+    "`data.enable_thinking_default=null`: verl's default is the string `'none'`, which the dataset "
+    "reads as `enable_thinking=True`); torchrun with `cpu_environment()`; enough "
+    "`trainer.total_epochs` to reach the steps",
+    why="verl's SFT defaults assume GPUs (bf16, FSDP1, flash-attention, wandb, 8 dataloader workers), "
+    "and it saves only at the last step, which `total_epochs` (default 4) may stop short of",
+    applies_to="verl 0.9.1",
+    proof="none; the overrides compose with verl's config and train: `tests/cpu/test_verl_sft_on_cpu.py`",
+)
+
+
 class VerlSFTError(VerlMMToolsError, RuntimeError):
     """verl's SFT trainer failed, or finished without the Hugging Face model it was asked to save."""
 
@@ -121,6 +137,7 @@ def sft_knobs(knobs: dict) -> SFTKnobs:
     return SFTKnobs(**knobs)
 
 
+@SFT_OVERRIDES.implements
 def sft_overrides(
     model_path: str | os.PathLike,
     train_files: str | os.PathLike | Sequence[str | os.PathLike],
@@ -191,6 +208,7 @@ def sft_command(overrides: Sequence[str]) -> list[str]:
     return [*torchrun, "-m", SFT_TRAINER_MODULE, *overrides]
 
 
+@SFT_OVERRIDES.implements
 def run_verl_sft(
     model_path: str | os.PathLike,
     train_files: str | os.PathLike | Sequence[str | os.PathLike],

@@ -28,12 +28,7 @@ if TYPE_CHECKING:
     from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
 
 ADAPTATION = Adaptation(
-    row=21,
     section=Section.EXTENSIONS,
-    where=(
-        "`runtime/workers.py`: `per_sample_worker_class()` (a subclass of verl's classic `AgentLoopWorker`); its "
-        "targets checked when it builds the class (`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.experimental.agent_loop.agent_loop",
@@ -75,6 +70,7 @@ def make_worker(config: DictConfig, server: LLMServerClient | None, *, per_sampl
     return (per_sample_worker_class() if per_sample else AgentLoopWorker)(config, server)
 
 
+@ADAPTATION.implements
 def per_sample_worker_class() -> type:
     """verl's classic AgentLoopWorker, taking a loop's list of training samples as verl's v1 worker does (mm_tool
     ``export`` per_turn / auto): each sample goes through verl's own per-output postprocess (multimodal inputs,

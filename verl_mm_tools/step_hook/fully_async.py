@@ -45,13 +45,7 @@ CONFIG_DIR = os.path.join(os.path.dirname(verl_main.__file__), "config")
 
 FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
 ADAPTATION = Adaptation(
-    row=37,
     section=Section.EXTENSIONS,
-    where=(
-        "`step_hook/fully_async.py`: `MMToolFullyAsyncTrainer(FullyAsyncTrainer)`, "
-        "`MMToolFullyAsyncTaskRunner(FullyAsyncTaskRunner)` and `main`, the fully async trainer's step hook "
-        "(`python -m verl_mm_tools.step_hook.fully_async`); its targets checked when it starts (`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.experimental.fully_async_policy.fully_async_trainer",
@@ -66,7 +60,8 @@ ADAPTATION = Adaptation(
         Target(FULLY_ASYNC_MODULE, "main", "484e81c5352d0dfdeed8d54d53308d4a38f242effd037e1608ebf0f9893675f0"),
     ),
     what=(
-        "runs `step.process_step` on each batch the trainer takes from the rollouter's queue (after verl's "
+        "the fully async trainer's step hook (`python -m verl_mm_tools.step_hook.fully_async`): runs "
+        "`step.process_step` on each batch the trainer takes from the rollouter's queue (after verl's "
         "`_fit_generate`; metrics into the step's `self.metrics`); copies the task runner's `_create_trainer` "
         "and verl's `main` to create that trainer and mark the config (`async_training.step_hook`)"
     ),
@@ -79,6 +74,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class MMToolFullyAsyncTrainer(_VerlTrainer):
     """verl's ``FullyAsyncTrainer``, running ``process_step`` on each step's batch: its metrics join the step's
     (``self.metrics``, which verl logs), per-turn rewards land in the batch's ``rm_scores`` before the advantage."""
@@ -99,6 +95,7 @@ class MMToolFullyAsyncTrainer(_VerlTrainer):
         return batch
 
 
+@ADAPTATION.implements
 class MMToolFullyAsyncTaskRunner(_VerlTaskRunner):
     """verl's ``FullyAsyncTaskRunner``, creating ``MMToolFullyAsyncTrainer`` (its ``_create_trainer``, copied)."""
 
@@ -123,6 +120,7 @@ class MMToolFullyAsyncTaskRunner(_VerlTaskRunner):
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
+@ADAPTATION.implements
 def main(config: DictConfig) -> None:
     """verl's ``fully_async_main.main`` with the task runner above, the config marked as hooked."""
     from verl.trainer.main_ppo import run_ppo

@@ -29,14 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 ADAPTATION = Adaptation(
-    row=18,
     section=Section.EXTENSIONS,
-    where=(
-        "`step_hook/manager.py`: `MMToolAgentLoopManager(AgentLoopManager)`, the classic trainer's step"
-        " hook "
-        "(`+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_mm_tools.step_hook.manager.MMToolAgentLoopManager`)"
-        "; its target checked when it is built (`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.experimental.agent_loop.agent_loop",
@@ -45,7 +38,9 @@ ADAPTATION = Adaptation(
         ),
     ),
     what=(
-        "runs `step.process_step` on every generated batch; calls verl's "
+        "the classic trainer's step hook (`+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+        "verl_mm_tools.step_hook.manager.MMToolAgentLoopManager`): runs `step.process_step` on every generated "
+        "batch; calls verl's "
         "`generate_sequences.__wrapped__` (under verl's `auto_await`)"
     ),
     why=("the classic trainer's only channel from rollout to the logger is the manager's `meta_info[\"timing\"]`"),
@@ -54,6 +49,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class MMToolAgentLoopManager(AgentLoopManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # verl's, passed on
         confirm(ADAPTATION)  # the verl method it calls into changed: refuses to start

@@ -51,13 +51,7 @@ SAMPLER_OPTIONS = ("poll_interval_s",)
 
 
 ADAPTATION = Adaptation(
-    row=19,
     section=Section.EXTENSIONS,
-    where=(
-        "`step_hook/replay_buffer.py`: `MMToolReplayBuffer(ReplayBuffer)` / `MMToolReplayBufferAsync`, "
-        "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`); its target checked when it is built "
-        "(`guard.confirm`)"
-    ),
     targets=(
         Target(
             "verl.trainer.ppo.v1.replay_buffer",
@@ -66,7 +60,8 @@ ADAPTATION = Adaptation(
         ),
     ),
     what=(
-        "samples as verl's buffer does, then returns the step metrics and writes per-turn rewards to "
+        "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`): samples as verl's buffer does, then "
+        "returns the step metrics and writes per-turn rewards to "
         "`rm_scores`; polls every 0.1 s"
     ),
     why=("the returned metrics dict is the v1 trainer's only channel to the logger; verl's buffer polls every 2 s"),
@@ -75,6 +70,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class MMToolReplayBuffer(ReplayBuffer):
     """verl's replay buffer plus the mm_tool step hook (see module). ``trainer_mode`` other than ``sync`` builds a
     ``MMToolReplayBufferAsync``, as verl builds ``ReplayBufferAsync``."""
@@ -103,6 +99,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         return batch, metrics
 
 
+@ADAPTATION.implements
 class MMToolReplayBufferAsync(MMToolReplayBuffer, ReplayBufferAsync):
     """For ``colocate_async`` and ``separate_async``."""
 

@@ -4,13 +4,11 @@ only."""
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import torch
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -23,9 +21,7 @@ TARGET = Target(
     "8b09e2ef9bb544fa95661223f7d002e6cd8ec76b250b0ca6335916d5082acf87",
 )
 ADAPTATION = Adaptation(
-    row=5,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/equal_length_position_ids.py` (CPU only)",
     targets=(TARGET,),
     what="rebuilds the nested (batch, 4, L) position ids with the sequence dimension ragged",
     why="`as_nested_tensor` of equal-length Qwen-VL (4, L) ids makes the 4 ragged; `update_actor` then dies in "
@@ -36,21 +32,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def left_right_2_no_padding(data: TensorDict) -> TensorDict:
-        data = original(data)
-        data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
-        return data
-
-    install(TARGET, original, left_right_2_no_padding)
+@ADAPTATION.replaces(TARGET)
+def left_right_2_no_padding(original: Callable[[TensorDict], TensorDict], data: TensorDict) -> TensorDict:
+    data = original(data)
+    data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
+    return data
 
 
+@ADAPTATION.implements
 def fix_ragged_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     """Nested (batch, 4, L_i) position ids with the sequence dimension ragged, whatever torch chose.
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 CPU_BACKEND = "cpu:gloo"
@@ -15,9 +13,7 @@ TARGET = Target(
     "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507ac",
 )
 ADAPTATION = Adaptation(
-    row=4,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/gloo_backend.py` (CPU platform only, `VERL_PLATFORM=cpu`)",
     targets=(TARGET,),
     what='passes `backend="cpu:gloo"` unless the caller chose one',
     why='verl builds `"cpu:gloo,{device}:{backend}"`, on CPU `"cpu:gloo,cpu:gloo"`, which torch rejects',
@@ -27,14 +23,8 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def initialize_global_process_group_ray(timeout_second: float | None = None, backend: str | None = None) -> None:
-        return original(timeout_second=timeout_second, backend=backend or CPU_BACKEND)
-
-    install(TARGET, original, initialize_global_process_group_ray)
+@ADAPTATION.replaces(TARGET)
+def initialize_global_process_group_ray(
+    original: Callable[..., None], timeout_second: float | None = None, backend: str | None = None
+) -> None:
+    return original(timeout_second=timeout_second, backend=backend or CPU_BACKEND)

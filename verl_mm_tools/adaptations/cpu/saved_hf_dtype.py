@@ -5,14 +5,12 @@ After verl's save, the config (root and sub-configs) gets the dtype the saved we
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -26,9 +24,7 @@ TARGET = Target(
     "408622f180370088c26babd5479719cf237856b9feacb24dbfab1534a85b632b",
 )
 ADAPTATION = Adaptation(
-    row=33,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/saved_hf_dtype.py` (CPU only)",
     targets=(TARGET,),
     what="after verl's save, writes into the saved Hugging Face model's `config.json` (root, `text_config`, "
     "`vision_config`, ...) the dtype its safetensors hold (`record_weights_dtype`; left alone when they hold several)",
@@ -42,27 +38,21 @@ HF_MODEL_DIR = "huggingface"  # verl's folder for the Hugging Face model, under 
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def save_checkpoint(
-        self: FSDPCheckpointManager,
-        local_path: str,
-        hdfs_path: str | None = None,
-        global_step: int = 0,
-        max_ckpt_to_keep: int | None = None,
-    ) -> None:
-        original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        if local_path is not None and self.should_save_hf_model and self.rank == 0:
-            record_weights_dtype(Path(local_path) / HF_MODEL_DIR)
-
-    install_method(TARGET, save_checkpoint)
+@ADAPTATION.replaces(TARGET)
+def save_checkpoint(
+    original: Callable[..., None],
+    self: FSDPCheckpointManager,
+    local_path: str,
+    hdfs_path: str | None = None,
+    global_step: int = 0,
+    max_ckpt_to_keep: int | None = None,
+) -> None:
+    original(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+    if local_path is not None and self.should_save_hf_model and self.rank == 0:
+        record_weights_dtype(Path(local_path) / HF_MODEL_DIR)
 
 
+@ADAPTATION.implements
 def record_weights_dtype(model_dir: Path) -> None:
     """Set every ``dtype`` of ``model_dir/config.json`` to the one dtype its safetensors hold (left alone when they
     hold several)."""

@@ -4,13 +4,11 @@ update, and ``restore_model_from_cpu`` would restore the current weights instead
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -25,9 +23,7 @@ TARGET = Target(
     "ecdb335bb1d3948f27c96dc6be0edc2c93bcc94d7c19c2f52fbfca489edaab7e",
 )
 ADAPTATION = Adaptation(
-    row=8,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/sharded_save_to_cpu.py` (CPU only)",
     targets=(TARGET,),
     what="clones the saved shards that alias a live parameter",
     why="on CPU `.cpu()` returns the parameter itself: `separate_async`'s saved pi_old would follow every update and "
@@ -38,18 +34,12 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def fsdp2_sharded_save_to_cpu(model: torch.nn.Module) -> tuple[ShardedState, DTensorSpec]:
-        cpu_sharded_state, global_spec = original(model)
-        return detach_from_parameters(cpu_sharded_state, model), global_spec
-
-    install(TARGET, original, fsdp2_sharded_save_to_cpu)
+@ADAPTATION.replaces(TARGET)
+def fsdp2_sharded_save_to_cpu(
+    original: Callable[[torch.nn.Module], tuple[ShardedState, DTensorSpec]], model: torch.nn.Module
+) -> tuple[ShardedState, DTensorSpec]:
+    cpu_sharded_state, global_spec = original(model)
+    return detach_from_parameters(cpu_sharded_state, model), global_spec
 
 
 def detach_from_parameters(cpu_sharded_state: ShardedState, model: torch.nn.Module) -> ShardedState:

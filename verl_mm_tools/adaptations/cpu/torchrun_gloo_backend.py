@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import functools
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from types import ModuleType
 
 from verl_mm_tools.adaptations.cpu.gloo_backend import CPU_BACKEND
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 TARGET = Target(
@@ -18,36 +16,28 @@ TARGET = Target(
     "33a5452c4dde00591e00692a5f967cc7b424a3b7ebd9da7cb23697209ddbd0e1",
 )
 ADAPTATION = Adaptation(
-    row=32,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/torchrun_gloo_backend.py` (CPU only; the torchrun path: `verl.trainer.sft_trainer`)",
     targets=(TARGET,),
     what='verl\'s function with the backend `"cpu:gloo"` (and no `set_device`, a no-op on CPU)',
     why='verl builds `"cpu:gloo,{device}:{backend}"`, on CPU `"cpu:gloo,cpu:gloo"`: "ValueError: Duplicate device '
-    'type cpu in backend string" before the SFT trainer starts; the function takes no backend to pass on (row 4 is '
-    "its Ray twin)",
+    'type cpu in backend string" before the SFT trainer starts; the function takes no backend to pass on '
+    "(`gloo_backend` is its Ray twin)",
     applies_to=VERL,
     proof="`tests/adaptations/test_cpu_patches_on_cpu.py::"
     "test_without_the_torchrun_gloo_patch_torch_rejects_verls_backend_string_on_cpu`",
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
+# verl's function takes no backend to pass on, so this is verl's, with "cpu:gloo" (set_device is a no-op here)
+@ADAPTATION.replaces(TARGET)
+def initialize_global_process_group(
+    _original: Callable[..., tuple[int, int, int]], timeout_second: float = 36000
+) -> tuple[int, int, int]:
+    import torch.distributed
 
-    # verl's function takes no backend to pass on, so this is verl's, with "cpu:gloo" (set_device is a no-op here)
-    @functools.wraps(original)
-    def initialize_global_process_group(timeout_second: float = 36000) -> tuple[int, int, int]:
-        import torch.distributed
-
-        torch.distributed.init_process_group(
-            backend=CPU_BACKEND,
-            timeout=timedelta(seconds=timeout_second),
-            init_method=os.environ.get("DIST_INIT_METHOD", None),
-        )
-        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-    install(TARGET, original, initialize_global_process_group)
+    torch.distributed.init_process_group(
+        backend=CPU_BACKEND,
+        timeout=timedelta(seconds=timeout_second),
+        init_method=os.environ.get("DIST_INIT_METHOD", None),
+    )
+    return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

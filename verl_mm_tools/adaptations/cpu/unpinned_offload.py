@@ -5,10 +5,9 @@ parameters already live in host memory)."""
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
-from verl_mm_tools.adaptations.guard import PATCHED_MARK, checked, mark
+from verl_mm_tools.adaptations.guard import PATCHED_MARK, mark
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 OFFLOAD_MODULE = "verl.workers.engine.fsdp.transformer_impl"
@@ -16,10 +15,7 @@ TARGET = Target(  # the method that builds the policy: the module's CPUOffloadPo
     OFFLOAD_MODULE, "FSDPEngine._build_fsdp_module", "35b7b539858443e45894da2d9675fb5a1d7b2bbb7c7c8b35605b0746d3179213"
 )
 ADAPTATION = Adaptation(
-    row=7,
     section=Section.REPLACEMENTS,
-    where=f"`adaptations/cpu/unpinned_offload.py`: `{OFFLOAD_MODULE}.CPUOffloadPolicy`, the class the target calls "
-    "(CPU only)",
     targets=(TARGET,),
     what="a subclass that never pins memory",
     why="verl builds forward-only models (a KL loss's reference policy) with `CPUOffloadPolicy(pin_memory=True)`; "
@@ -31,10 +27,12 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
+@ADAPTATION.installs
+def unpinned_offload_policy(_build_fsdp_module: object) -> None:
+    """The module's ``CPUOffloadPolicy`` (``OFFLOAD_MODULE``), the class the checked target calls, becomes a subclass
+    that never pins. Once: the target is not what is replaced, so the guard cannot tell; the class's mark does."""
     module: Any = importlib.import_module(OFFLOAD_MODULE)  # patched below
-    original = module.CPUOffloadPolicy
-    if getattr(original, PATCHED_MARK, False) or checked(ADAPTATION) is None:
+    if getattr(module.CPUOffloadPolicy, PATCHED_MARK, False):
         return
 
     class UnpinnedCPUOffloadPolicy(module.CPUOffloadPolicy):  # original, verl's class

@@ -3,12 +3,10 @@ verl's own repair (reset the ragged index, for tensors that lost it in a pickle)
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.cpu.equal_length_position_ids import fix_ragged_position_ids
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -20,11 +18,9 @@ TARGET = Target(
     "dc8fa98190805633010a81a926e8d296da2a0b136f5db61160bb4c39d2de9397",
 )
 ADAPTATION = Adaptation(
-    row=6,
     section=Section.REPLACEMENTS,
-    where="`adaptations/cpu/v1_position_ids.py` (CPU only)",
     targets=(TARGET,),
-    what="repairs either way the ragged dimension went wrong (see 5, or lost in a pickle)",
+    what="repairs either way the ragged dimension went wrong (see `equal_length_position_ids`, or lost in a pickle)",
     why="on the v1 trainer the batch comes packed the same way from TransferQueue and verl's repair (reset the "
     "ragged index) turns it into the same crash",
     applies_to=VERL,
@@ -33,15 +29,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def maybe_fix_3d_position_ids(data: TensorDict) -> None:
-        if "position_ids" in data.keys():
-            data["position_ids"] = fix_ragged_position_ids(data["position_ids"])
-
-    install(TARGET, original, maybe_fix_3d_position_ids)
+@ADAPTATION.replaces(TARGET)
+def maybe_fix_3d_position_ids(_original: Callable[[TensorDict], None], data: TensorDict) -> None:
+    if "position_ids" in data.keys():
+        data["position_ids"] = fix_ragged_position_ids(data["position_ids"])

@@ -1,9 +1,11 @@
 """Fixes for verl bugs that any verl-mm-tools run can hit (CPU or GPU), and the ``remote:`` key of verl's tool YAML:
 one module each, applied by the plugin (``plugin.apply_verl_fixes``) when verl imports the module each one changes.
-Each module declares its ``ADAPTATION`` record (target, sha256, what, why, versions, proof test) and an ``apply``."""
+Each module declares its ``ADAPTATION`` record (target, sha256, what, why, versions, proof test) and the code that
+replaces its target (``Adaptation.replaces``) or installs it (``Adaptation.installs``); ``guard.apply`` installs it."""
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 from verl_mm_tools.adaptations.fixes import (
@@ -22,6 +24,7 @@ from verl_mm_tools.adaptations.fixes import (
     vllm_image_tokens,
     weight_sync,
 )
+from verl_mm_tools.adaptations.guard import apply_declared
 from verl_mm_tools.adaptations.import_order import call_after_import
 
 EVERY_RUN: tuple[ModuleType, ...] = (
@@ -46,4 +49,4 @@ def apply_verl_fixes() -> None:
     """Each fix right after verl imports the module of its (first) target: at once where verl imported it already.
     A target whose source changed refuses to start (``guard``), from inside that import."""
     for fix in EVERY_RUN:
-        call_after_import(fix.ADAPTATION.targets[0].module, fix.apply)
+        call_after_import(fix.ADAPTATION.targets[0].module, functools.partial(apply_declared, fix))

@@ -1,20 +1,18 @@
 """Every run with images whose family has a compact form (issue #59): a training sample carries its images as their
 resized uint8 pixels (``compact_image.CompactImages``, under the ``vmt_compact_*`` keys of ``multi_modal_inputs``, 1
-byte per byte) in place of the float ``pixel_values`` (4 to 8 bytes per byte), from the agent-loop worker (adaptation
-38) to the trainer. Every engine of verl 0.9.1 (FSDP, Megatron, TorchTitan, Automodel) reads a micro-batch's
-``multi_modal_inputs`` through ``verl.utils.model.extract_multi_modal_inputs``: the fix expands each selected sample's
-compact images there, just before the forward, into what verl's own processor pass would have given it (tensor for
-tensor), and verl's function then joins the micro-batch as before. A sample whose compact images cannot be expanded
-exactly stops the step with ``CompactImageError`` naming it; samples without compact images pass unchanged."""
+byte per byte) in place of the float ``pixel_values`` (4 to 8 bytes per byte), from the agent-loop worker
+(``fixes/processed_images.py``) to the trainer. Every engine of verl 0.9.1 (FSDP, Megatron, TorchTitan, Automodel)
+reads a micro-batch's ``multi_modal_inputs`` through ``verl.utils.model.extract_multi_modal_inputs``: the fix expands
+each selected sample's compact images there, just before the forward, into what verl's own processor pass would have
+given it (tensor for tensor), and verl's function then joins the micro-batch as before. A sample whose compact images
+cannot be expanded exactly stops the step with ``CompactImageError`` naming it; samples without compact images pass
+unchanged."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping, Sequence
-from types import ModuleType
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.compact_image import expanded_inputs
 
@@ -28,9 +26,7 @@ TARGET = Target(
     "8f1bc620119164af23603de01e8b5a677fa0c5d76629334078788004e3464691",
 )
 ADAPTATION = Adaptation(
-    row=42,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/compact_images.py` (every run; acts on samples that carry compact images)",
     targets=(TARGET,),
     what="expands each selected sample's compact images (`compact_image.expanded_inputs`: the image processor's own "
     "pipeline after its resize, on the resized uint8 pixels) into the pixel values verl's own processor pass gives, "
@@ -47,20 +43,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (extract,) = found
-
-    @functools.wraps(extract)
-    def extract_multi_modal_inputs(
-        batch_data: Sequence[Mapping[str, object] | NonTensorData | None], indices: list[int] | None = None
-    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
-        selected = batch_data if indices is None else [batch_data[i] for i in indices if i < len(batch_data)]
-        return extract([_expanded(inputs) for inputs in selected])
-
-    install(TARGET, extract, extract_multi_modal_inputs)
+@ADAPTATION.replaces(TARGET)
+def extract_multi_modal_inputs(
+    extract: Callable[..., dict[str, torch.Tensor | list[torch.Tensor]]],
+    batch_data: Sequence[Mapping[str, object] | NonTensorData | None],
+    indices: list[int] | None = None,
+) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+    selected = batch_data if indices is None else [batch_data[i] for i in indices if i < len(batch_data)]
+    return extract([_expanded(inputs) for inputs in selected])
 
 
 def _expanded(inputs: Mapping[str, object] | NonTensorData | None) -> dict[str, object] | None:

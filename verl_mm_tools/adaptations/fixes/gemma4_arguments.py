@@ -9,11 +9,9 @@ inside strings reach the parser whole."""
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.parsers.gemma4 import parse_gemma4_arguments
 
@@ -34,9 +32,7 @@ EXTRACT = Target(
     "b5866a37688c3afc68011eb14e178b5254530c2823522464ab1f1bd42ef2d1c6",
 )
 ADAPTATION = Adaptation(
-    row=29,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/gemma4_arguments.py`, the reader `parsers/gemma4.py` (every run)",
     targets=(PARSE, EXTRACT),
     what="reads a call's arguments as Gemma 4's chat template writes them (`parse_gemma4_arguments`: `<|\"|>` "
     "strings, nested `[...]` lists and `{key:value}` objects, bare true/false/null and numbers, other bare text a "
@@ -51,14 +47,7 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    parse, _ = found
-
-    @functools.wraps(parse)
-    def _parse_arguments(self: Gemma4ToolParser, args_str: str) -> dict:
-        return parse_gemma4_arguments(args_str)
-
-    install_method(PARSE, _parse_arguments)
+# parse: verl's reading, not called (the fix reads every value itself); extract_tool_calls is checked, not replaced
+@ADAPTATION.replaces(PARSE)
+def _parse_arguments(_parse: Callable[..., dict], self: Gemma4ToolParser, args_str: str) -> dict:
+    return parse_gemma4_arguments(args_str)

@@ -5,13 +5,11 @@ without root sizes the estimator gets its ``text_config``."""
 
 from __future__ import annotations
 
-import functools
 import importlib
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, mark
+from verl_mm_tools.adaptations.guard import calling, mark
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -22,9 +20,7 @@ TARGET = Target(
     FLOPS_MODULE, "_estimate_qwen2_flops", "cdfe1bd44db56fc162adf55efe994858e2b8bad7985a244e1b85653d44e34ff6"
 )
 ADAPTATION = Adaptation(
-    row=27,
     section=Section.REPLACEMENTS,
-    where=f'`adaptations/fixes/glm4v_flops.py`: `{FLOPS_MODULE}.ESTIMATE_FUNC["glm4v"]`, the target (every run)',
     targets=(TARGET,),
     what="gives the Qwen2 estimator the config's `text_config` where the root has no sizes",
     why="transformers 5's `Glm4vConfig` has no root `hidden_size`: the MFU estimate raises after the first update",
@@ -34,20 +30,23 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
+# not a replacement of the target: verl's Qwen2 models keep it; the fix goes in ESTIMATE_FUNC["glm4v"] only
+@ADAPTATION.implements
+def estimate_glm4v_flops(
+    estimate: Callable[..., float],
+    config: PretrainedConfig,
+    tokens_sum: int,
+    batch_seqlens: Sequence[int],
+    delta_time: float,
+) -> float:
+    language = config if hasattr(config, "hidden_size") else config.text_config
+    return estimate(language, tokens_sum, batch_seqlens, delta_time)
+
+
+@ADAPTATION.installs
+def install(estimate: Callable[..., float]) -> None:
+    """``estimate_glm4v_flops`` as ``ESTIMATE_FUNC["glm4v"]``, where verl has the Qwen2 estimator."""
     flops = importlib.import_module(FLOPS_MODULE)
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (estimate,) = found
     if flops.ESTIMATE_FUNC.get("glm4v") is not estimate:  # fixed already, or verl no longer uses it for GLM-V
         return
-
-    @functools.wraps(estimate)
-    def estimate_glm4v_flops(
-        config: PretrainedConfig, tokens_sum: int, batch_seqlens: Sequence[int], delta_time: float
-    ) -> float:
-        language = config if hasattr(config, "hidden_size") else config.text_config
-        return estimate(language, tokens_sum, batch_seqlens, delta_time)
-
-    flops.ESTIMATE_FUNC["glm4v"] = mark(estimate_glm4v_flops)
+    flops.ESTIMATE_FUNC["glm4v"] = mark(calling(estimate_glm4v_flops, estimate))

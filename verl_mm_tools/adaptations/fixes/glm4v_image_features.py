@@ -6,11 +6,9 @@ and calls ``.shape`` on it; transformers >= 5 returns a ``BaseModelOutputWithPoo
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -23,9 +21,7 @@ TARGET = Target(
     "f68d147a215d1b6799cfa6ea8c04541fc2f3cacb5a2dc7284f673b49eb00fd7e",
 )
 ADAPTATION = Adaptation(
-    row=26,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/glm4v_image_features.py` (every run)",
     targets=(TARGET,),
     what="runs verl's function on a view of the model whose `visual(...)` returns the unpacked features",
     why="transformers 5 returns a `BaseModelOutputWithPooling`; verl's GLM code calls `.shape` on it (its Qwen code "
@@ -36,22 +32,19 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    # model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
-    @functools.wraps(original)
-    def _get_input_embeds(
-        model: Glm4vModel, input_ids: torch.LongTensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return original(UnpackedVisual(model), input_ids, *args, **kwargs)
-
-    install(TARGET, original, _get_input_embeds)
+# model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
+@ADAPTATION.replaces(TARGET)
+def _get_input_embeds(
+    original: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    model: Glm4vModel,
+    input_ids: torch.LongTensor,
+    *args: object,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return original(UnpackedVisual(model), input_ids, *args, **kwargs)
 
 
+@ADAPTATION.implements
 class UnpackedVisual:
     """A view of a VLM whose ``visual(...)`` returns the image features themselves (transformers >= 5 wraps them in
     a ``BaseModelOutputWithPooling``); every other attribute is the model's."""

@@ -8,15 +8,13 @@ context does not start with (no call was parsed, a user turn follows) is left to
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
-    from verl.utils.tokenizer.continuous_token import GLMContinuousTokenBuilder
+    from verl.utils.tokenizer.continuous_token import GLMContinuousTokenBuilder, MergeResult
 
 TARGET = Target(
     "verl.utils.tokenizer.continuous_token",
@@ -24,9 +22,7 @@ TARGET = Target(
     "61be7850b07d69f88b4106bcc90b0fdcd98ce0e0ee23d717d26871c49e73288a",
 )
 ADAPTATION = Adaptation(
-    row=24,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/glm_stop_token.py` (every run)",
     targets=(TARGET,),
     what="when the appended context starts with the stop token the prefix ends with (`<|observation|>` after a tool "
     "call), the generated one stays and the context's copy goes",
@@ -37,21 +33,18 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (merge,) = found
-    from verl.utils.tokenizer.continuous_token import MergeResult
+@ADAPTATION.replaces(TARGET)
+def _merge_context_token_ids(
+    merge: Callable[..., MergeResult],
+    self: GLMContinuousTokenBuilder,
+    runtime_token_ids: list[int],
+    appended_token_ids: list[int],
+    **kwargs: object,
+) -> MergeResult:
+    stop = runtime_token_ids[-1] if runtime_token_ids else None
+    if stop in self._ambiguous_boundary_ids and appended_token_ids and appended_token_ids[0] == stop:
+        from verl.utils.tokenizer.continuous_token import MergeResult
 
-    @functools.wraps(merge)
-    def _merge_context_token_ids(
-        self: GLMContinuousTokenBuilder, runtime_token_ids: list[int], appended_token_ids: list[int], **kwargs: object
-    ) -> MergeResult:
-        stop = runtime_token_ids[-1] if runtime_token_ids else None
-        if stop in self._ambiguous_boundary_ids and appended_token_ids and appended_token_ids[0] == stop:
-            appended = list(appended_token_ids[1:])
-            return MergeResult(token_ids=[*runtime_token_ids, *appended], appended_token_count=len(appended))
-        return merge(self, runtime_token_ids, appended_token_ids, **kwargs)
-
-    install_method(TARGET, _merge_context_token_ids)
+        appended = list(appended_token_ids[1:])
+        return MergeResult(token_ids=[*runtime_token_ids, *appended], appended_token_count=len(appended))
+    return merge(self, runtime_token_ids, appended_token_ids, **kwargs)

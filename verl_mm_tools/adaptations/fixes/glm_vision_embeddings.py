@@ -8,12 +8,9 @@ unit (gathered with it); every other target stays verl's."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Collection
-from types import ModuleType
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -26,9 +23,7 @@ TARGET = Target(
     "d0407bee733b05d85099945ae1f905bfa6612fe1b1c6615caaa1fc6ead884b1b",
 )
 ADAPTATION = Adaptation(
-    row=25,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/glm_vision_embeddings.py` (every run)",
     targets=(TARGET,),
     what="leaves embeddings whose parent is a `*VisionEmbeddings` module (GLM-V's vision position embeddings) to "
     "their parent's FSDP2 unit",
@@ -41,24 +36,17 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def _select_fsdp2_wrap_targets(
-        model: PreTrainedModel, fsdp_transformer_layer_cls_to_wrap: Collection[str]
-    ) -> list[torch.nn.Module]:
-        read_directly = {id(module) for module in weight_read_embeddings(model)}
-        return [
-            module for module in original(model, fsdp_transformer_layer_cls_to_wrap) if id(module) not in read_directly
-        ]
-
-    install(TARGET, original, _select_fsdp2_wrap_targets)
+@ADAPTATION.replaces(TARGET)
+def _select_fsdp2_wrap_targets(
+    original: Callable[..., list[torch.nn.Module]],
+    model: PreTrainedModel,
+    fsdp_transformer_layer_cls_to_wrap: Collection[str],
+) -> list[torch.nn.Module]:
+    read_directly = {id(module) for module in weight_read_embeddings(model)}
+    return [module for module in original(model, fsdp_transformer_layer_cls_to_wrap) if id(module) not in read_directly]
 
 
+@ADAPTATION.implements
 def weight_read_embeddings(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Embeddings whose weight their parent reads directly instead of calling them (GLM-V's vision position
     embeddings): FSDP2 would never gather them as units of their own."""

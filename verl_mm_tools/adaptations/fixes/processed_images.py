@@ -3,20 +3,18 @@ its position ids) by running the HF processor over the sample's text and every o
 (``AgentLoopWorker._compute_multi_modal_inputs``, on both trainers, and again in ``_compute_score`` for a streamed
 reward). The mm_tool loop has processed each image already, once, in the render that admitted it
 (``agent_loop/image_features.py``). Fixed: for an output that hands it its trajectory's ``ImageFeatureStore``
-(``agent_loop/loop_output.py``, adaptation 43), verl's method runs as it is on the store's copy of the same
+(``agent_loop/loop_output.py``, its adaptation), verl's method runs as it is on the store's copy of the same
 processor, whose image processor returns the kept outputs (bit for bit the real one's) without pixel values, and the
 sample carries its images' compact forms instead (``compact_image.CompactImages.inputs``; the trainer expands them:
-adaptation 42). A family without a compact form gets the kept float pixel values. Any other output (another loop's,
-an image the store has not seen) takes verl's path unchanged."""
+``fixes/compact_images.py``). A family without a compact form gets the kept float pixel values. Any other output
+(another loop's, an image the store has not seen) takes verl's path unchanged."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.compact_image import PIXEL_PREFIX
 
@@ -30,14 +28,13 @@ TARGET = Target(
     "c1bf0d04b7399d10ea9cbc6a6e0beb7f708a40e90ee8ee19d2b582cae235f410",
 )
 ADAPTATION = Adaptation(
-    row=38,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/processed_images.py` (every run)",
     targets=(TARGET,),
     what="runs verl's method on the trajectory's `ImageFeatureStore` processor (`agent_loop/image_features.py`): "
     "the text is processed as before, each image's grid is the one kept from the render that admitted it, and its "
-    "pixels go as their compact form (the `vmt_compact_*` keys of `multi_modal_inputs`, expanded by row 42) or, "
-    "for a family without one, as the kept float pixel values; outputs without a store take verl's path",
+    "pixels go as their compact form (the `vmt_compact_*` keys of `multi_modal_inputs`, expanded by the compact "
+    "images' fix, `adaptations/fixes/compact_images.py`) or, for a family without one, as the kept float pixel "
+    "values; outputs without a store take verl's path",
     why="verl runs the image processor again over every image of every training sample (with `export: per_turn`, "
     "1 + 2 + ... + n images for n turns): the largest CPU cost of the rollout outside generation (issue #49)",
     applies_to=VERL,
@@ -46,34 +43,30 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-    # imported here, once verl's agent-loop module (which it extends) is: not at plugin load (~2 s of every import
-    # verl). Read at each call: when loop_output's own import of verl's module runs this, it is not finished yet.
+@ADAPTATION.replaces(TARGET)
+def _compute_multi_modal_inputs(
+    original: Callable[..., dict[str, torch.Tensor]],
+    self: AgentLoopWorker,
+    output: AgentLoopOutput,
+    input_ids: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    # imported at the call, once verl's agent-loop module (which it extends) is: not at plugin load (~2 s of every
+    # import verl), nor at install: loop_output's own import of verl's module installs this, before it is finished.
     from verl_mm_tools.agent_loop import loop_output
 
-    @functools.wraps(original)
-    def _compute_multi_modal_inputs(
-        self: AgentLoopWorker, output: AgentLoopOutput, input_ids: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        store = loop_output.image_store(output)
-        if store is None or store.source is not self.processor:
-            return original(self, output, input_ids)
-        images = (output.multi_modal_data or {}).get("images") or []
-        compact = store.compact_images(images) if images else None
-        processor = self.processor
-        self.processor = store.processor  # synchronous: no other coroutine of the worker runs meanwhile
-        try:
-            # compact images: the store's processor gives no pixel values outside with_pixels
-            with store.with_pixels() if compact is None else contextlib.nullcontext():
-                inputs = original(self, output, input_ids)
-        finally:
-            self.processor = processor
-        if compact is not None and not any(key.startswith(PIXEL_PREFIX) for key in inputs):
-            inputs.update(compact.inputs())
-        return inputs
-
-    install_method(TARGET, _compute_multi_modal_inputs)
+    store = loop_output.image_store(output)
+    if store is None or store.source is not self.processor:
+        return original(self, output, input_ids)
+    images = (output.multi_modal_data or {}).get("images") or []
+    compact = store.compact_images(images) if images else None
+    processor = self.processor
+    self.processor = store.processor  # synchronous: no other coroutine of the worker runs meanwhile
+    try:
+        # compact images: the store's processor gives no pixel values outside with_pixels
+        with store.with_pixels() if compact is None else contextlib.nullcontext():
+            inputs = original(self, output, input_ids)
+    finally:
+        self.processor = processor
+    if compact is not None and not any(key.startswith(PIXEL_PREFIX) for key in inputs):
+        inputs.update(compact.inputs())
+    return inputs

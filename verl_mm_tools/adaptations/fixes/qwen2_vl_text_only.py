@@ -8,11 +8,9 @@ Qwen3-VL code does (``unpack_visual_output``) and leaves every other case to ver
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -25,9 +23,7 @@ TARGET = Target(
     "16ff653d7bc184afe1a2221e7aa8e0894e95b3c796a0c647609cfd7f849e6132",
 )
 ADAPTATION = Adaptation(
-    row=2,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/qwen2_vl_text_only.py` (every run, applied when verl imports the module)",
     targets=(TARGET,),
     what="a micro-batch without images runs the vision tower on a dummy image the way verl's Qwen3-VL code does "
     "(`unpack_visual_output`)",
@@ -39,32 +35,26 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    # model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
-    @functools.wraps(original)
-    def _get_input_embeds(
-        model: Qwen2VLModel,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        pixel_values: torch.FloatTensor | None = None,
-        pixel_values_videos: torch.FloatTensor | None = None,
-        image_grid_thw: torch.LongTensor | None = None,
-        video_grid_thw: torch.LongTensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if pixel_values is not None or pixel_values_videos is not None:
-            return original(
-                model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw
-            )
-        return text_only_input_embeds(model, input_ids, attention_mask)
-
-    install(TARGET, original, _get_input_embeds)
+# model: the base model whose forward verl replaces (verl's annotation names the ForConditionalGeneration class)
+@ADAPTATION.replaces(TARGET)
+def _get_input_embeds(
+    original: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    model: Qwen2VLModel,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    pixel_values: torch.FloatTensor | None = None,
+    pixel_values_videos: torch.FloatTensor | None = None,
+    image_grid_thw: torch.LongTensor | None = None,
+    video_grid_thw: torch.LongTensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if pixel_values is not None or pixel_values_videos is not None:
+        return original(
+            model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw
+        )
+    return text_only_input_embeds(model, input_ids, attention_mask)
 
 
+@ADAPTATION.implements
 def text_only_input_embeds(
     model: Qwen2VLModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

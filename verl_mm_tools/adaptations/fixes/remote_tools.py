@@ -4,11 +4,14 @@ target of this package) by one that builds a ``RemoteTool`` (``verl_mm_tools.rem
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
+
+if TYPE_CHECKING:
+    from verl.tools.base_tool import BaseTool
 
 TARGET = Target(
     "verl.tools.tool_registry",
@@ -16,10 +19,7 @@ TARGET = Target(
     "7ab06dbb057968545ea13115f120910135eb9b9e64a78fbfaaba7ca646744b00",
 )
 ADAPTATION = Adaptation(
-    row=9,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/remote_tools.py` (every run, installed when verl imports its tool registry; the tool "
-    "itself is `remote/tool.py`)",
     targets=(TARGET,),
     what="builds a `RemoteTool` (a Ray actor pool) for each tool-YAML entry with `remote:`, leaves every other entry "
     "to verl",
@@ -31,12 +31,12 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
+@ADAPTATION.replaces(TARGET)
+def initialize_tools_from_config(
+    original: Callable[..., list[BaseTool]], tools_config_file: str | Path | IO[str]
+) -> list[BaseTool]:
+    # imported at the call (verl loads its tools once per worker): the remote tool imports verl's tool modules, which
+    # the plugin's load must not
     from verl_mm_tools.remote.tool import with_remote_tools
 
-    # wrapped: the target's source (and hash) stays reachable through __wrapped__, as for every replacement
-    install(TARGET, original, functools.update_wrapper(with_remote_tools(original), original))
+    return with_remote_tools(original)(tools_config_file)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import MutableMapping
-from types import ModuleType
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from verl_mm_tools.adaptations.guard import checked
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
@@ -21,9 +19,7 @@ TARGET = Target(
     "792593a969da40cff043ead652eb55f8dd1f3f21882808f25b579632718c36b5",
 )
 ADAPTATION = Adaptation(
-    row=40,
     section=Section.REPLACEMENTS,
-    where=f"`adaptations/fixes/separate_async_logger.py`: `{SEPARATE_ASYNC_MODULE}.logger` (every run)",
     targets=(TARGET,),
     what="the module's logger ignores the `flush` keyword its `_setup` passes",
     why="with `actor_rollout_ref.hybrid_engine=false` the trainer's start-up raises `TypeError: Logger._log() got an "
@@ -36,6 +32,7 @@ ADAPTATION = Adaptation(
 )
 
 
+@ADAPTATION.implements
 class FlushIgnoringLogger(logging.LoggerAdapter):
     """A logger that takes ``print``'s ``flush`` keyword and drops it (logging handlers flush each record anyway)."""
 
@@ -44,9 +41,10 @@ class FlushIgnoringLogger(logging.LoggerAdapter):
         return msg, kwargs
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    if checked(ADAPTATION) is None:
-        return
+# _setup: checked only (it logs with flush=True); the module's logger is what changes
+@ADAPTATION.installs
+def install(_setup: Callable[..., None]) -> None:
+    """The module's logger as a ``FlushIgnoringLogger``."""
     module: Any = importlib.import_module(SEPARATE_ASYNC_MODULE)
     if not isinstance(module.logger, FlushIgnoringLogger):
         module.logger = FlushIgnoringLogger(module.logger, {})

@@ -7,11 +7,9 @@ a key gets None for it, which verl's collator already stores for rows after the 
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -23,9 +21,7 @@ TARGET = Target(
     "70f7827fbec87c55f485f6c82000ee557380533cac65ce19fb9fe4058d91b178",
 )
 ADAPTATION = Adaptation(
-    row=34,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/sft_rows_without_images.py` (every run that collates `pad_mode: no_padding` SFT batches)",
     targets=(TARGET,),
     what="gives a row without a non-tensor key other rows have (`multi_modal_inputs`) None for it, as verl's collator "
     "already does for rows after the first (the engine skips None)",
@@ -37,19 +33,14 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (collate,) = found
-
-    @functools.wraps(collate)
-    def collate_variable_batch(self: SFTTensorCollator, batch: list[dict]) -> dict[str, object]:
-        return collate(self, with_absent_keys_as_none(batch))
-
-    install_method(TARGET, collate_variable_batch)
+@ADAPTATION.replaces(TARGET)
+def collate_variable_batch(
+    collate: Callable[..., dict[str, object]], self: SFTTensorCollator, batch: list[dict]
+) -> dict[str, object]:
+    return collate(self, with_absent_keys_as_none(batch))
 
 
+@ADAPTATION.implements
 def with_absent_keys_as_none(batch: list[dict]) -> list[dict]:
     """Each row with None for the non-tensor keys (``multi_modal_inputs``) that only other rows have."""
     import torch

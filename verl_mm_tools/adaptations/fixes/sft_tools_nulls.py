@@ -9,12 +9,10 @@ Parquet added (``without_nulls``). verl's reading is otherwise unchanged."""
 
 from __future__ import annotations
 
-import functools
 import json
-from types import ModuleType
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -32,10 +30,7 @@ BUILD = Target(
     "8c2ffb7e4cbd90b4cb2b9f0c55562186c2d714c54036995f326e2b10dc786575",
 )
 ADAPTATION = Adaptation(
-    row=31,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/sft_tools_nulls.py` (every run that builds the dataset: "
-    "`python -m verl.trainer.sft_trainer`)",
     targets=(READ, BUILD),
     what="decodes a `tools` cell written as JSON text (`export-sft` writes it so: exact, key order kept); drops the "
     "None values Parquet added to a tools list of dicts and to each message (`without_nulls`)",
@@ -49,27 +44,19 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    read, build = found
+@ADAPTATION.replaces(READ)
+def _read_files_and_process(read: Callable[..., None], self: MultiTurnSFTDataset) -> None:
+    read(self)
+    if self.tools is not None:
+        self.tools = [read_tools_cell(tools, row) for row, tools in enumerate(self.tools)]
 
-    @functools.wraps(read)
-    def _read_files_and_process(self: MultiTurnSFTDataset) -> None:
-        read(self)
-        if self.tools is not None:
-            self.tools = [read_tools_cell(tools, row) for row, tools in enumerate(self.tools)]
 
-    @functools.wraps(build)
-    def _build_messages(self: MultiTurnSFTDataset, example: dict) -> list:
-        from verl.utils.py_functional import convert_nested_value_to_list_recursive
+@ADAPTATION.replaces(BUILD)
+def _build_messages(build: Callable[..., list], self: MultiTurnSFTDataset, example: dict) -> list:
+    from verl.utils.py_functional import convert_nested_value_to_list_recursive
 
-        messages = convert_nested_value_to_list_recursive(example[self.messages_key])
-        return build(self, {**example, self.messages_key: without_nulls(messages)})
-
-    install_method(READ, _read_files_and_process)
-    install_method(BUILD, _build_messages)
+    messages = convert_nested_value_to_list_recursive(example[self.messages_key])
+    return build(self, {**example, self.messages_key: without_nulls(messages)})
 
 
 def read_tools_cell(cell: object, row: int) -> object:
@@ -84,6 +71,7 @@ def read_tools_cell(cell: object, row: int) -> object:
         ) from None
 
 
+@ADAPTATION.implements
 def without_nulls(value: object) -> object:
     """``value`` with every None-valued dict entry removed, at any depth (what Parquet adds to a struct column)."""
     if isinstance(value, dict):

@@ -8,12 +8,9 @@ families are not handled (mm_tool's tools return images)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable
-from types import ModuleType
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -25,10 +22,7 @@ TARGET = Target(
     "feb6190733badcd3b7040c61db5814d55dd87ef0c979a0018a508b423f908892",
 )
 ADAPTATION = Adaptation(
-    row=30,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/vllm_image_tokens.py`: the target as verl's vLLM server (`vllm_async_server`) binds it "
-    "(every run)",
     targets=(TARGET,),
     what="for every image processor but Qwen-VL's, sends vLLM the prompt as the chat template wrote it "
     "(`unexpanded_image_tokens`: each image's placeholder run as one placeholder, without the `<|image>` / `<image|>` "
@@ -43,23 +37,19 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (dedup,) = found
-
-    @functools.wraps(dedup)
-    def qwen2_5_vl_dedup_image_tokens(prompt_ids: list[int], processor: ProcessorMixin) -> list[int]:
-        image_processor = getattr(processor, "image_processor", None)
-        if image_processor is None or "Qwen2VLImageProcessor" in type(image_processor).__name__:
-            return dedup(prompt_ids, processor)
-        return unexpanded_image_tokens(prompt_ids, processor)
-
-    install(TARGET, dedup, qwen2_5_vl_dedup_image_tokens)
+# installed where verl's vLLM server (`vllm_async_server`) binds it by name, too
+@ADAPTATION.replaces(TARGET)
+def qwen2_5_vl_dedup_image_tokens(
+    dedup: Callable[..., list[int]], prompt_ids: list[int], processor: ProcessorMixin
+) -> list[int]:
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None or "Qwen2VLImageProcessor" in type(image_processor).__name__:
+        return dedup(prompt_ids, processor)
+    return unexpanded_image_tokens(prompt_ids, processor)
 
 
 # processor: a family's own (GLM-V's, Gemma 4's), whose image_token, boi_token and eoi_token ProcessorMixin lacks
+@ADAPTATION.implements
 def unexpanded_image_tokens(prompt_ids: Iterable[int], processor: Any) -> list[int]:
     """The prompt as the chat template wrote it, before the processor expanded each image: each run of the image
     placeholder as one token, without the begin- and end-of-image tokens the processor put around the run (Gemma's

@@ -9,15 +9,12 @@ acknowledgement stays an empty message)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import pickle
 from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
 from verl_mm_tools.errors import VerlMMToolsError
 
@@ -55,9 +52,7 @@ DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 600.0
 ERROR_REPLY = "verl_mm_tools_weight_sync_error"
 _FAILURE = "_verl_mm_tools_failure"
 ADAPTATION = Adaptation(
-    row=3,
     section=Section.REPLACEMENTS,
-    where="`adaptations/fixes/weight_sync.py` (every run)",
     targets=(RECEIVE, CLEANUP, INIT_SOCKET),
     what="a bucket vLLM fails to load is answered with its error, the sender raises `WeightSyncError` with it, or "
     f"after `{WEIGHT_SYNC_TIMEOUT_ENV}` (default 600 s) without an answer",
@@ -68,44 +63,37 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply(_module: ModuleType | None = None) -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    receive, cleanup, init_socket = found
+@ADAPTATION.replaces(RECEIVE)
+def receive_weights(receive: Callable[..., None], self: BucketedWeightReceiver, on_bucket_received: OnBucket) -> None:
+    def load_bucket(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
+        try:
+            on_bucket_received(weights, is_last)
+        except BaseException as error:
+            setattr(self, _FAILURE, error)
+            raise
 
-    @functools.wraps(receive)
-    def receive_weights(self: BucketedWeightReceiver, on_bucket_received: OnBucket) -> None:
-        def load_bucket(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
-            try:
-                on_bucket_received(weights, is_last)
-            except BaseException as error:
-                setattr(self, _FAILURE, error)
-                raise
+    return receive(self, load_bucket)
 
-        return receive(self, load_bucket)
 
-    @functools.wraps(cleanup)
-    def _cleanup(self: BucketedWeightReceiver) -> None:
-        failure = getattr(self, _FAILURE, None)
-        if failure is None:
-            return cleanup(self)
-        answer_failed_bucket(self, failure)
+@ADAPTATION.replaces(CLEANUP)
+def _cleanup(cleanup: Callable[..., None], self: BucketedWeightReceiver) -> None:
+    failure = getattr(self, _FAILURE, None)
+    if failure is None:
+        return cleanup(self)
+    answer_failed_bucket(self, failure)
 
-    @functools.wraps(init_socket)
-    def _init_socket(self: BucketedWeightSender) -> None:
-        init_socket(self)
-        self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())  # type: ignore[assignment, arg-type, unused-ignore]  # verl's attribute is typed by its None default; a zmq socket by now
 
-    install_method(RECEIVE, receive_weights)
-    install_method(CLEANUP, _cleanup)
-    install_method(INIT_SOCKET, _init_socket)
+@ADAPTATION.replaces(INIT_SOCKET)
+def _init_socket(init_socket: Callable[..., None], self: BucketedWeightSender) -> None:
+    init_socket(self)
+    self.socket = CheckedReplies(self.socket, weight_sync_timeout_s())  # type: ignore[assignment, arg-type, unused-ignore]  # verl's attribute is typed by its None default; a zmq socket by now
 
 
 class WeightSyncError(VerlMMToolsError, RuntimeError):
     """The rollout engine did not take the trainer's weights."""
 
 
+@ADAPTATION.implements
 def answer_failed_bucket(receiver: BucketedWeightReceiver, failure: BaseException) -> None:
     """Release what the receiver holds and answer the bucket it failed on with the error (the sender waits for it)."""
     receiver.buffer = None
@@ -129,6 +117,7 @@ def weight_sync_timeout_s() -> float:
         raise WeightSyncError(f"{WEIGHT_SYNC_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
 
 
+@ADAPTATION.implements
 class CheckedReplies:
     """The sender's ZMQ socket: ``send_pyobj`` and ``recv`` raise ``WeightSyncError`` when the engine does not take
     the message in time (a REQ socket blocks on send until a receiver connects), ``recv`` also on an error answer."""

