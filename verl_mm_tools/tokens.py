@@ -5,7 +5,6 @@ the image placeholder ids, and how many placeholder tokens the processor makes f
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
@@ -41,20 +40,11 @@ def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int | None:
     return found if tokenizer.convert_ids_to_tokens(found) == token else None
 
 
-# id(tokenizer) -> (weak reference to it, its vision token ids): verl builds a loop per trajectory, so look them up
-# once per tokenizer
-_VISION_IDS: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
-
-
 def vision_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Ids of the vision placeholder tokens the model must never generate itself."""
-    cached = _VISION_IDS.get(id(tokenizer))
-    if cached is not None and cached[0]() is tokenizer:
-        return cached[1]
+    """Ids of the vision placeholder tokens the model must never generate itself (looked up once per worker by
+    ``agent_loop.startup.WorkerSetup``, once per engine by ``cpu.hf_engine``)."""
     ids = (token_id(tokenizer, token) for token in VISION_TOKENS)
-    found = frozenset(found for found in ids if found is not None)
-    _VISION_IDS[id(tokenizer)] = (weakref.ref(tokenizer), found)
-    return found
+    return frozenset(found for found in ids if found is not None)
 
 
 def stop_ids(generation_eos: int | list[int] | None, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

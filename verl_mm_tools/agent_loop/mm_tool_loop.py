@@ -4,7 +4,7 @@ tool parser) plus what verl lacks for multimodal tool use. This module is the st
 - ``tool_runner``: a tool turn (sessions, timeouts, cancellation, image admission, truncation);
 - ``export``: where a trajectory's training samples split (``export`` per_trajectory / per_turn / auto);
 - ``output``: the validated outputs, with every field verl's loop sets, or a masked one for a failed trajectory;
-- ``startup``: what is checked and resolved once per run (step hook, export, tool format);
+- ``startup``: what is derived, checked and resolved once per worker (``WorkerSetup``, step hook, export, tool format);
 - ``state``: the trajectory's state, turns, stop reason and statistics, the one thing attached to ``AgentData``.
 
 Any error ends only its own trajectory, as a valid output with a zeroed response mask (a ConfigError stops the run).
@@ -109,12 +109,11 @@ class MMToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         # aborted replies raise; prefix-cache hits kept (a wrapper of verl's client, with its generate)
         self.server_manager = CheckedEngine(self.server_manager)  # type: ignore[assignment, unused-ignore]
-        constants = startup.worker_constants(
+        setup = startup.worker_setup(  # derived once per worker: verl builds its loops on one config
             self.config, self.processor, self.tokenizer, self.mm_processor_kwargs, self.apply_chat_template_kwargs
         )
-        loop_options = MMToolLoopConfig.from_options(options, limit_images=constants.limit_images)
-        self.context = self._context(loop_options, constants)
-        self.end_of_turn = startup.end_of_turn_ids(self.config, constants.tokenizer)
+        self.context = self._context(MMToolLoopConfig.from_options(options, limit_images=setup.limit_images), setup)
+        self.end_of_turn = setup.end_of_turn
         self.tool_runner = ToolRunner(
             self.context.options,
             self.max_parallel_calls,
@@ -128,37 +127,37 @@ class MMToolAgentLoop(ToolAgentLoop):
         self.exporter = Exporter(self.context)
         self.outputs = OutputBuilder(self.context)
 
-    def _context(self, options: MMToolLoopConfig, constants: startup.WorkerConstants) -> LoopContext:
+    def _context(self, options: MMToolLoopConfig, setup: startup.WorkerSetup) -> LoopContext:
         """The loop's settings, checked, and what its parts read of it (they never hold the loop)."""
-        check_pixel_bounds(options, constants.geometry)
-        turn_credit = startup.turn_credit(self.config, options)
-        startup.check_export(self.config, options.export, constants.traits)
-        placeholder_ids = constants.placeholder_ids
+        check_pixel_bounds(options, setup.geometry)
+        setup.check_step_hook(options)  # these two: once per worker and option value
+        setup.check_export(options.export)
+        placeholder_ids = setup.placeholder_ids
         return LoopContext(
-            tokenizer=constants.tokenizer,  # verl's, as transformers makes them (verl annotates the Auto factories)
-            processor=constants.processor,
+            tokenizer=setup.tokenizer,  # verl's, as transformers makes them (verl annotates the Auto factories)
+            processor=setup.processor,
             options=options,
-            model_path=constants.model_path,
+            model_path=setup.model_path,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
-            calculate_log_probs=constants.calculate_log_probs,
+            calculate_log_probs=setup.calculate_log_probs,
             apply_chat_template_kwargs=self.apply_chat_template_kwargs,
-            tool_format=startup.tool_format(bool(self.tools), options, constants.traits, self.tool_parser_name),
-            traits=constants.traits,
+            tool_format=startup.tool_format(bool(self.tools), options, setup.traits, self.tool_parser_name),
+            traits=setup.traits,
             files=FileRoots.from_config(options.file_roots),
             tools=self.tools,
-            geometry=constants.geometry,
+            geometry=setup.geometry,
             placeholder_ids=placeholder_ids,
             image_token_id=placeholder_ids[0] if placeholder_ids else None,
-            forbidden_generated=constants.forbidden_generated,
-            turn_credit=turn_credit,
-            turn_gamma=startup.turn_gamma(self.config, turn_credit),
+            forbidden_generated=setup.forbidden_generated,
+            turn_credit=setup.turn_credit,
+            turn_gamma=setup.turn_gamma,
             run_in_executor=self.loop.run_in_executor,
             build_initial_tokens=self.continuous_token_builder.build_initial_tokens,
             video_payload=self.build_sglang_video_payload,
             process_multi_modal_info=self.process_multi_modal_info,
             mm_processor_kwargs=self._get_mm_processor_kwargs,
-            new_request_id=lambda priority: self._make_request_id(priority, constants.full_determinism),
+            new_request_id=lambda priority: self._make_request_id(priority, setup.full_determinism),
         )
 
     # ----- one trajectory -------------------------------------------------------------------------------------

@@ -1,16 +1,15 @@
-"""What the mm_tool loop checks and resolves once per run rather than per trajectory (verl builds a loop per
-trajectory, every one on its worker's one trainer config): the step hook the options need, the export the trainer
-can take, and the tool format the chat template needs (logged once).
+"""What the mm_tool loop checks and resolves once per worker rather than per trajectory (verl builds a loop per
+trajectory, every one on its worker's one trainer config): the worker's constants, the step hook the options need,
+the export the trainer can take, and the tool format the chat template needs (logged once).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import weakref
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import OmegaConf
 
@@ -38,34 +37,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
+@dataclass(frozen=True, eq=False)
+class WorkerSetup:
+    """What every loop of a verl agent-loop worker derives alike from the worker's trainer config, processor and
+    tokenizer, held with them (strongly: no other object takes their identities while the setup lives). Derived anew
+    for each trajectory, it would cost 1.5 ms (DictConfig reads, processor inspection, the generation config file)
+    and its checks 1.1 ms more, against 6.5 ms for a whole loop construction (56 px, 2026-12-02, a loaded 2-core
+    machine). The checks that also read a loop's options run once per option value (``check_step_hook``,
+    ``check_export``)."""
 
-class PerConfig(Generic[T]):
-    """Values computed once per trainer config object and key. Held by the config's identity and weakly, so an
-    entry goes with its config and a later config at the same address never inherits it. (A DictConfig hashes by
-    its whole text: too slow to look up per trajectory.)"""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, dict[Hashable, T]]] = {}
-
-    def get(self, config: object, key: Hashable, compute: Callable[[], T]) -> T:
-        entry = self._entries.get(id(config))
-        if entry is None or entry[0]() is not config:
-            address = id(config)
-            entry = (weakref.ref(config, lambda _: self._entries.pop(address, None)), {})
-            self._entries[address] = entry
-        values = entry[1]
-        if key not in values:
-            values[key] = compute()
-        return values[key]
-
-
-@dataclass(frozen=True)
-class WorkerConstants:
-    """What every loop of a worker derives alike from its trainer config, processor and tokenizer. Derived anew for
-    each trajectory, this cost ~0.15 ms of DictConfig reads and processor inspection (bench figure 1, 56 px)."""
-
+    trainer_config: DictConfig
     processor: ProcessorMixin | None  # None for a text-only model
     tokenizer: PreTrainedTokenizerBase
     limit_images: int | None
@@ -76,46 +58,71 @@ class WorkerConstants:
     placeholder_ids: tuple[int | None, int | None] | None
     forbidden_generated: frozenset[int]
     traits: TemplateTraits
+    end_of_turn: frozenset[int]  # every token that ends a generated turn (``end_of_turn_ids``)
+    turn_credit: bool  # whether the run's advantage estimator is turn credit
+    turn_gamma: float  # algorithm.gamma with turn credit, else 1.0 (``turn_gamma``)
+    _passed: set[Hashable] = field(default_factory=set, repr=False)  # the option-dependent checks passed so far
+
+    def derived_from(self, trainer_config: object, processor: object, tokenizer: object) -> bool:
+        """Whether this setup was derived from these very objects."""
+        return self.trainer_config is trainer_config and self.processor is processor and self.tokenizer is tokenizer
+
+    def check_step_hook(self, options: MMToolLoopConfig) -> None:
+        """Dumps and turn credit need the trainer-side step hook; without it, say once what the run lacks."""
+        self._once(("step hook", bool(options.dump_dir)), lambda: _check_step_hook(self, options))
+
+    def check_export(self, export: Export) -> None:
+        """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
+        deserves per_turn (said once)."""
+        self._once(("export", export), lambda: _check_export(self.trainer_config, export, self.traits))
+
+    def _once(self, key: Hashable, check: Callable[[], None]) -> None:
+        """Runs a check the first time its key comes; one that raised runs again for the next loop."""
+        if key not in self._passed:
+            check()
+            self._passed.add(key)
 
 
-_turn_credit: PerConfig[bool] = PerConfig()
-_worker_constants: PerConfig[WorkerConstants] = PerConfig()
-_end_of_turn: PerConfig[frozenset[int]] = PerConfig()
-_export_checked: PerConfig[bool] = PerConfig()
+RECENT_SETUPS = 4  # a worker derives one; a process that builds loops for a few configs (the bench, tests) a few
+_recent: list[WorkerSetup] = []  # the setups used last (``worker_setup``), the latest first
 _logged_formats: set[ToolFormat] = set()  # each resolved tool format is logged once per process
 
 
-def worker_constants(
+def worker_setup(
     trainer_config: DictConfig,
     processor: object,
     tokenizer: object,
     mm_processor_kwargs: Mapping[str, Any] | None,
     chat_template_kwargs: dict,
-) -> WorkerConstants:
-    """The worker's ``WorkerConstants`` (its loops share one trainer config, processor and tokenizer; the
-    constants hold both, so no other object takes their identities while the entry lives). ``processor`` and
-    ``tokenizer`` are verl's loop's, which verl annotates with transformers' ``AutoProcessor`` and ``AutoTokenizer``
-    factories: the constants hold them as what those factories make."""
-    return _worker_constants.get(
-        trainer_config,
-        (id(processor), id(tokenizer)),
-        lambda: _worker_constants_of(trainer_config, processor, tokenizer, mm_processor_kwargs, chat_template_kwargs),
-    )
+) -> WorkerSetup:
+    """The worker's ``WorkerSetup``: a recent one derived from these very objects (the kwargs are read from the same
+    trainer config), else one derived anew. A verl agent-loop worker builds all its loops, one per trajectory, on its
+    one trainer config, processor and tokenizer, so it derives one; a process that builds loops for a few configs in
+    turn (the bench's figure 6 alternates two) keeps the ``RECENT_SETUPS`` used last, each holding its config alive.
+    ``processor`` and ``tokenizer`` are verl's loop's, which verl annotates with transformers' ``AutoProcessor`` and
+    ``AutoTokenizer`` factories: the setup holds them as what those factories make."""
+    found = next((setup for setup in _recent if setup.derived_from(trainer_config, processor, tokenizer)), None)
+    setup = found or _derive_setup(trainer_config, processor, tokenizer, mm_processor_kwargs, chat_template_kwargs)
+    if not _recent or _recent[0] is not setup:  # the latest used first: the one a worker uses is found at once
+        _recent[:] = [setup, *(kept for kept in _recent if kept is not setup)][:RECENT_SETUPS]
+    return setup
 
 
-def _worker_constants_of(
+def _derive_setup(
     trainer_config: DictConfig,
     verl_processor: object,
     verl_tokenizer: object,
     mm_processor_kwargs: Mapping[str, Any] | None,
     chat_template_kwargs: dict,
-) -> WorkerConstants:
+) -> WorkerSetup:
     # what transformers' Auto factories make: a processor (None for a text-only model) and a tokenizer
     processor = cast("ProcessorMixin | None", verl_processor)
     tokenizer = cast("PreTrainedTokenizerBase", verl_tokenizer)
     vision = processor if getattr(processor, "image_processor", None) is not None else None
     rollout = trainer_config.actor_rollout_ref.rollout
-    return WorkerConstants(
+    uses_turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
+    return WorkerSetup(
+        trainer_config=trainer_config,
         processor=processor,
         tokenizer=tokenizer,
         limit_images=OmegaConf.select(rollout, "limit_images", default=None),
@@ -126,22 +133,15 @@ def _worker_constants_of(
         placeholder_ids=placeholder_token_ids(vision, tokenizer) if vision is not None else None,
         forbidden_generated=vision_token_ids(tokenizer),
         traits=template_traits(processor or tokenizer, chat_template_kwargs),
+        end_of_turn=end_of_turn_ids(trainer_config, tokenizer),
+        turn_credit=uses_turn_credit,
+        turn_gamma=turn_gamma(trainer_config, uses_turn_credit),
     )
-
-
-def turn_credit(trainer_config: DictConfig, options: MMToolLoopConfig) -> bool:
-    """Whether the run uses turn credit. Dumps and turn credit need the trainer-side step hook; without it, say
-    once what the run lacks."""
-    return _turn_credit.get(trainer_config, options.dump_dir, lambda: _check_step_hook(trainer_config, options))
 
 
 def end_of_turn_ids(trainer_config: DictConfig, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every token that ends a generated turn: the model's generation config's eos ids (what verl's vLLM server stops
     at: Qwen's <|im_end|>, GLM's <|user|> and <|observation|> too) and the tokenizer's eos."""
-    return _end_of_turn.get(trainer_config, "ids", lambda: _end_of_turn_ids(trainer_config, tokenizer))
-
-
-def _end_of_turn_ids(trainer_config: DictConfig, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     from transformers import GenerationConfig
 
     path = OmegaConf.select(trainer_config, "actor_rollout_ref.model.path", default=None)
@@ -157,28 +157,21 @@ def turn_gamma(trainer_config: DictConfig, turn_credit: bool) -> float:
     return float(OmegaConf.select(trainer_config, "algorithm.gamma", default=1.0)) if turn_credit else 1.0
 
 
-def _check_step_hook(trainer_config: DictConfig, options: MMToolLoopConfig) -> bool:
-    uses_turn_credit = trainer_config.algorithm.get("adv_estimator") == TURN_CREDIT_ESTIMATOR
+def _check_step_hook(setup: WorkerSetup, options: MMToolLoopConfig) -> None:
+    trainer_config = setup.trainer_config
     refuse_unsupported_with_hook(trainer_config)
     if options.dump_dir:
         require_step_hook(trainer_config, "mm_tool dump_dir")
-    if uses_turn_credit:
+    if setup.turn_credit:
         require_step_hook(trainer_config, f"algorithm.adv_estimator={TURN_CREDIT_ESTIMATOR}")
     if not step_hook_configured(trainer_config):
         logger.warning(
             "mm_tool runs without verl-mm-tools' step hook: no mm_tool/* step metrics and no masked-batch guard: %s",
             how_to_hook(trainer_config),
         )
-    return uses_turn_credit
 
 
-def check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> None:
-    """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
-    deserves per_turn (said once)."""
-    _export_checked.get(trainer_config, export, lambda: _check_export(trainer_config, export, traits))
-
-
-def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> bool:
+def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> None:
     if export is not Export.PER_TRAJECTORY and uses_fully_async_trainer(trainer_config):
         raise ConfigError(
             f"mm_tool export={export.value!r} returns several training samples per trajectory, which verl's fully "
@@ -204,7 +197,6 @@ def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTr
             "its generation prompt), so with export=per_trajectory the model trains on contexts it would not see at "
             "inference. Set export: per_turn (one sample per turn, each the template's own render) or auto."
         )
-    return True
 
 
 def tool_format(has_tools: bool, options: MMToolLoopConfig, traits: TemplateTraits, parser: str) -> ToolFormat:
