@@ -221,3 +221,18 @@ def test_the_install_skeleton_replaces_a_function_a_method_and_a_table_entry_onc
     assert victim.double.__name__ == "double" and guard.source_sha256(victim.double) == function.sha256
     with pytest.raises(ValueError, match="is not one of this adaptation's targets"):
         record.replaces(Target("victim_module", "other", "0" * 64))
+
+
+def test_no_adaptation_installs_itself_outside_the_one_skeleton():
+    """Only ``guard`` checks and installs (``guard.apply``); ``manager_tq`` checks the verl code its subclass falls
+    back to where it is built."""
+    allowed = {PACKAGE / "adaptations" / "guard.py", PACKAGE / "adaptations" / "manager_tq.py"}
+    skeleton = re.compile(r"(?:^|[^.\w]|guard\.)(checked|install|install_method|install_replacement)\(")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path not in allowed
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if skeleton.search(line) and not line.lstrip().startswith("def ")
+    ]
+    assert not found, "install through guard.apply (Adaptation.replaces / installs), not by hand:\n" + "\n".join(found)

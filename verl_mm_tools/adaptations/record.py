@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 VERL = "verl 0.9.1"
 ROOT = Path(__file__).resolve().parents[2]  # the repository (or site-packages) holding verl_mm_tools
-_Code = TypeVar("_Code")
+_Code = TypeVar("_Code", bound=Callable[..., object])  # a class or a function
 _Replacement = TypeVar("_Replacement", bound=Callable[..., Any])
 _Installer = TypeVar("_Installer", bound=Callable[..., None])
 
@@ -42,9 +42,9 @@ class CodeLocation:
     last_line: int
 
     @classmethod
-    def of(cls, code: object) -> CodeLocation:
-        source = inspect.getsourcefile(code)  # type: ignore[arg-type]  # a class or function (``implements``)
-        lines, first = inspect.getsourcelines(code)  # type: ignore[arg-type]
+    def of(cls, code: Callable[..., object]) -> CodeLocation:
+        source = inspect.getsourcefile(code)
+        lines, first = inspect.getsourcelines(code)
         path = Path(source or "?").resolve()
         shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         name = getattr(code, "__qualname__", repr(code))
@@ -99,7 +99,7 @@ class Adaptation:
     proof: str
     targets: tuple[Target, ...] = ()
     files: tuple[str, ...] = ()
-    code: list[object] = field(default_factory=list, compare=False, repr=False)
+    code: list[Callable[..., object]] = field(default_factory=list, compare=False, repr=False)
     replacements: dict[Target, Replacement] = field(default_factory=dict, compare=False, repr=False)
     installers: list[Installer] = field(default_factory=list, compare=False, repr=False)
 
