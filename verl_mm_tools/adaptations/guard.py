@@ -82,12 +82,17 @@ def locate(target: Target) -> Any:
         found = getattr(found, part)
     entry = _ENTRY.match(last)
     if entry is not None:
-        table = getattr(found, entry["table"])
-        key: object = found
-        for part in entry["key"].split("."):
-            key = getattr(key, part)
+        table, key = table_entry(found, entry)
         return table[key]
     return vars(found)[last] if isinstance(found, type) else getattr(found, last)
+
+
+def table_entry(owner: object, entry: re.Match[str]) -> tuple[Any, object]:
+    """The table and key a ``TABLE[Enum.MEMBER]`` target name (``entry``, matched) names in ``owner``, a module."""
+    key: object = owner
+    for part in entry["key"].split("."):
+        key = getattr(key, part)
+    return getattr(owner, entry["table"]), key
 
 
 def policy() -> str:
@@ -194,11 +199,8 @@ def install_replacement(target: Target, original: Callable[..., object], replace
     every loaded module of the same package that bound it by name)."""
     entry = _ENTRY.match(target.name)
     if entry is not None:
-        owner = importlib.import_module(target.module)
-        key: object = owner
-        for part in entry["key"].split("."):
-            key = getattr(key, part)
-        getattr(owner, entry["table"])[key] = mark(replacement)
+        table, key = table_entry(importlib.import_module(target.module), entry)
+        table[key] = mark(replacement)
         logger.debug("replaced %s", target.qualname)
     elif "." in target.name:
         install_method(target, replacement)
