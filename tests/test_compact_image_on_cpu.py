@@ -24,7 +24,9 @@ from verl_mm_tools.compact_image import (
     CompactImages,
     NotCompactable,
     ProcessorSpec,
+    SharedPixels,
     compact_image,
+    content_key,
     expanded,
     expanded_inputs,
 )
@@ -132,6 +134,49 @@ def test_a_sample_expands_in_another_process_to_verls_own_inputs(family):
     done = subprocess.run([sys.executable, "-c", script], input=buffer.getvalue(), capture_output=True, check=True)
     got = torch.load(io.BytesIO(done.stdout), weights_only=True)
     assert_same_output(got, own)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_batch_expands_an_image_its_samples_share_once_to_verls_own_inputs(family):
+    """Three samples of one batch (a trajectory's per-turn samples: 1, 2, then 3 images, the first shown by all):
+    with the batch's expansions shared, each distinct image is expanded once (3 of the 6 the samples show), and each
+    sample gets verl's own inputs for its images, tensor for tensor. Samples that share no tensor object still share
+    the expansion: it is keyed by content, as TransferQueue gives every sample its own copy."""
+    shown = [["rgb"], ["rgb", "grey"], ["rgb", "grey", "tiny"]]
+    samples = [sample_inputs(family, [IMAGES[name] for name in names]) for names in shown]
+    expansions: dict = {}
+    for inputs, own in samples:
+        assert_same_output(expanded_inputs(inputs, expansions), own)
+    assert len(expansions) == 3
+    assert {key[2] for key in expansions} == {
+        content_key(compact_image(image_processor(family), IMAGES[name])[0].pixels) for name in ("rgb", "grey", "tiny")
+    }
+
+
+def test_identical_images_are_one_tensor_in_a_process_and_held_weakly():
+    """``SharedPixels`` answers an image whose content it holds with the tensor it holds (the same object, so a
+    pickle of the samples that show it carries it once), another content or shape with the caller's own tensor; it
+    keeps no image alive."""
+    import gc
+    import pickle
+
+    shared = SharedPixels()
+    first = torch.arange(24, dtype=torch.uint8).reshape(3, 2, 4)
+    assert shared.shared(first) is first
+    assert shared.shared(first.clone()) is first and shared.hits == 1
+    reshaped = first.clone().reshape(3, 4, 2)
+    assert shared.shared(reshaped) is reshaped  # the same bytes in another shape: another image
+    other = first.clone()
+    other[0, 0, 0] = 99
+    assert shared.shared(other) is other and shared.hits == 1
+    samples = [{"vmt_compact_image_0": shared.shared(first.clone())} for _ in range(4)]
+    received = pickle.loads(pickle.dumps(samples, protocol=5))
+    assert len({id(sample["vmt_compact_image_0"]) for sample in received}) == 1
+    del first, samples
+    gc.collect()
+    fresh = torch.arange(24, dtype=torch.uint8).reshape(3, 2, 4)
+    assert shared.hits == 5
+    assert shared.shared(fresh) is fresh and shared.hits == 5  # the first one is gone with its holders
 
 
 def test_verls_function_cannot_read_compact_images():

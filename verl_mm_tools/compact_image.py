@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
     from transformers import BaseImageProcessor, BatchFeature
+
+# an image processor's output for some images, without its pixel values or with them: tensors and lists, by key
+Output = dict[str, Any]
 
 # each supported image processor's resize step: the method whose output is the compact form
 RESIZE_METHODS = {
@@ -166,6 +172,41 @@ class CompactImages:
         return cls(header, tuple(inputs[key] for key in expected))
 
 
+def content_key(pixels: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    """A compact image's identity by content: its dtype, its shape and a digest of its bytes."""
+    digest = hashlib.blake2b(memoryview(pixels.contiguous().numpy()), digest_size=16).hexdigest()
+    return str(pixels.dtype), tuple(pixels.shape), digest
+
+
+class SharedPixels:
+    """Identical compact images as one tensor in this process (issue #59, step 3). A GRPO group's trajectories each
+    read the prompt image and mostly make the same crops of it; ``export: per_turn`` samples show the history again.
+    Where the samples of a worker's output share each distinct image's tensor, one pickle of them carries it once:
+    Ray's, that takes the classic trainer's DataProto and fully async's samples (pickle keeps an object it has
+    written once). Holds the tensors weakly: an image no sample or store holds any more is gone. ``hits`` counts
+    the images that were already here."""
+
+    def __init__(self) -> None:
+        self._by_content: weakref.WeakValueDictionary[tuple[str, tuple[int, ...], str], torch.Tensor] = (
+            weakref.WeakValueDictionary()
+        )
+        self._lock = threading.Lock()  # the worker's coroutines share one thread; its pool threads may call too
+        self.hits = 0
+
+    def shared(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The tensor this process holds for ``pixels``' content: one already here (equal, checked) or ``pixels``."""
+        import torch
+
+        key = content_key(pixels)
+        with self._lock:
+            kept = self._by_content.get(key)
+            if kept is not None and torch.equal(kept, pixels):
+                self.hits += 1
+                return kept
+            self._by_content[key] = pixels
+            return pixels
+
+
 def _malformed(pixels: list[object]) -> str | None:
     import torch
 
@@ -238,11 +279,17 @@ def image_processor(spec: ProcessorSpec) -> BaseImageProcessor:
     return getattr(transformers, spec.class_name).from_dict(json.loads(spec.config))
 
 
-def expanded_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+# the images expanded for one batch of samples: each distinct image once (``expanded_inputs``)
+Expansions = dict[tuple[ProcessorSpec, str, tuple[str, tuple[int, ...], str]], Output]
+
+
+def expanded_inputs(inputs: Mapping[str, Any], expansions: Expansions | None = None) -> dict[str, Any]:
     """A sample's ``multi_modal_inputs`` as verl's own processor pass made them: its compact images expanded into the
     processor's pixel keys, every other key as it is. Inputs without compact images are returned as they are.
-    Raises ``CompactImageError`` (naming the sample) where the compact form is malformed or its expansion
-    disagrees with the grids and token counts the sample's token ids were made with."""
+    ``expansions``, shared by the samples of one batch, expands an image that several samples show once (by
+    content: per-turn samples, a group's prompt image). Raises ``CompactImageError`` (naming the sample) where the
+    compact form is malformed or its expansion disagrees with the grids and token counts the sample's token ids were
+    made with."""
     compact = CompactImages.from_inputs(inputs)
     rest = {key: value for key, value in inputs.items() if not str(key).startswith(COMPACT_PREFIX)}
     if compact is None:
@@ -255,8 +302,7 @@ def expanded_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
         processor = image_processor(compact.header.processor)
     except CompactImageError as error:
         raise CompactImageError(f"sample {sample}: {error}") from None
-    images = [CompactImage(each, compact.header.arguments) for each in compact.pixels]
-    output = expanded(processor, images).convert_to_tensors("pt")
+    output = _expanded_each(processor, compact, {} if expansions is None else expansions)
     disagreeing = [key for key in output if key in rest and not _equal(output[key], rest[key])]
     if disagreeing:
         raise CompactImageError(
@@ -264,6 +310,41 @@ def expanded_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
             "it is not trained on"
         )
     return {**rest, **{key: value for key, value in output.items() if key.startswith(PIXEL_PREFIX)}}
+
+
+def _expanded_each(processor: BaseImageProcessor, compact: CompactImages, expansions: Expansions) -> Output:
+    """The processor's output for the sample's images: each image's own, joined as the processor joins a list
+    (``concatenated``; equal to one call on the list on every family, ``tests/test_compact_image_on_cpu.py``)."""
+    arguments = json.dumps(dict(compact.header.arguments), sort_keys=True)
+    outputs = []
+    for pixels in compact.pixels:
+        key = (compact.header.processor, arguments, content_key(pixels))
+        if key not in expansions:
+            image = CompactImage(pixels, compact.header.arguments)
+            expansions[key] = dict(expanded(processor, [image]).convert_to_tensors("pt"))
+        outputs.append(expansions[key])
+    joined = concatenated(outputs)
+    if joined is None:
+        raise CompactImageError(f"sample {compact.header.sample}: its images' outputs cannot be joined")
+    return dict(joined)
+
+
+def concatenated(outputs: list[Output]) -> BatchFeature | None:
+    """The image processor's output for the images whose outputs these are: tensors joined along the first
+    dimension, lists joined; None for an output holding anything else."""
+    import torch
+    from transformers.feature_extraction_utils import BatchFeature
+
+    data: dict[str, Any] = {}
+    for key in outputs[0]:
+        parts = [each[key] for each in outputs]
+        if isinstance(parts[0], torch.Tensor):
+            data[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        elif isinstance(parts[0], list):
+            data[key] = [item for part in parts for item in part]
+        else:
+            return None
+    return BatchFeature(data=data)
 
 
 def _equal(got: object, kept: object) -> bool:

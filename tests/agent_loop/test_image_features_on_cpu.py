@@ -6,6 +6,7 @@ processor once per image, and every training sample's ``multi_modal_inputs`` equ
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import torch
@@ -221,6 +222,16 @@ def test_an_image_that_a_group_of_trajectories_shows_counts_once_in_the_steps_di
     assert first == second and sorted(first.values()) == [3 * 84 * 56] * 2
     assert watch.compact_bytes == [3 * 3 * 84 * 56] * 2
     assert aggregate_metrics(SampleFields.every_row(output.non_tensor_batch))[IMAGE_BYTES_OVER_RAW] == 3.0
+    # the worker's samples share each distinct image's tensor (issue #59, step 3): the pickle that takes the worker's
+    # output to the classic trainer's driver (Ray's) carries the 2 distinct images once each, not 6 times
+    assert len(distinct_tensors(output)) == 2
+    assert len(distinct_tensors(pickle.loads(pickle.dumps(output, protocol=5)))) == 2
+
+
+def distinct_tensors(output) -> set[int]:
+    images = [CompactImages.from_inputs(inputs) for inputs in output.non_tensor_batch["multi_modal_inputs"]]
+    assert sum(len(each.pixels) for each in images) == 6
+    return {id(pixels) for each in images for pixels in each.pixels}
 
 
 def test_verls_postprocess_runs_the_image_processor_again_and_the_fix_gives_the_same_inputs_without(

@@ -48,7 +48,9 @@ from verl_mm_tools.compact_image import (
     CompactImages,
     NotCompactable,
     ProcessorSpec,
+    SharedPixels,
     compact_image,
+    concatenated,
     expanded,
 )
 
@@ -56,6 +58,10 @@ if TYPE_CHECKING:
     from transformers import BatchFeature, ProcessorMixin
 
 logger = logging.getLogger(__name__)
+
+# one per process: a worker's trajectories share each distinct image's compact tensor (so its output's pickle
+# carries it once)
+SHARED_PIXELS = SharedPixels()
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ class ImageFeatureStore:
             output = run(images=[image], **arguments)
             self.floats += 1
             return ImageFeatures(_without_pixels(output), pixels=_pixels(output))
+        compact = CompactImage(SHARED_PIXELS.shared(compact.pixels), compact.arguments)
         features = ImageFeatures(_without_pixels(output), compact=compact)
         del output  # the float pixel values: their pages go back to the kernel (heap.py)
         TRIMMER.image_processed()
@@ -254,21 +261,3 @@ class CachedImageProcessor:
             self._store.counted(images)
             return self._image_processor(images, *args, **kwargs)
         return joined
-
-
-def concatenated(outputs: list[dict[str, Any]]) -> BatchFeature | None:
-    """The image processor's output for the images whose outputs these are: tensors joined along the first
-    dimension, lists joined; None for an output holding anything else."""
-    import torch
-    from transformers.feature_extraction_utils import BatchFeature
-
-    data: dict[str, Any] = {}
-    for key in outputs[0]:
-        parts = [each[key] for each in outputs]
-        if isinstance(parts[0], torch.Tensor):
-            data[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
-        elif isinstance(parts[0], list):
-            data[key] = [item for part in parts for item in part]
-        else:
-            return None
-    return BatchFeature(data=data)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.compact_image import expanded_inputs
+from verl_mm_tools.compact_image import Expansions, expanded_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -50,11 +50,12 @@ def extract_multi_modal_inputs(
     indices: list[int] | None = None,
 ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
     selected = batch_data if indices is None else [batch_data[i] for i in indices if i < len(batch_data)]
-    return extract([_expanded(inputs) for inputs in selected])
+    expansions: Expansions = {}  # an image that several of the micro-batch's samples show is expanded once
+    return extract([_expanded(inputs, expansions) for inputs in selected])
 
 
-def _expanded(inputs: Mapping[str, object] | NonTensorData | None) -> dict[str, object] | None:
+def _expanded(inputs: Mapping[str, object] | NonTensorData | None, expansions: Expansions) -> dict[str, object] | None:
     from tensordict.tensorclass import NonTensorData
 
     inputs = inputs.data if isinstance(inputs, NonTensorData) else inputs
-    return None if inputs is None else expanded_inputs(inputs)
+    return None if inputs is None else expanded_inputs(inputs, expansions)
