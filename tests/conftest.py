@@ -230,3 +230,23 @@ _CONTROLLER: list[pytest.Config] = []
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         _CONTROLLER.append(config)
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_daemons_at_full_priority):
+    """A Ray cluster and verl's TransferQueue (one storage unit) for the tests of a module."""
+    import ray
+    import transfer_queue as tq
+    import verl
+    from omegaconf import OmegaConf
+
+    with ray_daemons_at_full_priority():
+        ray.init(num_cpus=4, include_dashboard=False)
+    config = OmegaConf.load(
+        os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml")
+    )
+    config.backend.SimpleStorage.num_data_storage_units = 1
+    tq.init(config)
+    yield tq
+    tq.close()
+    ray.shutdown()

@@ -17,11 +17,14 @@ import torch
 from PIL import Image
 
 from verl_mm_tools.compact_image import (
+    IMAGE_KEY,
     PIXEL_PREFIX,
+    REF_KEY,
     CompactHeader,
     CompactImage,
     CompactImageError,
     CompactImages,
+    ImageRef,
     NotCompactable,
     ProcessorSpec,
     SharedPixels,
@@ -153,6 +156,34 @@ def test_a_batch_expands_an_image_its_samples_share_once_to_verls_own_inputs(fam
     }
 
 
+def test_a_sample_refers_to_an_image_another_carries_and_a_wrong_reference_stops_naming_it():
+    """A reference in place of image 1 (``ImageRef``, as the v1 trainer's samples carry them): parsed back exactly,
+    it carries no bytes, and with the referred pixels the sample expands to verl's own inputs. Without a reader, with
+    another image, or malformed, it stops naming the sample."""
+    inputs, own = sample_inputs("qwen2_5_vl", [IMAGES["rgb"], IMAGES["grey"]])
+    first, grey = CompactImages.from_inputs(inputs).pixels
+    ref = ImageRef("train", "g_0_0", 3, content_key(grey))
+    referring = {key: value for key, value in inputs.items() if key != f"{IMAGE_KEY}1"}
+    referring[f"{REF_KEY}1"] = ref.tensor
+    parsed = CompactImages.from_inputs(referring)
+    assert parsed.pixels == (first, ref) and parsed.nbytes == first.numel()
+    assert_same_output(expanded_inputs(referring, resolve={ref: grey}.__getitem__), own)
+    with pytest.raises(CompactImageError, match="sample row 7 refers to image 3 of the sample 'g_0_0' in .*'train'"):
+        expanded_inputs(referring)
+    with pytest.raises(CompactImageError, match="sample row 7 refers to .*, which holds another image"):
+        expanded_inputs(referring, resolve=lambda _: first)
+    for bad, problem in (
+        (b'{"key": 1}', "holds {'key': 1}; expected the fields"),
+        (b"\xff", "is not UTF-8 JSON"),
+        (ref.tensor.tolist()[:-1], "is not UTF-8 JSON"),
+    ):
+        broken = {**referring, f"{REF_KEY}1": torch.tensor(list(bad), dtype=torch.uint8)}
+        with pytest.raises(CompactImageError, match=f"sample row 7: {REF_KEY}1 {re.escape(problem)}"):
+            CompactImages.from_inputs(broken)
+    with pytest.raises(CompactImageError, match="sample row 7: its compact images cannot be expanded: its keys"):
+        CompactImages.from_inputs({**inputs, f"{REF_KEY}1": ref.tensor})  # both the image and a reference
+
+
 def test_identical_images_are_one_tensor_in_a_process_and_held_weakly():
     """``SharedPixels`` answers an image whose content it holds with the tensor it holds (the same object, so a
     pickle of the samples that show it carries it once), another content or shape with the caller's own tensor; it
@@ -202,7 +233,7 @@ def test_a_compact_form_that_cannot_be_expanded_exactly_stops_naming_the_sample(
     cases = {
         "image 0 is torch.float32 (3, 168, 280), not a uint8 tensor": {**inputs, "vmt_compact_image_0": first.float()},
         "image 1 has shape (5, 28, 28)": {**inputs, "vmt_compact_image_1": torch.zeros(5, 28, 28, dtype=torch.uint8)},
-        "expected vmt_compact_header and ['vmt_compact_image_0', 'vmt_compact_image_1']": {
+        "expected vmt_compact_header and, for each image i from 0, vmt_compact_image_i or vmt_compact_ref_i": {
             key: value
             for key, value in {**inputs, "vmt_compact_image_2": second}.items()
             if key != "vmt_compact_image_1"

@@ -28,7 +28,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ RESIZE_METHODS = {
 COMPACT_PREFIX = "vmt_compact_"  # the keys of a sample's compact images in its ``multi_modal_inputs``
 HEADER_KEY = f"{COMPACT_PREFIX}header"
 IMAGE_KEY = f"{COMPACT_PREFIX}image_"  # + the image's index in the sample
+REF_KEY = f"{COMPACT_PREFIX}ref_"  # + the image's index: where another sample carries it (``ImageRef``)
 PIXEL_PREFIX = "pixel_values"  # the keys an image processor's pixels go under (the rest: grids, positions, counts)
 
 
@@ -135,20 +136,76 @@ class CompactHeader:
         return cls(ProcessorSpec(fields["processor"], fields["config"]), fields["arguments"], fields["sample"])
 
 
+# a compact image's identity by content (``content_key``): its dtype, its shape and a digest of its bytes
+Content = tuple[str, tuple[int, ...], str]
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image a sample shows but does not carry: image ``image`` of the sample stored under ``key`` in
+    TransferQueue's ``partition`` carries it (the v1 trainer: a prompt group's samples are put, trained and cleared
+    together, so the sample that carries it is there while this one is read). ``content`` is the image's identity,
+    checked when it is read."""
+
+    partition: str
+    key: str
+    image: int
+    content: Content
+
+    @functools.cached_property
+    def tensor(self) -> torch.Tensor:
+        import torch
+
+        dtype, shape, digest = self.content
+        fields = {"partition": self.partition, "key": self.key, "image": self.image, "dtype": dtype}
+        text = json.dumps({**fields, "shape": list(shape), "digest": digest}, sort_keys=True)
+        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+    @classmethod
+    def parse(cls, tensor: object, name: str) -> ImageRef:
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
+            raise CompactImageError(f"{name} is not a 1-D uint8 tensor: {_described(tensor)}")
+        try:
+            fields = json.loads(bytes(tensor.tolist()).decode())
+        except (UnicodeDecodeError, ValueError) as error:
+            raise CompactImageError(f"{name} is not UTF-8 JSON: {error}") from None
+        kinds = {"partition": str, "key": str, "image": int, "dtype": str, "shape": list, "digest": str}
+        if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
+            raise CompactImageError(f"{name} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
+        wrong = [field for field, kind in kinds.items() if not isinstance(fields[field], kind)]
+        if wrong or fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
+            raise CompactImageError(f"{name}: the fields {wrong or ['image', 'shape']} are wrong: {fields!r:.200}")
+        content = (fields["dtype"], tuple(fields["shape"]), fields["digest"])
+        return cls(fields["partition"], fields["key"], fields["image"], content)
+
+    def __str__(self) -> str:
+        return f"image {self.image} of the sample {self.key!r} in TransferQueue's partition {self.partition!r}"
+
+
 @dataclass(frozen=True)
 class CompactImages:
-    """One training sample's images, in order, as their compact forms (uint8 tensors, channels first)."""
+    """One training sample's images, in order: each as its compact form (a uint8 tensor, channels first) or, where
+    another sample carries it, as an ``ImageRef`` to it."""
 
     header: CompactHeader
-    pixels: tuple[torch.Tensor, ...]
+    pixels: tuple[torch.Tensor | ImageRef, ...]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(each.numel() * each.element_size()) for each in self.pixels)
+        """The bytes of the images it carries (a reference carries none)."""
+        return sum(int(each.numel() * each.element_size()) for each in self.pixels if not isinstance(each, ImageRef))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The sample's ``multi_modal_inputs`` entries that carry them."""
-        return {HEADER_KEY: self.header.tensor, **{f"{IMAGE_KEY}{i}": each for i, each in enumerate(self.pixels)}}
+        entries = {
+            f"{REF_KEY}{i}" if isinstance(each, ImageRef) else f"{IMAGE_KEY}{i}": (
+                each.tensor if isinstance(each, ImageRef) else each
+            )
+            for i, each in enumerate(self.pixels)
+        }
+        return {HEADER_KEY: self.header.tensor, **entries}
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> CompactImages | None:
@@ -161,20 +218,27 @@ class CompactImages:
             raise CompactImageError(f"compact images without their {HEADER_KEY}: {sorted(keys)}")
         header = CompactHeader.parse(inputs[HEADER_KEY])
         count = len(keys) - 1
-        expected = [f"{IMAGE_KEY}{i}" for i in range(count)]
+        names = [f"{REF_KEY}{i}" if f"{REF_KEY}{i}" in inputs else f"{IMAGE_KEY}{i}" for i in range(count)]
         problem = (
-            f"its keys are {sorted(keys)}; expected {HEADER_KEY} and {expected or 'at least one image'}"
-            if not count or sorted(expected) != sorted(key for key in keys if key != HEADER_KEY)
-            else _malformed([inputs[key] for key in expected])
+            f"its keys are {sorted(keys)}; expected {HEADER_KEY} and, for each image i from 0, {IMAGE_KEY}i or "
+            f"{REF_KEY}i"
+            if not count or sorted(names) != sorted(key for key in keys if key != HEADER_KEY)
+            else _malformed([inputs[name] for name in names if name.startswith(IMAGE_KEY)])
         )
         if problem:
             raise CompactImageError(f"sample {header.sample}: its compact images cannot be expanded: {problem}")
-        return cls(header, tuple(inputs[key] for key in expected))
+        try:
+            pixels = tuple(
+                ImageRef.parse(inputs[name], name) if name.startswith(REF_KEY) else inputs[name] for name in names
+            )
+        except CompactImageError as error:
+            raise CompactImageError(f"sample {header.sample}: {error}") from None
+        return cls(header, pixels)
 
 
-def content_key(pixels: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+def content_key(pixels: torch.Tensor) -> Content:
     """A compact image's identity by content: its dtype, its shape and a digest of its bytes."""
-    digest = hashlib.blake2b(memoryview(pixels.contiguous().numpy()), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(pixels.contiguous().numpy().data, digest_size=16).hexdigest()
     return str(pixels.dtype), tuple(pixels.shape), digest
 
 
@@ -187,9 +251,7 @@ class SharedPixels:
     the images that were already here."""
 
     def __init__(self) -> None:
-        self._by_content: weakref.WeakValueDictionary[tuple[str, tuple[int, ...], str], torch.Tensor] = (
-            weakref.WeakValueDictionary()
-        )
+        self._by_content: weakref.WeakValueDictionary[Content, torch.Tensor] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()  # the worker's coroutines share one thread; its pool threads may call too
         self.hits = 0
 
@@ -280,16 +342,21 @@ def image_processor(spec: ProcessorSpec) -> BaseImageProcessor:
 
 
 # the images expanded for one batch of samples: each distinct image once (``expanded_inputs``)
-Expansions = dict[tuple[ProcessorSpec, str, tuple[str, tuple[int, ...], str]], Output]
+Expansions = dict[tuple[ProcessorSpec, str, Content], Output]
+# the pixels of an image a sample refers to (``ImageRef``), read where the sample carrying it is
+Resolve = Callable[[ImageRef], "torch.Tensor"]
 
 
-def expanded_inputs(inputs: Mapping[str, Any], expansions: Expansions | None = None) -> dict[str, Any]:
+def expanded_inputs(
+    inputs: Mapping[str, Any], expansions: Expansions | None = None, resolve: Resolve | None = None
+) -> dict[str, Any]:
     """A sample's ``multi_modal_inputs`` as verl's own processor pass made them: its compact images expanded into the
     processor's pixel keys, every other key as it is. Inputs without compact images are returned as they are.
     ``expansions``, shared by the samples of one batch, expands an image that several samples show once (by
-    content: per-turn samples, a group's prompt image). Raises ``CompactImageError`` (naming the sample) where the
-    compact form is malformed or its expansion disagrees with the grids and token counts the sample's token ids were
-    made with."""
+    content: per-turn samples, a group's prompt image). ``resolve`` gives the pixels of an image the sample refers
+    to. Raises ``CompactImageError`` (naming the sample) where the compact form is malformed, a referred image cannot
+    be read or is not the one referred to, or the expansion disagrees with the grids and token counts the sample's
+    token ids were made with."""
     compact = CompactImages.from_inputs(inputs)
     rest = {key: value for key, value in inputs.items() if not str(key).startswith(COMPACT_PREFIX)}
     if compact is None:
@@ -302,7 +369,7 @@ def expanded_inputs(inputs: Mapping[str, Any], expansions: Expansions | None = N
         processor = image_processor(compact.header.processor)
     except CompactImageError as error:
         raise CompactImageError(f"sample {sample}: {error}") from None
-    output = _expanded_each(processor, compact, {} if expansions is None else expansions)
+    output = _expanded_each(processor, compact, {} if expansions is None else expansions, resolve)
     disagreeing = [key for key in output if key in rest and not _equal(output[key], rest[key])]
     if disagreeing:
         raise CompactImageError(
@@ -312,14 +379,18 @@ def expanded_inputs(inputs: Mapping[str, Any], expansions: Expansions | None = N
     return {**rest, **{key: value for key, value in output.items() if key.startswith(PIXEL_PREFIX)}}
 
 
-def _expanded_each(processor: BaseImageProcessor, compact: CompactImages, expansions: Expansions) -> Output:
+def _expanded_each(
+    processor: BaseImageProcessor, compact: CompactImages, expansions: Expansions, resolve: Resolve | None
+) -> Output:
     """The processor's output for the sample's images: each image's own, joined as the processor joins a list
     (``concatenated``; equal to one call on the list on every family, ``tests/test_compact_image_on_cpu.py``)."""
     arguments = json.dumps(dict(compact.header.arguments), sort_keys=True)
     outputs = []
-    for pixels in compact.pixels:
-        key = (compact.header.processor, arguments, content_key(pixels))
+    for each in compact.pixels:
+        content = each.content if isinstance(each, ImageRef) else content_key(each)
+        key = (compact.header.processor, arguments, content)
         if key not in expansions:
+            pixels = _resolved(each, resolve, compact.header.sample) if isinstance(each, ImageRef) else each
             image = CompactImage(pixels, compact.header.arguments)
             expansions[key] = dict(expanded(processor, [image]).convert_to_tensors("pt"))
         outputs.append(expansions[key])
@@ -327,6 +398,18 @@ def _expanded_each(processor: BaseImageProcessor, compact: CompactImages, expans
     if joined is None:
         raise CompactImageError(f"sample {compact.header.sample}: its images' outputs cannot be joined")
     return dict(joined)
+
+
+def _resolved(ref: ImageRef, resolve: Resolve | None, sample: str) -> torch.Tensor:
+    if resolve is None:
+        raise CompactImageError(
+            f"sample {sample} refers to {ref}, and nothing here reads TransferQueue: such samples are read by the "
+            "trainer's workers of verl's v1 trainer"
+        )
+    pixels = resolve(ref)
+    if content_key(pixels) != ref.content:
+        raise CompactImageError(f"sample {sample} refers to {ref}, which holds another image; it is not trained on")
+    return pixels
 
 
 def concatenated(outputs: list[Output]) -> BatchFeature | None:

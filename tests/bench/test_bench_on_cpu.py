@@ -47,6 +47,7 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
         "memory/held_over_raw_image_bytes",
         "export/8turns/per_turn/tokens_per_trajectory",
         "export/8turns/per_turn_over_per_trajectory_loop_cpu",
+        "export/8turns/per_turn/group_of_4/pickled_image_bytes_over_distinct_raw",
         "python/start_ms",
         "python/448px/warm_call_ms",
         "python/448px/in_process_ms",
@@ -63,6 +64,14 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
     assert (met, missed) == (sum(m.group(8) == "met" for m in checks), sum(m.group(8) == "MISSED" for m in checks))
     foreign = next(match for match in matches if match.group(1) == "import/verl/plugin_modules_outside_the_package")
     assert float(foreign.group(6)) == 0, foreign.group(0)  # counted: none
+    counted = {match.group(1): float(match.group(6) or match.group(2)) for match in matches}
+    # per_turn's 8 samples show 1 + 2 + ... + 8 images, 4 of them distinct (quarter turns of a noise image): each
+    # sample whole carries 4.5 times the images made; verl's v1 put (TransferQueue's frames) and a pickle of the
+    # samples carry each distinct image once, plus the references and framing; so does a group of 4 trajectories
+    assert counted["export/8turns/per_turn/image_bytes_over_raw"] == 4.5
+    for name in ("per_turn", "per_turn/group_of_4"):
+        assert 1 < counted[f"export/8turns/{name}/transfer_queue_image_bytes_over_distinct_raw"] < 1.02
+        assert 1 < counted[f"export/8turns/{name}/pickled_image_bytes_over_distinct_raw"] < 1.01
     memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
     # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
     assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5

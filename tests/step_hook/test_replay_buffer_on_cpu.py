@@ -3,33 +3,12 @@ own replay-buffer logic: rows stored as verl's ``AgentLoopWorkerTQ`` stores them
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from verl_mm_tools.agent_loop.state import TrajectoryState, TrajectoryStats
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.handoff import LoopSettings
-
-
-@pytest.fixture(scope="module")
-def transfer_queue(ray_daemons_at_full_priority):
-    import ray
-    import transfer_queue as tq
-    import verl
-    from omegaconf import OmegaConf
-
-    with ray_daemons_at_full_priority():
-        ray.init(num_cpus=4, include_dashboard=False)
-    config = OmegaConf.load(
-        os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml")
-    )
-    config.backend.SimpleStorage.num_data_storage_units = 1
-    tq.init(config)
-    yield tq
-    tq.close()
-    ray.shutdown()
 
 
 def buffer(trainer_mode="sync", **sampler_kwargs):

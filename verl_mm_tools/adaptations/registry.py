@@ -59,6 +59,7 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     resumes.ADAPTATION,
     fixes.compact_images.ADAPTATION,
     loop_output.ADAPTATION,
+    fixes.shared_images.ADAPTATION,
 )
 _ = (checkpoint_engine, replica, server)  # imported for their classes, part of the CPU backend's row
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.bench.figures import Figure, figure
-from verl_mm_tools.bench.loop import loop_factory, one_trajectory, output_images
+from verl_mm_tools.bench.loop import distinct_script, loop_factory, noise_image, one_trajectory, output_images
 from verl_mm_tools.compact_image import CompactHeader, CompactImages, ProcessorSpec, compact_image, expanded_inputs
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ def trajectory_memory(model_dir: str, images: int = 16, side: int = 448, residen
     loop = get_event_loop()
     with tempfile.TemporaryDirectory() as workdir:
         make, tokenizer, worker = loop_factory(model_dir, Path(workdir), max(side, resident_side), images)
-        _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", images, side, loop)
-        held, raw = held_bytes(output), images * side * side * 3
+        image, script = noise_image(side), distinct_script(images)
+        _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", images, side, loop, image, script)
+        held, raw = held_bytes(output), sum(each.width * each.height * 3 for each in output_images(output))
         figures = [
             figure(f"memory/{images}_images_held_MB", [held / 2**20]),
             figure("memory/held_over_raw_image_bytes", [held / raw], "<= 2"),
@@ -91,7 +92,8 @@ def resident_memory(
     (``_agent_loop_postprocess``: ``multi_modal_inputs`` with the compact images, padded ids and masks; the images it
     carries are the workspace's, counted there). Then what the store still keeps once verl has let go of the
     output."""
-    _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop)
+    image, script = noise_image(side), distinct_script(turns)
+    _, _, (output,) = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop, image, script)
     images, store = output_images(output), image_store(output)
     assert store is not None, "an mm_tool trajectory's outputs carry its image store"
     sample = loop.run_until_complete(worker._agent_loop_postprocess(output, False, raw_prompt=[]))

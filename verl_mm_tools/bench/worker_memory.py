@@ -31,13 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from PIL import Image
-
 from verl_mm_tools.bench.figures import Figure, figure
-from verl_mm_tools.bench.loop import loop_factory
+from verl_mm_tools.bench.loop import distinct_script, loop_factory, noise_image
 from verl_mm_tools.bench.memory import held_bytes
 from verl_mm_tools.runtime.batch import image_prompt, make_batch
-from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.runtime.workers import generate
 from verl_mm_tools.testkit.scripted import ScriptedServer
 
@@ -83,10 +80,12 @@ def _status_bytes(field: str) -> int:
     return int(match.group(1)) * 1024
 
 
-def _batch(trajectories: int, side: int) -> DataProto:
+def _batch(trajectories: int, side: int, first_seed: int = 0) -> DataProto:
+    """``trajectories`` prompts, each of its own noise image (with ``distinct_script``, no two images alike: a worker
+    holds an image it already holds once)."""
     prompts = [
-        image_prompt("How far is this image rotated?", [Image.new("RGB", (side, side), (90, 120, 30))])
-        for _ in range(trajectories)
+        image_prompt("How far is this image rotated?", [noise_image(side, seed)])
+        for seed in range(first_seed, first_seed + trajectories)
     ]
     return make_batch(prompts, agent_name=["mm_tool"] * trajectories)
 
@@ -94,11 +93,12 @@ def _batch(trajectories: int, side: int) -> DataProto:
 def worker_run(model_dir: str, trajectories: int, turns: int, side: int) -> dict[str, int]:
     """One warm-up trajectory, then ``trajectories`` at once through one ``generate_sequences`` call: the peak RSS
     that call added, and what its output holds."""
-    script = [tool_call_text("rotate", degrees=90)] * (turns - 1) + ["<answer>90</answer><|im_end|>"]
+    script = distinct_script(turns)
     with tempfile.TemporaryDirectory() as workdir:
         _, tokenizer, worker = loop_factory(model_dir, Path(workdir), side, turns)
         worker.llm_client = cast("LLMServerClient", UnrecordedServer(tokenizer, script))  # a stand-in for it
-        generate(worker, _batch(1, side))  # first-call costs (imports, caches) are not the trajectories'
+        # first-call costs (imports, caches) are not the trajectories'
+        generate(worker, _batch(1, side, first_seed=trajectories))
         gc.collect()
         _return_freed_blocks()
         baseline = _status_bytes("VmRSS")

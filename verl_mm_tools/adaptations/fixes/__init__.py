@@ -21,6 +21,7 @@ from verl_mm_tools.adaptations.fixes import (
     separate_async_logger,
     sft_rows_without_images,
     sft_tools_nulls,
+    shared_images,
     vllm_image_tokens,
     weight_sync,
 )
@@ -41,6 +42,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     remote_tools,
     processed_images,
     compact_images,
+    shared_images,
     separate_async_logger,
 )
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.compact_image import PIXEL_PREFIX
+from verl_mm_tools.compact_image import PIXEL_PREFIX, CompactImages
+from verl_mm_tools.handoff import SampleFields
 
 if TYPE_CHECKING:
     import torch
@@ -68,5 +69,20 @@ def _compute_multi_modal_inputs(
     finally:
         self.processor = processor
     if compact is not None and not any(key.startswith(PIXEL_PREFIX) for key in inputs):
-        inputs.update(compact.inputs())
+        inputs.update(_referring(output, compact).inputs())
     return inputs
+
+
+def _referring(output: AgentLoopOutput, compact: CompactImages) -> CompactImages:
+    """Within verl's v1 put (``shared_images.py``): the sample refers to the images another sample of its group
+    carries, and its hand-off counts the bytes it carries."""
+    from verl_mm_tools.agent_loop.shared_images import CURRENT_PUT
+
+    put = CURRENT_PUT.get()
+    if put is None:
+        return compact
+    compact = put.referring(output, compact)
+    image_bytes = SampleFields.key("image_bytes")
+    if image_bytes in output.extra_fields:
+        output.extra_fields[image_bytes] = compact.nbytes
+    return compact

@@ -1,0 +1,103 @@
+"""Each distinct image once per prompt group in TransferQueue (``adaptations/fixes/shared_images.py`` and the reading
+side in ``fixes/compact_images.py``, issue #59 step 3): verl's own v1 put of real mm_tool samples (the tiny
+Qwen2.5-VL, ``export: per_turn``) into a real TransferQueue, read back sample by sample as the trainer's workers read
+them, through verl's (fixed) ``extract_multi_modal_inputs``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verl_mm_tools.adaptations.fixes import compact_images
+from verl_mm_tools.compact_image import CompactImageError, CompactImages, ImageRef
+from verl_mm_tools.handoff import SampleFields
+
+pytestmark = pytest.mark.integration  # the tiny model, verl's worker and a Ray cluster with TransferQueue
+
+SIDE, TURNS = 112, 4  # 4 samples showing 1, 2, 3 and 4 images: the noise image and its 3 quarter turns
+
+
+@pytest.fixture(scope="module")
+def group(transfer_queue, tmp_path_factory):
+    """Two trajectories of one prompt group (sessions 0 and 1 of uid ``g``), each put by verl's own v1 method;
+    with the worker, verl's own inputs for each sample (by key) and the outputs (their image stores alive)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils.ray_utils import get_event_loop
+
+    from verl_mm_tools.bench.loop import loop_factory, one_trajectory
+    from verl_mm_tools.tiny import tiny_model_path
+
+    make, tokenizer, worker = loop_factory(
+        str(tiny_model_path()), tmp_path_factory.mktemp("loop"), SIDE, TURNS, "per_turn"
+    )
+    loop = get_event_loop()
+    noise = np.random.default_rng(0).integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+    verls_own, outputs = {}, []
+    for session in (0, 1):
+        _, _, samples = one_trajectory(make, tokenizer, "mm_tool", TURNS, SIDE, loop, Image.fromarray(noise))
+        put = AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess  # verl's, fixed; on the worker it extends
+        loop.run_until_complete(put(worker, samples, False, uid="g", session_id=session, global_steps=1))
+        original = AgentLoopWorker._compute_multi_modal_inputs.__wrapped__  # verl's own, before the fixes
+        for index, output in enumerate(samples):
+            ids = torch.tensor(output.prompt_ids + output.response_ids)
+            own = verls_own[f"g_{session}_{index}"] = original(worker, output, ids)
+            worker._compute_position_ids(ids[None], torch.ones_like(ids)[None], own)  # as verl's put: takes a key
+        outputs += samples
+    return verls_own, outputs
+
+
+def read(tq, keys: list[str], field: str = "multi_modal_inputs") -> list:
+    return [getattr(each, "data", each) for each in tq.kv_batch_get(keys=keys, partition_id="train")[field]]
+
+
+def test_verls_put_stores_each_image_of_a_group_once_and_each_sample_reads_back_verls_own_inputs(
+    transfer_queue, group, monkeypatch
+):
+    """Session 0's sample k carries the one image it shows first and refers to the k before; session 1 carries
+    none. Read alone (another rank's micro-batch), each sample reads the images it refers to from TransferQueue in
+    one read and reaches the model's forward as verl's own inputs, tensor for tensor; read as one micro-batch, the
+    group needs no read."""
+    from verl.utils.model import extract_multi_modal_inputs as extract
+
+    verls_own, _ = group
+    keys = sorted(verls_own)
+    stored = [CompactImages.from_inputs(inputs) for inputs in read(transfer_queue, keys)]
+    carried = [sum(not isinstance(each, ImageRef) for each in compact.pixels) for compact in stored]
+    assert carried == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert [len(compact.pixels) for compact in stored] == [1, 2, 3, 4] * 2
+    assert {each.key for compact in stored for each in compact.pixels if isinstance(each, ImageRef)} == {
+        "g_0_0",
+        "g_0_1",
+        "g_0_2",
+        "g_0_3",
+    }
+    # the step metric's bytes: what each sample carries (3 bytes a pixel of 112 x 112)
+    image_bytes = [fields[SampleFields.key("image_bytes")] for fields in read(transfer_queue, keys, "extra_fields")]
+    assert image_bytes == [3 * SIDE * SIDE] * 4 + [0] * 4
+    for key in keys:
+        monkeypatch.setattr(compact_images, "REFERRED", compact_images.ReferredImages())
+        got = extract(read(transfer_queue, [key]))
+        want = extract.__wrapped__([verls_own[key]])
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype and torch.equal(got[name], value), (key, name)
+        refers = sum(isinstance(each, ImageRef) for each in stored[keys.index(key)].pixels)
+        assert (compact_images.REFERRED.reads, compact_images.REFERRED.images_read) == (int(refers > 0), refers)
+    monkeypatch.setattr(compact_images, "REFERRED", compact_images.ReferredImages())
+    extract(read(transfer_queue, keys))
+    assert compact_images.REFERRED.reads == 0
+
+
+def test_a_sample_whose_carrier_is_gone_stops_naming_both(transfer_queue, group, monkeypatch):
+    """A referred sample TransferQueue no longer holds: the step stops with an error naming the sample and where
+    it looked, rather than train on a guessed image."""
+    from verl.utils.model import extract_multi_modal_inputs as extract
+
+    referring = read(transfer_queue, ["g_1_0"])
+    monkeypatch.setattr(compact_images, "REFERRED", compact_images.ReferredImages())
+    transfer_queue.kv_clear(keys=["g_0_0"], partition_id="train")
+    with pytest.raises(CompactImageError, match=r"samples \[.+\] refer to images of the samples \['g_0_0'\].*'train'"):
+        extract(referring)

@@ -1,0 +1,53 @@
+"""The v1 trainer (TransferQueue): each distinct image once per prompt group (issue #59, step 3). verl's
+``AgentLoopWorkerTQ._agent_loop_postprocess`` puts a trajectory's samples into TransferQueue, each tensor of each
+sample on its own: with ``export: per_turn`` a trajectory of n images stored and read 1 + 2 + ... + n of them, and a
+GRPO group of n trajectories its prompt image n times. Fixed: verl's method runs within a ``GroupPut``
+(``agent_loop/shared_images.py``) that knows the put's keys (verl's ``{uid}_{session_id}_{index}``); the sample
+inputs' fix (``processed_images.py``) then gives a sample an ``ImageRef`` for each image an earlier sample of the put,
+or a completed put of the group, carries; once verl's put has completed, the group's worker notes what it carries.
+The trainer's workers read referred images where they are (``compact_images.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from verl_mm_tools.adaptations.record import Adaptation, Section, Target
+from verl_mm_tools.agent_loop.shared_images import putting
+
+if TYPE_CHECKING:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
+
+TARGET = Target(
+    "verl.trainer.ppo.v1.agent_loop_tq",
+    "AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess",
+    "523edacbff73640dee470baf8c1f09fb3450e4095c05d5d2226f9ef706604b5b",
+)
+ADAPTATION = Adaptation(
+    section=Section.REPLACEMENTS,
+    targets=(TARGET,),
+    what="runs verl's put of a trajectory's samples within a `GroupPut` holding their keys (verl's "
+    "`{uid}_{session_id}_{index}`, so the sha256 guards the format): each sample refers to an image an earlier sample "
+    "of the put or a completed put of its prompt group carries (`compact_image.ImageRef`), and carries the others; "
+    "after the put, the worker notes what the group's put carries",
+    why="TransferQueue stores and sends every tensor of every sample on its own: `export: per_turn` carried a "
+    "trajectory's images 1 + 2 + ... + n times (4.5x its images at 8 turns), a GRPO group of n its shared images n "
+    "times (issue #59, step 3)",
+    applies_to="verl 0.9.1 v1 trainer (`trainer.use_v1=true`)",
+    proof="`tests/adaptations/test_shared_images_on_cpu.py::"
+    "test_verls_put_stores_each_image_of_a_group_once_and_each_sample_reads_back_verls_own_inputs`",
+)
+
+
+@ADAPTATION.replaces(TARGET)
+async def _agent_loop_postprocess(
+    original: Callable[..., Awaitable[None]],
+    self: AgentLoopWorker,
+    output: AgentLoopOutput | list[AgentLoopOutput],
+    validate: bool,
+    **kwargs: object,
+) -> None:
+    outputs = output if isinstance(output, list) else [output]
+    partition = "val" if validate else "train"  # verl's partitions
+    with putting(str(kwargs["uid"]), kwargs["session_id"], partition, outputs):
+        await original(self, output, validate, **kwargs)
