@@ -164,6 +164,28 @@ def test_an_unchanged_target_is_returned_and_an_adapted_one_left_alone():
         json.JSONEncoder.encode = original
 
 
+def test_a_subclass_verifies_a_target_another_adaptation_replaced_through_the_replacement(monkeypatch, caplog):
+    """``verified`` (``manager_tq``'s subclass relies on a method the shared-images fix replaces) reads a fixed
+    target's source through its ``__wrapped__``: the original's hash passes; another refuses, or is logged and
+    False when downgraded."""
+    import json
+
+    original = json.JSONEncoder.__dict__["encode"]
+    pinned = dataclasses.replace(
+        changed_json_dumps(), targets=(Target("json", "JSONEncoder.encode", guard.source_sha256(original)),)
+    )
+    monkeypatch.setattr(json.JSONEncoder, "encode", guard.mark(guard.calling(lambda encode, *a: encode(*a), original)))
+    assert guard.checked(pinned) is None and guard.verified(pinned) is True
+    changed = dataclasses.replace(pinned, targets=(Target("json", "JSONEncoder.encode", "0" * 64),))
+    monkeypatch.delenv(guard.POLICY_ENV, raising=False)
+    with pytest.raises(guard.VerlChangedError, match="json.JSONEncoder.encode"):
+        guard.verified(changed)
+    monkeypatch.setenv(guard.POLICY_ENV, "warn")
+    with caplog.at_level(logging.ERROR, logger=guard.__name__):
+        assert guard.verified(changed) is False
+    assert "runs WITHOUT this adaptation" in caplog.text
+
+
 VICTIM = """
 import enum
 
@@ -224,9 +246,9 @@ def test_the_install_skeleton_replaces_a_function_a_method_and_a_table_entry_onc
 
 
 def test_no_adaptation_installs_itself_outside_the_one_skeleton():
-    """Only ``guard`` checks and installs (``guard.apply``); ``manager_tq`` checks the verl code its subclass falls
-    back to where it is built."""
-    allowed = {PACKAGE / "adaptations" / "guard.py", PACKAGE / "adaptations" / "manager_tq.py"}
+    """Only ``guard`` checks and installs (``guard.apply``); ``manager_tq`` verifies the verl code its subclass
+    relies on where it is built (``guard.verified``)."""
+    allowed = {PACKAGE / "adaptations" / "guard.py"}
     skeleton = re.compile(r"(?:^|[^.\w]|guard\.)(checked|install|install_method|install_replacement)\(")
     found = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"

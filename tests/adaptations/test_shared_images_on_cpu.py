@@ -5,10 +5,8 @@ them, through verl's (fixed) ``extract_multi_modal_inputs``."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from verl_mm_tools.adaptations.fixes import compact_images
 from verl_mm_tools.compact_image import CompactImageError, CompactImages, ImageRef
@@ -20,26 +18,42 @@ SIDE, TURNS = 112, 4  # 4 samples showing 1, 2, 3 and 4 images: the noise image 
 
 
 @pytest.fixture(scope="module")
-def group(transfer_queue, tmp_path_factory):
-    """Two trajectories of one prompt group (sessions 0 and 1 of uid ``g``), each put by verl's own v1 method;
-    with the worker, verl's own inputs for each sample (by key) and the outputs (their image stores alive)."""
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+def parts(transfer_queue, tmp_path_factory):
+    """The loop maker, tokenizer and verl's worker (per_turn export on the v1 trainer), and the event loop."""
     from verl.utils.ray_utils import get_event_loop
 
-    from verl_mm_tools.bench.loop import loop_factory, one_trajectory
+    from verl_mm_tools.bench.loop import loop_factory
     from verl_mm_tools.tiny import tiny_model_path
 
-    make, tokenizer, worker = loop_factory(
-        str(tiny_model_path()), tmp_path_factory.mktemp("loop"), SIDE, TURNS, "per_turn"
-    )
-    loop = get_event_loop()
-    noise = np.random.default_rng(0).integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+    model = str(tiny_model_path())
+    return (*loop_factory(model, tmp_path_factory.mktemp("loop"), SIDE, TURNS, "per_turn"), get_event_loop())
+
+
+def trajectory(parts) -> list:
+    """One trajectory's samples: the noise image and its quarter turns."""
+    from verl_mm_tools.bench.loop import noise_image, one_trajectory
+
+    make, tokenizer, _, loop = parts
+    return one_trajectory(make, tokenizer, "mm_tool", TURNS, SIDE, loop, noise_image(SIDE))[2]
+
+
+def verls_put():
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    return AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess  # verl's, fixed; run on the worker it extends
+
+
+@pytest.fixture(scope="module")
+def group(parts):
+    """Two trajectories of one prompt group (sessions 0 and 1 of uid ``g``), each put by verl's own v1 method, one
+    after the other; verl's own inputs for each sample (by key) and the outputs (their image stores alive)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    _, _, worker, loop = parts
     verls_own, outputs = {}, []
     for session in (0, 1):
-        _, _, samples = one_trajectory(make, tokenizer, "mm_tool", TURNS, SIDE, loop, Image.fromarray(noise))
-        put = AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess  # verl's, fixed; on the worker it extends
-        loop.run_until_complete(put(worker, samples, False, uid="g", session_id=session, global_steps=1))
+        samples = trajectory(parts)
+        loop.run_until_complete(verls_put()(worker, samples, False, uid="g", session_id=session, global_steps=1))
         original = AgentLoopWorker._compute_multi_modal_inputs.__wrapped__  # verl's own, before the fixes
         for index, output in enumerate(samples):
             ids = torch.tensor(output.prompt_ids + output.response_ids)
@@ -101,3 +115,48 @@ def test_a_sample_whose_carrier_is_gone_stops_naming_both(transfer_queue, group,
     transfer_queue.kv_clear(keys=["g_0_0"], partition_id="train")
     with pytest.raises(CompactImageError, match=r"samples \[.+\] refer to images of the samples \['g_0_0'\].*'train'"):
         extract(referring)
+
+
+@pytest.mark.parametrize("outcome", ["stored", "failed"])
+def test_a_put_referring_to_one_in_flight_waits_for_it_and_fails_with_it(transfer_queue, parts, outcome, monkeypatch):
+    """Session 1 finishes while session 0's put is in flight (TransferQueue held for it): session 1 refers to the
+    images session 0 carries, is stored, and waits for session 0. Stored: both succeed, session 1 carries none.
+    Failed: nothing carries session 1's images; its samples are removed and it fails (``ImagesLost``)."""
+    import asyncio
+
+    from verl_mm_tools.agent_loop.shared_images import ImagesLost
+
+    _, _, worker, loop = parts
+    uid, release, real = f"h{outcome}", asyncio.Event(), transfer_queue.async_kv_batch_put
+
+    async def held(*args, keys, **kwargs):
+        if keys[0].startswith(f"{uid}_0_"):
+            await release.wait()
+            if outcome == "failed":
+                raise RuntimeError("a storage unit died")
+        return await real(*args, keys=keys, **kwargs)
+
+    monkeypatch.setattr(transfer_queue, "async_kv_batch_put", held)
+    first, second = trajectory(parts), trajectory(parts)
+
+    async def both():
+        puts = [asyncio.ensure_future(verls_put()(worker, first, False, uid=uid, session_id=0, global_steps=1))]
+        await asyncio.sleep(0.5)  # session 0's samples are built; its put is held
+        puts.append(asyncio.ensure_future(verls_put()(worker, second, False, uid=uid, session_id=1, global_steps=1)))
+        await asyncio.sleep(0.5)
+        assert not any(put.done() for put in puts)  # session 1 is stored and waits for session 0
+        release.set()
+        return await asyncio.gather(*puts, return_exceptions=True)
+
+    results = loop.run_until_complete(both())
+    monkeypatch.undo()
+    keys = [f"{uid}_1_{index}" for index in range(TURNS)]
+    if outcome == "stored":
+        assert results == [None, None]
+        stored = [CompactImages.from_inputs(inputs) for inputs in read(transfer_queue, keys)]
+        assert [sum(not isinstance(each, ImageRef) for each in compact.pixels) for compact in stored] == [0] * TURNS
+        return
+    assert isinstance(results[0], RuntimeError) and "a storage unit died" in str(results[0])
+    assert isinstance(results[1], ImagesLost) and f"{uid}_0_0" in str(results[1])
+    with pytest.raises(ValueError, match="not found"):
+        transfer_queue.kv_batch_get(keys=keys, partition_id="train")

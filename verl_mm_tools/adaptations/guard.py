@@ -118,6 +118,18 @@ def checked(adaptation: Adaptation) -> list[Any] | None:
 
 
 @ADAPTATION.implements
+def verified(adaptation: Adaptation) -> bool:
+    """Whether ``adaptation``'s targets are the code it was written against, read through any fix installed on them
+    (another adaptation may replace a method a subclass relies on): True; a changed one raises
+    ``VerlChangedError`` (policy ``refuse``) or is logged (``warn``): False, run without it."""
+    message = mismatch(adaptation, [locate(target) for target in adaptation.targets])
+    if message is None:
+        return True
+    refuse_or_warn(message, "verl-mm-tools runs WITHOUT this adaptation.")
+    return False
+
+
+@ADAPTATION.implements
 def confirm(adaptation: Adaptation) -> None:
     """Check the targets of a row that patches nothing (an extension subclass, a copied method) where its code is
     used, once per process: a changed target refuses to start (``VerlChangedError``), or, downgraded, is logged once

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import ray
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from verl_mm_tools.adaptations.guard import checked
+from verl_mm_tools.adaptations.guard import verified
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def final_sample_scoring_worker() -> ActorClass[AgentLoopWorker]:
 @ADAPTATION.implements
 class MMToolAgentLoopManagerTQ(AgentLoopManagerTQ):
     def __init__(self, *args: object, **kwargs: object) -> None:
-        verls_scoring = checked(ADAPTATION)  # changed: refuses to start, or (downgraded) None: verl's workers
+        unchanged = verified(ADAPTATION)  # changed: refuses to start, or (downgraded) False: verl's workers
         super().__init__(*args, **kwargs)  # sets verl's worker class; the workers start later, in create()
-        if verls_scoring is not None:
+        if unchanged:
             self.agent_loop_workers_class = final_sample_scoring_worker()

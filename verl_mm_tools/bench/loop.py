@@ -287,7 +287,6 @@ def export_images(
 
     from transfer_queue.utils.serial_utils import MsgpackEncoder
 
-    from verl_mm_tools.agent_loop.shared_images import putting
     from verl_mm_tools.ops.transform import distinct_image_bytes
 
     whole: list[dict[str, Any]] = []  # each sample's image inputs, outside a put
@@ -299,8 +298,7 @@ def export_images(
             _, _, outputs = one_trajectory(make, tokenizer, "mm_tool", turns, side, loop, noise_image(side))
             made += output_images(outputs[-1])
             whole += [_image_inputs(worker, output) for output in outputs]
-            with putting(group, session, "train", outputs):
-                put += [_image_inputs(worker, output) for output in outputs]
+            put += loop.run_until_complete(_put(worker, group, session, outputs))
     raw = sum(image.width * image.height * 3 for image in made)
     distinct = sum(distinct_image_bytes(made).values())
     each = sum(value.numel() * value.element_size() for inputs in whole for value in inputs.values())
@@ -311,6 +309,14 @@ def export_images(
         "transfer_queue_image_bytes_over_distinct_raw": sum(memoryview(f).nbytes for f in frames) / distinct,
         "pickled_image_bytes_over_distinct_raw": len(pickle.dumps(whole, protocol=5)) / distinct,
     }
+
+
+async def _put(worker: AgentLoopWorker, group: str, session: int, outputs: list[AgentLoopOutput]) -> list[dict]:
+    """The samples' image inputs as verl's v1 put of them stores them (without TransferQueue)."""
+    from verl_mm_tools.agent_loop.shared_images import putting
+
+    async with putting(group, session, "train", outputs):
+        return [_image_inputs(worker, output) for output in outputs]
 
 
 def _image_inputs(worker: AgentLoopWorker, output: AgentLoopOutput) -> dict[str, Any]:

@@ -5,7 +5,9 @@ GRPO group of n trajectories its prompt image n times. Fixed: verl's method runs
 (``agent_loop/shared_images.py``) that knows the put's keys (verl's ``{uid}_{session_id}_{index}``); the sample
 inputs' fix (``processed_images.py``) then gives a sample an ``ImageRef`` for each image an earlier sample of the put,
 or a completed put of the group, carries; once verl's put has completed, the group's worker notes what it carries.
-The trainer's workers read referred images where they are (``compact_images.py``)."""
+A sample may refer to a put of its group still in flight; if that put fails, the referring put's samples are removed
+from TransferQueue and its trajectory fails (``ImagesLost``). The trainer's workers read referred images where they
+are (``compact_images.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
-from verl_mm_tools.agent_loop.shared_images import putting
+from verl_mm_tools.agent_loop.shared_images import ImagesLost, putting
 
 if TYPE_CHECKING:
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
@@ -28,8 +30,8 @@ ADAPTATION = Adaptation(
     targets=(TARGET,),
     what="runs verl's put of a trajectory's samples within a `GroupPut` holding their keys (verl's "
     "`{uid}_{session_id}_{index}`, so the sha256 guards the format): each sample refers to an image an earlier sample "
-    "of the put or a completed put of its prompt group carries (`compact_image.ImageRef`), and carries the others; "
-    "after the put, the worker notes what the group's put carries",
+    "of the put or of its prompt group's puts carries (`compact_image.ImageRef`), and carries the others; a put "
+    "referring to one that failed removes its samples and fails its trajectory",
     why="TransferQueue stores and sends every tensor of every sample on its own: `export: per_turn` carried a "
     "trajectory's images 1 + 2 + ... + n times (4.5x its images at 8 turns), a GRPO group of n its shared images n "
     "times (issue #59, step 3)",
@@ -47,7 +49,13 @@ async def _agent_loop_postprocess(
     validate: bool,
     **kwargs: object,
 ) -> None:
+    import transfer_queue as tq
+
     outputs = output if isinstance(output, list) else [output]
     partition = "val" if validate else "train"  # verl's partitions
-    with putting(str(kwargs["uid"]), kwargs["session_id"], partition, outputs):
-        await original(self, output, validate, **kwargs)
+    try:
+        async with putting(str(kwargs["uid"]), kwargs["session_id"], partition, outputs):
+            await original(self, output, validate, **kwargs)
+    except ImagesLost as lost:  # nothing carries some of its images: its samples must not be trained on
+        await tq.async_kv_clear(keys=lost.keys, partition_id=lost.partition)
+        raise
