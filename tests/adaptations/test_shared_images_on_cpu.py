@@ -160,3 +160,18 @@ def test_a_put_referring_to_one_in_flight_waits_for_it_and_fails_with_it(transfe
     assert isinstance(results[1], ImagesLost) and f"{uid}_0_0" in str(results[1])
     with pytest.raises(ValueError, match="not found"):
         transfer_queue.kv_batch_get(keys=keys, partition_id="train")
+
+
+def test_verls_own_actor_class_runs_the_fix():
+    """``@ray.remote`` made verl's actor class before the fix was installed, its methods Ray's tracing wrappers
+    holding verl's functions: the fix is installed there too (what verl's own workers run, pickled by value into
+    the actor), and on the class (what a subclass made later inherits)."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    from verl_mm_tools.adaptations.fixes import shared_images
+    from verl_mm_tools.adaptations.guard import PATCHED_MARK
+
+    for owner in (AgentLoopWorkerTQ.__ray_actor_class__, AgentLoopWorkerTQ.__ray_metadata__.modified_class):
+        method = owner._agent_loop_postprocess
+        assert getattr(method, PATCHED_MARK, False), owner
+        assert method.__wrapped__ is not shared_images._agent_loop_postprocess  # verl's, which the fix calls

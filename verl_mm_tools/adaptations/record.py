@@ -105,7 +105,8 @@ class Adaptation:
 
     def implements(self, code: _Code) -> _Code:
         """Decorator: ``code`` (a class or function) carries this adaptation."""
-        self.code.append(code)
+        if code not in self.code:  # a replacement of two targets is one piece of code
+            self.code.append(code)
         return code
 
     def replaces(self, target: Target) -> Callable[[_Replacement], _Replacement]:
