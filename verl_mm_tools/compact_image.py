@@ -103,7 +103,6 @@ class CompactHeader:
 
     @functools.cached_property
     def tensor(self) -> torch.Tensor:
-        import torch
 
         fields = {
             "processor": self.processor.class_name,
@@ -112,27 +111,14 @@ class CompactHeader:
             "sample": self.sample,
         }
         try:
-            text = json.dumps(fields, sort_keys=True)
+            return _json_tensor(fields)
         except TypeError as error:
             raise NotCompactable(f"the processor call's arguments are not JSON ({error}): {self.arguments}") from error
-        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
 
     @classmethod
     def parse(cls, tensor: object) -> CompactHeader:
-        import torch
-
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
-            raise CompactImageError(f"{HEADER_KEY} is not a 1-D uint8 tensor: {_described(tensor)}")
-        try:
-            fields = json.loads(bytes(tensor.tolist()).decode())
-        except (UnicodeDecodeError, ValueError) as error:
-            raise CompactImageError(f"{HEADER_KEY} is not UTF-8 JSON: {error}") from None
         kinds = {"processor": str, "config": str, "arguments": dict, "sample": str}
-        if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
-            raise CompactImageError(f"{HEADER_KEY} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
-        wrong = [name for name, kind in kinds.items() if not isinstance(fields[name], kind)]
-        if wrong:
-            raise CompactImageError(f"{HEADER_KEY}: the fields {wrong} have the wrong types")
+        fields = _json_fields(tensor, HEADER_KEY, kinds)
         return cls(ProcessorSpec(fields["processor"], fields["config"]), fields["arguments"], fields["sample"])
 
 
@@ -154,29 +140,16 @@ class ImageRef:
 
     @functools.cached_property
     def tensor(self) -> torch.Tensor:
-        import torch
-
         dtype, shape, digest = self.content
         fields = {"partition": self.partition, "key": self.key, "image": self.image, "dtype": dtype}
-        text = json.dumps({**fields, "shape": list(shape), "digest": digest}, sort_keys=True)
-        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+        return _json_tensor({**fields, "shape": list(shape), "digest": digest})
 
     @classmethod
     def parse(cls, tensor: object, name: str) -> ImageRef:
-        import torch
-
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
-            raise CompactImageError(f"{name} is not a 1-D uint8 tensor: {_described(tensor)}")
-        try:
-            fields = json.loads(bytes(tensor.tolist()).decode())
-        except (UnicodeDecodeError, ValueError) as error:
-            raise CompactImageError(f"{name} is not UTF-8 JSON: {error}") from None
         kinds = {"partition": str, "key": str, "image": int, "dtype": str, "shape": list, "digest": str}
-        if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
-            raise CompactImageError(f"{name} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
-        wrong = [field for field, kind in kinds.items() if not isinstance(fields[field], kind)]
-        if wrong or fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
-            raise CompactImageError(f"{name}: the fields {wrong or ['image', 'shape']} are wrong: {fields!r:.200}")
+        fields = _json_fields(tensor, name, kinds)
+        if fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
+            raise CompactImageError(f"{name}: the fields ['image', 'shape'] are wrong: {fields!r:.200}")
         content = (fields["dtype"], tuple(fields["shape"]), fields["digest"])
         return cls(fields["partition"], fields["key"], fields["image"], content)
 
@@ -267,6 +240,31 @@ class SharedPixels:
                 return kept
             self._by_content[key] = pixels
             return pixels
+
+
+def _json_tensor(fields: Mapping[str, Any]) -> torch.Tensor:
+    """``fields`` as a sample carries them: UTF-8 JSON in a uint8 tensor (verl's inputs hold tensors only)."""
+    import torch
+
+    return torch.frombuffer(bytearray(json.dumps(fields, sort_keys=True).encode()), dtype=torch.uint8)
+
+
+def _json_fields(tensor: object, name: str, kinds: Mapping[str, type]) -> dict[str, Any]:
+    """The fields ``_json_tensor`` made, each of its kind; ``CompactImageError`` naming ``name`` otherwise."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
+        raise CompactImageError(f"{name} is not a 1-D uint8 tensor: {_described(tensor)}")
+    try:
+        fields = json.loads(bytes(tensor.tolist()).decode())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise CompactImageError(f"{name} is not UTF-8 JSON: {error}") from None
+    if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
+        raise CompactImageError(f"{name} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
+    wrong = [field for field, kind in kinds.items() if not isinstance(fields[field], kind)]
+    if wrong:
+        raise CompactImageError(f"{name}: the fields {wrong} have the wrong types")
+    return fields
 
 
 def _malformed(pixels: list[object]) -> str | None:
