@@ -110,11 +110,7 @@ def checked(adaptation: Adaptation) -> list[Any] | None:
     found = [locate(target) for target in adaptation.targets]
     if any(getattr(code, PATCHED_MARK, False) for code in found):
         return None
-    message = mismatch(adaptation, found)
-    if message is None:
-        return found
-    refuse_or_warn(message, "verl-mm-tools runs WITHOUT this adaptation.")
-    return None
+    return found if verified(adaptation) else None
 
 
 @ADAPTATION.implements

@@ -67,6 +67,9 @@ class GroupPut:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failed: bool = False
     refers_to: set[GroupPut] = field(default_factory=set)
+    # each image tensor's content, hashed once: the samples of a put share their images' tensors, and verl builds
+    # each sample's inputs twice (its streamed reward, then the put); the store holds the tensors meanwhile
+    _contents: dict[int, Content] = field(default_factory=dict)
 
     def referring(self, output: object, compact: CompactImages) -> CompactImages:
         """``compact`` with each image a sample of the group's puts showed first as a reference to it; the images it
@@ -79,7 +82,7 @@ class GroupPut:
             if isinstance(pixels, ImageRef):
                 images.append(pixels)
                 continue
-            content = content_key(pixels)
+            content = self._contents.get(id(pixels)) or self._contents.setdefault(id(pixels), content_key(pixels))
             owner, carrier = self.group.carrier(content, ImageRef(self.partition, key, index, content), self)
             if (owner.key, owner.image) == (key, index):
                 images.append(pixels)
