@@ -47,6 +47,9 @@ setup(
         # plot: matplotlib figures from the python tool's sandboxed code (docs/python_tool.md), bound read-only into the
         # sandbox when installed
         "plot": ["matplotlib>=3.8,<4"],
+        # gui: the MiniWoB++ environment (its tasks' HTML, Gymnasium API, Selenium), with Chromium and chromedriver
+        # from scripts/install_chromium.sh; envs/gui/miniwob_env.py adapts miniwob's driver setup, hence the pin
+        "gui": ["miniwob==1.1.0"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.6,<4",
@@ -56,6 +59,7 @@ setup(
             "ruff>=0.17,<0.18",
             "mypy>=2.4,<2.5",
             "matplotlib>=3.8,<4",
+            "miniwob==1.1.0",
         ],
     },
     entry_points={

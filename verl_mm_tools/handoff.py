@@ -35,6 +35,9 @@ class StopReason(str, Enum):
     # a tool's failed call ended it (its metrics' END_TRAJECTORY: the python tool's on_error: end), after that call's
     # answer; trained as usual
     TOOL_FAILED = "tool_failed"
+    # a tool's call ended its environment's episode (its metrics' EPISODE_DONE: a GUI task done or failed), after that
+    # call's answer; trained as usual
+    EPISODE_DONE = "episode_done"
     ERROR = "error"  # masked: trained on nothing (mm_tool/error says why)
 
 

@@ -222,6 +222,12 @@ class ImageBudget:
             )
         return None
 
+    def sized(self, image: Image.Image) -> Image.Image:
+        """``image`` (RGB) at the size the processor gives it, so the image a trajectory holds is the image the model
+        sees: an environment's reset images, charged with the prompt's. ValueError for an aspect ratio no size of
+        whole tokens keeps."""
+        return _to_rgb_size(image, *self.geometry.resized(*image.size, self.min_pixels, self.max_pixels))
+
     def admit(self, image: Image.Image) -> Admission:
         """The verdict on a tool or environment image, charged when admitted. Never partial: the image is either
         whole or absent."""

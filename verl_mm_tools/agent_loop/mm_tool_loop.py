@@ -330,10 +330,10 @@ class MMToolAgentLoop(ToolAgentLoop):
             checkpoint.restore(agent_data, state)
             return state.stop(StopReason.BUDGET)
         after = await self._merge_context_turn(agent_data, state, checkpoint, answers.messages, answers.rewards)
-        if answers.ended_by is not None:
-            # after its answer (context tokens, trained on by nothing): the record shows the failure that ended it;
-            # even where that answer did not fit, the failure is why the trajectory ends
-            return state.stop(StopReason.TOOL_FAILED)
+        if answers.stop is not None:
+            # after its answer (context tokens, trained on by nothing): the record shows the call that ended it; even
+            # where that answer did not fit, that call is why the trajectory ends
+            return state.stop(answers.stop)
         return after
 
     async def _env_turn(self, agent_data: LoopAgentData, state: TrajectoryState) -> LoopState:

@@ -80,10 +80,13 @@ async def start_environment(
     sample = Sample.from_row(row, list(agent_data.image_data), files=state.files)
     observation = await call_env(state.env.reset, sample)
     if observation is not None and (observation.text or observation.images):
-        content = [{"type": "image", "image": image} for image in observation.images]
+        # sized as the processor sizes them: the image the trajectory holds is the one the model sees (a GUI
+        # environment's points refer to its pixels)
+        images = [state.budget.sized(image) if state.budget else image for image in observation.images]
+        content = [{"type": "image", "image": image} for image in images]
         text = valid_text(observation.text)
         agent_data.messages.append({"role": "user", "content": content + [{"type": "text", "text": text}]})
-        agent_data.image_data.extend(observation.images)
+        agent_data.image_data.extend(images)
         state.prompt_images = len(agent_data.image_data)  # reset's images are part of the prompt
 
 

@@ -6,7 +6,8 @@ character from any tool or environment would make the tokenizer raise or reach t
 (unknown tool, bad JSON, unparsable call) become text for the model; a tool that raises raises ``ToolCrashError``,
 which masks the trajectory. A failed call whose metrics set ``END_TRAJECTORY`` ends the turn there: it is answered,
 the calls after it are not run (each answered so), and the loop ends the trajectory (``StopReason.TOOL_FAILED``),
-which trains as usual.
+which trains as usual. A call whose metrics set ``EPISODE_DONE`` (its environment's episode is over) ends it the same
+way (``StopReason.EPISODE_DONE``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from verl_mm_tools.agent_loop.budget import Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.state import TrajectoryState
 from verl_mm_tools.errors import did_you_mean
+from verl_mm_tools.handoff import StopReason
 from verl_mm_tools.ops.argument_checks import show
 from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.remote.spec import REMOTE_ACTOR_METRIC
 from verl_mm_tools.remote.tool import RemoteTool
-from verl_mm_tools.tools.base import END_TRAJECTORY
+from verl_mm_tools.tools.base import END_TRAJECTORY, EPISODE_DONE
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
@@ -66,22 +68,23 @@ class ToolCrashError(RuntimeError):
 
 
 class CallAnswer(NamedTuple):
-    """One call's answer: the tool's response and reward, and whether its tool ends the trajectory with it."""
+    """One call's answer: the tool's response and reward, and why the trajectory ends with it (None: it goes on)."""
 
     response: ToolResponse
     reward: float | None  # None: the call did not run
-    ends_trajectory: bool = False
+    ends: StopReason | None = None
 
 
 @dataclass
 class ToolTurn:
     """What a tool turn answers: a message per call run (in call order), then one per call not run after a call that
     ended the trajectory, one per unparsable call, one per call past max_parallel_calls; the rewards of the calls
-    run; and the tool whose failed call ended the trajectory (None when none did)."""
+    run; the tool whose call ended the trajectory (None when none did) and why it ended."""
 
     messages: list[dict] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     ended_by: str | None = None
+    stop: StopReason | None = None
 
 
 @dataclass(frozen=True)
@@ -105,17 +108,17 @@ class ToolRunner:
         turn = ToolTurn()
         # Sequential, so image ids are deterministic and a call may use an image made by an earlier one.
         for position, call in enumerate(run):
-            response, reward, ends_trajectory = await self.execute(call, state, agent_data)
+            response, reward, ends = await self.execute(call, state, agent_data)
             message = self.tool_message(call, response, state)
             if message is None:
                 return None
             turn.messages.append(message)
             if reward is not None:
                 turn.rewards.append(float(reward))
-            if ends_trajectory:
-                turn.ended_by = call.name
+            if ends is not None:
+                turn.ended_by, turn.stop = call.name, ends
                 state.turns[-1].tool_calls = [ran.name for ran in run[: position + 1]]
-                turn.messages += self._not_run_after_end(run[position + 1 :], call.name, state)
+                turn.messages += self._not_run_after_end(run[position + 1 :], call.name, ends, state)
                 break
         state.stats.invalid_actions += malformed
         unparsed = {"role": "tool", "name": UNPARSED_CALL_NAME, "content": malformed_call_text(self.parser)}
@@ -127,11 +130,17 @@ class ToolRunner:
         return turn
 
     @staticmethod
-    def _not_run_after_end(calls: list[FunctionCall], ended_by: str, state: TrajectoryState) -> list[dict]:
+    def _not_run_after_end(
+        calls: list[FunctionCall], ended_by: str, reason: StopReason, state: TrajectoryState
+    ) -> list[dict]:
         """Answers to the calls after the one that ended the trajectory (counted as ignored): every call is
         answered, so the record shows none of them as run."""
         state.stats.ignored_calls += len(calls)
-        text = f"Error: this call was not run: the failed {ended_by!r} call before it ended the conversation."
+        text = (
+            f"Error: this call was not run: the task ended with the {ended_by!r} call before it."
+            if reason is StopReason.EPISODE_DONE
+            else f"Error: this call was not run: the failed {ended_by!r} call before it ended the conversation."
+        )
         return [{"role": "tool", "name": call.name, "content": text} for call in calls]
 
     def _ignored_call_text(self) -> str:
@@ -174,7 +183,7 @@ class ToolRunner:
             failed=bool(metrics.get("error")),
             remote=REMOTE_ACTOR_METRIC in metrics,
         )
-        return CallAnswer(response, reward, bool(metrics.get(END_TRAJECTORY)))
+        return CallAnswer(response, reward, _stop_reason(metrics))
 
     @staticmethod
     async def _invoke(
@@ -245,6 +254,16 @@ class ToolRunner:
         if self.truncate_side == "right":
             return text[:limit] + "...(truncated)"
         return text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
+
+
+def _stop_reason(metrics: dict) -> StopReason | None:
+    """Why a call's metrics end the trajectory: a failure with ``END_TRAJECTORY``, an episode's end with
+    ``EPISODE_DONE``; None: it goes on."""
+    if metrics.get(END_TRAJECTORY):
+        return StopReason.TOOL_FAILED
+    if metrics.get(EPISODE_DONE):
+        return StopReason.EPISODE_DONE
+    return None
 
 
 async def start_remote_tools(tools: dict) -> None:

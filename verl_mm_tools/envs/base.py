@@ -81,6 +81,11 @@ class Environment:
 
 
 ENVIRONMENTS: dict[str, type[Environment]] = {}
+# Built-in environments whose modules need optional packages: imported when first selected, by name.
+OPTIONAL_ENVIRONMENTS = {"miniwob": "verl_mm_tools.envs.gui.miniwob_env.MiniWoBEnv"}
+OPTIONAL_INSTALL = (
+    "install the GUI extra (pip install 'verl-mm-tools[gui]') and the browser (scripts/install_chromium.sh)"
+)
 REMOTE_KEY = "remote"  # in an environment spec: serve it from a Ray actor pool (``verl_mm_tools.remote``)
 
 
@@ -105,7 +110,7 @@ def make_environment(spec: str | dict[str, Any]) -> Environment:
         name, kwargs = spec["name"], {key: value for key, value in spec.items() if key != "name"}
     else:
         raise ConfigError(f"an environment is selected by a name or a mapping with a 'name' key, got {spec!r}")
-    environment_class = ENVIRONMENTS.get(name) or _imported_environment(name)
+    environment_class = ENVIRONMENTS.get(name) or _imported_environment(OPTIONAL_ENVIRONMENTS.get(name, name))
     remote = kwargs.pop(REMOTE_KEY, None)
     if remote is not None:
         return _remote_environment(name, environment_class, kwargs, remote)
@@ -135,17 +140,21 @@ def _imported_environment(path: str) -> type[Environment]:
     """An Environment subclass by its class path (``package.module.Class``)."""
     module_name, _, class_name = path.rpartition(".")
     if not module_name:
+        names = sorted({*ENVIRONMENTS, *OPTIONAL_ENVIRONMENTS})
         raise ConfigError(
-            f"unknown environment {path!r}; registered: {sorted(ENVIRONMENTS)} (or give a class path, "
-            "package.module.Class)." + did_you_mean(path, ENVIRONMENTS)
+            f"unknown environment {path!r}; registered: {names} (or give a class path, package.module.Class)."
+            + did_you_mean(path, names)
         )
     try:
         found = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
-        raise ConfigError(
-            f"environment {path!r} cannot be imported ({type(error).__name__}: {error}); check the class "
-            "path and that its module is importable where verl's rollout workers run"
-        ) from error
+        fix = (
+            OPTIONAL_INSTALL
+            if path in OPTIONAL_ENVIRONMENTS.values()
+            else ("check the class path and that its module is importable where verl's rollout workers run")
+        )
+        reason = f"{type(error).__name__}: {error}"
+        raise ConfigError(f"environment {path!r} cannot be imported ({reason}); {fix}") from error
     if not (isinstance(found, type) and issubclass(found, Environment)):
         raise ConfigError(f"environment {path!r} is a {type(found).__name__}, not an Environment subclass")
     if found.step is Environment.step:

@@ -52,6 +52,7 @@ from verl_mm_tools.rewards.common import (
     as_result_dict,
     read_tool_calls,
 )
+from verl_mm_tools.rewards.environment import STOP_REASON_KEY, TOOL_REWARDS_KEY, TURN_SCORES_KEY
 from verl_mm_tools.rewards.registry import RewardFunction, get_reward_function
 from verl_mm_tools.rewards.shaping import ToolShaping
 from verl_mm_tools.verl_registry import register_unique
@@ -68,7 +69,14 @@ __all__ = ["REWARD_EXTRA_KEYS", "REWARD_MANAGERS", "MMTurnDiscountRewardManager"
 # not require deleting them.
 _FOREIGN_REWARD_KWARGS = frozenset({"overlong_buffer_cfg", "max_resp_len"})
 # Trajectory keys read from top-level columns on verl's batch reward path (no tool_extra_fields there).
-_TRAJECTORY_KEYS = (ATTEMPTS_KEY, TOOL_CALLS_KEY, LAST_ASSISTANT_TEXT_KEY)
+_TRAJECTORY_KEYS = (
+    ATTEMPTS_KEY,
+    TOOL_CALLS_KEY,
+    LAST_ASSISTANT_TEXT_KEY,
+    TOOL_REWARDS_KEY,
+    TURN_SCORES_KEY,
+    STOP_REASON_KEY,
+)
 
 REWARD_EXTRA_KEYS = (
     "score",  # the final reward: raw_score * turn_discount

@@ -7,6 +7,7 @@ from typing import Any
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.rewards.answer_format import format_reward
+from verl_mm_tools.rewards.environment import environment_reward
 from verl_mm_tools.rewards.exact import exact_answer_reward
 from verl_mm_tools.rewards.geo3k import geo3k_reward
 from verl_mm_tools.rewards.rotation import rotation_reward, rotation_reward_45, rotation_reward_180
@@ -24,6 +25,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "geo3k_reward": geo3k_reward,
     "format_reward": format_reward,
     "exact_answer_reward": exact_answer_reward,
+    "environment_reward": environment_reward,
 }
 """Every built-in function has verl's ``compute_score`` signature; factories (``make_*``) are not listed."""
 

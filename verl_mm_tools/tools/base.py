@@ -44,6 +44,9 @@ MAX_MAX_PIXELS = 1 << 26  # 64 Mpx: no configuration may let a tool answer with 
 # trajectory trains as usual. A metrics flag, not an exception: it crosses a remote actor as data, and verl's plain
 # tool_agent loop, which does not know it, still answers the call as text and goes on.
 END_TRAJECTORY = "end_trajectory"
+# A metrics key a tool sets on a call that ended its environment's episode (a GUI action that finished the task): the
+# loop answers the call, runs none after it and stops (StopReason.EPISODE_DONE).
+EPISODE_DONE = "episode_done"
 
 
 @dataclasses.dataclass(frozen=True)
