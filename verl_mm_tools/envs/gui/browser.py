@@ -55,13 +55,22 @@ class BrowserSettings:
     @classmethod
     def found(cls, bwrap: str = "bwrap") -> BrowserSettings:
         """The programs on this machine; a ConfigError naming what is missing and how to install it."""
-        chromium = os.environ.get(CHROMIUM_ENV) or shutil.which("chromium") or shutil.which("chromium-browser")
-        chromedriver = os.environ.get(CHROMEDRIVER_ENV) or shutil.which("chromedriver")
-        missing = [name for name, path in (("chromium", chromium), ("chromedriver", chromedriver)) if not path]
-        if missing:
-            raise ConfigError(f"the GUI environment needs {' and '.join(missing)}, not found on PATH: {INSTALL_HINT}")
-        assert chromium is not None and chromedriver is not None
+        chromium = _program(CHROMIUM_ENV, "chromium", "chromium-browser")
+        chromedriver = _program(CHROMEDRIVER_ENV, "chromedriver")
         return cls(chromium=chromium, chromedriver=chromedriver, bwrap=check_bwrap(bwrap))
+
+
+def _program(variable: str, *names: str) -> str:
+    """The program ``variable`` names, else the first of ``names`` on PATH; a ConfigError saying how to install it."""
+    chosen = os.environ.get(variable)
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise ConfigError(f"{variable}={chosen!r} is not an executable file; unset it or {INSTALL_HINT}")
+        return chosen
+    found = next((path for path in map(shutil.which, names) if path), None)
+    if found is None:
+        raise ConfigError(f"the GUI environment needs {names[0]}, which is not on PATH: {INSTALL_HINT}")
+    return found
 
 
 def chromium_arguments(profile: Path, window: tuple[int, int]) -> list[str]:
@@ -151,6 +160,23 @@ class Browser:
     def kill(self) -> None:
         """Kill the browser at once (a hung or broken one), from any thread."""
         self._finalizer()
+
+
+def live_processes(marker: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line holds ``marker``, e.g. a browser's directory: every
+    Chromium process, crash handlers included, names its profile there."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # it ended while we looked
+            continue
+        if marker in command and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def _kill(process: subprocess.Popen, workdir: Path) -> None:

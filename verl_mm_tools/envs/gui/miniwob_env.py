@@ -145,6 +145,8 @@ class _IsolatedInstance(SeleniumInstance):
 class _TaskEnvironment(MiniWoBEnvironment):
     """miniwob's Gymnasium environment of one task, on an ``_IsolatedInstance``."""
 
+    instance: _IsolatedInstance | None
+
     def __init__(self, task: str, settings: BrowserSettings) -> None:
         self._settings = settings
         config = ActionSpaceConfig(action_types=_ACTION_TYPES, allowed_keys=_KEYS, text_max_len=TYPING_LIMIT)
@@ -152,7 +154,7 @@ class _TaskEnvironment(MiniWoBEnvironment):
 
     def _hard_reset_instance(self) -> None:
         if getattr(self, "instance", None) is not None:
-            self.instance.close()
+            self.gym_instance.close()
         instance = _IsolatedInstance(index=0, **self.instance_kwargs)
         instance.settings = self._settings
         instance.time_limit_ms = NO_TIME_LIMIT_MS
@@ -160,8 +162,13 @@ class _TaskEnvironment(MiniWoBEnvironment):
         instance.start()  # miniwob's unthreaded instance: start() is create_driver()
 
     @property
+    def gym_instance(self) -> _IsolatedInstance:
+        assert self.instance is not None, "built in __init__"
+        return self.instance
+
+    @property
     def browser(self) -> Browser:
-        return self.instance.browser  # type: ignore[no-any-return, unused-ignore]
+        return self.gym_instance.browser
 
 
 class TaskBrowser:
@@ -174,10 +181,10 @@ class TaskBrowser:
 
     @property
     def alive(self) -> bool:
-        return self.gym.browser.alive and not self.gym.instance.died
+        return self.gym.browser.alive and not self.gym.gym_instance.died
 
     def reset(self, seed: int, time_limit_ms: int) -> dict[str, Any]:
-        self.gym.instance.time_limit_ms = time_limit_ms
+        self.gym.gym_instance.time_limit_ms = time_limit_ms
         observation, _ = self.gym.reset(seed=seed)
         self.episodes += 1
         return observation
@@ -298,7 +305,7 @@ class MiniWoBEnv(Environment):
         self.done = False
         self.rewards: list[float] = []
 
-    async def reset(self, sample: Sample) -> Observation:
+    async def reset(self, sample: Sample) -> Observation:  # type: ignore[override]  # async: the loop awaits it
         seed = episode_seed(sample)
         self.browser = await self._blocking(POOL.take, self.task, BrowserSettings.found)
         self.observation = await self._blocking(self.browser.reset, seed, self.time_limit_ms)
@@ -339,7 +346,7 @@ class MiniWoBEnv(Environment):
             return 1.0 if raw == 1.0 else -1.0
         return raw
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # type: ignore[override]  # async: the loop awaits it
         browser, self.browser = self.browser, None
         if browser is not None:
             await asyncio.to_thread(POOL.give_back, browser)

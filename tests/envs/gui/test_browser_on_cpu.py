@@ -1,0 +1,103 @@
+"""The isolated browser: no page reaches any host (this machine's 127.0.0.1 included), the package's pages load, and
+nothing it started outlives it, however it ends (closed, killed, dropped)."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import time
+
+import pytest
+
+from verl_mm_tools.envs.gui.browser import CHROMIUM_ENV, Browser, BrowserSettings, live_processes
+from verl_mm_tools.errors import ConfigError
+
+pytestmark = pytest.mark.integration  # starts Chromium
+
+
+@pytest.fixture
+def listener():
+    """A TCP listener on the host's loopback, and the connections it accepted."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    accepted: list[object] = []
+
+    def accepted_now() -> list[object]:
+        try:
+            while True:
+                connection, address = server.accept()
+                accepted.append(address)
+                connection.close()
+        except BlockingIOError:
+            return accepted
+
+    yield server.getsockname()[1], accepted_now
+    server.close()
+
+
+def test_no_page_reaches_the_hosts_loopback(listener):
+    port, accepted = listener
+    browser = Browser(BrowserSettings.found())
+    try:
+        driver = browser.driver
+        driver.set_page_load_timeout(5)
+        with pytest.raises(Exception):  # noqa: B017  Selenium's error for a page that cannot load
+            driver.get(f"http://127.0.0.1:{port}/")
+        driver.get("about:blank")
+        outcome = driver.execute_async_script(
+            "const done = arguments[0];"
+            f"fetch('http://127.0.0.1:{port}/').then(() => done('reached'), (error) => done('refused: ' + error));"
+        )
+        assert outcome.startswith("refused: TypeError")
+        time.sleep(0.5)
+        assert accepted() == []
+    finally:
+        browser.close()
+
+
+def test_the_listener_is_reachable_without_the_browser(listener):
+    """The control: the same listener does accept a connection from this process."""
+    port, accepted = listener
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    time.sleep(0.2)
+    assert len(accepted()) == 1
+
+
+def test_the_packages_pages_load():
+    from miniwob.selenium_instance import DEFAULT_BASE_URL
+
+    browser = Browser(BrowserSettings.found())
+    try:
+        browser.driver.get(DEFAULT_BASE_URL + "click-test.html")
+        assert browser.driver.execute_script("return typeof core.startEpisodeReal") == "function"
+    finally:
+        browser.close()
+
+
+@pytest.mark.parametrize("ending", ["close", "kill", "drop"])
+def test_nothing_outlives_the_browser(ending):
+    browser = Browser(BrowserSettings.found())
+    workdir, driver_process = browser.workdir, browser.process
+    assert len(live_processes(str(workdir))) >= 3  # bwrap, Chromium's browser process and its helpers
+    assert (workdir / "profile").is_dir()
+    if ending == "drop":
+        del browser
+        gc.collect()
+    else:
+        getattr(browser, ending)()
+    assert live_processes(str(workdir)) == []
+    assert driver_process.poll() is not None
+    assert not workdir.exists()
+
+
+def test_a_missing_program_is_a_config_error(monkeypatch):
+    monkeypatch.setenv(CHROMIUM_ENV, "/nonexistent/chromium")
+    with pytest.raises(ConfigError, match=r"VERL_MM_TOOLS_CHROMIUM='/nonexistent/chromium' is not an executable"):
+        BrowserSettings.found()
+    monkeypatch.delenv(CHROMIUM_ENV)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="needs chromium, which is not on PATH: run scripts/install_chromium.sh"):
+        BrowserSettings.found()
