@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,6 +83,8 @@ NAMED_KEYS = (
 )
 NOT_ACTING_REWARD = -1.0  # MiniWoB's reward at its time-out: the episode ended without being done
 NO_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
+# browsers launching at once in a process: a launch is ~1 s of CPU, and dozens at once on few cores time out
+LAUNCH_SLOTS = threading.BoundedSemaphore(max(1, min(4, os.cpu_count() or 1)))
 TYPING_LIMIT = 64  # MiniWoB's TYPING_MAX_LENGTH
 _ACTION_TYPES = (
     ActionTypes.CLICK_COORDS,
@@ -138,7 +142,11 @@ class _IsolatedInstance(SeleniumInstance):
         self.died = True
 
     def begin_task(self, seed: Any = None) -> None:
-        self.driver.execute_script(f"core.EPISODE_MAX_TIME = {int(self.time_limit_ms)};")
+        # a reused page starts like a fresh one: the last episode's focus (a text field some tasks keep) is dropped
+        self.driver.execute_script(
+            f"core.EPISODE_MAX_TIME = {int(self.time_limit_ms)};"
+            "if (document.activeElement) { document.activeElement.blur(); }"
+        )
         super().begin_task(seed=seed)
 
 
@@ -172,12 +180,29 @@ class _TaskEnvironment(MiniWoBEnvironment):
 
 
 class TaskBrowser:
-    """One browser serving one MiniWoB task, episode after episode (blocking calls: run them off the event loop)."""
+    """One browser serving one MiniWoB task, episode after episode. Its blocking calls run on its own thread
+    (``executor``), so a slow or hung browser holds up no other, and a call's timeout counts only its own work."""
 
-    def __init__(self, task: str, settings: BrowserSettings) -> None:
+    def __init__(self, task: str, settings: BrowserSettings, executor: ThreadPoolExecutor) -> None:
         self.task = task
+        self.executor = executor
         self.gym = _TaskEnvironment(task, settings)
         self.episodes = 0
+
+    @classmethod
+    async def launched(cls, task: str, settings: BrowserSettings, timeout_s: float) -> TaskBrowser:
+        """A new browser, launched on a thread of its own once a launch slot is free (``LAUNCH_SLOTS``)."""
+        while not LAUNCH_SLOTS.acquire(blocking=False):  # polled: the pool serves any event loop
+            await asyncio.sleep(0.05)
+        executor = ThreadPoolExecutor(1, thread_name_prefix="miniwob-browser")
+        try:
+            launch = asyncio.get_running_loop().run_in_executor(executor, cls, task, settings, executor)
+            return await asyncio.wait_for(launch, timeout_s)
+        except BaseException:
+            executor.shutdown(wait=False)  # a launch that timed out cleans up after itself when it ends
+            raise
+        finally:
+            LAUNCH_SLOTS.release()
 
     @property
     def alive(self) -> bool:
@@ -209,10 +234,14 @@ class TaskBrowser:
         return typed(ActionTypes.TYPE_TEXT, text=action.text)
 
     def close(self) -> None:
+        """Quit the browser (blocking: on its thread or any other), then let its thread go."""
         self.gym.browser.close()
+        self.executor.shutdown(wait=False)
 
     def kill(self) -> None:
+        """Kill it at once, from any thread: a call hung in it fails, and its thread ends."""
         self.gym.browser.kill()
+        self.executor.shutdown(wait=False)
 
 
 class BrowserPool:
@@ -225,16 +254,17 @@ class BrowserPool:
         self._lock = threading.Lock()
         self.launched = 0
 
-    def take(self, task: str, settings: Callable[[], BrowserSettings]) -> TaskBrowser:
-        """An idle browser of ``task``, or a new one (blocking: launching takes about a second)."""
+    async def take(self, task: str, launch_timeout_s: float) -> TaskBrowser:
+        """An idle browser of ``task``, or a newly launched one."""
         with self._lock:
             for index, browser in enumerate(self._idle):
                 if browser.task == task:
                     return self._idle.pop(index)
             self.launched += 1
-        return TaskBrowser(task, settings())
+        return await TaskBrowser.launched(task, BrowserSettings.found(), launch_timeout_s)
 
     def give_back(self, browser: TaskBrowser) -> None:
+        """Keep a live browser for the next episode (blocking: closes the ones beyond ``max_idle``)."""
         if not browser.alive:
             browser.kill()
             return
@@ -272,8 +302,9 @@ class MiniWoBEnv(Environment):
         task: A MiniWoB task name, e.g. ``click-button`` (``OFFERED_TASKS`` have an oracle).
         reward: ``raw``, ``original`` or ``binary``.
         time_limit_s: MiniWoB's episode time limit in seconds of wall time; None: none.
-        browser_timeout_s: The longest a browser call (launch, reset, an action) may take before the browser is
-            killed and the trajectory fails.
+        browser_timeout_s: The longest a browser call (reset, an action) may take before the browser is killed and
+            the trajectory fails.
+        launch_timeout_s: The longest a browser's launch may take (once one of the ``LAUNCH_SLOTS`` is free).
     """
 
     name = "miniwob"
@@ -285,6 +316,7 @@ class MiniWoBEnv(Environment):
         reward: str = "raw",
         time_limit_s: float | None = None,
         browser_timeout_s: float = 30.0,
+        launch_timeout_s: float = 120.0,
     ) -> None:
         self.task = check_task(task)
         if reward not in REWARDS:
@@ -293,11 +325,13 @@ class MiniWoBEnv(Environment):
             raise ConfigError(
                 f"miniwob: time_limit_s must be a positive number (seconds) or None, got {time_limit_s!r}"
             )
-        if not (isinstance(browser_timeout_s, (int, float)) and browser_timeout_s > 0):
-            raise ConfigError(f"miniwob: browser_timeout_s must be a positive number, got {browser_timeout_s!r}")
+        for name, value in (("browser_timeout_s", browser_timeout_s), ("launch_timeout_s", launch_timeout_s)):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(f"miniwob: {name} must be a positive number, got {value!r}")
         self.reward = reward
         self.time_limit_ms = NO_TIME_LIMIT_MS if time_limit_s is None else int(time_limit_s * 1000)
         self.browser_timeout_s = float(browser_timeout_s)
+        self.launch_timeout_s = float(launch_timeout_s)
         self.screen_token = uuid.uuid4().hex
         self.browser: TaskBrowser | None = None
         self.page_size = (0, 0)
@@ -307,7 +341,13 @@ class MiniWoBEnv(Environment):
 
     async def reset(self, sample: Sample) -> Observation:  # type: ignore[override]  # async: the loop awaits it
         seed = episode_seed(sample)
-        self.browser = await self._blocking(POOL.take, self.task, BrowserSettings.found)
+        try:
+            self.browser = await POOL.take(self.task, self.launch_timeout_s)
+        except ConfigError:
+            raise
+        except (Exception, asyncio.TimeoutError) as error:
+            what = f"no answer within {self.launch_timeout_s:g} s" if isinstance(error, TimeoutError) else error
+            raise BrowserLost(f"miniwob {self.task}: launching a browser failed ({what})") from error
         self.observation = await self._blocking(self.browser.reset, seed, self.time_limit_ms)
         ACTIVE_EPISODE.set(self)
         screenshot = _screenshot(self.observation, self.screen_token)
@@ -348,16 +388,20 @@ class MiniWoBEnv(Environment):
 
     async def close(self) -> None:  # type: ignore[override]  # async: the loop awaits it
         browser, self.browser = self.browser, None
-        if browser is not None:
-            await asyncio.to_thread(POOL.give_back, browser)
+        if browser is None:
+            return
+        if not browser.alive:  # killed, or died: nothing to give back
+            browser.kill()
+            return
+        await asyncio.get_running_loop().run_in_executor(browser.executor, POOL.give_back, browser)
 
     async def _blocking(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` off the event loop, within ``browser_timeout_s``; the browser is killed when the call
         fails or hangs (a hung call then fails too, and its thread ends)."""
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(function, *args), self.browser_timeout_s)
-        except ConfigError:
-            raise
+        assert self.browser is not None, "a browser call outside an episode"
+        try:  # a killed browser's thread is gone: run_in_executor raises at once
+            call = asyncio.get_running_loop().run_in_executor(self.browser.executor, function, *args)
+            return await asyncio.wait_for(call, self.browser_timeout_s)
         except (Exception, asyncio.TimeoutError) as error:
             browser, self.browser = self.browser, None
             if browser is not None:
