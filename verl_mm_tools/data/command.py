@@ -1,4 +1,4 @@
-"""``verl-mm-tools make-data {rotation,zoom,count,geo3k}``: write verl RL parquet for the built-in tasks."""
+"""``verl-mm-tools make-data {rotation,zoom,count,geo3k,miniwob}``: write verl RL parquet for the built-in tasks."""
 
 from __future__ import annotations
 
@@ -50,6 +50,13 @@ def _geo3k(args: argparse.Namespace) -> list[Path]:
     from verl_mm_tools.data.geo3k import convert_geo3k
 
     return list(convert_geo3k(args.source, args.out, max_attempts=args.max_attempts).values())
+
+
+def _miniwob(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.miniwob import write_miniwob_dataset
+
+    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
+    return list(write_miniwob_dataset(args.out, tasks=tasks, episodes=args.episodes, val_episodes=args.val_episodes))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -110,3 +117,15 @@ def add_make_data_command(commands: argparse._SubParsersAction[argparse.Argument
         help="answers allowed by the feedback environment (default 3)",
     )
     geo3k.set_defaults(run=_run, write=_geo3k)
+    miniwob = tasks.add_parser("miniwob", help="MiniWoB++ web tasks for the miniwob environment (seeded episodes)")
+    miniwob.add_argument("--out", required=True, help="output directory")
+    miniwob.add_argument(
+        "--tasks",
+        default="click-test,click-button,click-link,click-dialog,enter-text,focus-text",
+        help="comma-separated MiniWoB task names (default: the six the oracle solves)",
+    )
+    miniwob.add_argument("--episodes", type=whole_number(1), default=64, help="training episodes per task (default 64)")
+    miniwob.add_argument(
+        "--val-episodes", type=whole_number(1), default=16, help="validation episodes per task (default 16)"
+    )
+    miniwob.set_defaults(run=_run, write=_miniwob)
