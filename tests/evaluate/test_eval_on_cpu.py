@@ -190,8 +190,10 @@ def test_the_report_per_data_source(scripted_eval):
         "length_limit": 0,
         "budget": 0,
         "tool_failed": 0,
+        "episode_done": 0,
         "error": 2,
     }
+    assert figures["success_rate"] == 0.625  # the rows rewarded 1.0: 5 of 8
     assert figures["tools"] == {"rotate": {"calls_per_trajectory": 0.125, "error_rate": 0.0}}
     assert figures["endpoint"] == {
         "connection_errors": 0,

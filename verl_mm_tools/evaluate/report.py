@@ -74,6 +74,8 @@ def source_report(output: DataProto, rows: list[int], records: list[dict], sampl
     figures = {
         "rows": len(rows),
         "reward_mean": _mean([records[row]["reward"] for row in rows]),
+        # rows whose reward reaches SUCCESS_REWARD: a task solved (a MiniWoB++ task's success per data source)
+        "success_rate": _mean([float(records[row]["reward"] >= SUCCESS_REWARD) for row in rows]),
         # over the prompts' mean rewards: the samples of one prompt are not independent draws
         "reward_ci95": _ci95([_mean(rewards) for rewards in prompts]),
         "tool_calls_per_trajectory": metrics[mean_metric("tool_calls")],
@@ -144,6 +146,7 @@ COLUMNS = (
     ("rows", "{:d}"),
     ("reward_mean", "{:.3f}"),
     ("reward_ci95", None),
+    ("success_rate", "{:.3f}"),
     ("tool_calls_per_trajectory", "{:.2f}"),
     ("turns_per_trajectory", "{:.2f}"),
     ("images_per_trajectory", "{:.2f}"),
