@@ -4,12 +4,13 @@ network, so a site can be opened from disk, copied, or served on a machine witho
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import PurePath
 
 from verl_mm_tools.record import tools_used, trajectory_name
+from verl_mm_tools.viewer.gui_actions import acted_on_images, action_view
 
 # The argument a tool call's code travels in (the python tool's schema: ``python(code)``); shown as a code block
 CODE_ARGUMENT = "code"
@@ -63,6 +64,18 @@ figure img { display: block; max-width: 360px; max-height: 360px; min-height: 96
              border: 1px solid var(--line); border-radius: 4px; background: #fff; }
 figcaption { font-size: 12px; color: var(--muted); }
 .missing { display: inline-block; padding: 20px; border: 1px dashed var(--line); color: var(--muted); }
+.action { margin: 6px 0 2px; }
+.action .shot { position: relative; display: inline-block; vertical-align: top; border: 1px solid var(--line); }
+.action .shot img { display: block; max-width: 360px; max-height: 360px; image-rendering: pixelated; }
+.action-note { font-size: 12px; color: var(--muted); overflow-wrap: anywhere; }
+.action-note code, .action-note kbd { font: 12px ui-monospace, monospace; color: var(--fg); background: var(--bg);
+                                      padding: 0 3px; border-radius: 3px; white-space: pre-wrap; }
+.action.off-image .action-note { color: var(--bad); }
+.marker { position: absolute; width: 15px; height: 15px; transform: translate(-50%, -50%); border: 2px solid #e5173f;
+          border-radius: 50%; box-shadow: 0 0 0 1px #fff; pointer-events: none; }
+.marker::before, .marker::after { content: ""; position: absolute; left: 50%; top: 50%; background: #e5173f;
+                                  transform: translate(-50%, -50%); }
+.marker::before { width: 1px; height: 21px; } .marker::after { width: 21px; height: 1px; }
 """
 
 INDEX_SCRIPT = """
@@ -274,7 +287,11 @@ def trajectory_page(
         f'<div class="note">{escape(model_note(record.get("model")))}</div></header>'
     )
     cards = _summary_card(record) + _reward_card(record)
-    chat = "".join(_message(message, record, image_base) for message in record.get("messages", []))
+    messages = record.get("messages", [])
+    acted = acted_on_images(messages)
+    chat = "".join(
+        _message(message, record, image_base, acted.get(index, {})) for index, message in enumerate(messages)
+    )
     details = _details("Statistics (mm_tool extra fields)", record.get("stats"))
     details += _details("Timing (s)", record.get("timing"))
     body = f'{header}<main><div class="grid">{cards}</div><div class="chat" id="chat">{chat}</div>{details}</main>'
@@ -404,7 +421,8 @@ def _items(fields: list[tuple[str, object]]) -> str:
     return "".join(f"<dt>{escape(name)}</dt><dd>{escape(_text(value))}</dd>" for name, value in fields)
 
 
-def _message(message: dict, record: dict, image_base: str | None) -> str:
+def _message(message: dict, record: dict, image_base: str | None, acted_on: Mapping[int, int]) -> str:
+    """``acted_on``: call position -> the id of the image the call acted on (``gui_actions.acted_on_images``)."""
     role = message.get("role", "?")
     kind = "environment" if role == "user" and message.get("turn") else role
     classes = f"msg {kind}" + (" error" if message.get("error") else "")
@@ -412,24 +430,28 @@ def _message(message: dict, record: dict, image_base: str | None) -> str:
     images = {image["id"]: image for image in record.get("images") or []}
     image_ids = message.get("image_ids") or []
     figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
-    calls = "".join(_call(call) for call in message.get("tool_calls") or [])
+    calls = "".join(
+        _call(call, action_view(call, images.get(acted_on.get(position)), image_base))
+        for position, call in enumerate(message.get("tool_calls") or [])
+    )
     note = f'<div class="note">{escape(message["note"])}</div>' if message.get("note") else ""
     note += _resumed_note(message, record)
     text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
     return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
 
 
-def _call(call: dict) -> str:
+def _call(call: dict, action: str = "") -> str:
     """A tool call: its name, then a ``code`` string argument (the python tool's) as a code block and the other
-    arguments as JSON; arguments without one (or not an object: what the model wrote when it was no JSON) as JSON."""
+    arguments as JSON; arguments without one (or not an object: what the model wrote when it was no JSON) as JSON.
+    ``action``: the call drawn on the screenshot it acted on (``gui_actions``), under its arguments."""
     name = f"<b>{escape(str(call.get('name')))}</b>"
     arguments = call.get("arguments")
     if not isinstance(arguments, dict) or not isinstance(arguments.get(CODE_ARGUMENT), str):
-        return f'<div class="call">{name}<pre>{escape(_json(arguments))}</pre></div>'
+        return f'<div class="call">{name}<pre>{escape(_json(arguments))}</pre>{action}</div>'
     others = {key: value for key, value in arguments.items() if key != CODE_ARGUMENT}
     rest = f"<pre>{escape(_json(others))}</pre>" if others else ""
     code = escape(arguments[CODE_ARGUMENT])
-    return f'<div class="call">{name}<pre class="code"><code>{code}</code></pre>{rest}</div>'
+    return f'<div class="call">{name}<pre class="code"><code>{code}</code></pre>{rest}{action}</div>'
 
 
 def _figure(image: dict | None, image_id: int, image_base: str | None) -> str:

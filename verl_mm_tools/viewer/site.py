@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from PIL import Image
+
 from verl_mm_tools.record import SITE_DIR, tools_used, trajectory_name
 from verl_mm_tools.trajectories.read import SITE_MARKER, BadRecord
 from verl_mm_tools.viewer.curve import CURVE_PICTURE
@@ -52,14 +54,38 @@ def build_site(dump_dir: str | os.PathLike, out: str | os.PathLike | None = None
             _sibling(links, position - 1),
             _sibling(links, position + 1),
         )
-        html = trajectory_page(trajectory.record, image_base and f"../{image_base}", "../index.html", neighbours)
-        (out / pages[trajectory.id]).write_text(html, encoding="utf-8")
+        record = _with_image_sizes(trajectory)
+        html = trajectory_page(record, image_base and f"../{image_base}", "../index.html", neighbours)
+        _write_page(out / pages[trajectory.id], html)
     rows = [_index_row(trajectory, pages[trajectory.id]) for trajectory in trajectories]
     curve = _copy_learning_curve(Path(dump_dir), out)
     bad_lines = [item.line() for item in loaded.bad]
-    (out / "index.html").write_text(index_page(rows, str(dump_dir), curve, bad_lines), encoding="utf-8")
+    _write_page(out / "index.html", index_page(rows, str(dump_dir), curve, bad_lines))
     logger.info("wrote %d trajectory pages to %s", len(trajectories), out)
     return Site(index=out / "index.html", pages={key: out / value for key, value in pages.items()}, bad=loaded.bad)
+
+
+def _write_page(path: Path, html: str) -> None:
+    # A record's JSON may hold a lone surrogate (an escaped \ud800), which UTF-8 cannot encode: "?", not a failed build.
+    path.write_text(html, encoding="utf-8", errors="replace")
+
+
+def _with_image_sizes(trajectory: Trajectory) -> dict:
+    """The record, each image's size read from its file where the record lacks it (sizes are optional in a record;
+    the page needs them to place a GUI action's point on its screenshot)."""
+    record = trajectory.record
+    images = record.get("images") or []
+    if all(image.get("width") for image in images):
+        return record
+    return {**record, "images": [_sized(image, trajectory.files.get(image.get("file") or "")) for image in images]}
+
+
+def _sized(image: dict, file: Path | None) -> dict:
+    if image.get("width") or file is None:
+        return image
+    with Image.open(file) as opened:  # checked by the reader: a readable PNG of bounded size; reads the header only
+        width, height = opened.size
+    return {**image, "width": width, "height": height}
 
 
 def _copy_learning_curve(dump_dir: Path, out: Path) -> str | None:
