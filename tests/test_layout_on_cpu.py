@@ -39,6 +39,8 @@ LAYERS: list[set[str]] = [
         "adaptations.import_order",  # the import hooks: the package's __init__ and verl_registry's lazy registrations
         "adaptations.import_graph",  # the import graph (this test reads it) and the light modules it finds
         "adaptations.light_modules",
+        "envs.gui.screen",  # what GUI environments and the GUI tools share (actions, the page map): pure
+        "envs.gui.tasks",  # the MiniWoB task names (the data writer checks them), found without importing miniwob
     },
     {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
     {"families", "supervise", "cpu.vllm_cpu", "adaptations.guard", "adaptations.touchpoints"},

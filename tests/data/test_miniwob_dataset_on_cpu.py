@@ -11,7 +11,7 @@ import pytest
 
 from verl_mm_tools.cli import main
 from verl_mm_tools.data.miniwob import PROMPT, VAL_SEED_OFFSET
-from verl_mm_tools.envs.gui.oracle import oracle_script
+from verl_mm_tools.runtime.miniwob_oracle import oracle_script
 from verl_mm_tools.runtime.rollout import LocalRollout
 
 GUI_TOOLS_YAML = Path(__file__).parents[2] / "examples" / "tools" / "gui_tools.yaml"

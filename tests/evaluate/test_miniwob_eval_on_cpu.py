@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from verl_mm_tools.cli import main
-from verl_mm_tools.envs.gui.oracle import oracle_script
 from verl_mm_tools.evaluate.run import EvalOptions, evaluate
+from verl_mm_tools.runtime.miniwob_oracle import oracle_script
 from verl_mm_tools.runtime.scripted_client import ScriptedClient
 
 pytestmark = pytest.mark.integration  # verl's dataset and worker, the tiny model's processor, Chromium

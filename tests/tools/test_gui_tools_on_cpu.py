@@ -14,9 +14,9 @@ import pytest
 
 from verl_mm_tools.envs import Sample
 from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE, OFFERED_TASKS, POOL, MiniWoBEnv
-from verl_mm_tools.envs.gui.oracle import oracle_script
 from verl_mm_tools.files import STATE_ATTR, FileRoots
 from verl_mm_tools.runtime.batch import unpadded_row
+from verl_mm_tools.runtime.miniwob_oracle import oracle_script
 from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.runtime.scripted_client import tool_call_text
 from verl_mm_tools.tools.gui_tools import ClickTool, PressTool, TypeTool

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verl_mm_tools.data.common import write_parquet
+from verl_mm_tools.envs.gui.tasks import check_task
 from verl_mm_tools.errors import ConfigError
 
 DATA_SOURCE_PREFIX = "miniwob/"
@@ -48,8 +49,6 @@ def write_miniwob_dataset(
 ) -> tuple[Path, Path]:
     """``train.parquet`` (``episodes`` per task) and ``val.parquet`` (``val_episodes`` per task) under ``out_dir``,
     tasks interleaved; returns their paths."""
-    from verl_mm_tools.envs.gui.miniwob_env import check_task
-
     if not tasks:
         raise ConfigError("make-data miniwob needs at least one task (--tasks click-test,click-button,...)")
     if episodes < 1 or val_episodes < 1:

@@ -12,9 +12,9 @@ import pytest
 from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.gui.browser import live_processes
 from verl_mm_tools.envs.gui.miniwob_env import POOL, BrowserLost, MiniWoBEnv
-from verl_mm_tools.envs.gui.oracle import oracle_action
 from verl_mm_tools.envs.gui.screen import SCREEN_INFO_KEY, Click, TypeText
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.runtime.miniwob_oracle import oracle_action
 
 pytestmark = pytest.mark.integration  # starts Chromium
 
@@ -45,9 +45,13 @@ def test_a_seed_fixes_the_episode_and_the_oracle_solves_it():
         again, shown_again = await episode("click-button", 3)
         other, shown_other = await episode("click-button", 4)
         try:
-            assert shown.text == shown_again.text == (
-                'Task: Click on the "no" button.\n'
-                "Act on the page with the tools; points are pixels of the latest screenshot."
+            assert (
+                shown.text
+                == shown_again.text
+                == (
+                    'Task: Click on the "no" button.\n'
+                    "Act on the page with the tools; points are pixels of the latest screenshot."
+                )
             )
             assert shown.images[0].size == first.page_size == (160, 210)
             assert shown.images[0].info[SCREEN_INFO_KEY] == first.screen_token != again.screen_token

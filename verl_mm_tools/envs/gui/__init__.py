@@ -1,3 +1,4 @@
 """GUI environments: pages in an isolated headless Chromium, screenshots as observations, the GUI tools as actions
 (``screen``: what environments and tools share; ``browser``: the isolated browser; ``miniwob_env``: MiniWoB++;
-``oracle``: a scripted solver that reads the page). Only ``screen`` loads without the ``gui`` extra."""
+``tasks``: MiniWoB's task names). Only ``screen`` and ``tasks`` load without the ``gui`` extra; the oracle that
+solves the offered tasks is a scripted model: ``runtime.miniwob_oracle``."""

@@ -32,14 +32,13 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 from miniwob.action import ActionSpaceConfig, ActionTypes
 from miniwob.constants import ASCII_CHARSET
 from miniwob.environment import MiniWoBEnvironment
-from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
+from miniwob.selenium_instance import SeleniumInstance
 from PIL import Image
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -56,14 +55,15 @@ from verl_mm_tools.envs.gui.screen import (
     TypeText,
     mark_screenshot,
 )
-from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.envs.gui.tasks import OFFERED_TASKS, check_task
+from verl_mm_tools.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ACTIVE_EPISODE", "OFFERED_TASKS", "POOL", "BrowserLost", "BrowserPool", "MiniWoBEnv", "TaskBrowser"]
+
 T = TypeVar("T")
 
-# the tasks the oracle solves (``oracle.py``); any other MiniWoB task runs too, without an oracle
-OFFERED_TASKS = ("click-test", "click-button", "click-link", "click-dialog", "enter-text", "focus-text")
 REWARDS = ("raw", "original", "binary")
 NAMED_KEYS = (
     "Enter",
@@ -102,22 +102,6 @@ ACTIVE_EPISODE: contextvars.ContextVar[MiniWoBEnv | None] = contextvars.ContextV
 
 class BrowserLost(RuntimeError):
     """A browser failed or did not answer in time; it was killed, and its trajectory cannot go on."""
-
-
-def known_tasks() -> list[str]:
-    """Every MiniWoB task bundled with the package (its HTML files)."""
-    return sorted(path.stem for path in (Path(HTML_DIR) / "miniwob").glob("*.html"))
-
-
-def check_task(task: object) -> str:
-    tasks = known_tasks()
-    if not isinstance(task, str) or task not in tasks:
-        hint = did_you_mean(task, tasks) if isinstance(task, str) else ""
-        raise ConfigError(
-            f"miniwob: unknown task {task!r}; tasks with an oracle: {list(OFFERED_TASKS)} ({len(tasks)} in all, "
-            f"miniwob's html/miniwob/*.html).{hint}"
-        )
-    return task
 
 
 class _IsolatedInstance(SeleniumInstance):

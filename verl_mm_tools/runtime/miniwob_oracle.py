@@ -14,8 +14,9 @@ from typing import Any
 
 from PIL import Image
 
-from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE, OFFERED_TASKS
+from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE
 from verl_mm_tools.envs.gui.screen import shown_size
+from verl_mm_tools.envs.gui.tasks import OFFERED_TASKS
 from verl_mm_tools.runtime.scripted_client import tool_call_text
 
 Element = dict[str, Any]  # one of miniwob's dom_elements
