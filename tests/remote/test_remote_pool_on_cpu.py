@@ -294,3 +294,41 @@ def test_fractional_gpus_share_a_gpu_and_an_actor_ray_cannot_place_says_why(ray_
     assert "Lower num_cpus / num_gpus, give Ray more resources, or raise startup_timeout_s" in error
     for actor in shared[0].pool.slots:
         ray_cluster.kill(ray_cluster.get_actor(actor.name))  # the logical GPU back for the tests after this one
+
+
+def test_a_remote_gui_environment_acts_as_the_local_one(ray_cluster, tiny_model_dir, tmp_path):
+    """miniwob on an actor: its browser runs there, the GUI tools' actions go there, its screenshots come back; the
+    trajectory's tokens equal the local run's."""
+    import asyncio
+    from pathlib import Path
+
+    from verl_mm_tools.envs import Sample
+    from verl_mm_tools.envs.gui.miniwob_env import MiniWoBEnv
+    from verl_mm_tools.runtime.miniwob_oracle import oracle_action
+
+    async def button_point() -> tuple[int, int]:  # click-test, seed 0: the button, in the shown 168x224 pixels
+        env = MiniWoBEnv("click-test")
+        await env.reset(Sample(data_source=None, ground_truth=None, extra_info={"seed": 0}))
+        _, point = oracle_action("click-test", env.observation)
+        await env.close()
+        return int(point["x"] * 168 / 160), int(point["y"] * 224 / 210)
+
+    x, y = asyncio.run(button_point())
+    gui_tools = Path(__file__).parents[2] / "examples" / "tools" / "gui_tools.yaml"
+    rollout = LocalRollout(tiny_model_dir, gui_tools, tmp_path)
+    turns = [tool_call_text("click", x=x, y=y), "Done.<|im_end|>"]
+    reward = ["reward.reward_manager.name=mm_turn_discount", "+reward.reward_kwargs.gamma=1.0"]
+    outputs = []
+    for env in ({"name": "miniwob", "task": "click-test"}, {"name": "miniwob", "task": "click-test", "remote": {}}):
+        columns = {
+            "data_source": ["miniwob/click-test"],
+            "reward_model": [{"style": "rule", "ground_truth": ""}],
+            "extra_info": [{"seed": 0, "env": env, "reward_fn": "environment_reward"}],
+        }
+        prompt = [[{"role": "user", "content": [{"type": "text", "text": "Do the task."}]}]]
+        output, _, _ = rollout.run(turns, prompt, columns=columns, score=True, extra=reward)
+        outputs.append(output)
+    local, remote = outputs
+    assert list(remote.non_tensor_batch["mm_tool/stop_reason"]) == ["episode_done"]
+    assert unpadded_row(remote) == unpadded_row(local)
+    assert remote.batch["rm_scores"].sum().item() == local.batch["rm_scores"].sum().item() == 1.0

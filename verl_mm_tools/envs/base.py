@@ -125,7 +125,7 @@ def _remote_environment(
 ) -> Environment:
     """The environment on a Ray actor pool (``remote:``); its arguments are checked here, where it is not built. Its
     methods are async: the loop calls them through ``call``, as an environment's own async methods."""
-    from verl_mm_tools.remote.env import RemoteEnvironment
+    from verl_mm_tools.remote.env import RemoteEnvironment, RemoteScreenEnvironment
     from verl_mm_tools.remote.spec import RemoteSpec
 
     try:
@@ -133,7 +133,9 @@ def _remote_environment(
     except TypeError as error:
         raise ConfigError(f"environment {name!r} does not accept {sorted(kwargs)}: {error}") from error
     spec = RemoteSpec.from_config(remote, f"environment {name!r}")
-    return cast(Environment, RemoteEnvironment(name, environment_class, kwargs, spec))
+    # a GUI environment's actions (the GUI tools' ``act``) go to its actor too
+    remote_class = RemoteScreenEnvironment if callable(getattr(environment_class, "act", None)) else RemoteEnvironment
+    return cast(Environment, remote_class(name, environment_class, kwargs, spec))
 
 
 def _imported_environment(path: str) -> type[Environment]:

@@ -5,7 +5,8 @@ Selected by a ``remote:`` key in the environment spec (``extra_info.env`` or the
     env: {name: my_pkg.sim.DrivingEnv, track: oval, remote: {actors: 4, timeout_s: 20}}
 
 ``reset`` builds the environment on the least busy actor with the spec's other keys, ``step`` and ``close`` go to the
-same actor. The sample (its prompt images and file roots) crosses once, with ``reset``; each observation's images
+same actor. A GUI environment (one with ``act``, e.g. ``miniwob``) is a ``RemoteScreenEnvironment``: the GUI tools'
+actions go to its actor too, and its screenshots come back. The sample (its prompt images and file roots) crosses once, with ``reset``; each observation's images
 cross back. A reset or step past ``timeout_s``, a lost actor or a raising environment masks the trajectory.
 """
 
@@ -56,3 +57,29 @@ class RemoteEnvironment:
             )
         finally:
             self.pool.close(key)
+
+
+class RemoteScreenEnvironment(RemoteEnvironment):
+    """A remote GUI environment (``envs.gui.screen.ScreenEnvironment``): also ``act``, and the screen's token, page
+    size and named keys, learnt from its actor at reset."""
+
+    def __init__(self, name: str, environment_class: type, kwargs: dict[str, Any], spec: RemoteSpec):
+        super().__init__(name, environment_class, kwargs, spec)
+        self.keys: tuple[str, ...] = tuple(getattr(environment_class, "keys", ()))
+        self.screen_token = ""
+        self.page_size = (0, 0)
+
+    async def reset(self, sample: object) -> object:
+        observation = await super().reset(sample)
+        assert self.key is not None, "set by reset"
+        slot = self.pool.slot_of(self.key)
+        self.screen_token, self.page_size = await self.pool.call(
+            slot, "screen", self.key, timeout_s=self.spec.timeout_s
+        )
+        return observation
+
+    async def act(self, action: object) -> object:
+        if self.key is None:
+            raise RemoteError(f"{self.pool.label}: act called before reset (or after close); call reset first")
+        slot = self.pool.slot_of(self.key)
+        return await self.pool.call(slot, "act", self.key, action, timeout_s=self.spec.timeout_s)

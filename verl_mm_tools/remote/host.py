@@ -106,6 +106,15 @@ class RemoteHost:
     def step(self, key: str, assistant_text: str) -> object:
         return self._run(self._session(key, "step").step(assistant_text))
 
+    def act(self, key: str, action: object) -> object:
+        """A GUI environment's action (``envs.gui.screen``): its ActionResult."""
+        return self._run(self._session(key, "act").act(action))
+
+    def screen(self, key: str) -> tuple[str, tuple[int, int]]:
+        """A GUI environment's screen token and page size, known once it is reset."""
+        environment = self._session(key, "screen")
+        return environment.screen_token, tuple(environment.page_size)
+
     def close(self, key: str) -> None:
         environment = self._close(key)
         if environment is not None:

@@ -4,8 +4,12 @@ nothing it started outlives it, however it ends (closed, killed, dropped)."""
 from __future__ import annotations
 
 import gc
+import shutil
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +105,38 @@ def test_a_missing_program_is_a_config_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ConfigError, match="needs chromium, which is not on PATH: run scripts/install_chromium.sh"):
         BrowserSettings.found()
+
+
+def test_a_process_killed_outright_leaves_no_browser():
+    """A Ray actor or a worker killed for memory runs no finalizer: chromedriver dies with its launching thread, and
+    Chromium with chromedriver."""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from verl_mm_tools.envs.gui.browser import Browser, BrowserSettings\n"
+            "browser = Browser(BrowserSettings.found())\n"
+            "print(browser.workdir, browser.process.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    workdir, driver_pid = launcher.stdout.readline().split()
+    assert len(live_processes(workdir)) >= 3
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while (live_processes(workdir) or _alive(int(driver_pid))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_processes(workdir) == [] and not _alive(int(driver_pid))
+    shutil.rmtree(workdir, ignore_errors=True)  # its profile: the finalizer that removes it never ran
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -10,6 +10,8 @@ it (``--no-sandbox``): bubblewrap's namespaces are the isolation.
 Lifecycle: chromedriver is started in a session of its own and bwrap dies with it (``--die-with-parent``), and with
 bwrap the PID namespace, every Chromium process included. ``Browser.kill`` kills that session's process group and
 removes the profile; a finalizer does the same for a browser that is dropped without ``close``, and so does exit.
+chromedriver itself gets SIGKILL when the thread that launched it ends (``setpriv --pdeathsig``): a process killed
+outright (a Ray actor, a worker killed for memory) leaves no browser behind.
 
 Debian's ``chromium`` and ``chromium-driver`` packages provide both programs (``scripts/install_chromium.sh``);
 ``VERL_MM_TOOLS_CHROMIUM`` and ``VERL_MM_TOOLS_CHROMEDRIVER`` point at others. Selenium is never allowed to
@@ -41,6 +43,7 @@ CHROMIUM_ENV = "VERL_MM_TOOLS_CHROMIUM"
 CHROMEDRIVER_ENV = "VERL_MM_TOOLS_CHROMEDRIVER"
 INSTALL_HINT = "run scripts/install_chromium.sh (Debian/Ubuntu packages chromium and chromium-driver)"
 WRAPPER_NAME = "chromium-isolated"  # the script chromedriver starts as "Chromium", in the browser's directory
+DRIVER_WRAPPER_NAME = "chromedriver-tied"  # the script started as chromedriver: it dies with its launching thread
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class BrowserSettings:
     chromium: str
     chromedriver: str
     bwrap: str = "bwrap"
+    setpriv: str | None = None  # util-linux's, to tie chromedriver's life to its launcher (None: not found)
     window: tuple[int, int] = (800, 600)  # the outer window; its viewport must hold the page (MiniWoB's: 160x210)
 
     @classmethod
@@ -57,7 +61,12 @@ class BrowserSettings:
         """The programs on this machine; a ConfigError naming what is missing and how to install it."""
         chromium = _program(CHROMIUM_ENV, "chromium", "chromium-browser")
         chromedriver = _program(CHROMEDRIVER_ENV, "chromedriver")
-        return cls(chromium=chromium, chromedriver=chromedriver, bwrap=check_bwrap(bwrap))
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            logger.warning(
+                "setpriv (util-linux) is not on PATH: a process killed outright may leave its browsers running"
+            )
+        return cls(chromium=chromium, chromedriver=chromedriver, bwrap=check_bwrap(bwrap), setpriv=setpriv)
 
 
 def _program(variable: str, *names: str) -> str:
@@ -137,11 +146,21 @@ class Browser:
         for argument in chromium_arguments(self.workdir / "profile", settings.window):
             options.add_argument(argument)
         service = Service(
-            executable_path=settings.chromedriver,
+            executable_path=self._tied_driver(settings),
             log_output=subprocess.DEVNULL,
             popen_kw={"start_new_session": True},  # its own process group: ``kill`` reaches all it started
         )
         return webdriver.Chrome(service=service, options=options)
+
+    def _tied_driver(self, settings: BrowserSettings) -> str:
+        """chromedriver, killed when the thread launching it ends (where setpriv is found)."""
+        if settings.setpriv is None:
+            return settings.chromedriver
+        script = self.workdir / DRIVER_WRAPPER_NAME
+        command = [settings.setpriv, "--pdeathsig", "KILL", settings.chromedriver]
+        script.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(part) for part in command) + ' "$@"\n')
+        script.chmod(0o700)
+        return str(script)
 
     @property
     def alive(self) -> bool:
