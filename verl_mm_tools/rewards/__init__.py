@@ -10,6 +10,7 @@ Managers, by name in :data:`REWARD_MANAGERS`, registered in verl's reward-loop r
 from verl_mm_tools.rewards.answer_format import check_answer_format, format_reward
 from verl_mm_tools.rewards.combine import WeightedReward, make_weighted_reward
 from verl_mm_tools.rewards.common import ATTEMPTS_KEY, LAST_ASSISTANT_TEXT_KEY, REWARD_FN_KEY, TOOL_CALLS_KEY
+from verl_mm_tools.rewards.environment import environment_reward
 from verl_mm_tools.rewards.exact import exact_answer_reward
 from verl_mm_tools.rewards.geo3k import geo3k_reward
 from verl_mm_tools.rewards.managers import (
@@ -47,6 +48,7 @@ __all__ = [
     "WeightedReward",
     "check_answer_format",
     "circular_angle_error",
+    "environment_reward",
     "exact_answer_reward",
     "format_reward",
     "geo3k_reward",
