@@ -6,8 +6,9 @@ Selected by a ``remote:`` key in the environment spec (``extra_info.env`` or the
 
 ``reset`` builds the environment on the least busy actor with the spec's other keys, ``step`` and ``close`` go to the
 same actor. A GUI environment (one with ``act``, e.g. ``miniwob``) is a ``RemoteScreenEnvironment``: the GUI tools'
-actions go to its actor too, and its screenshots come back. The sample (its prompt images and file roots) crosses once, with ``reset``; each observation's images
-cross back. A reset or step past ``timeout_s``, a lost actor or a raising environment masks the trajectory.
+actions go to its actor too, and its screenshots come back. The sample (its prompt images and file roots) crosses
+once, with ``reset``; each observation's images cross back. A reset or step past ``timeout_s``, a lost actor or a
+raising environment masks the trajectory.
 """
 
 from __future__ import annotations
