@@ -35,7 +35,10 @@ def add_export_sft_command(commands: argparse._SubParsersAction[argparse.Argumen
         "--stop",
         action="append",
         default=[],
-        help="keep trajectories that ended so (answered, turn_limit, length_limit, budget, tool_failed); repeatable",
+        help=(
+            "keep trajectories that ended so (answered, turn_limit, length_limit, budget, tool_failed, episode_done); "
+            "repeatable"
+        ),
     )
     command.add_argument("--tool-used", action="append", default=[], help="keep trajectories that called NAME")
     command.add_argument("--data-source", action="append", default=[], help="keep rows of this data source")
