@@ -12,14 +12,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from verl_mm_tools.envs import Sample
+from verl_mm_tools.envs import Sample, check_gui_tool
 from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE, OFFERED_TASKS, POOL, MiniWoBEnv
 from verl_mm_tools.files import STATE_ATTR, FileRoots
 from verl_mm_tools.runtime.batch import unpadded_row
 from verl_mm_tools.runtime.miniwob_oracle import oracle_script
 from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.runtime.scripted_client import tool_call_text
-from verl_mm_tools.tools.gui_tools import ClickTool, PressTool, TypeTool
+from verl_mm_tools.tools import ToolCheckError, check_tool
+from verl_mm_tools.tools.gui_tools import GUI_TOOLS, ClickTool, PressTool, TypeTool
 from verl_mm_tools.workspace import ImageWorkspace
 
 pytestmark = pytest.mark.integration  # the tiny model's processor, verl's worker and Chromium
@@ -198,3 +199,15 @@ def test_type_and_press_reach_the_page_and_long_text_never_does(execute):
         assert field["value"] == "ab"
     finally:
         asyncio.run(env.close())
+
+
+@pytest.mark.parametrize("tool_class", GUI_TOOLS, ids=lambda tool: tool.__name__)
+def test_check_gui_tool_runs_the_tool_contract_on_a_real_page(tool_class):
+    report = str(check_gui_tool(tool_class(), MiniWoBEnv("click-test")))
+    assert "on a 160x210 image returns images within max_pixels and a text starting 'Image 2:'" in report
+    assert "bad input answered as text: no image in the conversation" in report
+
+
+def test_check_tool_names_check_gui_tool_for_a_gui_tool():
+    with pytest.raises(ToolCheckError, match=r"check it with verl_mm_tools.envs.check_gui_tool\(tool, environment\)"):
+        check_tool(ClickTool())

@@ -8,7 +8,7 @@ from verl_mm_tools.envs.base import (
     make_environment,
     register_environment,
 )
-from verl_mm_tools.envs.check import EnvironmentCheckError, acheck_environment, check_environment
+from verl_mm_tools.envs.check import EnvironmentCheckError, acheck_environment, check_environment, check_gui_tool
 from verl_mm_tools.envs.feedback import AnswerFeedbackEnv, RotationFeedbackEnv
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Sample",
     "acheck_environment",
     "check_environment",
+    "check_gui_tool",
     "make_environment",
     "register_environment",
 ]

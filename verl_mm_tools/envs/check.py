@@ -123,3 +123,22 @@ def _observation_problem(value: object) -> str | None:
     if not all(isinstance(image, Image.Image) for image in value.images):
         return "returned an Observation with images that are not PIL images"
     return None
+
+
+def check_gui_tool(tool: object, environment: object, arguments: dict | None = None) -> CheckReport:
+    """``check_tool`` for a GUI tool: ``environment`` (a ``ScreenEnvironment`` not yet reset, e.g.
+    ``MiniWoBEnv("click-test")``) is reset with seed 0, the checks run on its screenshot, and it is closed. Raises
+    ``ToolCheckError`` listing every problem; synchronous (its own event loop)."""
+    from verl_mm_tools.tools.check import acheck_tool
+
+    async def checked() -> CheckReport:
+        sample = Sample(data_source=None, ground_truth=None, extra_info={"seed": 0})
+        observation = await call(environment.reset, sample)  # type: ignore[attr-defined]
+        try:
+            if not isinstance(observation, Observation) or not observation.images:
+                raise EnvironmentCheckError(f"{type(environment).__name__}.reset showed no screenshot: not a GUI one")
+            return await acheck_tool(tool, arguments, probe=observation.images[0], screen=environment)  # type: ignore[arg-type]
+        finally:
+            await call(environment.close)  # type: ignore[attr-defined]
+
+    return asyncio.run(checked())

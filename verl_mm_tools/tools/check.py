@@ -12,6 +12,10 @@ it) when the tool conforms:
   ``settings.max_pixels``, a text starting with ``"Image 2:"``, and leaves the workspace unchanged;
 * bad input (an unknown argument, a missing image, ``image_id`` 99, hostile values for every parameter) is
   answered as text, without images and without raising.
+
+A GUI tool (``gui_tools.ScreenTool``) acts on an environment's page: ``verl_mm_tools.envs.check_gui_tool(tool,
+env)`` resets ``env`` (any ``ScreenEnvironment``, e.g. ``MiniWoBEnv("click-test")``), runs these checks on its
+screenshot in place of the 64x48 image (``acheck_tool``'s ``probe`` and ``screen``), and closes it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_mm_tools.check_report import CheckReport
 from verl_mm_tools.errors import ConfigError, VerlMMToolsError
+from verl_mm_tools.files import STATE_ATTR, FileRoots
+from verl_mm_tools.tools.gui_tools import ScreenTool
+from verl_mm_tools.workspace import ImageWorkspace
 
 PROBE_SIZE = (64, 48)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -75,8 +82,13 @@ def schema_problems(tool: object) -> list[str]:
     return problems
 
 
-async def _call(tool: BaseTool, arguments: dict[str, Any], images: list[Image.Image]) -> object:
+async def _call(
+    tool: BaseTool, arguments: dict[str, Any], images: list[Image.Image], screen: object | None = None
+) -> object:
     agent_data = types.SimpleNamespace(image_data=images)
+    if screen is not None:  # what a GUI tool reads of its trajectory: the images and the environment
+        context = types.SimpleNamespace(workspace=ImageWorkspace(images), files=FileRoots(), env=screen)
+        setattr(agent_data, STATE_ATTR, context)
     instance_id, _ = await tool.create()
     try:
         return await tool.execute(instance_id, arguments, agent_data=agent_data)
@@ -84,11 +96,13 @@ async def _call(tool: BaseTool, arguments: dict[str, Any], images: list[Image.Im
         await tool.release(instance_id)
 
 
-async def valid_call_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
-    """Problems with the answer to a valid call on the probe image."""
-    images = [probe_image()]
+async def valid_call_problems(
+    tool: BaseTool, arguments: dict[str, Any], probe: Image.Image | None = None, screen: object | None = None
+) -> list[str]:
+    """Problems with the answer to a valid call on the probe image (a GUI tool's: its environment's screenshot)."""
+    images = [probe or probe_image()]
     try:
-        result = await _call(tool, arguments, images)
+        result = await _call(tool, arguments, images, screen)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return [f"a valid call {arguments} raised {type(error).__name__}: {error}"]
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
@@ -110,9 +124,11 @@ async def valid_call_problems(tool: BaseTool, arguments: dict[str, Any]) -> list
     return problems
 
 
-def _bad_calls(tool: BaseTool, arguments: dict[str, Any]) -> list[tuple[str, dict[str, Any], list, bool]]:
+def _bad_calls(
+    tool: BaseTool, arguments: dict[str, Any], probe: Image.Image | None = None
+) -> list[tuple[str, dict[str, Any], list, bool]]:
     """(what, arguments, images, must_refuse) for each bad input."""
-    probe = probe_image()
+    probe = probe or probe_image()
     properties = tool.tool_schema.function.parameters.properties
     calls = [
         ("an unknown argument", {**arguments, "no_such_argument": 1}, [probe], True),
@@ -125,12 +141,14 @@ def _bad_calls(tool: BaseTool, arguments: dict[str, Any]) -> list[tuple[str, dic
     return calls
 
 
-async def bad_input_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
+async def bad_input_problems(
+    tool: BaseTool, arguments: dict[str, Any], probe: Image.Image | None = None, screen: object | None = None
+) -> list[str]:
     """Problems with the answers to bad input: each must be a text ToolResponse; refusals carry no image."""
     problems = []
-    for what, call_arguments, images, must_refuse in _bad_calls(tool, arguments):
+    for what, call_arguments, images, must_refuse in _bad_calls(tool, arguments, probe):
         try:
-            result = await _call(tool, call_arguments, images)
+            result = await _call(tool, call_arguments, images, screen)
         except Exception as error:  # noqa: BLE001 - reported, not raised
             problems.append(f"{what}: raised {type(error).__name__}: {error}")
             continue
@@ -156,27 +174,39 @@ def constructed(tool: BaseTool | type) -> tuple[BaseTool, list[str]]:
         return cast("BaseTool", None), [f"the tool cannot be built with no config ({type(error).__name__}: {error})"]
 
 
-async def acheck_tool(given: BaseTool | type, arguments: dict[str, Any] | None = None) -> CheckReport:
-    """Async ``check_tool``."""
+async def acheck_tool(
+    given: BaseTool | type,
+    arguments: dict[str, Any] | None = None,
+    probe: Image.Image | None = None,
+    screen: object | None = None,
+) -> CheckReport:
+    """Async ``check_tool``; a GUI tool's ``probe`` is its environment's screenshot and ``screen`` that environment,
+    reset (``envs.check_gui_tool`` passes them)."""
     name = getattr(given, "name", getattr(given, "__name__", type(given).__name__))
     tool, problems = constructed(given)
     if problems:
         raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
     arguments = dict(getattr(tool, "example_arguments", {}) if arguments is None else arguments)
     name = getattr(tool, "name", type(tool).__name__)
+    if isinstance(tool, ScreenTool) and screen is None:
+        raise ToolCheckError(
+            f"tool {name!r} acts on a GUI environment's page: check it with "
+            "verl_mm_tools.envs.check_gui_tool(tool, environment), e.g. environment=MiniWoBEnv('click-test')"
+        )
     problems = schema_problems(tool)
     if not problems:
-        problems += await valid_call_problems(tool, arguments)
-        problems += await bad_input_problems(tool, arguments)
+        problems += await valid_call_problems(tool, arguments, probe, screen)
+        problems += await bad_input_problems(tool, arguments, probe, screen)
     if problems:
         raise ToolCheckError(f"tool {name!r} fails check_tool:\n- " + "\n- ".join(problems))
     report = CheckReport(f"tool {name!r}")
     report.passed("schema: an OpenAI function schema named like the tool, with a description and typed parameters")
+    width, height = (probe or probe_image()).size
     report.passed(
-        f"a valid call {arguments} on a {PROBE_SIZE[0]}x{PROBE_SIZE[1]} image returns images within "
-        "max_pixels and a text starting 'Image 2:', leaving the workspace to the loop"
+        f"a valid call {arguments} on a {width}x{height} image returns images within max_pixels and a text starting "
+        "'Image 2:', leaving the workspace to the loop"
     )
-    for what, *_ in _bad_calls(tool, arguments):
+    for what, *_ in _bad_calls(tool, arguments, probe):
         report.passed(f"bad input answered as text: {what}")
     return report
 
@@ -186,7 +216,8 @@ def check_tool(tool: BaseTool | type, arguments: dict[str, Any] | None = None) -
     was checked. ``tool``: an instance, or a class built with no config (a schema it cannot build is a problem).
 
     ``arguments``: a valid call for the 64x48 probe image (default: ``tool.example_arguments``). Synchronous: it
-    runs its own event loop, so call ``await acheck_tool(tool)`` inside a running loop.
+    runs its own event loop, so call ``await acheck_tool(tool)`` inside a running loop. A GUI tool:
+    ``envs.check_gui_tool``.
     """
     try:
         asyncio.get_running_loop()
