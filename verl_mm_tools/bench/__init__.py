@@ -55,10 +55,16 @@ adds little CPU time to it), and each ratio is the median over interleaved pairs
 10. What the plugin costs each process that imports verl: ``import verl`` in fresh interpreters with the plugin and
     without, interleaved pairs, the CPU platform selected: CPU seconds and their ratio (target <= 1.05), the peak RSS
     the plugin adds (target <= 10 MB) and the modules it adds outside the package (target 0; ``bench.plugin_import``).
+11. The GUI environment (MiniWoB++ in isolated headless Chromium), wall time: a browser's launch (wall and CPU
+    seconds), reset and step latency, p50 and p95, over 30 ``click-button`` episodes on a reused browser; each
+    browser's processes and memory (RSS, PSS, its own anonymous and shared-memory pages) alone, with 8 and with 32
+    at once; 32 oracle-solved episodes of the six offered tasks at once on cold browsers (launches included), then
+    on the warm pooled ones: trajectories per second and their ratio, the idle CPU of a waiting browser, the share
+    solved (target >= 1) (``bench.gui``; skipped, with a line, without miniwob, Chromium, chromedriver or bubblewrap).
 
 The package: ``figures`` (a figure, its line, the summary), ``loop`` (figures 1, 2 and 6), ``memory`` (figure 4),
-``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``run`` (figure 3 and the whole run), and the fresh processes
-``ops`` and ``opencv_ops`` (figure 3), ``worker_memory`` (figure 4), ``engine`` (figure 8) and ``plugin_import`` (figure
-10), and ``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but Pillow, ``opencv_ops`` Pillow,
-numpy and OpenCV.
+``steps`` (figures 5 and 8), ``python_tool`` (figure 9), ``gui`` (figure 11), ``run`` (figure 3 and the whole run), and
+the fresh processes ``ops`` and ``opencv_ops`` (figure 3), ``worker_memory`` (figure 4), ``engine`` (figure 8) and
+``plugin_import`` (figure 10), and ``remote`` (figure 7). The package itself stays light: ``ops`` loads nothing but
+Pillow, ``opencv_ops`` Pillow, numpy and OpenCV.
 """

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_mm_tools.bench.figures import Figure, figure
+from verl_mm_tools.bench.gui import GuiSizes, gui_figures
 from verl_mm_tools.bench.loop import export_cost, loop_overhead
 from verl_mm_tools.bench.memory import pillow_reusing_image_memory, trajectory_memory
 from verl_mm_tools.bench.opencv_ops import opencv_figures
@@ -84,9 +85,9 @@ def run(
     say: Callable[[str], object] = lambda line: None,
     repeats: int | None = None,
 ) -> list[Figure]:
-    """Figures 1-4, 6, 9 and 10; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
+    """Figures 1-4, 6 and 9-11; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
     ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``. ``repeats``
-    sets every timed figure's sample count (``Repeats.of``)."""
+    sets every timed figure's sample count (``Repeats.of``; figure 11's: ``GuiSizes.of``)."""
     sizes = Repeats.of(quick, repeats)
     figures = image_ops(repeats=sizes.ops)
     figures += opencv_figures(sizes.ops, processes=min(3, max(1, sizes.ops // 3)), say=say)
@@ -100,6 +101,7 @@ def run(
         figures += worker_memory(model_dir, say)
     figures += export_cost(model_dir, repeats=sizes.export)
     figures += python_tool_figures(repeats=sizes.loop, say=say)
+    figures += gui_figures(GuiSizes.of(quick, repeats), say=say)
     figures += import_figures(pairs=min(sizes.export, 8))
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
