@@ -256,7 +256,7 @@ def _add_bench_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     bench.add_argument(
         "--repeats",
         type=whole_number(1),
-        help="samples of each timed figure (default 31, 11 with --quick); 2 checks the output in ~2 minutes",
+        help="samples of each timed figure (default 31, 11 with --quick); 2 checks the output in ~3 minutes",
     )
     bench.add_argument("--strict", action="store_true", help="exit 1 when a check is missed (for CI)")
     bench.add_argument(

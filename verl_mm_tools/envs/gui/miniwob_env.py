@@ -84,7 +84,10 @@ NAMED_KEYS = (
 NOT_ACTING_REWARD = -1.0  # MiniWoB's reward at its time-out: the episode ended without being done
 NO_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
 # browsers launching at once in a process: a launch is ~1 s of CPU, and dozens at once on few cores time out
-LAUNCH_SLOTS = threading.BoundedSemaphore(max(1, min(4, os.cpu_count() or 1)))
+LAUNCH_SLOTS = threading.BoundedSemaphore(max(1, min(8, os.cpu_count() or 1)))
+# idle browsers a process keeps for the next episodes (~160 MiB each: docs/benchmarks.md, figure 11); a worker running
+# more trajectories at once than this relaunches the others each step
+MAX_IDLE_ENV = "VERL_MM_TOOLS_MAX_IDLE_BROWSERS"
 TYPING_LIMIT = 64  # MiniWoB's TYPING_MAX_LENGTH
 _ACTION_TYPES = (
     ActionTypes.CLICK_COORDS,
@@ -232,8 +235,8 @@ class BrowserPool:
     """Idle browsers per task, shared by the environments of one process (thread-safe). At most ``max_idle`` wait;
     the oldest beyond that is closed."""
 
-    def __init__(self, max_idle: int = 64) -> None:
-        self.max_idle = max_idle
+    def __init__(self, max_idle: int | None = None) -> None:
+        self.max_idle = max_idle if max_idle is not None else _max_idle_from_environment()
         self._idle: list[TaskBrowser] = []
         self._lock = threading.Lock()
         self.launched = 0
@@ -269,6 +272,13 @@ class BrowserPool:
             idle, self._idle = self._idle, []
         for browser in idle:
             browser.close()
+
+
+def _max_idle_from_environment() -> int:
+    raw = os.environ.get(MAX_IDLE_ENV, "64")
+    if not raw.isdigit():
+        raise ConfigError(f"{MAX_IDLE_ENV} must be a whole number of browsers, got {raw!r}")
+    return int(raw)
 
 
 POOL = BrowserPool()
