@@ -331,7 +331,6 @@ class MiniWoBEnv(Environment):
         self.page_size = (0, 0)
         self.observation: dict[str, Any] = {}  # miniwob's latest: utterance, fields, dom_elements, screenshot
         self.done = False
-        self.rewards: list[float] = []
 
     async def reset(self, sample: Sample) -> Observation:  # type: ignore[override]  # async: the loop awaits it
         seed = episode_seed(sample)
@@ -355,7 +354,6 @@ class MiniWoBEnv(Environment):
     def step(self, assistant_text: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """An answer without a tool call ends the episode undone, as MiniWoB's time-out does."""
         self.done = True
-        self.rewards.append(NOT_ACTING_REWARD)
         return Observation(), NOT_ACTING_REWARD, True, {"task": self.task, "reason": "answered without acting"}
 
     async def act(self, action: ScreenAction) -> ActionResult:
@@ -365,7 +363,6 @@ class MiniWoBEnv(Environment):
         observation, done, info = await self._blocking(self.browser.step, action)
         reward = self._reward(info) if done else 0.0
         self.done = done
-        self.rewards.append(reward)
         report = {"task": self.task, "done": done, "raw_reward": info.get("raw_reward"), "reason": info.get("reason")}
         if done:
             return ActionResult(None, reward, True, report)
