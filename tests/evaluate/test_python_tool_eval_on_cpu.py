@@ -125,6 +125,7 @@ def test_a_call_that_ends_the_trajectory_is_its_records_last_message_and_its_sto
         "length_limit": 0,
         "budget": 0,
         "tool_failed": 1,
+        "episode_done": 0,
         "error": 0,
     }
     assert (figures["masked"], figures["turns_per_trajectory"], len(server.requests)) == (0, 1.0, 1)
