@@ -3,6 +3,7 @@ nothing it started outlives it, however it ends (closed, killed, dropped)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import shutil
 import socket
@@ -140,3 +141,20 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_pages_under_tmp_load_only_where_bound(tmp_path):
+    """The sandbox's /tmp is its own: a page under the host's /tmp (a virtual environment there holds miniwob's)
+    loads when its directory is one of the browser's ``pages``, and not otherwise."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "task.html").write_text("<html><head><title>bound page</title></head><body></body></html>")
+    assert str(pages).startswith("/tmp/")
+    settings = BrowserSettings.found()
+    for bound in (True, False):
+        browser = Browser(dataclasses.replace(settings, pages=(str(pages),) if bound else ()))
+        try:
+            browser.driver.get(f"file://{pages}/task.html")
+            assert (browser.driver.title == "bound page") is bound  # unbound: Chromium's error page
+        finally:
+            browser.close()

@@ -2,7 +2,9 @@
 
 Chromium runs inside bubblewrap (``bwrap``) in new network and PID namespaces: the only network it has is its own
 loopback, so no page can reach any host, this machine's 127.0.0.1 included. The root file system is read-only to
-it; it writes only a tmpfs ``/tmp``, a tmpfs ``/dev/shm`` and its own profile directory. chromedriver (on the host's
+it; it writes only a tmpfs ``/tmp``, a tmpfs ``/dev/shm`` and its own profile directory. Its own ``/tmp`` hides the
+host's, so the directories its pages come from are bound in read-only (``pages``: a virtual environment under
+``/tmp`` holds miniwob's). chromedriver (on the host's
 loopback, where Selenium reaches it) talks to Chromium over a pipe (``--remote-debugging-pipe``), which crosses the
 namespace boundary where a TCP port would not. As root, Chromium refuses its own sandbox, so it is started without
 it (``--no-sandbox``): bubblewrap's namespaces are the isolation.
@@ -54,6 +56,7 @@ class BrowserSettings:
     chromedriver: str
     bwrap: str = "bwrap"
     setpriv: str | None = None  # util-linux's, to tie chromedriver's life to its launcher (None: not found)
+    pages: tuple[str, ...] = ()  # directories the pages are read from, bound read-only over the sandbox's own /tmp
     window: tuple[int, int] = (800, 600)  # the outer window; its viewport must hold the page (MiniWoB's: 160x210)
 
     @classmethod
@@ -113,6 +116,7 @@ def wrapper_script(settings: BrowserSettings, workdir: Path) -> str:
         "--proc", "/proc",
         "--tmpfs", "/tmp",
         "--bind", str(workdir), str(workdir),
+        *[argument for page in settings.pages for argument in ("--ro-bind", page, page)],
         "--unshare-net",
         "--unshare-pid",
         "--unshare-ipc",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 import os
 import threading
@@ -38,7 +39,7 @@ import numpy as np
 from miniwob.action import ActionSpaceConfig, ActionTypes
 from miniwob.constants import ASCII_CHARSET
 from miniwob.environment import MiniWoBEnvironment
-from miniwob.selenium_instance import SeleniumInstance
+from miniwob.selenium_instance import HTML_DIR, SeleniumInstance
 from PIL import Image
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -143,7 +144,8 @@ class _TaskEnvironment(MiniWoBEnvironment):
     instance: _IsolatedInstance | None
 
     def __init__(self, task: str, settings: BrowserSettings) -> None:
-        self._settings = settings
+        # the task's page is read from the package (a virtual environment under /tmp is hidden in the sandbox)
+        self._settings = dataclasses.replace(settings, pages=(*settings.pages, str(HTML_DIR)))
         config = ActionSpaceConfig(action_types=_ACTION_TYPES, allowed_keys=_KEYS, text_max_len=TYPING_LIMIT)
         super().__init__(subdomain=task, action_space_config=config)
 
