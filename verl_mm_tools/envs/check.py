@@ -131,7 +131,7 @@ def check_gui_tool(tool: object, environment: object, arguments: dict | None = N
     ``ToolCheckError`` listing every problem; synchronous (its own event loop)."""
     from verl_mm_tools.tools.check import acheck_tool
 
-    async def checked() -> CheckReport:
+    async def run_checks() -> CheckReport:
         sample = Sample(data_source=None, ground_truth=None, extra_info={"seed": 0})
         observation = await call(environment.reset, sample)  # type: ignore[attr-defined]
         try:
@@ -141,4 +141,4 @@ def check_gui_tool(tool: object, environment: object, arguments: dict | None = N
         finally:
             await call(environment.close)  # type: ignore[attr-defined]
 
-    return asyncio.run(checked())
+    return asyncio.run(run_checks())

@@ -72,9 +72,9 @@ def test_the_listener_is_reachable_without_the_browser(listener):
 
 
 def test_the_packages_pages_load():
-    from miniwob.selenium_instance import DEFAULT_BASE_URL
+    from miniwob.selenium_instance import DEFAULT_BASE_URL, HTML_DIR
 
-    browser = Browser(BrowserSettings.found())
+    browser = Browser(dataclasses.replace(BrowserSettings.found(), pages=(str(HTML_DIR),)))
     try:
         browser.driver.get(DEFAULT_BASE_URL + "click-test.html")
         assert browser.driver.execute_script("return typeof core.startEpisodeReal") == "function"
