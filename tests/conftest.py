@@ -129,7 +129,7 @@ INTEGRATION_FIXTURES = frozenset(
         "transfer_queue",
         "event_loop_for_verl",
         "tokenizer_dir",
-        "ray_daemons_at_full_priority",
+        "start_ray",
         "ray_cluster",
         "local_ray",
         "verl_imported_first",
@@ -201,10 +201,32 @@ def _ray_daemons_at_full_priority() -> Iterator[None]:
             os.environ["RAY_worker_niceness"] = worker_niceness
 
 
+RAY_STARTS = 3  # tries of ray.init on this 2-core machine (``start_ray``)
+
+
+def _start_ray(**init_kwargs: object) -> None:
+    """``ray.init(**init_kwargs)`` with its daemons at full priority (``_ray_daemons_at_full_priority``), tried again
+    when the node times out during startup: beside a trainer starting its own cluster on the other worker, GCS and
+    raylet can miss Ray's startup deadline even at nice 0 (CI, 2026-12-03: ``test_shared_images_on_cpu.py`` beside
+    the fully async trainer's start). Any other error raises at once."""
+    import ray
+
+    for attempt in range(1, RAY_STARTS + 1):
+        with _ray_daemons_at_full_priority():
+            try:
+                ray.init(**init_kwargs)
+                return
+            except Exception as error:
+                if "timed out during startup" not in str(error) or attempt == RAY_STARTS:
+                    raise
+                _log.warning("ray.init, try %d of %d: %s; starting it again", attempt, RAY_STARTS, error)
+                ray.shutdown()
+
+
 @pytest.fixture(scope="session")
-def ray_daemons_at_full_priority():
-    """``with ray_daemons_at_full_priority(): ray.init(...)``: see ``_ray_daemons_at_full_priority``."""
-    return _ray_daemons_at_full_priority
+def start_ray():
+    """``start_ray(**ray_init_kwargs)``: see ``_start_ray``."""
+    return _start_ray
 
 
 # A test phase this long is named as it ends, with the run's elapsed time, so that a CI run cut off by its time limit
@@ -233,15 +255,14 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="module")
-def transfer_queue(ray_daemons_at_full_priority):
+def transfer_queue(start_ray):
     """A Ray cluster and verl's TransferQueue (one storage unit) for the tests of a module."""
     import ray
     import transfer_queue as tq
     import verl
     from omegaconf import OmegaConf
 
-    with ray_daemons_at_full_priority():
-        ray.init(num_cpus=4, include_dashboard=False)
+    start_ray(num_cpus=4, include_dashboard=False)
     config = OmegaConf.load(
         os.path.join(os.path.dirname(verl.__file__), "trainer/config/transfer_queue/transfer_queue.yaml")
     )

@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "files",
         "workspace",
         "record",
+        "image_window",  # which images a conversation keeps in context (the loop, rescore and export-sft)
         "handoff",  # what the loop hands the trainer, typed
         "step_metrics",  # the step metrics the step hook and eval's report compute from it
         "tokens",

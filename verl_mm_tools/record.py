@@ -6,9 +6,10 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 5; version 4 records lack the turns'
-``weight_versions``, version 3 records also ``chat``, version 2 records also ``samples`` and the turns' ``sample``,
-version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 6; version 5 records lack the samples'
+``images_left_out``, version 4 records also the turns' ``weight_versions``, version 3 records also ``chat``, version 2
+records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
+``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -31,7 +32,8 @@ version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images
   for a masked trajectory;
 - ``samples``: the training samples the trajectory became (one unless the loop's ``export`` is per_turn or auto),
   each ``sample``, ``turns`` (the turn numbers it trains on), ``prompt_tokens``, ``response_tokens``,
-  ``trained_tokens``, ``images``;
+  ``trained_tokens``, ``images`` (how many it holds: the trajectory's images after its ``images_left_out`` first,
+  which the loop's ``keep_last_images`` rendered as notes, ``image_window``);
 - ``chat``: the conversation as the chat template rendered it (what ``verl-mm-tools export-sft`` writes):
   ``messages`` (the loop's tool format applied: the tool block, tool results as the template takes them; assistant
   messages as the model wrote them; content a string or parts ``{"type": "text", "text"}`` and
@@ -66,7 +68,7 @@ from verl_mm_tools.handoff import PREFIX, SampleFields
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 5
+RECORD_VERSION = 6
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"
@@ -123,6 +125,7 @@ class SampleRecord:
     prompt_tokens: int
     response_mask: tuple[int, ...]
     images: int
+    images_left_out: int = 0  # the trajectory's first images, rendered as notes (keep_last_images)
 
 
 def build_record(
@@ -362,6 +365,7 @@ def _samples(samples: list[SampleRecord], turns: list[TurnRecord]) -> list[dict]
             "response_tokens": len(sample.response_mask),
             "trained_tokens": int(sum(sample.response_mask)),
             "images": sample.images,
+            "images_left_out": sample.images_left_out,
         }
         for index, sample in enumerate(samples)
     ]

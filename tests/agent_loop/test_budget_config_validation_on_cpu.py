@@ -23,6 +23,11 @@ TINY = ImageGeometry(patch_size=14, merge_size=2, min_pixels=28 * 28, max_pixels
         ({"over_budget": "shrink"}, "over_budget must be one of"),
         ({"tool_timeout_s": float("nan")}, "tool_timeout_s must be a positive number of seconds, got nan"),
         ({"max_images": 9}, r"max_images=9 exceeds actor_rollout_ref.rollout.limit_images=8"),
+        ({"keep_last_images": 0}, "keep_last_images must be a positive integer, got 0"),
+        (
+            {"keep_last_images": 2, "export": "per_trajectory"},
+            "keep_last_images=2 with export=per_trajectory: one sample is the conversation as generated",
+        ),
     ],
 )
 def test_invalid_options_are_refused_with_what_was_received(options, message):
@@ -34,6 +39,13 @@ def test_defaults_and_limit_images():
     assert MMToolLoopConfig.from_options({}, limit_images=None).max_images == 16
     assert MMToolLoopConfig.from_options({}, limit_images=5).max_images == 5
     assert MMToolLoopConfig.from_options({"max_images": None}, limit_images=None) == MMToolLoopConfig()
+
+
+def test_keep_last_images_chooses_a_multi_sample_export_unless_one_is_named():
+    assert MMToolLoopConfig.from_options({"keep_last_images": 2}, limit_images=None).export.value == "auto"
+    named = MMToolLoopConfig.from_options({"keep_last_images": 2, "export": "per_turn"}, limit_images=None)
+    assert named.export.value == "per_turn"
+    assert MMToolLoopConfig.from_options({}, limit_images=None).export.value == "per_trajectory"
 
 
 def test_geometry_reads_the_processor_and_overrides(tiny_processor):
@@ -61,6 +73,29 @@ def test_budget_sizes_tool_images_like_the_processor_and_downscales_to_fit():
     assert big.note == "the image was downscaled to 56x56 px to fit the image token budget"
     assert big.image.mode == "RGB" and big.tokens == 4 and budget.tokens == 10
     assert budget.admit(Image.new("RGB", (56, 56))).note.startswith("the image token budget is exhausted (0 image")
+
+
+def test_a_window_budgets_the_images_in_context():
+    """keep_last_images=2: the budget counts the last two images, so a long trajectory keeps admitting; without the
+    window the second tool image is already over max_image_tokens."""
+    config = {"max_images": 2, "max_image_tokens": 8}
+    windowed = ImageBudget(MMToolLoopConfig(**config, keep_last_images=2, export="auto"), TINY)
+    windowed.admit_prompt_images([Image.new("RGB", (56, 56))])  # 4 tokens
+    sizes = [(56, 56), (56, 84), (56, 84)]  # 4, 6 and 6 tokens
+    admissions = [windowed.admit(Image.new("RGB", size)) for size in sizes]
+    # the second: 4 tokens left beside the previous image, downscaled to 2; the third: 6 left beside that one
+    assert [(a.verdict, a.tokens) for a in admissions] == [
+        (Verdict.ADMITTED, 4),
+        (Verdict.DOWNSCALED, 2),
+        (Verdict.ADMITTED, 6),
+    ]
+    assert windowed.charged == [4, 4, 2, 6] and (windowed.images, windowed.tokens) == (2, 8)
+    windowed.truncate(2)  # a dropped turn's images leave the count
+    assert windowed.charged == [4, 4] and (windowed.images, windowed.tokens) == (2, 8)
+    whole = ImageBudget(MMToolLoopConfig(**config), TINY)
+    whole.admit_prompt_images([Image.new("RGB", (56, 56))])
+    assert [whole.admit(Image.new("RGB", (56, 56))).verdict for _ in range(2)] == [Verdict.ADMITTED, Verdict.REFUSED]
+    assert (whole.images, whole.tokens) == (2, 8)
 
 
 def test_budget_never_copies_an_image_that_already_fits():

@@ -14,6 +14,7 @@ import torch
 from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.cpu.hf_engine import HFVisionLM
 from verl_mm_tools.handoff import SampleFields
+from verl_mm_tools.image_window import out_of_context_note
 from verl_mm_tools.runtime.batch import image_prompt, unpadded_row
 from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.runtime.scripted_client import scripted_logprob, tool_call_text
@@ -232,6 +233,7 @@ def test_a_per_turn_trajectory_is_dumped_once_with_its_samples(tmp_path):
             "response_tokens": len(sample["response_ids"]),
             "trained_tokens": len(sample["response_ids"]),
             "images": k + 1,
+            "images_left_out": 0,
         }
         for k, sample in enumerate(samples)
     ]
@@ -252,3 +254,100 @@ def test_per_turn_needs_the_manager_that_scores_several_samples(tmp_path):
             loop_options={"export": "auto"},
             extra=("trainer.use_v1=true",),
         )
+
+
+# ----- keep_last_images: the context keeps the last K images, earlier ones as a note naming their id; each sample is
+# that context token for token (the template's render of the windowed conversation, the images the engine was sent,
+# the same images in its multimodal inputs), and a tool still takes an image that left the context by its id -------
+
+WINDOW_TURNS = [*CALLS, ANSWER]  # rotate image 1, rotate image 1 again (out of the context by then), answer
+
+
+def note(image_id: int) -> dict:
+    return {"type": "text", "text": out_of_context_note(image_id)}
+
+
+def conversations(prompt_image, rotated, width, height):
+    """The conversation before each of the three turns, every image in it."""
+    conversation = image_prompt(QUESTION, [prompt_image])
+    result = [conversation]
+    for k, turn in enumerate(WINDOW_TURNS[:2]):
+        text = f"Image {k + 2}: Image 1 rotated by 90 degrees counter-clockwise, {width}x{height} px."
+        conversation = [
+            *conversation,
+            {"role": "assistant", "content": turn.removesuffix("<|im_end|>")},
+            {"role": "tool", "content": [{"type": "image", "image": rotated}, {"type": "text", "text": text}]},
+        ]
+        result.append(conversation)
+    return result
+
+
+def with_notes(conversation: list[dict], left_out: int) -> list[dict]:
+    """``conversation`` with its first ``left_out`` images as the loop's notes, written out by hand."""
+    seen, result = 0, []
+    for message in conversation:
+        if isinstance(message["content"], list):
+            parts = []
+            for part in message["content"]:
+                if part["type"] == "image":
+                    seen += 1
+                    part = note(seen) if seen <= left_out else part
+                parts.append(part)
+            message = {**message, "content": parts}
+        result.append(message)
+    return result
+
+
+def windowed_run(tmp_path, **options):
+    output, server, worker = rollout_for("qwen2_5_vl", "family", tmp_path).run(
+        WINDOW_TURNS, [image_prompt(QUESTION, [marked_image()])], per_sample=True, loop_options=options, extra=V1
+    )
+    prompt_image = server.requests[0]["images"][0]
+    rotated = prompt_image.rotate(90, expand=True)
+    return output, server, worker, conversations(prompt_image, rotated, *rotated.size)
+
+
+def test_each_turn_sees_and_trains_on_its_last_image_only(tmp_path):
+    output, server, worker, before_turn = windowed_run(tmp_path, keep_last_images=1, export="per_turn")
+    template = reference_template("qwen2_5_vl", "family")
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 3], [1, 3], [2, 3]]
+    for k, conversation in enumerate(before_turn):
+        images = images_of(conversation)
+        shown = images[-1:]
+        expected = render(worker, template, with_notes(conversation, len(images) - 1), shown)
+        sample = unpadded_row(output, k)
+        assert sample["prompt_ids"] == expected, k
+        assert server.requests[k]["prompt_ids"] == expected  # what the model saw is what it trains on
+        assert [image.tobytes() for image in server.requests[k]["images"]] == [image.tobytes() for image in shown]
+        grids = output.non_tensor_batch["multi_modal_inputs"][k]["image_grid_thw"].tolist()
+        assert grids == [[1, *[side // 14 for side in shown[0].size[::-1]]]], k
+    notes = worker.tokenizer.encode(out_of_context_note(1), add_special_tokens=False)
+    assert _contains(unpadded_row(output, 2)["prompt_ids"], notes)
+    assert list(output.non_tensor_batch["mm_tool/images"]) == [3, 3, 3]  # the trajectory holds all three
+
+
+def test_auto_starts_a_sample_where_an_image_leaves_the_context(tmp_path):
+    """keep_last_images=2 chooses export auto: turns 1 and 2 share a sample (two images fit); at turn 3 image 1
+    leaves the context and a new sample starts from the windowed render."""
+    output, server, worker, before_turn = windowed_run(tmp_path, keep_last_images=2)
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[0, 2], [1, 2]]
+    last = before_turn[2]
+    images = images_of(last)
+    expected = render(worker, reference_template("qwen2_5_vl", "family"), with_notes(last, 1), images[1:])
+    assert unpadded_row(output, 1)["prompt_ids"] == expected == server.requests[2]["prompt_ids"]
+    assert len(server.requests[1]["images"]) == 2 and len(server.requests[2]["images"]) == 2
+    assert len(output.non_tensor_batch["multi_modal_inputs"][0]["image_grid_thw"]) == 2
+
+
+def images_of(conversation: list[dict]) -> list:
+    return [
+        part["image"]
+        for message in conversation
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "image"
+    ]
+
+
+def _contains(ids: list[int], run_ids: list[int]) -> bool:
+    return any(ids[start : start + len(run_ids)] == run_ids for start in range(len(ids) - len(run_ids) + 1))

@@ -258,13 +258,12 @@ def test_a_v1_run_without_mm_tools_generation_timer_is_named():
         bench_steps.step_figures(steps)
 
 
-def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir, ray_daemons_at_full_priority):
+def test_remote_figures_scale_with_actors_and_count_image_bytes(tiny_model_dir, start_ray):
     import ray
 
     from verl_mm_tools.bench.remote import image_crossing, local_ray, scaling
 
-    with ray_daemons_at_full_priority():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # bench's local_ray joins it
+    start_ray(num_cpus=8, include_dashboard=False, log_to_driver=False)  # bench's local_ray joins it
     try:
         with local_ray():  # 2 trajectories x 2 calls of 0.5 s, five times (in process, 1, 2, 4 actors): any count
             figures = {each.name: each for each in scaling(str(tiny_model_dir), trajectories=2)}

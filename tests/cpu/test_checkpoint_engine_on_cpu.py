@@ -15,9 +15,8 @@ BUCKET_BYTES = 1024
 
 
 @pytest.fixture(scope="module")
-def local_ray(ray_daemons_at_full_priority):
-    with ray_daemons_at_full_priority():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+def local_ray(start_ray):
+    start_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

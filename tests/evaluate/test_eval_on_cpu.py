@@ -412,6 +412,9 @@ def test_the_training_runs_loop_options_apply_with_dumps_for_every_row(data, tmp
     loops.write_text("name: mm_tool\n")
     with pytest.raises(ConfigError, match="expected verl's agent-loop YAML, a list of entries"):
         loop_entries(options, NO_TOOLS)
+    loops.write_text("- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, keep_last_images: 2}\n")
+    with pytest.raises(ConfigError, match="keep_last_images=2 / export=None, which make several training samples"):
+        loop_entries(options, NO_TOOLS)
 
 
 def test_structured_tool_calls_become_hermes_text():

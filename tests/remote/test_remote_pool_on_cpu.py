@@ -20,11 +20,10 @@ ANSWER = "<answer>90</answer><|im_end|>"
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(ray_daemons_at_full_priority):
+def ray_cluster(start_ray):
     import ray
 
-    with ray_daemons_at_full_priority():  # a logical GPU: placement only
-        ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    start_ray(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)  # a logical GPU: placement only
     yield ray
     ray.shutdown()
 

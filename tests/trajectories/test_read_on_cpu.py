@@ -57,3 +57,27 @@ def test_a_turns_weight_versions_are_checked(sample_dump, tmp_path, versions, ex
 
     assert [bad.path for bad in loaded.bad] == [path]
     assert loaded.bad[0].reason == f"{path}: field turns[0].weight_versions{expected}"
+
+
+@pytest.mark.parametrize(
+    ("left_out", "expected"),
+    [
+        (-1, " must be a whole number >= 0, found -1"),
+        (True, " must be a whole number >= 0, found True"),
+        (99, " must be at most {most} (the record's images less the sample's), found 99"),
+    ],
+)
+def test_a_samples_images_left_out_are_checked(sample_dump, tmp_path, left_out, expected):
+    """Version 6's ``images_left_out`` (keep_last_images): rescore and export-sft slice the record's images by it."""
+    dump = tmp_path / "dump"
+    shutil.copytree(sample_dump, dump, ignore=shutil.ignore_patterns("_site"))
+    path = sorted(dump.glob(f"step_*/*/{RECORD_FILE}"))[0]
+    record = json.loads(path.read_text())
+    record["samples"][0]["images_left_out"] = left_out
+    path.write_text(json.dumps(record))
+
+    loaded = load_records([dump])
+
+    most = len(record["images"]) - record["samples"][0]["images"]
+    assert [bad.path for bad in loaded.bad] == [path]
+    assert loaded.bad[0].reason == f"{path}: field samples[0].images_left_out{expected.format(most=most)}"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overr
 from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.run import TOOLS, EvalOptions, evaluate
-from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION
+from verl_mm_tools.record import RECORD_FILE, RECORD_VERSION, chat_image_ids
 from verl_mm_tools.runtime.rollout import REWARD_OVERRIDES, LocalRollout
 from verl_mm_tools.testkit.sample_dump import SAMPLE_SCRIPTS, sample_image, sample_rows, scripted_by_word
 from verl_mm_tools.testkit.scripted import ScriptedServer
@@ -281,6 +282,62 @@ def test_a_per_turn_dump_with_a_length_cut_turn_rescores_as_training_scored_it(p
     assert [row["reward"] for row in rows_of(tmp_path / "dapo")] == [
         dapo_score(score, tokens, max_resp_len=105) for score, tokens in zip([1.0, 0.75, 1.0, 0.0], last_sample_tokens)
     ]
+
+
+@pytest.fixture(scope="module")
+def windowed_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    """The four scripts with keep_last_images=1 (export auto): the double rotation's turns 2 and 3 each see only the
+    latest image, each a sample of its own; a dump of one step."""
+    from verl_mm_tools.step_hook.manager import step_batch
+    from verl_mm_tools.step_hook.step import process_step
+
+    workdir = tmp_path_factory.mktemp("windowed")
+    (workdir / "tools.yaml").write_text(ROTATE_TOOLS_YAML)
+    prompts, columns = sample_rows(WORDS)
+    output, _, _ = LocalRollout(tiny_model_dir, workdir / "tools.yaml", workdir).run(
+        scripted_by_word(tiny_tokenizer),
+        prompts,
+        columns=columns,
+        per_sample=True,
+        score=True,
+        loop_options={"keep_last_images": 1, "dump_dir": str(workdir / "dump")},
+        extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True), *REWARD_OVERRIDES),
+    )
+    process_step(step_batch(output, {"global_steps": 1}))
+    return workdir / "dump"
+
+
+def test_a_windowed_dump_rescores_with_each_samples_own_context(windowed_dump, tmp_path):
+    rescore_cli(str(windowed_dump), "--reward-fn", "rotation_reward_45", "--out", str(tmp_path / "out"))
+    rows = rows_of(tmp_path / "out")
+    records = {row["index"]: record_of(tmp_path / "out", row) for row in rows}
+    rotated = records[0]
+    assert [(sample["turns"], sample["images"], sample["images_left_out"]) for sample in rotated["samples"]] == [
+        ([1], 1, 0),
+        ([2], 1, 1),
+        ([3], 1, 2),
+    ]
+    assert len(rotated["images"]) == 3 and chat_image_ids(rotated["chat"]) == [1, 2, 3]  # the chat keeps them all
+    # every sample rebuilt from the record (the window's notes in place of the earlier images) has its own counts
+    assert [(row["index"], row["reward"], row["tokens_as_recorded"]) for row in rows] == [
+        (0, 1.0, True), (1, 0.0, True), (2, 1.0, True), (3, 0.0, True)
+    ]  # fmt: skip
+
+
+def test_a_windowed_record_exports_to_sft_per_turn_only(windowed_dump, tmp_path):
+    from verl_mm_tools.trajectories.sft import export_sft
+
+    summary = export_sft([windowed_dump], tmp_path / "whole")
+    reasons = [bad["reason"] for bad in summary["bad_records"]]
+    assert len(reasons) == 1 and "export it with --per-turn" in reasons[0]
+    summary = export_sft([windowed_dump], tmp_path / "turns", per_turn=True)
+    assert summary["bad_records"] == []
+    rows = pd.read_parquet(tmp_path / "turns" / "train.parquet")
+    texts = [" ".join(message["content"] for message in row["messages"]) for _, row in rows.iterrows()]
+    windowed = [text for text in texts if "(Image 1 is no longer shown.)" in text]
+    assert len(windowed) == 2  # the double rotation's turns 2 and 3
+    assert all(text.count("<image>") == 1 for text in windowed)
+    assert "(Image 2 is no longer shown.)" in windowed[-1]
 
 
 def broken_dump_copy(sample_dump, destination):

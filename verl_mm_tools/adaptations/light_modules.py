@@ -126,6 +126,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.families.vocabularies",
         "verl_mm_tools.files",
         "verl_mm_tools.handoff",
+        "verl_mm_tools.image_window",
         "verl_mm_tools.ops",
         "verl_mm_tools.ops.argument_checks",
         "verl_mm_tools.ops.draw",

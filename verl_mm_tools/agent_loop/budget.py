@@ -191,7 +191,8 @@ def check_pixel_bounds(config: MMToolLoopConfig, geometry: ImageGeometry | SoftT
 
 
 class ImageBudget:
-    """Counts images and image tokens of one trajectory and sizes new tool images to fit."""
+    """Counts the images and image tokens of one trajectory's context and sizes new tool images to fit. Without
+    ``keep_last_images`` the context holds every image; with it, the last K (the first prompt is rendered whole)."""
 
     def __init__(self, config: MMToolLoopConfig, geometry: ImageGeometry | SoftTokenGeometry):
         self.config = config
@@ -199,28 +200,47 @@ class ImageBudget:
         # Never leave the processor's own bounds: it would resize the image again and change the token count.
         self.min_pixels = max(config.min_pixels or 0, geometry.min_pixels)
         self.max_pixels = min(config.max_pixels or geometry.max_pixels, geometry.max_pixels)
-        self.images = 0
-        self.tokens = 0
+        self.charged: list[int] = []  # each image's tokens, in the trajectory's order
+
+    @property
+    def images(self) -> int:
+        """Images in the context."""
+        return len(self._in_context(self.charged))
+
+    @property
+    def tokens(self) -> int:
+        """Image tokens in the context."""
+        return sum(self._in_context(self.charged))
+
+    def _in_context(self, charged: list[int], room_for: int = 0) -> list[int]:
+        """The images of ``charged`` the context keeps beside ``room_for`` newer ones."""
+        keep = self.config.keep_last_images
+        if keep is None:
+            return charged
+        return charged[max(0, len(charged) - keep + room_for) :] if keep > room_for else []
 
     def admit_prompt_images(self, images: list[Image.Image]) -> None:
         """Charge the dataset's images: they are never refused, and a prompt over budget fails the trajectory (an
         ImageBudgetError)."""
-        self.images += len(images)
-        self.tokens += sum(self.geometry.tokens(*image.size) for image in images)
-        problem = self.prompt_problem
+        self.charged += [self.geometry.tokens(*image.size) for image in images]
+        problem = self._prompt_problem()
         if problem:
             raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
 
-    @property
-    def prompt_problem(self) -> str | None:
-        if self.images > self.config.max_images:
-            return f"the prompt holds {self.images} images, more than max_images={self.config.max_images}"
-        if self.config.max_image_tokens is not None and self.tokens > self.config.max_image_tokens:
+    def _prompt_problem(self) -> str | None:
+        images, tokens = len(self.charged), sum(self.charged)  # the first prompt is rendered whole
+        if images > self.config.max_images:
+            return f"the prompt holds {images} images, more than max_images={self.config.max_images}"
+        if self.config.max_image_tokens is not None and tokens > self.config.max_image_tokens:
             return (
-                f"the prompt's images need {self.tokens} image tokens, more than max_image_tokens="
+                f"the prompt's images need {tokens} image tokens, more than max_image_tokens="
                 f"{self.config.max_image_tokens}"
             )
         return None
+
+    def truncate(self, images: int) -> None:
+        """Forget the images after the trajectory's first ``images`` (a dropped turn's)."""
+        del self.charged[images:]
 
     def sized(self, image: Image.Image) -> Image.Image:
         """``image`` (RGB) at the size the processor gives it, so the image a trajectory holds is the image the model
@@ -231,7 +251,7 @@ class ImageBudget:
     def admit(self, image: Image.Image) -> Admission:
         """The verdict on a tool or environment image, charged when admitted. Never partial: the image is either
         whole or absent."""
-        if self.images >= self.config.max_images:
+        if len(self._in_context(self.charged, room_for=1)) >= self.config.max_images:
             limit = self.config.max_images
             return self._over_budget(
                 f"the image budget is exhausted (at most {limit} image{'s' * (limit != 1)} per "
@@ -264,8 +284,7 @@ class ImageBudget:
             admitted = _to_rgb_size(image, width, height)
         except Exception as error:  # noqa: BLE001 - truncated or corrupt data: PIL raises many kinds
             return Admission(Verdict.REFUSED, note=f"the tool produced an image that cannot be decoded ({error})")
-        self.images += 1
-        self.tokens += tokens
+        self.charged.append(tokens)
         note = (
             f"the image was downscaled to {width}x{height} px to fit the image token budget"
             if verdict == Verdict.DOWNSCALED
@@ -287,7 +306,7 @@ class ImageBudget:
     def _tokens_left(self) -> int:
         if self.config.max_image_tokens is None:
             return 1 << 62
-        return self.config.max_image_tokens - self.tokens
+        return self.config.max_image_tokens - sum(self._in_context(self.charged, room_for=1))
 
     def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
         if self.config.over_budget is not OverBudget.DOWNSCALE or tokens_left < 1:

@@ -79,6 +79,12 @@ class MMToolLoopConfig:
             conversation, as at inference), ``auto`` (one sample while the template's render stays an extension of
             it, a new one where it does not). per_turn and auto need verl's v1 trainer. See
             ``verl_mm_tools.agent_loop.export``.
+        keep_last_images: Keep only the trajectory's last K images in the model's context: each earlier one is
+            rendered as a short note naming its id (``verl_mm_tools.image_window``) and stays in the workspace, so
+            tools still take it by id. The budget (``max_images``, ``max_image_tokens``) then bounds the images in
+            context. Each training sample is the context the model saw, so it needs several samples per trajectory:
+            left unset, ``export`` becomes ``auto`` (a new sample exactly where an image leaves the context);
+            ``export: per_trajectory`` is refused. The first prompt is rendered whole. None: every image stays.
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -98,6 +104,7 @@ class MMToolLoopConfig:
     tool_prompt: ToolPrompt = ToolPrompt.AUTO
     tool_response_role: ToolResponseRole = ToolResponseRole.AUTO
     export: Export = Export.PER_TRAJECTORY
+    keep_last_images: int | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -111,19 +118,27 @@ class MMToolLoopConfig:
         values = {key: value for key, value in options.items() if value is not None}
         if "max_images" not in values and limit_images is not None:
             values["max_images"] = int(limit_images)
+        if values.get("keep_last_images") is not None and "export" not in values:
+            values["export"] = Export.AUTO  # a window needs several samples (the per_trajectory stream only grows)
         config = cls(**values)
         config.check_against_server(limit_images)
         return config
 
     def __post_init__(self) -> None:
         _require_positive_int("max_images", self.max_images)
-        for name in ("min_pixels", "max_pixels", "max_image_tokens"):
+        for name in ("min_pixels", "max_pixels", "max_image_tokens", "keep_last_images"):
             if getattr(self, name) is not None:
                 _require_positive_int(name, getattr(self, name))
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ConfigError(f"mm_tool min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
         for name, choice in CHOICES.items():  # the YAML's strings become members
             object.__setattr__(self, name, choice.parse(name, getattr(self, name)))
+        if self.keep_last_images is not None and self.export is Export.PER_TRAJECTORY:
+            raise ConfigError(
+                f"mm_tool keep_last_images={self.keep_last_images} with export=per_trajectory: one sample is the "
+                "conversation as generated, which only grows, so it cannot be the context the model saw once an "
+                "image leaves it. Set export to auto (the default with keep_last_images) or per_turn."
+            )
         timeout = self.tool_timeout_s
         if (
             isinstance(timeout, bool)

@@ -99,8 +99,10 @@ def _loop_record(
         messages=messages,
         images=images,
         samples=[
-            SampleRecord(len(o.prompt_ids), tuple(o.response_mask), len((o.multi_modal_data or {}).get("images") or []))
-            for o in outputs
+            SampleRecord(
+                len(o.prompt_ids), tuple(o.response_mask), len((o.multi_modal_data or {}).get("images") or []), left_out
+            )
+            for o, left_out in zip(outputs, _images_left_out(state, len(outputs)), strict=True)
         ],
         turns=_turn_records(agent_data, outputs, lambda ids: context.decode(ids, skip_special_tokens=True)),
         extra_fields=output.extra_fields,
@@ -111,6 +113,13 @@ def _loop_record(
         # a state is attached to agent data only
         chat=_chat(context, agent_data, state) if agent_data is not None and state is not None and messages else None,
     )
+
+
+def _images_left_out(state: TrajectoryState | None, outputs: int) -> list[int]:
+    """Each output's images the window left out (``keep_last_images``); none for a masked trajectory's stand-in."""
+    if state is None or state.stats.masked:
+        return [0] * outputs
+    return [cut.first_image for cut in state.samples] + [state.first_image]
 
 
 def _chat(context: LoopContext, agent_data: LoopAgentData, state: TrajectoryState) -> dict:

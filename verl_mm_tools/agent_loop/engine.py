@@ -90,8 +90,12 @@ class CheckedEngine:
     def __init__(self, server_manager: LLMServerClient):
         self.server_manager = recording_view(server_manager)
         self.generations: list[GenerationRecord] = []
+        # the trajectory's images before this one left the context (keep_last_images): verl's loop sends them all
+        self.first_image = 0
 
     async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:  # verl's keyword arguments, passed on
+        if self.first_image and kwargs.get("image_data"):
+            kwargs["image_data"] = kwargs["image_data"][self.first_image :]
         with recorded() as attempts:
             output = await self.server_manager.generate(request_id, **kwargs)
         if output.stop_reason in ABORTED_STOP_REASONS:

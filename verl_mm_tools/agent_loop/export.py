@@ -19,6 +19,11 @@
   (the template rewrote history, e.g. dropped reasoning after an environment's user turn): the sample ends after its
   last generated token and a new one starts from the render, as in ``per_turn``.
 
+With ``keep_last_images: K`` every render above keeps only the trajectory's last K images, the earlier ones as a
+note naming their id (``verl_mm_tools.image_window``); the sample holds just those images (``SampleCut.first_image``)
+and the engine is sent just those. The window moves only where a sample starts, so each sample is the context the
+model saw; ``auto`` (chosen when ``export`` is left unset) starts one exactly where an image leaves the context.
+
 Several samples need verl's v1 trainer (``trainer.use_v1=true``), whose agent-loop worker stores each sample of a
 trajectory as ``{uid}_{session}_{index}``, copies the final sample's reward to the earlier ones and (GRPO) computes
 advantages over each trajectory's final sample and broadcasts them (``verl.trainer.ppo.v1.utils``).
@@ -32,6 +37,7 @@ from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.state import SampleCut, TrajectoryState
 from verl_mm_tools.errors import TrajectoryValidationError
+from verl_mm_tools.image_window import images_left_out, windowed
 
 if TYPE_CHECKING:
     from verl_mm_tools.agent_loop.agent_data import LoopAgentData
@@ -63,8 +69,13 @@ class Exporter:
         stream = collapse_runs(agent_data.prompt_ids, self.placeholder_ids)
         return rendered != self.context.tokenizer.decode(stream, skip_special_tokens=False)
 
+    def _left_out(self, agent_data: LoopAgentData) -> int:
+        """The images the next sample leaves out of the context (``keep_last_images``)."""
+        return images_left_out(len(agent_data.image_data), self.context.options.keep_last_images)
+
     def _history_messages(self, agent_data: LoopAgentData, state: TrajectoryState) -> list[dict]:
-        return rendered_history(self.context, agent_data, state)
+        """The conversation as the next sample renders it: every image but the window's as a note."""
+        return windowed(rendered_history(self.context, agent_data, state), self._left_out(agent_data))
 
     def _rendered_text(self, agent_data: LoopAgentData, state: TrajectoryState) -> str:
         from verl.utils.tokenizer.chat_template import apply_chat_template
@@ -88,7 +99,7 @@ class Exporter:
         context = self.context
         mm_inputs: dict = {}
         tools = context.tool_format.template_tools(agent_data._active_tool_schemas)
-        messages = self._history_messages(agent_data, state)
+        messages, left_out = self._history_messages(agent_data, state), self._left_out(agent_data)
         # the builder itself, not verl's ct_build_initial_tokens, which caps a prompt at rollout.prompt_length; its
         # token ids need each image's grid, not its pixels (the store's processor gives none; mm_inputs serves the
         # videos' payload only)
@@ -97,7 +108,7 @@ class Exporter:
             lambda: context.build_initial_tokens(
                 messages,
                 tools=tools,
-                images=agent_data.image_data,
+                images=agent_data.image_data[left_out:],
                 videos=agent_data.video_data,
                 audios=agent_data.audio_data,
                 mm_inputs_out=mm_inputs,
@@ -120,8 +131,10 @@ class Exporter:
                 list(agent_data.response_logprobs[:end]),
                 last.images_before,
                 last.routed_experts,
+                first_image=state.first_image,
             )
         )
+        state.first_image = left_out
         agent_data.prompt_ids = rendered
         agent_data.mm_processor_output = context.video_payload(agent_data.video_data, mm_inputs)
         agent_data.response_mask = [0] * history

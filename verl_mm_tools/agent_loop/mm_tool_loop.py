@@ -131,7 +131,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         """The loop's settings, checked, and what its parts read of it (they never hold the loop)."""
         check_pixel_bounds(options, setup.geometry)
         setup.check_step_hook(options)  # these two: once per worker and option value
-        setup.check_export(options.export)
+        setup.check_export(options)
         placeholder_ids = setup.placeholder_ids
         return LoopContext(
             tokenizer=setup.tokenizer,  # verl's, as transformers makes them (verl annotates the Auto factories)
@@ -255,6 +255,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             return state.stop(StopReason.LENGTH_LIMIT)
         if state.turns and await self.exporter.new_sample(agent_data, state) is None:
             return state.stop(StopReason.LENGTH_LIMIT)  # the rendered history alone fills the response budget
+        cast(CheckedEngine, self.server_manager).first_image = state.first_image  # the images in context
         tokens_left = self.response_length - len(agent_data.response_mask)
         limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
         turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))

@@ -66,12 +66,13 @@ class OutputBuilder:
             agent_data.response_logprobs,
             len(agent_data.image_data),
             agent_data.routed_experts,
+            first_image=state.first_image,
         )
         image_tokens = self._image_tokens(agent_data.image_data, agent_data.mm_processor_kwargs)
         outputs = []
         for index, sample in enumerate([*state.samples, current]):
             output, spans = self._output(agent_data, sample, state.sample_turns(index))
-            problems = self._problems(output, image_tokens[: sample.images])
+            problems = self._problems(output, image_tokens[sample.first_image : sample.images])
             if problems:
                 raise TrajectoryValidationError(f"training sample {index + 1}: " + "; ".join(problems))
             outputs.append((output, spans))
@@ -122,7 +123,7 @@ class OutputBuilder:
             response_ids=sample.token_ids[first:][:limit][shift:],
             response_mask=sample.response_mask[:limit][shift:],
             response_logprobs=sample.response_logprobs[shift:limit] if sample.response_logprobs else None,
-            multi_modal_data=_multi_modal_data(agent_data, agent_data.image_data[: sample.images]),
+            multi_modal_data=_multi_modal_data(agent_data, agent_data.image_data[sample.first_image : sample.images]),
             mm_processor_kwargs=agent_data.mm_processor_kwargs,
             mm_processor_output=agent_data.mm_processor_output,
             num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,

@@ -71,10 +71,12 @@ class WorkerSetup:
         """Dumps and turn credit need the trainer-side step hook; without it, say once what the run lacks."""
         self._once(("step hook", bool(options.dump_dir)), lambda: _check_step_hook(self, options))
 
-    def check_export(self, export: Export) -> None:
+    def check_export(self, options: MMToolLoopConfig) -> None:
         """Several samples per trajectory need verl's v1 trainer and our v1 manager; a template that rewrites history
         deserves per_turn (said once)."""
-        self._once(("export", export), lambda: _check_export(self.trainer_config, export, self.traits))
+        export = options.export
+        chosen = f" (chosen by keep_last_images={options.keep_last_images})" if options.keep_last_images else ""
+        self._once(("export", export), lambda: _check_export(self.trainer_config, export, self.traits, chosen))
 
     def _once(self, key: Hashable, check: Callable[[], None]) -> None:
         """Runs a check the first time its key comes; one that raised runs again for the next loop."""
@@ -171,24 +173,24 @@ def _check_step_hook(setup: WorkerSetup, options: MMToolLoopConfig) -> None:
         )
 
 
-def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits) -> None:
+def _check_export(trainer_config: DictConfig, export: Export, traits: TemplateTraits, chosen: str = "") -> None:
     if export is not Export.PER_TRAJECTORY and uses_fully_async_trainer(trainer_config):
         raise ConfigError(
-            f"mm_tool export={export.value!r} returns several training samples per trajectory, which verl's fully "
-            "async trainer does not take (its rollouter's agent-loop worker takes one output per trajectory). Use "
-            "export: per_trajectory, or verl's v1 trainer (python -m verl.trainer.main_ppo)."
+            f"mm_tool export={export.value!r}{chosen} returns several training samples per trajectory, which verl's "
+            "fully async trainer does not take (its rollouter's agent-loop worker takes one output per trajectory). "
+            "Use export: per_trajectory, or verl's v1 trainer (python -m verl.trainer.main_ppo)."
         )
     if export is not Export.PER_TRAJECTORY and not uses_v1_trainer(trainer_config):
         raise ConfigError(
-            f"mm_tool export={export.value!r} returns several training samples per trajectory, which only verl's v1 "
-            "trainer takes (trainer.use_v1=true, verl's default); this run uses the classic trainer "
+            f"mm_tool export={export.value!r}{chosen} returns several training samples per trajectory, which only "
+            "verl's v1 trainer takes (trainer.use_v1=true, verl's default); this run uses the classic trainer "
             "(trainer.use_v1=false). Use the v1 trainer, or export: per_trajectory."
         )
     if export is not Export.PER_TRAJECTORY and not multi_sample_manager_configured(trainer_config):
         raise ConfigError(
-            f"mm_tool export={export.value!r} returns several samples per trajectory, and verl 0.9.1's v1 agent-loop "
-            "worker crashes scoring several samples of a Qwen-VL model (it stacks their (4, L) position ids along the "
-            f"wrong dimension). Add {MANAGER_TQ_OVERRIDE} (verl's manager, scoring the final sample alone)."
+            f"mm_tool export={export.value!r}{chosen} returns several samples per trajectory, and verl 0.9.1's v1 "
+            "agent-loop worker crashes scoring several samples of a Qwen-VL model (it stacks their (4, L) position ids "
+            f"along the wrong dimension). Add {MANAGER_TQ_OVERRIDE} (verl's manager, scoring the final sample alone)."
         )
     if export is Export.PER_TRAJECTORY and not traits.prefix_stable:
         logger.warning(

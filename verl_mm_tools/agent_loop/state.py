@@ -133,8 +133,9 @@ class SampleCut:
     token_ids: list[int]  # prompt and response
     response_mask: list[int]  # over the tokens after the trajectory's first prompt length (the loop's convention)
     response_logprobs: list[float]
-    images: int  # how many of the trajectory's images the tokens hold
+    images: int  # the tokens hold the trajectory's images before this one: image_data[first_image:images]
     routed_experts: Routing | None = None  # the engine's MoE routing over the tokens (None unless it returns it)
+    first_image: int = 0  # the images before it left the context (``keep_last_images``)
 
 
 @dataclass
@@ -153,6 +154,7 @@ class TrajectoryState:
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
+    first_image: int = 0  # the current sample's first image in context: the earlier ones left it (keep_last_images)
     request_id: str = ""  # verl's, once the trajectory has one
     features: ImageFeatureStore | None = None  # each image's processor output (None for a model that sees none)
 
@@ -183,8 +185,10 @@ class TrajectoryState:
         stats.processor_runs, stats.float_images = features.runs, features.floats
         images = [(output.multi_modal_data or {}).get("images") or [] for output in outputs]
         stats.sample_image_bytes = [features.payload_bytes(sample) for sample in images]
+        # every sample's (with keep_last_images the final one holds only the last few), each object once
+        held = list({id(image): image for sample in images for image in sample}.values())
         # off the event loop (hashing releases the GIL): 16 images of 1024 px took ~100 ms of it
-        stats.distinct_images = await asyncio.to_thread(distinct_image_bytes, images[-1])
+        stats.distinct_images = await asyncio.to_thread(distinct_image_bytes, held)
         for output in outputs:
             output.hand_images(features)
 
@@ -283,15 +287,13 @@ class Checkpoint:
 
     messages: int
     images: int
-    budget: tuple[int, int] | None
 
     @classmethod
     def of(cls, agent_data: LoopAgentData, state: TrajectoryState) -> Checkpoint:
-        budget = (state.budget.images, state.budget.tokens) if state.budget else None
-        return cls(len(agent_data.messages), len(agent_data.image_data), budget)
+        return cls(len(agent_data.messages), len(agent_data.image_data))
 
     def restore(self, agent_data: LoopAgentData, state: TrajectoryState) -> None:
         del agent_data.messages[self.messages :]
         state.workspace.truncate(self.images)
-        if state.budget is not None and self.budget is not None:
-            state.budget.images, state.budget.tokens = self.budget
+        if state.budget is not None:
+            state.budget.truncate(self.images)

@@ -151,6 +151,13 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
     if not ours:
         ours = [{"name": LOOP_NAME, "_target_": LOOP_TARGET}]
         entries.append(ours[0])
+    if ours[0].get("keep_last_images") is not None or ours[0].get("export", "per_trajectory") != "per_trajectory":
+        raise ConfigError(
+            f"--loop-config {options.loop_config}: the mm_tool entry sets keep_last_images="
+            f"{ours[0].get('keep_last_images')} / export={ours[0].get('export')}, which make several training "
+            "samples per trajectory; eval scores one per trajectory and does not take them yet. Evaluate with "
+            "a copy of the agent-loop YAML without them (the model then sees every image)."
+        )
     ours[0].update(
         dump_dir=str(options.out / mode / DUMP_FOLDER),
         dump_max_per_step=options.batch_size * options.samples,  # a batch: its prompts' samples, every one dumped

@@ -118,7 +118,7 @@ def check_fields(record: dict) -> None:
     for position, turn in enumerate(items(record.get("turns"), "turns")):
         _turn(turn, f"turns[{position}]", image_count)
     for position, sample in enumerate(items(record.get("samples"), "samples")):
-        _training_sample(sample, f"samples[{position}]")
+        _training_sample(sample, f"samples[{position}]", image_count)
     _chat(record.get("chat"), image_count)
     for key, value in mapping(record.get("mask"), "mask").items():
         count(value, f"mask.{key}")
@@ -204,10 +204,15 @@ def _weight_versions(value: object, where: str) -> None:
     count(value[1], f"{where}[1]", minimum=value[0], optional=False)
 
 
-def _training_sample(value: object, where: str) -> None:
+def _training_sample(value: object, where: str, image_count: int) -> None:
     sample = mapping(value, where, optional=False)
     for key in ("sample", "prompt_tokens", "response_tokens", "trained_tokens", "images"):
         count(sample.get(key), f"{where}.{key}", optional=False)
+    left_out = sample.get("images_left_out")  # version 6 on
+    count(left_out, f"{where}.images_left_out")
+    if isinstance(left_out, int) and left_out + sample["images"] > image_count:
+        most = image_count - sample["images"]
+        raise _fail(f"{where}.images_left_out", f"at most {most} (the record's images less the sample's)", left_out)
     each(sample.get("turns"), f"{where}.turns", lambda turn, at: count(turn, at, minimum=1, optional=False))
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 from PIL import Image
 
+from verl_mm_tools.image_window import windowed
 from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import LoadedRecord
@@ -162,7 +163,9 @@ def _images(item: LoadedRecord) -> list[Image.Image]:
 def sample_tokens(
     record: dict, sample: dict, messages: list[dict], images: list[Image.Image], chat: dict, renderer: ChatRenderer
 ) -> tuple[list[int], list[int], bool]:
-    """One training sample's prompt and response ids, and whether their counts are the record's."""
+    """One training sample's prompt and response ids, and whether their counts are the record's: the conversation
+    as the sample's context held it, its first ``images_left_out`` images as notes (``keep_last_images``)."""
+    messages, images = in_context(sample, messages, images)
     assistant_at = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
     turns = sample.get("turns") or []
     start = assistant_at[turns[0] - 1] if turns else (assistant_at[0] if assistant_at else len(messages))
@@ -181,6 +184,15 @@ def sample_tokens(
     response = full[len(prompt) :][:recorded]
     matches = full[: len(prompt)] == prompt and len(prompt) == sample["prompt_tokens"] and len(response) == recorded
     return prompt, response, matches
+
+
+def in_context(sample: dict, messages: list[dict], images: list) -> tuple[list[dict], list]:
+    """The conversation and its images as the training ``sample``'s context held them (``image_window``)."""
+    left_out = sample.get("images_left_out") or 0
+    try:
+        return windowed(messages, left_out), images[left_out:]
+    except ValueError as error:
+        raise RecordError(f"sample {sample.get('sample')}: images_left_out={left_out}, but {error}") from None
 
 
 def _images_in(messages: list[dict], images: list[Image.Image]) -> list[Image.Image]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.image_window import windowed
 from verl_mm_tools.record import RecordError, chat_image_ids
 from verl_mm_tools.trajectories.read import (
     EXPORT_MARKER,
@@ -155,17 +156,50 @@ def record_rows(item: LoadedRecord, per_turn: bool) -> list[dict]:
             f"{item.path}: record version {item.record.get('version')} has no rendered conversation ('chat', "
             f"records of version {CHAT_VERSION} on); re-record it with this verl-mm-tools"
         )
-    messages = [_sft_message(item, message) for message in chat["messages"]]
-    assistant_ends = [index + 1 for index, message in enumerate(messages) if message["role"] == "assistant"]
+    assistant_ends = [index + 1 for index, message in enumerate(chat["messages"]) if message["role"] == "assistant"]
     if not assistant_ends:
         raise RecordError(f"{item.path}: no assistant message to train on")
-    ends = assistant_ends if per_turn else assistant_ends[-1:]
+    left_outs = _images_left_out(item, len(assistant_ends), per_turn)
+    if not any(left_outs):
+        return _rows(item, chat, assistant_ends if per_turn else assistant_ends[-1:])
+    # keep_last_images: each turn's row is the context its sample held, earlier images as notes
+    rows = []
+    for end, left_out in zip(assistant_ends, left_outs, strict=True):
+        window = {**chat, "messages": windowed(chat["messages"][:end], left_out)}
+        rows += _rows(item, window, [end], chat_image_ids(chat)[left_out:])
+    return rows
+
+
+def _rows(item: LoadedRecord, chat: dict, ends: list[int], image_ids: list[int] | None = None) -> list[dict]:
+    """A row per end (an assistant message's index + 1) of ``chat``, whose image parts show ``image_ids`` in order
+    (the chat's own by default)."""
+    messages = [_sft_message(item, message) for message in chat["messages"]]
+    ids = chat_image_ids(chat) if image_ids is None else image_ids
     # a row's images are the chat's first ones (numbered in placeholder order), one per "<image>" (a literal one in
     # a text is refused); read once for the rows that share them, none after the last row's messages
-    pngs = [
-        item.image_file(image_id).read_bytes() for image_id in chat_image_ids(chat)[: _images(messages[: ends[-1]])]
-    ]
+    pngs = [item.image_file(image_id).read_bytes() for image_id in ids[: _images(messages[: ends[-1]])]]
     return [_row(item, chat, messages[:end], pngs[: _images(messages[:end])]) for end in ends]
+
+
+def _images_left_out(item: LoadedRecord, assistant_messages: int, per_turn: bool) -> list[int]:
+    """Per assistant message, the images its sample's context left out (``keep_last_images``; version 6 on)."""
+    samples, turns = item.record.get("samples") or [], item.record.get("turns") or []
+    at = [turn.get("sample") or 0 for turn in turns]
+    left_outs = [samples[sample].get("images_left_out") or 0 for sample in at if sample < len(samples)]
+    if not any(left_outs):
+        return [0] * assistant_messages
+    if not per_turn:
+        raise RecordError(
+            f"{item.path}: the loop's keep_last_images left earlier images out of its later turns' context, so no "
+            "one conversation is what the model saw at every turn; export it with --per-turn (a row per turn, as "
+            "its context held it)"
+        )
+    if len(left_outs) < assistant_messages:
+        raise RecordError(
+            f"{item.path}: {assistant_messages} assistant messages but {len(left_outs)} turns with a training "
+            "sample: which images each turn saw is unknown"
+        )
+    return left_outs[:assistant_messages]
 
 
 def _images(messages: list[dict]) -> int:
