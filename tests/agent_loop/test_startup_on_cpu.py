@@ -122,7 +122,10 @@ def test_the_option_checks_run_once_per_worker_and_option_value(tiny_model_dir, 
         with pytest.raises(ConfigError, match=r"^mm_tool dump_dir needs verl-mm-tools' step hook"):
             setup.check_step_hook(dumping)
         with pytest.raises(ConfigError, match=r"^mm_tool export='per_turn' returns several samples per trajectory"):
-            setup.check_export(Export.PER_TURN)
+            setup.check_export(MMToolLoopConfig(export="per_turn"))
+    windowed = MMToolLoopConfig.from_options({"keep_last_images": 2}, limit_images=None)
+    with pytest.raises(ConfigError, match=r"^mm_tool export='auto' \(chosen by keep_last_images=2\) returns several"):
+        setup.check_export(windowed)
     assert setup._passed == {("step hook", False), ("export", Export.PER_TRAJECTORY)}
 
     # another worker's config: its loops check (and warn) again, once
