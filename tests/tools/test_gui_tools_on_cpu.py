@@ -12,9 +12,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.envs import Sample, check_gui_tool
 from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE, OFFERED_TASKS, POOL, MiniWoBEnv
 from verl_mm_tools.files import STATE_ATTR, FileRoots
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import unpadded_row
 from verl_mm_tools.runtime.miniwob_oracle import oracle_script
 from verl_mm_tools.runtime.rollout import LocalRollout
@@ -76,6 +78,31 @@ def test_the_oracle_solves_every_offered_task_through_the_loop(gui_rollout):
     # every request showed the screenshots at the size the processor keeps: 160x210 px pages as 168x224
     assert sizes == {(168, 224)}
     assert POOL.launched - launched <= len(tasks)
+
+
+def test_with_keep_last_images_each_turn_sees_only_the_latest_screenshot(gui_rollout):
+    """enter-text takes three actions (the last ends the episode): with keep_last_images=1 every turn's context holds
+    one screenshot (earlier ones as notes), each turn is a sample of its own holding it, and the oracle still solves
+    it."""
+    output, server, worker = run_miniwob(
+        gui_rollout,
+        oracle_script,
+        ["enter-text"],
+        [7],
+        per_sample=True,
+        score=True,
+        loop_options={"keep_last_images": 1},
+        extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *REWARD),
+        max_turns=6,
+        prompt_length=2048,  # the test worker pads every sample's prompt to it (verl's v1 worker keeps them unpadded)
+    )
+    assert [len(request["images"]) for request in server.requests] == [1, 1, 1]
+    assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[k, 3] for k in range(3)]
+    assert [len(inputs["image_grid_thw"]) for inputs in output.non_tensor_batch["multi_modal_inputs"]] == [1, 1, 1]
+    assert output.non_tensor_batch["mm_tool/stop_reason"][-1] == "episode_done"
+    assert output.batch["rm_scores"][-1].sum().item() == 1.0
+    last_prompt = worker.tokenizer.decode(server.requests[-1]["prompt_ids"])
+    assert all(f"(Image {n} is no longer shown.)" in last_prompt for n in (1, 2))
 
 
 def test_a_point_on_the_shown_screenshot_lands_on_the_page_exactly(gui_rollout):
