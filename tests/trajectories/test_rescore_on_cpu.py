@@ -235,28 +235,34 @@ def test_an_eval_output_is_rescored_into_evals_report(eval_out, tmp_path):
     assert all(record_of(out, row)["step"] == 0 and record_of(out, row)["validate"] for row in rows)
 
 
-@pytest.fixture(scope="module")
-def per_turn_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
-    """The four scripts exported per turn (one sample per assistant turn, scored on the last as verl's v1 manager
-    does) with a 100-token response budget, which cuts the double rotation's second call: a dump of one step."""
+def multi_sample_dump(model_dir, tokenizer, workdir: Path, loop_options: dict, **run_kwargs) -> Path:
+    """A dump of one step of the four scripts exported as several samples per trajectory (``loop_options``), scored
+    on the last as verl's v1 manager does."""
     from verl_mm_tools.step_hook.manager import step_batch
     from verl_mm_tools.step_hook.step import process_step
 
-    workdir = tmp_path_factory.mktemp("per_turn")
     (workdir / "tools.yaml").write_text(ROTATE_TOOLS_YAML)
     prompts, columns = sample_rows(WORDS)
-    output, _, _ = LocalRollout(tiny_model_dir, workdir / "tools.yaml", workdir).run(
-        scripted_by_word(tiny_tokenizer),
+    output, _, _ = LocalRollout(model_dir, workdir / "tools.yaml", workdir).run(
+        scripted_by_word(tokenizer),
         prompts,
         columns=columns,
         per_sample=True,
         score=True,
-        response_length=100,
-        loop_options={"export": "per_turn", "dump_dir": str(workdir / "dump")},
+        loop_options={**loop_options, "dump_dir": str(workdir / "dump")},
         extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True), *REWARD_OVERRIDES),
+        **run_kwargs,
     )
     process_step(step_batch(output, {"global_steps": 1}))
     return workdir / "dump"
+
+
+@pytest.fixture(scope="module")
+def per_turn_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    """The four scripts exported per turn (one sample per assistant turn) with a 100-token response budget, which
+    cuts the double rotation's second call."""
+    workdir = tmp_path_factory.mktemp("per_turn")
+    return multi_sample_dump(tiny_model_dir, tiny_tokenizer, workdir, {"export": "per_turn"}, response_length=100)
 
 
 def test_a_per_turn_dump_with_a_length_cut_turn_rescores_as_training_scored_it(per_turn_dump, tmp_path):
@@ -287,24 +293,9 @@ def test_a_per_turn_dump_with_a_length_cut_turn_rescores_as_training_scored_it(p
 @pytest.fixture(scope="module")
 def windowed_dump(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
     """The four scripts with keep_last_images=1 (export auto): the double rotation's turns 2 and 3 each see only the
-    latest image, each a sample of its own; a dump of one step."""
-    from verl_mm_tools.step_hook.manager import step_batch
-    from verl_mm_tools.step_hook.step import process_step
-
+    latest image, each a sample of its own."""
     workdir = tmp_path_factory.mktemp("windowed")
-    (workdir / "tools.yaml").write_text(ROTATE_TOOLS_YAML)
-    prompts, columns = sample_rows(WORDS)
-    output, _, _ = LocalRollout(tiny_model_dir, workdir / "tools.yaml", workdir).run(
-        scripted_by_word(tiny_tokenizer),
-        prompts,
-        columns=columns,
-        per_sample=True,
-        score=True,
-        loop_options={"keep_last_images": 1, "dump_dir": str(workdir / "dump")},
-        extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True), *REWARD_OVERRIDES),
-    )
-    process_step(step_batch(output, {"global_steps": 1}))
-    return workdir / "dump"
+    return multi_sample_dump(tiny_model_dir, tiny_tokenizer, workdir, {"keep_last_images": 1})
 
 
 def test_a_windowed_dump_rescores_with_each_samples_own_context(windowed_dump, tmp_path):
