@@ -94,13 +94,17 @@ def test_with_keep_last_images_each_turn_sees_only_the_latest_screenshot(gui_rol
         loop_options={"keep_last_images": 1},
         extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *REWARD),
         max_turns=6,
-        prompt_length=2048,  # the test worker pads every sample's prompt to it (verl's v1 worker keeps them unpadded)
     )
     assert [len(request["images"]) for request in server.requests] == [1, 1, 1]
     assert [fields.sample for fields in SampleFields.every_row(output.non_tensor_batch)] == [[k, 3] for k in range(3)]
     assert [len(inputs["image_grid_thw"]) for inputs in output.non_tensor_batch["multi_modal_inputs"]] == [1, 1, 1]
     assert output.non_tensor_batch["mm_tool/stop_reason"][-1] == "episode_done"
     assert output.batch["rm_scores"][-1].sum().item() == 1.0
+    # the later samples' prompts are wider than rollout.prompt_length: the first row holds verl's own left pads (to
+    # it) and the batch's (to the widest), with the same position ids
+    pads = output.batch["attention_mask"][0] == 0
+    assert output.batch["prompts"].size(1) > 1024 and pads.sum() > output.batch["prompts"].size(1) - 1024
+    assert [set(row[pads].tolist()) for row in output.batch["position_ids"][0]] == [{1}, {0}, {0}, {0}]
     last_prompt = worker.tokenizer.decode(server.requests[-1]["prompt_ids"])
     assert all(f"(Image {n} is no longer shown.)" in last_prompt for n in (1, 2))
 

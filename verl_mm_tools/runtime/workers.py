@@ -101,9 +101,44 @@ def per_sample_worker_class() -> type:
             repeated = {
                 key: np.repeat(values, counts, axis=0) for key, values in (input_non_tensor_batch or {}).items()
             }
-            return super()._postprocess([sample for samples in inputs for sample in samples], repeated, **kwargs)
+            samples = [sample for trajectory in inputs for sample in trajectory]
+            padded = prompts_padded_alike(samples, self.tokenizer.pad_token_id)
+            return super()._postprocess(padded, repeated, **kwargs)
 
     return PerSampleAgentLoopWorker
+
+
+def prompts_padded_alike(samples: list[_InternalAgentLoopOutput], pad_id: int) -> list[_InternalAgentLoopOutput]:
+    """The samples with their prompts left-padded to the widest one's. verl's classic worker pads each prompt to
+    ``rollout.prompt_length``, and a later sample of a trajectory holds the earlier turns in its prompt, so it can be
+    wider; verl's v1 worker, which stores each sample unpadded, takes it as it is. The pads are what verl's own left
+    padding holds: ``pad_id`` tokens, attention 0, and position 0, but 1 in the text row of M-RoPE's (1, 4, L)
+    position ids (verl's text row starts from ones; transformers' ``get_rope_index`` leaves pads at 0, as
+    ``compute_position_id_with_mask`` does); a valid token's positions do not depend on the pads."""
+    import torch
+
+    widest = max(sample.prompt_ids.size(1) for sample in samples)
+    padded = []
+    for sample in samples:
+        pad = widest - sample.prompt_ids.size(1)
+        if not pad:
+            padded.append(sample)
+            continue
+        if sample.teacher_ids is not None or sample.routed_experts is not None:
+            raise NotImplementedError("padding a sample with teacher log-probs or MoE routing to a wider prompt")
+        ids = torch.full((1, pad), pad_id, dtype=sample.prompt_ids.dtype)
+        positions = sample.position_ids
+        pad_positions = positions.new_zeros((*positions.shape[:-1], pad))
+        if positions.dim() == 3:  # M-RoPE's (1, 4, L): verl's text row pads with 1
+            pad_positions[:, 0] = 1
+        update = {
+            "prompt_ids": torch.cat([ids, sample.prompt_ids], dim=1),
+            "input_ids": torch.cat([ids, sample.input_ids], dim=1),
+            "attention_mask": torch.cat([torch.zeros_like(ids), sample.attention_mask], dim=1),
+            "position_ids": torch.cat([pad_positions, positions], dim=-1),
+        }
+        padded.append(sample.model_copy(update=update))
+    return padded
 
 
 def in_process_manager(config: DictConfig) -> tuple[MMToolAgentLoopManager, Any]:
