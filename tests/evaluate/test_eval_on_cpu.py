@@ -11,13 +11,22 @@ import pandas as pd
 import pytest
 from chat_servers import ScriptedChatServer, answer, api_call, prometheus_counter, transformers_server, vllm_server
 
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
 from verl_mm_tools.cli import main
 from verl_mm_tools.data.common import image_row, write_parquet
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.evaluate.checkpoint import CheckpointClient, model_dir
 from verl_mm_tools.evaluate.endpoint import EndpointClient, EndpointSettings
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
-from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate, loop_entries, sampling_overrides
+from verl_mm_tools.evaluate.run import (
+    NO_TOOLS,
+    TOOLS,
+    EvalOptions,
+    evaluate,
+    loop_entries,
+    sampling_overrides,
+    trainer_overrides,
+)
 from verl_mm_tools.testkit.sample_dump import sample_image
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 from verl_mm_tools.trajectories.read import load_records
@@ -409,11 +418,12 @@ def test_the_training_runs_loop_options_apply_with_dumps_for_every_row(data, tmp
             "max_masked_fraction": 1.0,
         },
     ]
+    # a loop of several samples per trajectory runs as on verl's v1 trainer (its final sample scored)
+    assert "trainer.use_v1=false" in trainer_overrides(options, NO_TOOLS)
+    loops.write_text("- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, keep_last_images: 2}\n")
+    assert {"trainer.use_v1=true", MANAGER_TQ_OVERRIDE} <= set(trainer_overrides(options, NO_TOOLS))
     loops.write_text("name: mm_tool\n")
     with pytest.raises(ConfigError, match="expected verl's agent-loop YAML, a list of entries"):
-        loop_entries(options, NO_TOOLS)
-    loops.write_text("- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, keep_last_images: 2}\n")
-    with pytest.raises(ConfigError, match="keep_last_images=2 / export=None, which make several training samples"):
         loop_entries(options, NO_TOOLS)
 
 

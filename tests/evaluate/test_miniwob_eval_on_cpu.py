@@ -25,9 +25,15 @@ def miniwob_val(tmp_path_factory):
     return out / "val.parquet"
 
 
-def run_eval(data: Path, out: Path, model_path: str, script) -> dict:
+def run_eval(data: Path, out: Path, model_path: str, script, loop_config: Path | None = None) -> dict:
     options = EvalOptions(
-        data=data, out=out, model_path=model_path, tools_yaml=GUI_TOOLS_YAML, max_turns=5, prompt_length=2048
+        data=data,
+        out=out,
+        model_path=model_path,
+        tools_yaml=GUI_TOOLS_YAML,
+        max_turns=5,
+        prompt_length=2048,
+        loop_config=loop_config,
     )
     return evaluate(options, lambda tokenizer: ScriptedClient(tokenizer, script))["modes"]["tools"]
 
@@ -45,3 +51,15 @@ def test_eval_reports_success_per_task(miniwob_val, tiny_model_dir, tmp_path):
     assert {source: (figures["success_rate"], figures["reward_mean"]) for source, figures in idle.items()} == {
         f"miniwob/{task}": (0.0, -1.0) for task in TASKS
     }
+
+
+def test_eval_with_keep_last_images_scores_each_episodes_final_sample(miniwob_val, tiny_model_dir, tmp_path):
+    """The training run's keep_last_images=1: each turn a sample of its own, seeing one screenshot; the report reads
+    each trajectory's final sample, one row per episode, and the oracle still solves every task."""
+    loops = tmp_path / "agent_loops.yaml"
+    loops.write_text("- {name: mm_tool, _target_: verl_mm_tools.agent_loop.MMToolAgentLoop, keep_last_images: 1}\n")
+    report = run_eval(miniwob_val, tmp_path / "windowed", str(tiny_model_dir), oracle_script, loops)
+    assert {source: (figures["rows"], figures["success_rate"]) for source, figures in report.items()} == {
+        f"miniwob/{task}": (1, 1.0) for task in TASKS
+    }
+    assert report["miniwob/enter-text"]["tool_calls_per_trajectory"] == 3.0

@@ -98,11 +98,12 @@ class EvalOptions:
 def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
     """verl's trainer config for one mode: the classic step hook (it publishes the dumps), the reward manager, the
     loop (``loop_entries``), no rollout log-probs (an endpoint has none to give); the user's overrides last."""
-    from verl_mm_tools.runtime.config import CLASSIC_HOOK
+    from verl_mm_tools.runtime.config import CLASSIC_HOOK, V1_SAMPLES
 
     loops_yaml = options.out / mode / "agent_loops.yaml"
     loops_yaml.parent.mkdir(parents=True, exist_ok=True)
-    loops_yaml.write_text(json.dumps(loop_entries(options, mode)))
+    entries = loop_entries(options, mode)
+    loops_yaml.write_text(json.dumps(entries))
     overrides = [
         "actor_rollout_ref.rollout.name=vllm",  # any name: the worker talks to the client it is handed
         "actor_rollout_ref.rollout.calculate_log_probs=false",
@@ -113,7 +114,7 @@ def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
         f"data.max_response_length={options.response_length}",
         "data.return_raw_chat=true",
         "reward.reward_manager.name=mm_turn_discount",
-        *CLASSIC_HOOK,
+        *(V1_SAMPLES if several_samples(entries) else CLASSIC_HOOK),
         *sampling_overrides(options),
     ]
     if options.reward_fn:
@@ -121,6 +122,15 @@ def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
     if mode == TOOLS:
         overrides.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={options.tools_yaml}")
     return [*overrides, *options.overrides]
+
+
+def several_samples(entries: list[dict]) -> bool:
+    """Whether the mm_tool entry makes several training samples per trajectory (``export`` per_turn or auto, or
+    ``keep_last_images``, which chooses auto)."""
+    from verl_mm_tools.plugin import LOOP_NAME
+
+    ours = next(entry for entry in entries if entry.get("name") == LOOP_NAME)  # loop_entries adds one
+    return ours.get("keep_last_images") is not None or ours.get("export", "per_trajectory") != "per_trajectory"
 
 
 def sampling_overrides(options: EvalOptions) -> list[str]:
@@ -151,13 +161,6 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
     if not ours:
         ours = [{"name": LOOP_NAME, "_target_": LOOP_TARGET}]
         entries.append(ours[0])
-    if ours[0].get("keep_last_images") is not None or ours[0].get("export", "per_trajectory") != "per_trajectory":
-        raise ConfigError(
-            f"--loop-config {options.loop_config}: the mm_tool entry sets keep_last_images="
-            f"{ours[0].get('keep_last_images')} / export={ours[0].get('export')}, which make several training "
-            "samples per trajectory; eval scores one per trajectory and does not take them yet. Evaluate with "
-            "a copy of the agent-loop YAML without them (the model then sees every image)."
-        )
     ours[0].update(
         dump_dir=str(options.out / mode / DUMP_FOLDER),
         dump_max_per_step=options.batch_size * options.samples,  # a batch: its prompts' samples, every one dumped
@@ -203,7 +206,10 @@ def _run_mode(
 
     config = compose_trainer_config(options.model_path, trainer_overrides(options, mode))
     with restored_loop_registry():
-        manager, worker = in_process_manager(config)
+        # several samples per trajectory: the worker makes a row of each, as verl's v1 worker does, and the report
+        # reads each trajectory's final one (``_final_samples``), the one training scores
+        per_sample = bool(config.trainer.use_v1)
+        manager, worker = in_process_manager(config, per_sample=per_sample)
         client = make_client(worker.tokenizer)
         worker.llm_client = client
         outputs = []
@@ -223,17 +229,25 @@ def _with_row_columns(output: DataProto, batch: DataProto, samples: np.ndarray) 
     without the batch's timings and step metrics (the report reads the rows)."""
     from verl_mm_tools.evaluate.report import SAMPLE_KEY
 
+    output = _final_samples(output)
     if len(output) != len(batch):
-        raise ConfigError(
-            f"{len(batch)} rows gave {len(output)} outputs: eval scores whole trajectories, leave the "
-            "mm_tool loop's export at per_trajectory"
-        )
+        raise ConfigError(f"{len(batch)} rows gave {len(output)} trajectories: eval scores one per row")
     for key in ROW_COLUMNS:
         if key in batch.non_tensor_batch:
             output.non_tensor_batch[key] = batch.non_tensor_batch[key]
     output.non_tensor_batch[SAMPLE_KEY] = samples
     output.meta_info.clear()
     return output
+
+
+def _final_samples(output: DataProto) -> DataProto:
+    """Each trajectory's final training sample: the one holding its whole statistics and scored, as verl's v1 trainer
+    scores it (a trajectory of several samples: ``export`` per_turn or auto, ``keep_last_images``)."""
+    from verl_mm_tools.handoff import SampleFields
+
+    rows = SampleFields.rows(output.non_tensor_batch, len(output))
+    final = [row for row, fields in enumerate(rows) if fields is None or fields.sample[0] == fields.sample[1] - 1]
+    return output if len(final) == len(output) else output.select_idxs(final)
 
 
 def _batches(

@@ -7,11 +7,14 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from verl_mm_tools.agent_loop.hook_config import hook_overrides
+from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE, hook_overrides
 
 # The runtime runs verl's classic agent-loop worker in-process: configs that stand for a trainer run select the
 # classic trainer and its step hook, the manager.
 CLASSIC_HOOK = ("trainer.use_v1=false", *hook_overrides(v1=False))
+# ... or, for a loop that makes several samples per trajectory, the v1 trainer that takes them (with the manager
+# that scores them), which the in-process per-sample worker stands for (``workers.per_sample_worker_class``)
+V1_SAMPLES = ("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True))
 
 
 def compose_trainer_config(model_path: str, overrides: Sequence[str] = ()) -> DictConfig:

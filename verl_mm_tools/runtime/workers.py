@@ -141,13 +141,14 @@ def prompts_padded_alike(samples: list[_InternalAgentLoopOutput], pad_id: int) -
     return padded
 
 
-def in_process_manager(config: DictConfig) -> tuple[MMToolAgentLoopManager, Any]:
+def in_process_manager(config: DictConfig, *, per_sample: bool = False) -> tuple[MMToolAgentLoopManager, Any]:
     """``MMToolAgentLoopManager`` over one in-process AgentLoopWorker (no Ray), and that worker, whose
     ``llm_client`` the caller sets: trajectories scored by verl's reward worker in-process, the step hook publishing
-    dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``)."""
+    dumps. Call the manager's ``generate_sequences`` on verl's event loop (``generate``). ``per_sample``: the worker
+    takes loops that return several samples per trajectory (``make_worker``)."""
     from verl_mm_tools.step_hook.manager import MMToolAgentLoopManager
 
-    worker = make_worker(config, None)
+    worker = make_worker(config, None, per_sample=per_sample)
     worker.reward_loop_worker_handles = [InProcessActor(in_process_reward_worker(config))]
     manager = MMToolAgentLoopManager.__new__(MMToolAgentLoopManager)  # no Ray: the in-process worker is the actor
     manager.config = config
