@@ -6,7 +6,9 @@ an ``<image>`` placeholder per image, and the keys the template reads: ``tool_ca
 PNGs the model saw, in placeholder order), ``tools`` (the template's ``tools`` as JSON text, when it had any: verl
 reads it with this package's fix, ``adaptations/fixes/sft_tools_nulls.py``) and
 ``enable_thinking`` (when the loop set it). verl renders each message alone and trains every assistant message
-(its generation prompt excluded); ``--per-turn`` writes one row per assistant turn, the conversation up to it.
+(its generation prompt excluded); ``--per-turn`` writes one row per assistant turn, the conversation up to it. A
+record whose loop kept only the last images in context (``keep_last_images``, ``image_window``) is written per turn
+only, each row as its turn's context held it: the earlier images as notes.
 """
 
 from __future__ import annotations
