@@ -34,7 +34,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
 # checks they equal verl_mm_tools.demo.options' TASKS, TRAINERS and ROLLOUTS.
-DEMO_TASKS = ("learn", "learn_tool", "learn_zoom", "rotation", "zoom")
+DEMO_TASKS = ("click", "learn", "learn_tool", "learn_zoom", "rotation", "zoom")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_FULLY_ASYNC = "fully_async"  # verl's fully async trainer (demo.options.FULLY_ASYNC)
 DEMO_ROLLOUTS = ("vllm", "hf")
@@ -141,14 +141,15 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="zoom (default): the model learns to call zoom_in where the answer is too small to see, stops once "
         "reward and tool-call rate reach 0.9 (exit 3 if they do not); learn_zoom: the same from a warm start that "
         "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
-        "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; rotation: arrow pictures, "
-        "the loop's showcase of tool calls",
+        "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
+        "MiniWoB++'s click-test in headless Chromium, one click on one of four points (docs/gui.md); rotation: "
+        "arrow pictures, the loop's showcase of tool calls",
     )
     demo.add_argument(
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 40 zoom, 30 rotation, 80 learn, 120 learn_tool and learn_zoom)",
+        help="training steps (default: 40 zoom, 30 rotation, 80 learn and click, 120 learn_tool and learn_zoom)",
     )
     demo.add_argument(
         "--nodes",

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
@@ -16,6 +16,20 @@ from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+class FitSettings(Protocol):
+    """What a fit takes: its steps, learning rate, batch size and seed (a ``WarmStartSpec``, say)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
 
 READING_LR = 3e-3  # the premise's rate: at 1e-2 its fit answered at chance after 300 steps
 
@@ -63,7 +77,7 @@ def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
     }
 
 
-def fit(model: PreTrainedModel, examples: list[dict[str, torch.Tensor]], spec: WarmStartSpec) -> list[float]:
+def fit(model: PreTrainedModel, examples: list[dict[str, torch.Tensor]], spec: FitSettings) -> list[float]:
     """AdamW on the summed token loss (normalised by the batch's labelled tokens); returns the loss per step.
 
     The learning rate decays to 0 (cosine): the answer's prior then settles near the labels' overall mix. At a

@@ -87,7 +87,9 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
 
 def warm_started(task: DemoTask, model: Path, tools: Path, seed: int, sft: bool = False) -> Path:
     """The task's warm-started copy of ``model``: the custom fit, or (``sft``) verl's SFT trainer on recorded
-    demonstrations."""
+    demonstrations; or the task's own cold start."""
+    if task.cold_start is not None:
+        return task.cold_start(model, tools, seed, task.warm_start_steps)
     if sft:
         from verl_mm_tools.demo.cold_start import ColdStartSpec, sft_cold_started_model
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.step_metrics import CALL_RATE, REWARD_MEAN
-from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import CLICK_TOOLS_YAML, ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
 
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
 # 32 trajectories of ~600 tokens per step, one thread).
@@ -26,6 +26,13 @@ MICRO_BATCH = 8
 # exported as several samples once per sample)
 TRAINING_REWARD = REWARD_MEAN
 LEARNED_WINDOW = 5
+
+
+class ColdStart(Protocol):
+    """A task's own cold start (in place of the warm start's format tasks): the cold-started copy of ``model`` for
+    the tools in ``tools_yaml``, fitted for ``steps`` with ``seed``."""
+
+    def __call__(self, model: Path, tools_yaml: Path, seed: int, steps: int) -> Path: ...
 
 
 class DatasetWriter(Protocol):
@@ -61,6 +68,8 @@ class DemoTask:
     # Its warm start can be fitted by verl's own SFT trainer on demonstrations the loop recorded and export-sft wrote
     # (``demo --sft-warm-start``, demo.cold_start): verl's token loss is the custom fit's (demo.warm_start)
     sft_cold_start: bool = False
+    # A cold start of the task's own (the GUI task's: demonstrations on a browser), replacing warm_start_task's
+    cold_start: ColdStart | None = None
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
@@ -215,6 +224,38 @@ TASKS["zoom"] = replace(
     warm_start_steps=600,
     steps=40,
     warm_start_says="zoom_in calls and true answers after them, answers at once at chance; calls in half its turns",
+)
+
+
+def _write_click(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
+    from verl_mm_tools.demo.click_task import write_click_dataset
+
+    return write_click_dataset(out_dir, train_size=train_size, val_size=val_size, seed=seed)
+
+
+def _click_cold_start(model: Path, tools_yaml: Path, seed: int, steps: int) -> Path:
+    from verl_mm_tools.demo.click_task import click_cold_started_model
+
+    return click_cold_started_model(model, tools_yaml, seed, steps)
+
+
+# The GUI task: MiniWoB++'s click-test in headless Chromium, one click per episode on one of four points, from a cold
+# start that clicks them at random (demo.click_task). The learn task's RL settings with learn_zoom's guards of a
+# call's format (every answer here is a ~30-token call).
+TASKS["click"] = replace(
+    TASKS["learn_tool"],
+    name="click",
+    warm_start_task="click",
+    sft_cold_start=False,
+    cold_start=_click_cold_start,
+    warm_start_steps=200,
+    write_dataset=_write_click,
+    validation_metric="val-core/miniwob/click-test/acc/mean@1",
+    reward=(),  # the rows' own: environment_reward, MiniWoB's success
+    tools_yaml=CLICK_TOOLS_YAML,
+    chance_reward=0.25,
+    steps=80,
+    warm_start_says="clicks on the four points at random, a quarter of them on the button",
 )
 
 

@@ -9,3 +9,6 @@ ZOOM_TOOLS_YAML = (
     "tools:\n  - class_name: verl_mm_tools.tools.ZoomInTool\n    config:\n      type: native\n"
     "      target_side: 224\n      max_pixels: 50176\n"
 )
+
+# The click tool alone: the demo's GUI task (demo.click_task), one action per episode.
+CLICK_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.gui_tools.ClickTool\n    config:\n      type: native\n"

@@ -87,6 +87,41 @@ def test_a_wrong_click_ends_the_episode_with_minus_one_and_binary_rewards():
     run(main())
 
 
+def test_max_actions_ends_an_episode_undone_and_success_scores_it_zero():
+    async def main():
+        success, _ = await episode("click-button", 3, reward="success", max_actions=2)
+        raw, _ = await episode("click-test", 3, max_actions=1)
+        try:
+            no_button = Click(150.0, 200.0)
+            assert (await success.act(no_button)).done is False  # one action left
+            result = await success.act(no_button)
+            assert (result.reward, result.done, result.screenshot) == (0.0, True, None)
+            assert result.info["reason"] == "2 actions, the episode's max_actions, without ending it"
+            result = await raw.act(no_button)
+            assert (result.reward, result.done, result.info["raw_reward"]) == (-1.0, True, 0.0)
+            again, _ = await episode("click-test", 3, reward="success", max_actions=1)
+            try:
+                assert (await again.act(oracle_click(again))).reward == 1.0  # a hit ends it first: MiniWoB's reward
+            finally:
+                await again.close()
+            wrong, _ = await episode("click-button", 3, reward="success")
+            try:
+                target = dict(wrong.observation["fields"])["target"]
+                other = next(
+                    e for e in wrong.observation["dom_elements"] if e["tag"] == "button" and e["text"] != target
+                )
+                result = await wrong.act(Click(float(other["left"][0]) + 2, float(other["top"][0]) + 2))
+                assert (result.reward, result.done) == (0.0, True)  # MiniWoB's -1 failure, as no success
+                assert wrong.step("no call")[1] == 0.0  # an answer without acting: no success either
+            finally:
+                await wrong.close()
+        finally:
+            await success.close()
+            await raw.close()
+
+    run(main())
+
+
 def test_typing_into_a_field_and_submitting():
     async def main():
         env, shown = await episode("enter-text", 5)
@@ -198,6 +233,8 @@ def test_a_hung_browser_is_killed_after_its_timeout():
         ({"name": "miniwob", "task": "click-test", "reward": "time"}, r"reward must be one of \['raw', 'original'"),
         ({"name": "miniwob", "task": "click-test", "time_limit_s": 0}, r"time_limit_s must be a positive number"),
         ({"name": "miniwob", "task": "click-test", "browser_timeout_s": "5"}, "browser_timeout_s must be a positive"),
+        ({"name": "miniwob", "task": "click-test", "max_actions": 0}, r"max_actions must be a whole number >= 1"),
+        ({"name": "miniwob", "task": "click-test", "max_actions": 1.5}, r"max_actions must be a whole number >= 1"),
         ({"name": "miniwob", "task": "click-test", "headless": False}, r"does not accept \['headless', 'task'\]"),
         ({"name": "minwob", "task": "click-test"}, r"unknown environment 'minwob'.*Did you mean 'miniwob'"),
     ],

@@ -8,9 +8,11 @@ the episode and gives its reward. An answer without a tool call ends the episode
 -1). The episode's seed is the row's ``extra_info.seed`` (``make-data miniwob`` writes it), else its ``index``.
 
 Rewards (``reward``): ``raw`` (default), MiniWoB's reward without its time penalty; ``original``, MiniWoB's own, scaled
-by the time left; ``binary``, 1 for a full success and -1 otherwise. MiniWoB ends an episode after 10 s of wall time,
+by the time left; ``binary``, 1 for a full success and -1 otherwise; ``success``, 1 for a full success and 0 otherwise
+(an episode's reward is then its success, the rate ``eval`` reports). MiniWoB ends an episode after 10 s of wall time,
 which counts the model's generation and its wait for the GPU; so by default the limit is lifted and the turn limit
-bounds an episode (``time_limit_s`` sets one).
+bounds an episode (``time_limit_s`` sets one). ``max_actions`` ends an episode undone after that many actions (a click
+that misses does not end click-test): the task then scores as MiniWoB's time-out (-1; 0 with ``success``).
 
 Browsers: one per environment instance, taken from a process-wide pool when a trajectory starts and given back when it
 ends, reset for the next episode (not relaunched). Every browser call runs off the event loop with a timeout
@@ -65,7 +67,7 @@ __all__ = ["ACTIVE_EPISODE", "OFFERED_TASKS", "POOL", "BrowserLost", "BrowserPoo
 
 T = TypeVar("T")
 
-REWARDS = ("raw", "original", "binary")
+REWARDS = ("raw", "original", "binary", "success")
 NAMED_KEYS = (
     "Enter",
     "Tab",
@@ -301,6 +303,7 @@ class MiniWoBEnv(Environment):
         browser_timeout_s: The longest a browser call (reset, an action) may take before the browser is killed and
             the trajectory fails.
         launch_timeout_s: The longest a browser's launch may take (once one of the ``LAUNCH_SLOTS`` is free).
+        max_actions: Actions after which an episode that has not ended ends undone; None: no limit.
     """
 
     name = "miniwob"
@@ -313,6 +316,7 @@ class MiniWoBEnv(Environment):
         time_limit_s: float | None = None,
         browser_timeout_s: float = 30.0,
         launch_timeout_s: float = 120.0,
+        max_actions: int | None = None,
     ) -> None:
         self.task = check_task(task)
         if reward not in REWARDS:
@@ -324,7 +328,13 @@ class MiniWoBEnv(Environment):
         for name, value in (("browser_timeout_s", browser_timeout_s), ("launch_timeout_s", launch_timeout_s)):
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(f"miniwob: {name} must be a positive number, got {value!r}")
+        if max_actions is not None and (
+            isinstance(max_actions, bool) or not isinstance(max_actions, int) or max_actions < 1
+        ):
+            raise ConfigError(f"miniwob: max_actions must be a whole number >= 1 or None, got {max_actions!r}")
         self.reward = reward
+        self.max_actions = max_actions
+        self.actions = 0
         self.time_limit_ms = NO_TIME_LIMIT_MS if time_limit_s is None else int(time_limit_s * 1000)
         self.browser_timeout_s = float(browser_timeout_s)
         self.launch_timeout_s = float(launch_timeout_s)
@@ -344,6 +354,7 @@ class MiniWoBEnv(Environment):
             what = f"no answer within {self.launch_timeout_s:g} s" if isinstance(error, TimeoutError) else error
             raise BrowserLost(f"miniwob {self.task}: launching a browser failed ({what})") from error
         self.observation = await self._blocking(self.browser.reset, seed, self.time_limit_ms)
+        self.actions = 0
         ACTIVE_EPISODE.set(self)
         screenshot = _screenshot(self.observation, self.screen_token)
         self.page_size = screenshot.size
@@ -356,16 +367,20 @@ class MiniWoBEnv(Environment):
     def step(self, assistant_text: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """An answer without a tool call ends the episode undone, as MiniWoB's time-out does."""
         self.done = True
-        return Observation(), NOT_ACTING_REWARD, True, {"task": self.task, "reason": "answered without acting"}
+        return Observation(), self._undone_reward(), True, {"task": self.task, "reason": "answered without acting"}
 
     async def act(self, action: ScreenAction) -> ActionResult:
         if self.browser is None or self.done:
             when = "before reset" if self.browser is None else "after the episode ended"
             raise RuntimeError(f"miniwob: act() {when}")
         observation, done, info = await self._blocking(self.browser.step, action)
+        self.actions += 1
         reward = self._reward(info) if done else 0.0
-        self.done = done
         report = {"task": self.task, "done": done, "raw_reward": info.get("raw_reward"), "reason": info.get("reason")}
+        if not done and self.max_actions is not None and self.actions >= self.max_actions:
+            done, reward = True, self._undone_reward()
+            report["reason"] = f"{self.actions} actions, the episode's max_actions, without ending it"
+        self.done = done
         if done:
             return ActionResult(None, reward, True, report)
         self.observation = observation
@@ -375,9 +390,13 @@ class MiniWoBEnv(Environment):
         raw = float(info["raw_reward"])
         if self.reward == "original":
             return float(info["env_reward"])
-        if self.reward == "binary":
-            return 1.0 if raw == 1.0 else -1.0
+        if self.reward in ("binary", "success"):
+            return 1.0 if raw == 1.0 else self._undone_reward()
         return raw
+
+    def _undone_reward(self) -> float:
+        """The reward of an episode that ends undone (as MiniWoB's time-out scores it)."""
+        return 0.0 if self.reward == "success" else NOT_ACTING_REWARD
 
     async def close(self) -> None:  # type: ignore[override]  # async: the loop awaits it
         browser, self.browser = self.browser, None

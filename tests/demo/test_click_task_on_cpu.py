@@ -1,0 +1,114 @@
+"""The demo's GUI task (``demo --task click``) on real Chromium and verl's AgentLoopWorker: its episodes are the seeds
+whose button covers exactly one of the four points, balanced; a click on the covered point scores 1 and any other 0;
+the cold start's demonstrations click every point equally often for each button place; the trainer's command runs
+the click tool alone on the task's data."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from verl_mm_tools.demo.click_task import (
+    ENV,
+    POINTS,
+    ClickEpisode,
+    clear_point,
+    click_episodes,
+    covered_points,
+    demonstration_rollout,
+    interleaved,
+    uninformative_clicks,
+    write_click_dataset,
+)
+from verl_mm_tools.envs.gui.miniwob_env import POOL
+from verl_mm_tools.handoff import SampleFields
+from verl_mm_tools.runtime.batch import unpadded_row
+from verl_mm_tools.tools.tool_yaml import CLICK_TOOLS_YAML
+
+
+def test_a_point_is_covered_three_pixels_inside_the_button():
+    assert covered_points((37.0, 87.0, 40.0, 40.0)) == [0]  # (40, 90): 3 px inside the left and top edges
+    assert covered_points((38.0, 87.0, 40.0, 40.0)) == []
+    assert covered_points((3.0, 59.0, 150.0, 60.0)) == [0, 1]
+    assert covered_points((0.0, 50.0, 160.0, 160.0)) == [0, 1, 2, 3]
+    assert covered_points((38.0, 87.0, 40.0, 40.0), margin=-3) == [0]  # within 3 px outside it
+
+
+def test_a_clear_point_is_the_only_one_near_the_button():
+    assert clear_point((37.0, 87.0, 40.0, 40.0)) == 0
+    assert clear_point((20.0, 60.0, 99.0, 40.0)) is None  # (120, 90) is 1 px from its right edge: a click may land
+    assert clear_point((20.0, 60.0, 96.0, 40.0)) == 0  # now 4 px outside
+    assert clear_point((3.0, 59.0, 150.0, 60.0)) is None  # two points
+    assert clear_point((60.0, 100.0, 40.0, 40.0)) is None  # none
+
+
+def test_interleaved_episodes_take_the_points_in_turn():
+    episodes = [ClickEpisode(seed, (0.0, 0.0, 1.0, 1.0), point) for seed, point in enumerate([3, 3, 0, 1, 2, 0])]
+    assert [(e.seed, e.point) for e in interleaved(episodes)] == [(2, 0), (3, 1), (4, 2), (0, 3), (5, 0), (1, 3)]
+
+
+def test_uninformative_clicks_give_each_covered_point_every_click_equally():
+    episodes = [ClickEpisode(seed, (0.0, 0.0, 1.0, 1.0), seed % 4) for seed in range(64)]
+    clicks = uninformative_clicks(episodes, random.Random(0))
+    pairs = Counter((episode.point, click) for episode, click in zip(episodes, clicks))
+    assert pairs == {(point, click): 4 for point in range(4) for click in range(4)}
+
+
+@pytest.mark.integration  # Chromium
+def test_the_episodes_are_the_seeds_covering_one_point_balanced(tmp_path):
+    episodes = click_episodes(8, 0)
+    assert [(e.seed, e.point) for e in episodes] == [
+        (3, 3), (4, 3), (5, 2), (6, 1), (7, 1), (8, 2), (10, 0), (24, 0)
+    ]  # fmt: skip
+    assert episodes[0].box == (47.0, 124.0, 84.0, 84.0)
+    assert all(covered_points(e.box) == [e.point] for e in episodes)
+    train, val = write_click_dataset(tmp_path, train_size=8, val_size=4, seed=0)
+    rows = pd.read_parquet(train)
+    assert [info["seed"] for info in rows["extra_info"]] == [10, 6, 5, 3, 24, 7, 8, 4]  # points in turn
+    assert [info["target_point"] for info in rows["extra_info"]] == [0, 1, 2, 3] * 2
+    assert rows["extra_info"][0]["env"] == ENV and rows["extra_info"][0]["reward_fn"] == "environment_reward"
+    val_seeds = [info["seed"] for info in pd.read_parquet(val)["extra_info"]]
+    assert len(val_seeds) == 4 and min(val_seeds) >= 1_000_003  # no episode in both splits
+    assert POOL.idle == 0  # the demo leaves no idle browser running beside the trainer
+
+
+@pytest.mark.integration  # the tiny model's processor, verl's worker and reward worker, Chromium
+def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_dir, tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(CLICK_TOOLS_YAML)
+    episodes = click_episodes(4, 0)  # points 3, 3, 2, 1
+    clicks = [3, 0, 2, 2]
+    output, image_token = demonstration_rollout(tiny_model_dir, tools, episodes, clicks)
+    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    fields = SampleFields.every_row(output.non_tensor_batch)
+    assert [f.stop_reason for f in fields] == ["episode_done"] * 4
+    assert output.non_tensor_batch["tool_call_counts"].tolist() == [1, 1, 1, 1]
+    row = unpadded_row(output, 1)
+    text = tiny_decode(tiny_model_dir, row["response_ids"])
+    # the call in the pixels of the shown screenshot (168x224 for the 160x210 page): POINTS[0] = (40, 90) is (42, 96)
+    assert text.startswith('<tool_call>\n{"name": "click", "arguments": {"x": 42, "y": 96}}\n</tool_call><|im_end|>')
+    assert "The task is over after clicking at (42, 96): not done (reward 0)." in text
+    assert row["prompt_ids"].count(image_token) == 48  # one screenshot: 6x8 merged patches
+
+
+def tiny_decode(model_dir, ids: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir).decode(ids)
+
+
+def test_the_click_task_trains_the_click_tool_on_its_rows(tmp_path):
+    from verl_mm_tools.demo.options import DemoOptions
+    from verl_mm_tools.demo.overrides import task_overrides
+    from verl_mm_tools.demo.prepare import DemoPaths
+
+    options = DemoOptions(out=tmp_path, task="click")
+    paths = DemoPaths(out=tmp_path, model=tmp_path / "model", train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
+    overrides = task_overrides(options, paths)
+    assert options.spec.tools_yaml == CLICK_TOOLS_YAML and options.spec.chance_reward == 0.25
+    assert not any(item.startswith("+reward.reward_kwargs.reward_fn") for item in overrides)  # the rows' own
+    assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3" in overrides
+    assert len(POINTS) == 4

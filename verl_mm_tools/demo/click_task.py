@@ -1,0 +1,341 @@
+"""The demo's GUI task (``demo --task click``): MiniWoB++'s click-test in headless Chromium, on a coarse grid.
+
+click-test shows one square button, 35 to 99 px wide, at a random place in its 160x160 px task area. A tiny model
+from a random start cannot be expected to point anywhere in 160x160 px, so the task is its nearest honest variant: the
+episodes are the seeds whose button covers exactly one of four points, the centres of the area's quadrants
+(``POINTS``), as many for each point; and the cold start clicks those points only, one drawn at random for each
+demonstration (the oracle's point in a quarter of them, by chance alone: ``uninformative_labels``). So the cold start
+succeeds at chance, 0.25, and to do better the model must see where the button is and pick the point under it.
+
+An episode is one action (``max_actions: 1``; a click that misses does not end click-test) scored by MiniWoB's success
+(``reward: success``): 1 when the click hits, 0 when it misses; a trajectory cut before it acted (turn or length
+limit) scores -1 (``environment_reward``'s unfinished). The clicks, the page and the reward are the real ones: the
+model writes the click tool's call in the pixels of the screenshot it was shown, and Chromium decides the hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from verl_mm_tools.compact_image import expanded_inputs
+from verl_mm_tools.data.miniwob import VAL_SEED_OFFSET, miniwob_row
+from verl_mm_tools.demo.demonstrations import uninformative_labels
+from verl_mm_tools.demo.fit import collate, fit, model_inputs
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from transformers import PreTrainedModel
+    from verl.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+TASK = "click-test"
+# The task area's quadrant centres in page px (the 160x210 page: MiniWoB's 50 px instruction bar, then the area)
+POINTS = ((40, 90), (120, 90), (40, 170), (120, 170))
+# A point counts as covered when it lies this far inside the button's edges: a click there lands on it
+INSIDE_MARGIN = 3
+ENV = {"name": "miniwob", "task": TASK, "reward": "success", "max_actions": 1}
+IMAGE_TOKEN = "<|image_pad|>"  # the warm start's families write hermes calls: Qwen's placeholder (demo.demonstrations)
+MAX_TURNS = 3  # the demo's (``demo.overrides``): a malformed call is answered and the model may try again
+DEMO_SEED_START = 7_000_001  # demonstrations come from seeds no training or validation row holds
+SEEDS_PER_DEMO_SEED = 100_000  # the seed ranges of two demo seeds do not overlap
+
+
+Box = tuple[float, float, float, float]  # left, top, width, height in page px
+
+
+@dataclass(frozen=True)
+class ClickEpisode:
+    """A click-test episode of the task: its seed, its button's box, and the one point (index into ``POINTS``) the
+    button covers."""
+
+    seed: int
+    box: Box
+    point: int
+
+
+def covered_points(box: Box, margin: float = INSIDE_MARGIN) -> list[int]:
+    """The ``POINTS`` (their indices) at least ``margin`` px inside the button ``box`` (left, top, width, height in
+    page px); a negative margin counts points that far outside too."""
+    left, top, width, height = box
+    return [
+        index
+        for index, (x, y) in enumerate(POINTS)
+        if left + margin <= x <= left + width - margin and top + margin <= y <= top + height - margin
+    ]
+
+
+def clear_point(box: Box) -> int | None:
+    """The one point the button covers, when no other point is within ``INSIDE_MARGIN`` px of it (a click there
+    might land on its edge); None otherwise."""
+    inside, near = covered_points(box), covered_points(box, -INSIDE_MARGIN)
+    return inside[0] if len(inside) == 1 and near == inside else None
+
+
+def button_box(observation: dict[str, Any]) -> Box:
+    """The click-test button's box (left, top, width, height) in page px, from MiniWoB's DOM."""
+    buttons = [element for element in observation["dom_elements"] if element["tag"] == "button"]
+    if len(buttons) != 1:
+        raise RuntimeError(f"click-test shows one button; its DOM held {len(buttons)}")
+    return tuple(float(buttons[0][key][0]) for key in ("left", "top", "width", "height"))  # type: ignore[return-value]
+
+
+def click_episodes(count: int, first_seed: int) -> list[ClickEpisode]:
+    """``count`` episodes (``count / 4`` per point, the rest to the first points), from the seeds ``first_seed``, ...
+    whose button covers exactly one point clearly (``clear_point``), each button box once: read from the page in a
+    headless browser."""
+    return asyncio.run(_click_episodes(count, first_seed))
+
+
+async def _click_episodes(count: int, first_seed: int) -> list[ClickEpisode]:
+    from verl_mm_tools.envs import Sample
+    from verl_mm_tools.envs.gui.miniwob_env import MiniWoBEnv
+
+    wanted = [count // len(POINTS) + (index < count % len(POINTS)) for index in range(len(POINTS))]
+    found: list[ClickEpisode] = []
+    boxes: set[Box] = set()
+    seed = first_seed
+    while len(found) < count:
+        env = MiniWoBEnv(TASK)  # one episode each; its browser goes back to the pool and serves the next
+        try:
+            await env.reset(Sample(data_source=None, ground_truth=None, extra_info={"seed": seed}))
+            box = button_box(env.observation)
+        finally:
+            await env.close()
+        point = clear_point(box)
+        if point is not None and wanted[point] and box not in boxes:
+            wanted[point] -= 1
+            boxes.add(box)
+            found.append(ClickEpisode(seed, box, point))
+        seed += 1
+    return found
+
+
+def click_row(episode: ClickEpisode, split: str, index: int) -> dict:
+    """``make-data miniwob``'s row of the episode, with the task's environment (one action, the success reward) and
+    the point its button covers (for reading the results; nothing scores with it)."""
+    row = miniwob_row(TASK, episode.seed, split, index)
+    row["extra_info"].update(env=dict(ENV), target_point=episode.point)
+    return row
+
+
+def write_click_dataset(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
+    """The task's ``train.parquet`` and ``val.parquet`` under ``out_dir`` (the demo's ``DatasetWriter``): balanced
+    episodes from seeds ``seed * SEEDS_PER_DEMO_SEED`` on (validation: from ``VAL_SEED_OFFSET`` on as well)."""
+    from verl_mm_tools.data.common import write_parquet
+    from verl_mm_tools.envs.gui.miniwob_env import POOL
+
+    start = seed * SEEDS_PER_DEMO_SEED
+
+    def rows(split: str, size: int, first_seed: int) -> list[dict]:
+        episodes = interleaved(click_episodes(size, first_seed))
+        return [click_row(episode, split, index) for index, episode in enumerate(episodes)]
+
+    try:
+        return (
+            write_parquet(rows("train", train_size, start), out_dir / "train.parquet"),
+            write_parquet(rows("val", val_size, VAL_SEED_OFFSET + start), out_dir / "val.parquet"),
+        )
+    finally:
+        POOL.close_all()  # no browser of the demo's own waits idle while the trainer runs
+
+
+def interleaved(episodes: Sequence[ClickEpisode]) -> list[ClickEpisode]:
+    """The episodes with their points in turn (0, 1, 2, 3, 0, ...): every batch of four rows holds each point once
+    (the demo's data is not shuffled)."""
+    by_point = [[episode for episode in episodes if episode.point == point] for point in range(len(POINTS))]
+    rounds = max(len(group) for group in by_point)
+    return [group[turn] for turn in range(rounds) for group in by_point if turn < len(group)]
+
+
+def rollout_inputs(rows: Sequence[dict]) -> tuple[list[list[dict]], dict[str, list]]:
+    """The prompts and columns of ``rows`` as ``LocalRollout.run`` takes them."""
+    columns = {key: [row[key] for row in rows] for key in ("data_source", "reward_model", "extra_info")}
+    return [row["prompt"] for row in rows], columns
+
+
+def click_call(point: int, images: Sequence[Image.Image]) -> str:
+    """The click tool's call on ``POINTS[point]``, in the pixels of the latest screenshot shown (as the oracle
+    writes it)."""
+    from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE
+    from verl_mm_tools.envs.gui.screen import shown_size
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
+
+    env = ACTIVE_EPISODE.get()
+    if env is None:
+        raise RuntimeError("click_call answers trajectories of the miniwob environment only (no episode is active)")
+    shown = shown_size(images, env.screen_token)
+    x, y = POINTS[point]
+    return tool_call_text("click", x=int(x * shown[0] / env.page_size[0]), y=int(y * shown[1] / env.page_size[1]))
+
+
+# The demonstrations' rollout scores with MiniWoB's reward alone (no discount): a hit 1.0, a miss 0.0
+REWARD_OVERRIDES = ("reward.reward_manager.name=mm_turn_discount", "+reward.reward_kwargs.gamma=1.0")
+
+
+def demonstration_rollout(
+    model_dir: Path, tools_yaml: Path, episodes: Sequence[ClickEpisode], clicks: Sequence[int]
+) -> tuple[DataProto, int]:
+    """The mm_tool loop's trajectories (verl's AgentLoopWorker, real Chromium) of ``episodes``, each clicking
+    ``POINTS[clicks[i]]``, scored by verl's reward worker (``rm_scores``); and the image placeholder's token id."""
+    from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE
+    from verl_mm_tools.runtime.config import CLASSIC_HOOK
+    from verl_mm_tools.runtime.rollout import LocalRollout
+
+    # the server sees trajectories in any order: the episode's button box tells which one it serves
+    click_of = {episode.box: point for episode, point in zip(episodes, clicks, strict=True)}
+
+    def script(turn: int, prompt_ids: list[int], images: list[Image.Image]) -> str:
+        env = ACTIVE_EPISODE.get()
+        if env is None:
+            raise RuntimeError("a click demonstration outside a miniwob episode")
+        return click_call(click_of[button_box(env.observation)], images)
+
+    prompts, columns = rollout_inputs([click_row(episode, "demo", index) for index, episode in enumerate(episodes)])
+    with tempfile.TemporaryDirectory() as workdir:
+        output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(
+            script, prompts, columns=columns, max_turns=MAX_TURNS, score=True, extra=(*CLASSIC_HOOK, *REWARD_OVERRIDES)
+        )
+    return output, worker.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+
+@dataclass(frozen=True)
+class ClickColdStart:
+    """What the click task's cold start fits: ``demonstrations`` trajectories, ``steps`` of the warm start's fit."""
+
+    demonstrations: int = 64
+    steps: int = 200
+    batch_size: int = 4
+    lr: float = 1e-2
+    seed: int = 0
+    share_examples: int = 16  # demonstrations the point shares are measured on
+
+
+COLD_START_VERSION = 2
+MARKER = "click_cold_start.json"
+
+
+def click_cold_started_model(base_dir: Path, tools_yaml: Path, seed: int, steps: int) -> Path:
+    """The click task's cold-started copy of ``base_dir`` (the demo's ``ColdStart``), built once, then reused."""
+    from verl_mm_tools.demo.warm_start import cached_model
+    from verl_mm_tools.remote.tool import without_remote
+
+    spec = ClickColdStart(steps=steps, seed=seed)
+    tools_text = without_remote(Path(tools_yaml).read_text())
+    key = {"version": COLD_START_VERSION, "base": base_dir.name, "tools": tools_text, **asdict(spec), "env": ENV}
+    key["points"] = [list(point) for point in POINTS]
+
+    def build(scratch: Path) -> tuple[Path, dict]:
+        model, local_tools = scratch / "model", scratch / "tools.yaml"
+        shutil.copytree(base_dir, model)
+        local_tools.write_text(tools_text)
+        return model, cold_start(model, local_tools, spec)
+
+    return cached_model(base_dir, "click", key, MARKER, build)
+
+
+def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
+    """Fit the model in ``model_dir``, in place, to click demonstrations at uninformative points; returns the fit's
+    figures, the demonstrations' success (chance: 0.25) and the point shares the fitted model gives."""
+    from transformers import AutoModelForImageTextToText
+
+    started = time.perf_counter()
+    from verl_mm_tools.envs.gui.miniwob_env import POOL
+
+    try:
+        episodes = click_episodes(spec.demonstrations, DEMO_SEED_START + spec.seed * SEEDS_PER_DEMO_SEED)
+        clicks = uninformative_clicks(episodes, random.Random(spec.seed))
+        output, image_token = demonstration_rollout(model_dir, tools_yaml, episodes, clicks)
+    finally:
+        POOL.close_all()
+    examples = [click_example(output, index, image_token) for index in range(len(episodes))]
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the warm start (demo.warm_start)
+    try:
+        losses = fit(model, examples, spec)
+        shares = point_shares(model, examples[: spec.share_examples], [episode.point for episode in episodes], clicks)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(model_dir)
+    report = {
+        "seconds": round(time.perf_counter() - started, 2),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "demonstration_success": round(float(output.batch["rm_scores"].sum(-1).mean()), 4),
+        **shares,
+    }
+    logger.info("click cold start: %s", report)
+    return report
+
+
+def uninformative_clicks(episodes: Sequence[ClickEpisode], rng: random.Random) -> list[int]:
+    """A point per demonstration such that the episodes of each covered point click every point equally often: where
+    a demonstration clicks tells nothing about where its button is."""
+    choices = [str(index) for index in range(len(POINTS))]
+    return [int(label) for label in uninformative_labels([str(e.point) for e in episodes], choices, rng)]
+
+
+def click_example(output: DataProto, index: int, image_token: int) -> dict[str, Any]:
+    """Row ``index`` of the demonstrations' rollout as a training example of the fit (``demo.fit``): its ids, labels
+    on the trained response tokens (the call), each labelled token's weight, and its image inputs."""
+    from verl_mm_tools.runtime.batch import unpadded_row
+
+    row = unpadded_row(output, index)
+    ids = row["prompt_ids"] + row["response_ids"]
+    labels = [-100] * len(row["prompt_ids"]) + [
+        token if trained else -100 for token, trained in zip(row["response_ids"], row["response_mask"], strict=True)
+    ]
+    inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][index])
+    return {
+        "input_ids": torch.tensor(ids),
+        "labels": torch.tensor(labels),
+        "weights": torch.tensor([float(label != -100) for label in labels]),
+        "mm_token_type_ids": (torch.tensor(ids) == image_token).long(),
+        "pixel_values": inputs["pixel_values"],
+        "image_grid_thw": inputs["image_grid_thw"],
+        "prompt_length": len(row["prompt_ids"]),
+        "call": row["response_ids"][: row["response_mask"].index(0)] if 0 in row["response_mask"] else [],
+        "calls": True,
+        "sight": False,
+    }
+
+
+@torch.no_grad()
+def point_shares(
+    model: PreTrainedModel, examples: Sequence[dict], points: Sequence[int], clicks: Sequence[int]
+) -> dict[str, Any]:
+    """Each point's share of the model's probability among the four calls (the calls the demonstrations wrote, one
+    per point), averaged over ``examples``: ``point_shares``; and the mean share of each example's covered point
+    (``true_point_share``: 0.25 when where it clicks tells nothing of where the button is)."""
+    calls = {click: example["call"] for example, click in zip(examples, clicks, strict=False)}
+    if sorted(calls) != list(range(len(POINTS))):
+        raise ValueError(f"the examples' clicks {sorted(calls)} do not cover all {len(POINTS)} points")
+    pad = model.config.get_text_config().pad_token_id or 0
+    shares = []
+    for example in examples:
+        start = example["prompt_length"]
+        scores = []
+        for point in range(len(POINTS)):
+            call = torch.tensor(calls[point])
+            ids = torch.cat([example["input_ids"][:start], call])
+            types = torch.cat([example["mm_token_type_ids"][:start], torch.zeros_like(call)])
+            candidate = {**example, "input_ids": ids, "labels": ids, "weights": ids.float(), "mm_token_type_ids": types}
+            batch = model_inputs(collate([candidate], pad))
+            logits = model.lm_head(model.model(**batch).last_hidden_state[0, start - 1 : -1]).float()
+            scores.append(logits.log_softmax(-1).gather(-1, ids[start:, None]).sum())
+        shares.append(torch.stack(scores).softmax(-1))
+    mean = torch.stack(shares).mean(0)
+    true = torch.stack([share[point] for share, point in zip(shares, points, strict=False)]).mean()
+    return {"point_shares": [round(float(v), 4) for v in mean], "true_point_share": round(float(true), 4)}
