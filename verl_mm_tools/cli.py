@@ -142,14 +142,15 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "reward and tool-call rate reach 0.9 (exit 3 if they do not); learn_zoom: the same from a warm start that "
         "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
         "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
-        "MiniWoB++'s click-test in headless Chromium, one click on one of four points (docs/gui.md); rotation: "
-        "arrow pictures, the loop's showcase of tool calls",
+        "MiniWoB++'s click-test in headless Chromium, one click on one of four points, a showcase of the GUI "
+        "environment (the tiny model stays near chance; docs/gui.md); rotation: arrow pictures, the loop's showcase of "
+        "tool calls",
     )
     demo.add_argument(
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 40 zoom, 30 rotation, 80 learn and click, 120 learn_tool and learn_zoom)",
+        help="training steps (default: 40 zoom, 30 rotation, 20 click, 80 learn, 120 learn_tool and learn_zoom)",
     )
     demo.add_argument(
         "--nodes",

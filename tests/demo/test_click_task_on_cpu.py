@@ -17,9 +17,11 @@ from verl_mm_tools.demo.click_task import (
     ClickEpisode,
     clear_point,
     click_episodes,
+    click_example,
     covered_points,
     demonstration_rollout,
     interleaved,
+    point_shares,
     uninformative_clicks,
     write_click_dataset,
 )
@@ -79,19 +81,33 @@ def test_the_episodes_are_the_seeds_covering_one_point_balanced(tmp_path):
 def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_dir, tmp_path):
     tools = tmp_path / "tools.yaml"
     tools.write_text(CLICK_TOOLS_YAML)
-    episodes = click_episodes(4, 0)  # points 3, 3, 2, 1
-    clicks = [3, 0, 2, 2]
+    episodes = click_episodes(4, 0)  # covering points 3, 2, 1 and 0
+    clicks = [3, 2, 0, 1]
     output, image_token = demonstration_rollout(tiny_model_dir, tools, episodes, clicks)
-    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert output.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
     fields = SampleFields.every_row(output.non_tensor_batch)
     assert [f.stop_reason for f in fields] == ["episode_done"] * 4
     assert output.non_tensor_batch["tool_call_counts"].tolist() == [1, 1, 1, 1]
-    row = unpadded_row(output, 1)
+    row = unpadded_row(output, 2)
     text = tiny_decode(tiny_model_dir, row["response_ids"])
     # the call in the pixels of the shown screenshot (168x224 for the 160x210 page): POINTS[0] = (40, 90) is (42, 96)
     assert text.startswith('<tool_call>\n{"name": "click", "arguments": {"x": 42, "y": 96}}\n</tool_call><|im_end|>')
     assert "The task is over after clicking at (42, 96): not done (reward 0)." in text
     assert row["prompt_ids"].count(image_token) == 48  # one screenshot: 6x8 merged patches
+    examples = [click_example(output, index, image_token) for index in range(4)]
+    # the trained tokens are the call's: x and y one digit each (x 42 or 131, y 96 or 181)
+    assert [len(example["call"]) for example in examples] == [32, 31, 30, 31]
+    assert [int(example["weights"].sum()) for example in examples] == [32, 31, 30, 31]
+    shares = point_shares(tiny_model(tiny_model_dir), examples, [e.point for e in episodes], clicks)
+    assert sum(shares["point_shares"]) == pytest.approx(1.0, abs=1e-3)
+    assert 0.0 < shares["call_mass"] < 1e-6  # the untrained model writes none of the calls
+
+
+def tiny_model(model_dir):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def tiny_decode(model_dir, ids: list[int]) -> str:
@@ -111,4 +127,5 @@ def test_the_click_task_trains_the_click_tool_on_its_rows(tmp_path):
     assert options.spec.tools_yaml == CLICK_TOOLS_YAML and options.spec.chance_reward == 0.25
     assert not any(item.startswith("+reward.reward_kwargs.reward_fn") for item in overrides)  # the rows' own
     assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3" in overrides
+    assert options.spec.stop_at_reward is None and options.total_steps == 20  # a showcase: no learning target
     assert len(POINTS) == 4

@@ -90,6 +90,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.data.zoom",
         "verl_mm_tools.data.zoom_color",
         "verl_mm_tools.demo",
+        "verl_mm_tools.demo.click_task",
         "verl_mm_tools.demo.cold_start",
         "verl_mm_tools.demo.demonstrations",
         "verl_mm_tools.demo.examples",
