@@ -42,7 +42,7 @@ def step(number: int, reward: float | None = None, validation: float | None = No
 def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"unknown demo task 'lern'; choose one of \['learn', 'learn_tool', "
+        match=r"unknown demo task 'lern'; choose one of \['click', 'learn', 'learn_tool', "
         r"'learn_zoom', 'rotation', 'zoom'\]\. Did you mean 'learn'",
     ):
         DemoOptions(out=tmp_path, task="lern")
@@ -137,8 +137,9 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
     assert config.actor_rollout_ref.actor.optim.lr == spec.lr
     assert config.trainer.total_training_steps == spec.steps
     assert (
-        config.reward.reward_kwargs.reward_fn
+        config.reward.get("reward_kwargs", {}).get("reward_fn")
         == {
+            "click": None,  # the rows' own (environment_reward)
             "rotation": "rotation_reward_180",
             "learn": "exact_answer_reward",
             "learn_tool": "exact_answer_reward",
@@ -146,7 +147,7 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
             "zoom": "exact_answer_reward",
         }[task]
     )
-    calls = task in ("zoom", "learn_zoom", "learn_tool")  # every answer may follow a tool call: its format guarded
+    calls = task in ("zoom", "learn_zoom", "learn_tool", "click")  # every answer may follow or be a call: guarded
     if task != "rotation":
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
@@ -242,7 +243,7 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
         "summary: mean reward 0.75 -> 0.85 and tool calls per trajectory 0.25 -> 0.15 (first 5 steps -> last 5; "
         "answering without looking scores 0.50)",
         f"next: verl-mm-tools view {tmp_path / 'trajectories'}  (what the model saw and did, turn by turn); another "
-        "task: --task learn_tool | learn_zoom | rotation | zoom",
+        "task: --task click | learn_tool | learn_zoom | rotation | zoom",
     ]
     assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []
 
