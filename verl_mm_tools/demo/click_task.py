@@ -2,7 +2,7 @@
 
 click-test shows one square button, 35 to 99 px wide, at a random place in its 160x160 px task area. A tiny model
 from a random start cannot be expected to point anywhere in 160x160 px, so the task is its nearest honest variant: the
-episodes are the seeds whose button covers exactly one of four points, the centres of the area's quadrants
+episodes are the seeds whose button covers exactly one of four points near the centres of the area's quadrants
 (``POINTS``), as many for each point; and the cold start clicks those points only, one drawn at random for each
 demonstration (the oracle's point in a quarter of them, by chance alone: ``uninformative_labels``). So the cold start
 succeeds at chance, 0.25, and to do better the model must see where the button is and pick the point under it.
@@ -11,6 +11,9 @@ An episode is one action (``max_actions: 1``; a click that misses does not end c
 (``reward: success``): 1 when the click hits, 0 when it misses; a trajectory cut before it acted (turn or length
 limit) scores -1 (``environment_reward``'s unfinished). The clicks, the page and the reward are the real ones: the
 model writes the click tool's call in the pixels of the screenshot it was shown, and Chromium decides the hit.
+
+The tiny model does not see the button, so its success stays at chance and the task is a showcase of the GUI
+environment in verl's trainer (docs/experiments/gui_click.md).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.data.miniwob import VAL_SEED_OFFSET, miniwob_row
 from verl_mm_tools.demo.demonstrations import uninformative_labels
-from verl_mm_tools.demo.fit import collate, fit, model_inputs
+from verl_mm_tools.demo.fit import collate, fit, model_inputs, one_thread
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -50,7 +53,6 @@ POINTS = ((40, 90), (125, 90), (40, 170), (125, 170))
 INSIDE_MARGIN = 3
 ENV = {"name": "miniwob", "task": TASK, "reward": "success", "max_actions": 1}
 IMAGE_TOKEN = "<|image_pad|>"  # the warm start's families write hermes calls: Qwen's placeholder (demo.demonstrations)
-MAX_TURNS = 3  # the demo's (``demo.overrides``): a malformed call is answered and the model may try again
 DEMO_SEED_START = 7_000_001  # demonstrations come from seeds no training or validation row holds
 SEEDS_PER_DEMO_SEED = 100_000  # the seed ranges of two demo seeds do not overlap
 
@@ -192,6 +194,7 @@ def demonstration_rollout(
 ) -> tuple[DataProto, int]:
     """The mm_tool loop's trajectories (verl's AgentLoopWorker, real Chromium) of ``episodes``, each clicking
     ``POINTS[clicks[i]]``, scored by verl's reward worker (``rm_scores``); and the image placeholder's token id."""
+    from verl_mm_tools.demo.overrides import MAX_TURNS  # the trainer's: a malformed call is answered, then retried
     from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE
     from verl_mm_tools.runtime.config import CLASSIC_HOOK
     from verl_mm_tools.runtime.rollout import LocalRollout
@@ -275,13 +278,9 @@ def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
     finally:
         POOL.close_all()
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the warm start (demo.warm_start)
-    try:
+    with one_thread():
         losses = fit(model, examples, spec)
         shares = point_shares(model, examples[: spec.share_examples], [episode.point for episode in episodes], clicks)
-    finally:
-        torch.set_num_threads(threads)
     model.save_pretrained(model_dir)
     report = {
         "seconds": round(time.perf_counter() - started, 2),

@@ -4,8 +4,9 @@ shares it ends with (``answer_shares``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -29,6 +30,17 @@ class FitSettings(Protocol):
     def batch_size(self) -> int: ...
     @property
     def seed(self) -> int: ...
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread for a fit: 10x faster than 2 threads on a busy 2-core machine (cpu.overrides.THREAD_ENV)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 READING_LR = 3e-3  # the premise's rate: at 1e-2 its fit answered at chance after 300 steps

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from verl_mm_tools.demo.demonstrations import demonstrations
-from verl_mm_tools.demo.fit import answer_shares, fit, read_after_calls
+from verl_mm_tools.demo.fit import answer_shares, fit, one_thread, read_after_calls
 from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
 
 logger = logging.getLogger(__name__)
@@ -113,15 +113,11 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
     started = time.perf_counter()
     examples = demonstrations(model_dir, tools_yaml, spec)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 10x faster than 2 threads on a busy 2-core machine (see cpu.overrides.THREAD_ENV)
-    try:
+    with one_thread():
         reading = read_after_calls(model, examples, spec)
         losses = fit(model, examples, spec)
         own = [example for example in examples if not example["sight"]]
         shares = answer_shares(model, own, model_dir, TASKS[spec.task].answers)
-    finally:
-        torch.set_num_threads(threads)
     model.save_pretrained(model_dir)
     report = {
         "seconds": round(time.perf_counter() - started, 2),
