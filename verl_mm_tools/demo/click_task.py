@@ -55,6 +55,7 @@ ENV = {"name": "miniwob", "task": TASK, "reward": "success", "max_actions": 1}
 IMAGE_TOKEN = "<|image_pad|>"  # the warm start's families write hermes calls: Qwen's placeholder (demo.demonstrations)
 DEMO_SEED_START = 7_000_001  # demonstrations come from seeds no training or validation row holds
 SEEDS_PER_DEMO_SEED = 100_000  # the seed ranges of two demo seeds do not overlap
+SEEDS_SCANNED_PER_EPISODE = 100  # about 2.3 seeds give an episode; a scan this long means the page is not click-test's
 
 
 Box = tuple[float, float, float, float]  # left, top, width, height in page px
@@ -112,6 +113,11 @@ async def _click_episodes(count: int, first_seed: int) -> list[ClickEpisode]:
     boxes: set[Box] = set()
     seed = first_seed
     while len(found) < count:
+        if seed - first_seed >= SEEDS_SCANNED_PER_EPISODE * count:
+            raise RuntimeError(
+                f"click-test: {len(found)} of {count} episodes found in seeds {first_seed}-{seed - 1} (per point still "
+                f"wanted: {wanted}); has miniwob's click-test page changed?"
+            )
         env = MiniWoBEnv(TASK)  # one episode each; its browser goes back to the pool and serves the next
         try:
             await env.reset(Sample(data_source=None, ground_truth=None, extra_info={"seed": seed}))
