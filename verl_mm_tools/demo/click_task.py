@@ -54,6 +54,9 @@ INSIDE_MARGIN = 3
 ENV = {"name": "miniwob", "task": TASK, "reward": "success", "max_actions": 1}
 IMAGE_TOKEN = "<|image_pad|>"  # the warm start's families write hermes calls: Qwen's placeholder (demo.demonstrations)
 DEMO_SEED_START = 7_000_001  # demonstrations come from seeds no training or validation row holds
+# A demonstration's click runs after its first turn and ends the episode; at the turn limit verl stops a turn before
+# its tools run, so one turn would never click
+DEMONSTRATION_TURNS = 2
 SEEDS_PER_DEMO_SEED = 100_000  # the seed ranges of two demo seeds do not overlap
 SEEDS_SCANNED_PER_EPISODE = 100  # about 2.3 seeds give an episode; a scan this long means the page is not click-test's
 
@@ -200,7 +203,6 @@ def demonstration_rollout(
 ) -> tuple[DataProto, int]:
     """The mm_tool loop's trajectories (verl's AgentLoopWorker, real Chromium) of ``episodes``, each clicking
     ``POINTS[clicks[i]]``, scored by verl's reward worker (``rm_scores``); and the image placeholder's token id."""
-    from verl_mm_tools.demo.overrides import MAX_TURNS  # the trainer's: a malformed call is answered, then retried
     from verl_mm_tools.envs.gui.miniwob_env import ACTIVE_EPISODE
     from verl_mm_tools.runtime.config import CLASSIC_HOOK
     from verl_mm_tools.runtime.rollout import LocalRollout
@@ -217,7 +219,12 @@ def demonstration_rollout(
     prompts, columns = rollout_inputs([click_row(episode, "demo", index) for index, episode in enumerate(episodes)])
     with tempfile.TemporaryDirectory() as workdir:
         output, _, worker = LocalRollout(model_dir, tools_yaml, workdir).run(
-            script, prompts, columns=columns, max_turns=MAX_TURNS, score=True, extra=(*CLASSIC_HOOK, *REWARD_OVERRIDES)
+            script,
+            prompts,
+            columns=columns,
+            max_turns=DEMONSTRATION_TURNS,
+            score=True,
+            extra=(*CLASSIC_HOOK, *REWARD_OVERRIDES),
         )
     return output, worker.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
 
