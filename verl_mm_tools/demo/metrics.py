@@ -57,11 +57,17 @@ def step_metrics(data: dict) -> dict:
 
 def read_new_steps(path: Path, offset: int) -> tuple[list[dict], int]:
     """Complete JSON lines of verl's file logger after byte ``offset``; returns them and the new offset."""
+    text, offset = read_new_lines(path, offset)
+    return [json.loads(line) for line in text.splitlines() if line.strip()], offset
+
+
+def read_new_lines(path: Path, offset: int) -> tuple[str, int]:
+    """The complete lines written to ``path`` after byte ``offset`` (none while it does not exist), and the offset
+    after them."""
     if not path.exists():
-        return [], offset
+        return "", offset
     with path.open("rb") as handle:
         handle.seek(offset)
         chunk = handle.read()
     complete = chunk[: chunk.rfind(b"\n") + 1]
-    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
-    return records, offset + len(complete)
+    return complete.decode("utf-8", errors="replace"), offset + len(complete)

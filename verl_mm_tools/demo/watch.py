@@ -3,6 +3,7 @@ of its processes, and a stop as soon as the task has ``learned`` (``supervise`` 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from verl_mm_tools.demo.metrics import format_step, read_new_steps, step_metrics
+from verl_mm_tools.demo.metrics import format_step, read_new_lines, read_new_steps, step_metrics
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, DemoTask
 from verl_mm_tools.supervise import (
@@ -34,6 +35,13 @@ NODE_LOST = 4  # the demo's exit status when a Ray node of its cluster died and 
 # node is declared dead when its next call goes to an actor there) before the demo stops it: a driver waiting on an
 # object that was on the lost node can wait forever (seen in CI: still running 300 s after the kill).
 NODE_LOST_GRACE_S = 60.0
+OOM_KILLED = 5  # the demo's exit status when Ray's memory monitor killed workers and the trainer stopped stepping
+# How long a trainer that lost workers to Ray's memory monitor gets to log its next step: a killed task is retried
+# and the run goes on, but a killed agent-loop worker leaves verl's trainer waiting forever on the rollout it held
+# (seen: "running: 16, finished: 0" for an hour). The longest step so far, three times over, where that is longer.
+OOM_GRACE_S = 300.0
+# The raylet's report, which Ray forwards to the driver's output (the trainer's log)
+OOM_REPORT = re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")
 
 
 class RunEnd(Enum):
@@ -42,6 +50,7 @@ class RunEnd(Enum):
     EXITED = "exited"  # the trainer exited by itself
     LEARNED = "learned"  # the task learned: the demo stopped the trainer
     NODE_LOST = "node lost"  # a Ray node died and the trainer was still running NODE_LOST_GRACE_S later: stopped
+    OOM_KILLED = "workers killed for memory"  # Ray's memory monitor killed workers and no step came after: stopped
 
 
 @dataclass
@@ -62,6 +71,33 @@ class NodeWatch:
     def overdue(self, grace_s: float) -> bool:
         """A node has been lost for ``grace_s`` or more."""
         return any(time.monotonic() - when >= grace_s for when in self.lost.values())
+
+
+@dataclass
+class OomWatch:
+    """The kills of Ray's memory monitor, read from the trainer's log as they come, and whether a step came after
+    the last one."""
+
+    log_path: Path
+    offset: int = 0  # how far into the log the complete lines have been read
+    killed: int = 0
+    steps_at_kill: int | None = None  # the steps logged when the last kill was read; None: none since the last step
+    killed_at: float = 0.0
+
+    def read_kills(self, steps: int) -> int:
+        """Read the log's new lines; the workers they report killed (``steps``: the steps logged so far)."""
+        if self.steps_at_kill is not None and steps > self.steps_at_kill:
+            self.steps_at_kill = None  # the trainer went on after the kill
+        text, self.offset = read_new_lines(self.log_path, self.offset)
+        killed = sum(int(match.group(1)) for match in OOM_REPORT.finditer(text))
+        if killed:
+            self.killed += killed
+            self.steps_at_kill, self.killed_at = steps, time.monotonic()
+        return killed
+
+    def stalled(self, grace_s: float) -> bool:
+        """Workers were killed ``grace_s`` or more ago and no step has come since."""
+        return self.steps_at_kill is not None and time.monotonic() - self.killed_at >= grace_s
 
 
 def _running(process: psutil.Process) -> bool:
@@ -122,8 +158,9 @@ def run_trainer(
     to wait for)."""
     watch = StepWatch(task, total_steps, paths.metrics, say)
     with terminate_raises(), supervised(command, env, paths.trainer_log, stop=stop_gracefully) as process:
-        end = watch_until_done(process, watch, poll_s, nodes=nodes)
-    returncode = {RunEnd.LEARNED: 0, RunEnd.NODE_LOST: process.returncode or NODE_LOST}.get(end, process.returncode)
+        end = watch_until_done(process, watch, poll_s, nodes=nodes, kills=OomWatch(paths.trainer_log))
+    stopped = {RunEnd.LEARNED: 0, RunEnd.NODE_LOST: NODE_LOST, RunEnd.OOM_KILLED: OOM_KILLED}
+    returncode = stopped.get(end, process.returncode)
     end_leftovers(lambda: _leftovers(paths.metrics, cluster_pids()))
     seconds = time.monotonic() - watch.started
     return RunResult(
@@ -142,9 +179,13 @@ def watch_until_done(
     memory_every_s: float = MEMORY_EVERY_S,
     nodes: NodeWatch | None = None,
     node_lost_grace_s: float = NODE_LOST_GRACE_S,
+    kills: OomWatch | None = None,
+    oom_grace_s: float = OOM_GRACE_S,
 ) -> RunEnd:
     """Read the trainer's steps until it exits, and its peak memory every ``memory_every_s``; stop it when the
-    model has learned, or when a node of ``nodes`` has been lost for ``node_lost_grace_s``."""
+    model has learned, when a node of ``nodes`` has been lost for ``node_lost_grace_s``, or when Ray's memory
+    monitor killed workers (``kills``) and no step came in the grace after (``oom_grace_s``, or three times the
+    longest step so far)."""
     memory_at: float | None = None
     while True:
         finished = process.poll() is not None
@@ -164,6 +205,9 @@ def watch_until_done(
         if nodes is not None and _node_lost_too_long(nodes, watch.say, node_lost_grace_s):
             stop_gracefully(process)
             return RunEnd.NODE_LOST
+        if kills is not None and _stalled_after_kills(kills, watch, oom_grace_s):
+            stop_gracefully(process)
+            return RunEnd.OOM_KILLED
         time.sleep(poll_s)
 
 
@@ -173,6 +217,24 @@ def _node_lost_too_long(nodes: NodeWatch, say: Callable[[str], None], grace_s: f
     if not nodes.overdue(grace_s):
         return False
     say(f"the trainer was still running {grace_s:g} s after it lost a Ray node; stopping it")
+    return True
+
+
+def _stalled_after_kills(kills: OomWatch, watch: StepWatch, grace_s: float) -> bool:
+    killed = kills.read_kills(len(watch.steps))
+    if killed:
+        watch.say(
+            f"Ray's memory monitor killed {killed} of the run's workers (memory pressure; {kills.killed} so far): "
+            "fewer trajectories at once or a larger machine avoid it"
+        )
+    longest = max((step["timing_s/step"] for step in watch.steps if "timing_s/step" in step), default=0.0)
+    grace_s = max(grace_s, 3 * longest)
+    if not kills.stalled(grace_s):
+        return False
+    watch.say(
+        f"no step came in the {grace_s:g} s after Ray killed workers for memory: verl's trainer waits forever on "
+        "a rollout a killed worker held; stopping it"
+    )
     return True
 
 
