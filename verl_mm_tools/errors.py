@@ -34,6 +34,10 @@ class ImageInputError(VerlMMToolsError, ValueError):
     """An image (from a dataset or a file) cannot be used: undecodable, too large, too elongated."""
 
 
+class VideoInputError(VerlMMToolsError, ValueError):
+    """A video (from a dataset or a file) cannot be used: no video stream, no frames, undecodable, too large or long."""
+
+
 class TrajectoryValidationError(VerlMMToolsError):
     """A finished trajectory violates an invariant (token/mask lengths, image placeholders, ...)."""
 

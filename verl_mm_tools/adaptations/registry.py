@@ -60,6 +60,7 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     fixes.compact_images.ADAPTATION,
     loop_output.ADAPTATION,
     fixes.shared_images.ADAPTATION,
+    fixes.qwen_video_reader.ADAPTATION,
 )
 _ = (checkpoint_engine, replica, server)  # imported for their classes, part of the CPU backend's row
 

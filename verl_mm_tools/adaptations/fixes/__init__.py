@@ -17,6 +17,7 @@ from verl_mm_tools.adaptations.fixes import (
     glm_vision_embeddings,
     processed_images,
     qwen2_vl_text_only,
+    qwen_video_reader,
     remote_tools,
     separate_async_logger,
     sft_rows_without_images,
@@ -44,6 +45,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     compact_images,
     shared_images,
     separate_async_logger,
+    qwen_video_reader,
 )
 
 
