@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {
         "errors",
         "files",
+        "video",  # untrusted video files read with PyAV (the loop's prompt videos and qwen-vl-utils' reader)
         "workspace",
         "record",
         "image_window",  # which images a conversation keeps in context (the loop, rescore and export-sft)

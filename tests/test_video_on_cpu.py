@@ -20,7 +20,14 @@ def _clip(path, count, fps, size=(48, 64)):
 
 def test_the_header_of_a_clip(tmp_path):
     info = probe_video(_clip(tmp_path / "a.mp4", 40, 10))
-    assert (info.width, info.height, info.fps, info.frames, info.duration_s, info.codec) == (64, 48, 10.0, 40, 4.0, "h264")
+    assert (info.width, info.height, info.fps, info.frames, info.duration_s, info.codec) == (
+        64,
+        48,
+        10.0,
+        40,
+        4.0,
+        "h264",
+    )
 
 
 def test_the_frames_asked_for_in_any_order_with_repeats(tmp_path):
@@ -40,7 +47,12 @@ def test_a_sparse_sample_of_an_hour_seeks_and_finds_each_frame(tmp_path):
 def test_qwen_vl_utils_sampling_and_metadata(tmp_path):
     clip = _clip(tmp_path / "a.mp4", 40, 10)
     frames, metadata, sample_fps = read_video_sampled({"video": f"file://{clip}", "video_start": 1.0, "nframes": 4})
-    assert metadata == {"fps": 10.0, "frames_indices": [10, 20, 29, 39], "total_num_frames": 30, "video_backend": "pyav"}
+    assert metadata == {
+        "fps": 10.0,
+        "frames_indices": [10, 20, 29, 39],
+        "total_num_frames": 30,
+        "video_backend": "pyav",
+    }
     assert (tuple(frames.shape), sample_fps) == ((4, 3, 48, 64), pytest.approx(4 / 3))
     assert frames[:, 0, 20, 30].tolist() == pytest.approx([10, 20, 29, 39], abs=3)
 

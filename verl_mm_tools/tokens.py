@@ -64,6 +64,16 @@ def placeholder_token_ids(
     return token_id(tokenizer, image), token_id(tokenizer, video)
 
 
+def video_placeholder_tokens(processor: ProcessorMixin, video_grid_thw: Any) -> int:
+    """Placeholder tokens the processor wrote for videos of these grids (frames x rows x columns of patches, each
+    ``merge_size`` x ``merge_size`` patches one token)."""
+    if video_grid_thw is None or len(video_grid_thw) == 0:
+        return 0
+    video_processor = getattr(processor, "video_processor", None) or processor.image_processor
+    merge = int(getattr(video_processor, "merge_size", 2))
+    return int(sum(int(t) * int(h) * int(w) for t, h, w in video_grid_thw.tolist())) // (merge * merge)
+
+
 def processor_image_tokens(
     processor: ProcessorMixin, image: Image.Image, mm_processor_kwargs: dict | None = None
 ) -> int:

@@ -155,7 +155,7 @@ def _decode_wanted(
     base = float(stream.time_base) if stream.time_base else 1 / info.fps
     found: dict[int, np.ndarray] = {}
     position = -1  # the index of the last frame decoded
-    pending, sought = list(wanted), set()  # sought: the targets a seek was made for (a seek may land far before)
+    pending, sought = list(wanted), set[int]()  # sought: the targets a seek was made for (it may land far before)
     try:
         while pending:
             if _worth_a_seek(pending[0], position, info.fps, sought):

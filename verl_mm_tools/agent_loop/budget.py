@@ -201,6 +201,7 @@ class ImageBudget:
         self.min_pixels = max(config.min_pixels or 0, geometry.min_pixels)
         self.max_pixels = min(config.max_pixels or geometry.max_pixels, geometry.max_pixels)
         self.charged: list[int] = []  # each image's tokens, in the trajectory's order
+        self.video_tokens = 0  # the prompt's videos: in context for the whole trajectory
 
     @property
     def images(self) -> int:
@@ -209,8 +210,8 @@ class ImageBudget:
 
     @property
     def tokens(self) -> int:
-        """Image tokens in the context."""
-        return sum(self._in_context(self.charged))
+        """Image and video tokens in the context."""
+        return sum(self._in_context(self.charged)) + self.video_tokens
 
     def _in_context(self, charged: list[int], room_for: int = 0) -> list[int]:
         """The images of ``charged`` the context keeps beside ``room_for`` newer ones."""
@@ -227,13 +228,25 @@ class ImageBudget:
         if problem:
             raise ImageBudgetError(f"{problem}; raise the mm_tool budget or shrink the dataset images")
 
+    def admit_prompt_videos(self, tokens: int) -> None:
+        """Charge the prompt's videos (their placeholder tokens, once rendered): never refused, and a prompt over
+        budget fails the trajectory (an ImageBudgetError)."""
+        self.video_tokens = tokens
+        problem = self._prompt_problem()
+        if problem:
+            raise ImageBudgetError(
+                f"{problem}; raise max_image_tokens, or sample the videos with fewer frames or pixels (fps, "
+                "nframes, max_pixels in the video entries)"
+            )
+
     def _prompt_problem(self) -> str | None:
-        images, tokens = len(self.charged), sum(self.charged)  # the first prompt is rendered whole
+        images, tokens = len(self.charged), sum(self.charged) + self.video_tokens  # the first prompt is whole
         if images > self.config.max_images:
             return f"the prompt holds {images} images, more than max_images={self.config.max_images}"
         if self.config.max_image_tokens is not None and tokens > self.config.max_image_tokens:
+            videos = f" ({self.video_tokens} of them its videos')" if self.video_tokens else ""
             return (
-                f"the prompt's images need {tokens} image tokens, more than max_image_tokens="
+                f"the prompt's images need {tokens} image tokens{videos}, more than max_image_tokens="
                 f"{self.config.max_image_tokens}"
             )
         return None
@@ -306,7 +319,7 @@ class ImageBudget:
     def _tokens_left(self) -> int:
         if self.config.max_image_tokens is None:
             return 1 << 62
-        return self.config.max_image_tokens - sum(self._in_context(self.charged, room_for=1))
+        return self.config.max_image_tokens - sum(self._in_context(self.charged, room_for=1)) - self.video_tokens
 
     def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
         if self.config.over_budget is not OverBudget.DOWNSCALE or tokens_left < 1:

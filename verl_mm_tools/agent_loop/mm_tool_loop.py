@@ -36,7 +36,7 @@ from verl_mm_tools.agent_loop.loop_output import ADAPTATION as OUTPUT_MODEL
 from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
-from verl_mm_tools.agent_loop.prompt import new_agent_data, sample_name, start_environment
+from verl_mm_tools.agent_loop.prompt import charge_prompt_videos, new_agent_data, sample_name, start_environment
 from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, TrajectoryState, Turn, attached_state
 from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
 from verl_mm_tools.envs import Observation
@@ -238,6 +238,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             mm_inputs_out=mm_inputs,
         )
         agent_data.mm_processor_output = self.build_sglang_video_payload(agent_data.video_data, mm_inputs)
+        charge_prompt_videos(state, self.context.processor, mm_inputs)
         state.prompt_ids = list(agent_data.prompt_ids)
         context = self.context
         startup.require_visible_tools(

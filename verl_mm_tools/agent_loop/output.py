@@ -24,6 +24,7 @@ from verl_mm_tools.errors import (
     ImageBudgetError,
     ImageInputError,
     TrajectoryValidationError,
+    VideoInputError,
 )
 from verl_mm_tools.handoff import LoopSettings
 from verl_mm_tools.tokens import processor_image_tokens
@@ -40,6 +41,7 @@ EXPECTED_ERRORS = (
     ToolCrashError,
     ImageInputError,
     FileAccessError,
+    VideoInputError,
     EngineAbortedError,
 )
 MASKED_NOTICE = "This sample was dropped by verl-mm-tools; see mm_tool/error."
@@ -72,7 +74,7 @@ class OutputBuilder:
         outputs = []
         for index, sample in enumerate([*state.samples, current]):
             output, spans = self._output(agent_data, sample, state.sample_turns(index))
-            problems = self._problems(output, image_tokens[sample.first_image : sample.images])
+            problems = self._problems(output, image_tokens[sample.first_image : sample.images], state)
             if problems:
                 raise TrajectoryValidationError(f"training sample {index + 1}: " + "; ".join(problems))
             outputs.append((output, spans))
@@ -98,7 +100,8 @@ class OutputBuilder:
             return []
         return [processor_image_tokens(processor, image, mm_processor_kwargs) for image in images]
 
-    def _problems(self, output: MMToolOutput, image_tokens: list[int]) -> list[str]:
+    def _problems(self, output: MMToolOutput, image_tokens: list[int], state: TrajectoryState) -> list[str]:
+        placeholder_ids = self.context.placeholder_ids
         return trajectory_problems(
             prompt_ids=output.prompt_ids,
             response_ids=output.response_ids,
@@ -107,6 +110,8 @@ class OutputBuilder:
             image_tokens=image_tokens,
             image_token_id=self.context.image_token_id,
             forbidden_generated=self.context.forbidden_generated,
+            video_tokens=state.prompt_video_tokens,
+            video_token_id=placeholder_ids[1] if placeholder_ids else None,
         )
 
     def _output(self, agent_data: LoopAgentData, sample: SampleCut, turns: list[Turn]) -> tuple[MMToolOutput, list]:
@@ -154,7 +159,7 @@ class OutputBuilder:
         output = self._prompt_only(agent_data, state)
         if output is None:
             notice = self.context.tokenizer.encode(MASKED_NOTICE, add_special_tokens=False)
-            output = self._masked(notice[-self.context.prompt_length :], [], agent_data)
+            output = self._masked(notice[-self.context.prompt_length :], {}, agent_data)
         state.stats.images = len((output.multi_modal_data or {}).get("images", []))
         return output
 
@@ -163,11 +168,12 @@ class OutputBuilder:
         if agent_data is None or not state.prompt_length:
             return None
         images = agent_data.image_data[: state.prompt_images]
-        output = self._masked(state.prompt_ids, images, agent_data)
+        # the prompt's videos with its images: their placeholders are in prompt_ids
+        output = self._masked(state.prompt_ids, _multi_modal_data(agent_data, images), agent_data)
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
-        return None if self._problems(output, image_tokens) else output
+        return None if self._problems(output, image_tokens, state) else output
 
-    def _masked(self, prompt_ids: list[int], images: list, agent_data: LoopAgentData | None) -> MMToolOutput:
+    def _masked(self, prompt_ids: list[int], multi_modal_data: dict, agent_data: LoopAgentData | None) -> MMToolOutput:
         # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
         logprobs = [0.0] if self.context.calculate_log_probs else None
         routed = getattr(agent_data, "routed_experts", None)
@@ -176,7 +182,7 @@ class OutputBuilder:
             response_ids=[self.context.tokenizer.eos_token_id],
             response_mask=[0],
             response_logprobs=logprobs,
-            multi_modal_data={"images": list(images)} if images else {},
+            multi_modal_data=multi_modal_data,
             mm_processor_kwargs=getattr(agent_data, "mm_processor_kwargs", None),
             num_turns=1,
             metrics=getattr(agent_data, "metrics", {}),  # type: ignore[arg-type, unused-ignore]  # pydantic reads the dict, as verl's

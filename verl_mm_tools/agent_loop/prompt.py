@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
@@ -20,6 +20,10 @@ from verl_mm_tools.agent_loop.state import TrajectoryState
 from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.ops.text import valid_text
+from verl_mm_tools.tokens import video_placeholder_tokens
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
 from verl_mm_tools.workspace import ImageWorkspace
 
 
@@ -55,6 +59,15 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     state.budget = ImageBudget(context.options, context.geometry) if context.geometry else None
     state.prompt_images = len(agent_data.image_data)
     return agent_data
+
+
+def charge_prompt_videos(state: TrajectoryState, processor: ProcessorMixin | None, mm_inputs: dict) -> None:
+    """Count the rendered prompt's video tokens (the processor's grids) and charge them to the budget."""
+    if processor is None or mm_inputs.get("video_grid_thw") is None:
+        return
+    state.prompt_video_tokens = video_placeholder_tokens(processor, mm_inputs["video_grid_thw"])
+    if state.budget is not None:
+        state.budget.admit_prompt_videos(state.prompt_video_tokens)
 
 
 def select_tools(agent_data: LoopAgentData, tools: dict, selection: Iterable[str] | None) -> None:

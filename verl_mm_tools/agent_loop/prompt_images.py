@@ -1,4 +1,4 @@
-"""The prompt's images, made safe before verl reads them.
+"""The prompt's images (and, through ``prompt_videos``, its videos), made safe before verl reads them.
 
 verl hands a sample's messages to qwen_vl_utils, which opens any local path or fetches any URL it finds, decodes
 without a size limit, and fails mid-batch on a truncated file or an aspect ratio over 200 with an error naming
@@ -15,6 +15,7 @@ import binascii
 
 from PIL import Image
 
+from verl_mm_tools.agent_loop.prompt_videos import is_video, safe_video_item
 from verl_mm_tools.errors import FileAccessError, ImageInputError
 from verl_mm_tools.files import FileRoots, decode_image, loaded_rgb
 
@@ -26,8 +27,9 @@ worker-thread hop costs more than checking them (~0.2 ms per trajectory, see ``v
 
 
 def safe_messages(messages: list[dict], files: FileRoots, sample: str) -> list[dict]:
-    """Copies of the messages whose image entries hold checked RGB images; the dataset's own are left untouched."""
-    safe, number = [], 0
+    """Copies of the messages whose image entries hold checked RGB images and whose video entries are checked
+    (``prompt_videos``); the dataset's own are left untouched."""
+    safe, number, videos = [], 0, 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -38,17 +40,28 @@ def safe_messages(messages: list[dict], files: FileRoots, sample: str) -> list[d
             if _is_image(item):
                 number += 1
                 item = _safe_item(item, files, f"sample {sample}, prompt image {number}")
+            elif is_video(item):
+                videos += 1
+                item = safe_video_item(
+                    item,
+                    files,
+                    f"sample {sample}, prompt video {videos}",
+                    lambda frame, name: safe_image(frame, files, name),
+                )
             items.append(item)
         safe.append({**message, "content": items})
     return safe
 
 
 def cheap_to_check(messages: list[dict]) -> bool:
-    """Whether ``safe_messages`` may run on the event loop: every image is a PIL image, INLINE_MAX_PIXELS in all."""
+    """Whether ``safe_messages`` may run on the event loop: no video, every image a PIL image, INLINE_MAX_PIXELS in
+    all."""
     pixels = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         for item in content if isinstance(content, list) else ():
+            if is_video(item):
+                return False
             if _is_image(item):
                 source = item.get("image")
                 if not isinstance(source, Image.Image):
@@ -58,8 +71,8 @@ def cheap_to_check(messages: list[dict]) -> bool:
 
 
 def _is_image(item: object) -> bool:
-    """What qwen_vl_utils takes for an image entry (videos are left to verl)."""
-    if not isinstance(item, dict) or "video" in item:
+    """What qwen_vl_utils takes for an image entry."""
+    if not isinstance(item, dict) or is_video(item):
         return False
     return "image" in item or "image_url" in item or item.get("type") in ("image", "image_url")
 
@@ -70,6 +83,12 @@ def _safe_item(item: dict, files: FileRoots, name: str) -> dict:
         source = source.get("url", source.get("bytes"))
     if source is None:
         source = item.get("bytes")
+    safe = {key: value for key, value in item.items() if key not in ("image_url", "bytes")}
+    return {**safe, "type": "image", "image": safe_image(source, files, name)}
+
+
+def safe_image(source: object, files: FileRoots, name: str) -> Image.Image:
+    """An image, path or bytes as a decoded RGB image the Qwen-VL processors accept."""
     image = _decoded(source, files, name)
     width, height = image.size
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
@@ -77,8 +96,7 @@ def _safe_item(item: dict, files: FileRoots, name: str) -> dict:
             f"{name}: {width}x{height} px is more elongated than the {MAX_ASPECT_RATIO}:1 Qwen-VL "
             "processors accept; crop or pad it in the dataset"
         )
-    safe = {key: value for key, value in item.items() if key not in ("image_url", "bytes")}
-    return {**safe, "type": "image", "image": image}
+    return image
 
 
 def _decoded(source: object, files: FileRoots, name: str) -> Image.Image:

@@ -153,6 +153,7 @@ class TrajectoryState:
     files: FileRoots = field(default_factory=FileRoots)  # what tools and environments may read
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
+    prompt_video_tokens: int = 0  # the placeholder tokens of the first prompt's videos (the processor's count)
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
     first_image: int = 0  # the current sample's first image in context: the earlier ones left it (keep_last_images)
     request_id: str = ""  # verl's, once the trajectory has one

@@ -31,6 +31,8 @@ def trajectory_problems(
     image_tokens: list[int],
     image_token_id: int | None,
     forbidden_generated: frozenset[int],
+    video_tokens: int = 0,
+    video_token_id: int | None = None,
 ) -> list[str]:
     """Every violated invariant, as sentences for a log line (empty when the trajectory is sound)."""
     problems = []
@@ -43,6 +45,12 @@ def trajectory_problems(
         if runs != image_tokens:
             problems.append(
                 f"image placeholder runs {runs} do not match the processor's tokens per image {image_tokens}"
+            )
+    if video_token_id is not None:
+        found = (prompt_ids + response_ids).count(video_token_id)
+        if found != video_tokens:
+            problems.append(
+                f"{found} video placeholder tokens do not match the processor's {video_tokens} for the videos"
             )
     generated = [token for token, mask in zip(response_ids, response_mask) if mask and token in forbidden_generated]
     if generated:
