@@ -56,6 +56,35 @@ class VideoInfo:
     codec: str
 
 
+@dataclass(frozen=True)
+class VideoSource:
+    """One of a trajectory's videos as a tool reads it: a checked file (``path``, ``info``) or frames given as images
+    (``frames``, shown ``fps`` apart: the entry's ``sample_fps``, as qwen-vl-utils reads it)."""
+
+    path: str | None = None
+    info: VideoInfo | None = None
+    frames: tuple[Any, ...] = ()  # PIL images
+    fps: float = 2.0
+
+    @property
+    def duration_s(self) -> float:
+        return self.info.duration_s if self.info is not None else len(self.frames) / self.fps
+
+    def frame_at(self, seconds: float) -> int:
+        """The index of the frame shown at ``seconds`` (clamped to the video)."""
+        count = self.info.frames if self.info is not None else len(self.frames)
+        fps = self.info.fps if self.info is not None else self.fps
+        return min(count - 1, max(0, int(seconds * fps)))
+
+    def images(self, indices: list[int]) -> list[Any]:
+        """The frames at ``indices`` as RGB PIL images (decoded from the file, bounded like every decode)."""
+        from PIL import Image
+
+        if self.path is None:
+            return [self.frames[index] for index in indices]
+        return [Image.fromarray(frame) for frame in decode_frames(self.path, indices)]
+
+
 def probe_video(path: str | Path, *, source: str | None = None) -> VideoInfo:
     """The header of the video at ``path``, checked; ``source`` names it in errors (default: the path)."""
     name = source or str(path)

@@ -7,13 +7,14 @@ placeholder tokens appear in the token stream. The workspace wraps the trajector
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
 
 from verl_mm_tools.errors import ToolInputError
 from verl_mm_tools.files import STATE_ATTR, FileRoots
+from verl_mm_tools.video import VideoSource
 
 
 class ImageWorkspace:
@@ -62,6 +63,7 @@ class ToolContext:
 
     workspace: ImageWorkspace
     files: FileRoots
+    videos: list[VideoSource] = field(default_factory=list)  # the prompt's videos: Video 1 is the first
 
 
 def attach_tool_context(agent_data: object, context: object) -> None:
@@ -81,3 +83,9 @@ def workspace_of(agent_data: Any) -> ImageWorkspace:  # what verl hands a tool (
         if agent_data is not None:
             agent_data.image_data = images
     return ImageWorkspace(images)
+
+
+def videos_of(agent_data: Any) -> list[VideoSource]:  # what verl hands a tool (its kwargs are Any), or None
+    """The prompt's videos of a trajectory, as the mm_tool loop checked them (none under other loops)."""
+    videos = getattr(getattr(agent_data, STATE_ATTR, None), "videos", None)
+    return videos if isinstance(videos, list) else []

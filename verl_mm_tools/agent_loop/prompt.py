@@ -15,12 +15,15 @@ from verl_mm_tools.agent_loop.agent_data import LoopAgentData
 from verl_mm_tools.agent_loop.budget import ImageBudget
 from verl_mm_tools.agent_loop.context import LoopContext
 from verl_mm_tools.agent_loop.prompt_images import cheap_to_check, safe_messages
+from verl_mm_tools.agent_loop.prompt_videos import video_sources
 from verl_mm_tools.agent_loop.sessions import ToolSessions
 from verl_mm_tools.agent_loop.state import TrajectoryState
 from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
+from verl_mm_tools.files import FileRoots
 from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.tokens import video_placeholder_tokens
+from verl_mm_tools.video import VideoSource
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
@@ -32,10 +35,11 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     # decoded, checked RGB images (paths read through the file roots), off the event loop as verl decodes
     # unless they are few small PIL images
     arguments = (list(row["raw_prompt"]), context.files, sample_name(row))
+    videos: list[VideoSource] = []  # none where the check is cheap
     if cheap_to_check(arguments[0]):
         messages = safe_messages(*arguments)
     else:
-        messages = await asyncio.get_running_loop().run_in_executor(None, safe_messages, *arguments)
+        messages, videos = await asyncio.get_running_loop().run_in_executor(None, _checked_prompt, *arguments)
     multi_modal_data = await context.process_multi_modal_info(messages)
     # verl's AgentData; select_tools gives it the two tool fields LoopAgentData adds to the ones verl declares
     agent_data = cast(
@@ -54,11 +58,18 @@ async def new_agent_data(context: LoopContext, row: dict, priority: int, state: 
     select_tools(agent_data, context.tools, (row.get("extra_info") or {}).get("tool_selection"))
     state.attach(agent_data)
     state.workspace = ImageWorkspace(agent_data.image_data)  # by reference: tools' images land in image_data
+    state.videos = videos
     state.request_id = agent_data.request_id
     state.sessions = ToolSessions(agent_data._active_tools, agent_data.tools_kwargs)
     state.budget = ImageBudget(context.options, context.geometry) if context.geometry else None
     state.prompt_images = len(agent_data.image_data)
     return agent_data
+
+
+def _checked_prompt(messages: list[dict], files: FileRoots, sample: str) -> tuple[list[dict], list[VideoSource]]:
+    """The messages made safe, and their videos as tools read them."""
+    safe = safe_messages(messages, files, sample)
+    return safe, video_sources(safe)
 
 
 def charge_prompt_videos(state: TrajectoryState, processor: ProcessorMixin | None, mm_inputs: dict) -> None:

@@ -21,7 +21,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import FileAccessError, VideoInputError
 from verl_mm_tools.files import FileRoots
-from verl_mm_tools.video import VideoInfo, probe_video
+from verl_mm_tools.video import VideoInfo, VideoSource, probe_video
 
 MAX_FRAMES = 768
 """qwen-vl-utils' own ceiling on sampled frames (FPS_MAX_FRAMES)."""
@@ -106,3 +106,18 @@ def _check_range(item: dict[str, Any], info: VideoInfo, name: str) -> None:
         raise VideoInputError(
             f"{name}: nframes={item['nframes']} asks for more frames than its {start:g}-{end:g} s hold ({frames})"
         )
+
+
+def video_sources(messages: list[dict]) -> list[VideoSource]:
+    """The checked video entries of ``messages`` (``safe_video_item``'s), in order, as tools read them."""
+    sources = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for item in content if isinstance(content, list) else ():
+            if not is_video(item):
+                continue
+            if isinstance(item["video"], str):
+                sources.append(VideoSource(path=item["video"], info=probe_video(item["video"])))
+            else:
+                sources.append(VideoSource(frames=tuple(item["video"]), fps=float(item.get("sample_fps", 2.0))))
+    return sources

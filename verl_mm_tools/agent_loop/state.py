@@ -19,6 +19,7 @@ from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.files import STATE_ATTR, FileRoots
 from verl_mm_tools.handoff import LoopSettings, SampleFields, StopReason, ToolStats
 from verl_mm_tools.ops.transform import distinct_image_bytes
+from verl_mm_tools.video import VideoSource
 from verl_mm_tools.workspace import ImageWorkspace, attach_tool_context
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ class TrajectoryState:
     env: Environment | None = None  # the trajectory's environment, until closed
     workspace: ImageWorkspace = field(default_factory=ImageWorkspace)  # ids over the trajectory's images
     files: FileRoots = field(default_factory=FileRoots)  # what tools and environments may read
+    videos: list[VideoSource] = field(default_factory=list)  # the prompt's videos, checked: Video 1 is the first
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     prompt_video_tokens: int = 0  # the placeholder tokens of the first prompt's videos (the processor's count)

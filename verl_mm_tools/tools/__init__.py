@@ -18,6 +18,7 @@ from verl_mm_tools.tools.image_tools import (
     ZoomInTool,
 )
 from verl_mm_tools.tools.python_tool import PythonTool, PythonToolConfig
+from verl_mm_tools.tools.video_tools import GetFramesConfig, GetFramesTool
 
 BUILTIN_TOOLS = (RotateTool, FlipTool, CropTool, ZoomInTool, DrawBBoxTool, DrawLineTool)
 
@@ -27,6 +28,8 @@ __all__ = [
     "DrawBBoxTool",
     "DrawLineTool",
     "FlipTool",
+    "GetFramesConfig",
+    "GetFramesTool",
     "ImageTool",
     "ImageToolConfig",
     "PythonTool",

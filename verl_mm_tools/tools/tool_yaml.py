@@ -12,3 +12,6 @@ ZOOM_TOOLS_YAML = (
 
 # The click tool alone: the demo's GUI task (demo.click_task), one action per episode.
 CLICK_TOOLS_YAML = "tools:\n  - class_name: verl_mm_tools.tools.gui_tools.ClickTool\n    config:\n      type: native\n"
+GET_FRAMES_TOOLS_YAML = (
+    "tools:\n  - class_name: verl_mm_tools.tools.video_tools.GetFramesTool\n    config:\n      type: native\n"
+)

@@ -42,12 +42,14 @@ def torchvision_reads_video() -> bool:
 
 @ADAPTATION.replaces(BACKEND_CHOICE)
 def get_video_reader_backend(choose: Callable[[], str]) -> str:
-    chosen = choose()
-    if chosen == "torchvision" and not torchvision_reads_video():
+    """qwen-vl-utils' choice, unless it would be a torchvision that cannot read (asked before it prints its choice)."""
+    module: Any = importlib.import_module(MODULE)
+    cannot_read = not (module.is_torchcodec_available() or module.is_decord_available() or torchvision_reads_video())
+    if module.FORCE_QWENVL_VIDEO_READER is None and cannot_read:
         from verl_mm_tools.video import BACKEND
 
         return BACKEND
-    return chosen
+    return choose()
 
 
 @ADAPTATION.installs

@@ -1,0 +1,96 @@
+"""``get_frames`` (``tools.video_tools``) through the mm_tool loop: verl's AgentLoopWorker, the tiny Qwen2.5-VL, a real
+MP4 file in the prompt, the frames shown to the model as images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.runtime.rollout import LocalRollout
+from verl_mm_tools.runtime.scripted_client import tool_call_text
+from verl_mm_tools.tools.video_tools import GetFramesTool
+from verl_mm_tools.video import write_video
+
+GREY, RED = (120, 120, 120), (220, 20, 20)
+ANSWER = "<answer>red</answer>"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """4 s at 10 fps, 84 x 56 px; frames 23 and 24 (2.3-2.5 s) red, the others grey."""
+    root = tmp_path_factory.mktemp("videos")
+    frames = [np.full((56, 84, 3), RED if index in (23, 24) else GREY, np.uint8) for index in range(40)]
+    write_video(root / "flash.mp4", frames, 10)
+    return root
+
+
+def _rollout(model_dir, workdir, root, calls: list[dict], video: dict | None = None, **tool_config):
+    video = video or {"video": "flash.mp4", "fps": 1.0}
+    prompt = [{"role": "user", "content": [{"type": "video", **video}, {"type": "text", "text": "Which colour?"}]}]
+    turns = [tool_call_text("get_frames", **arguments) for arguments in calls] + [ANSWER]
+    output, client, worker = LocalRollout(model_dir, None, workdir).run(
+        turns,
+        [prompt],
+        columns={"extra_info": [{"index": 0}]},
+        tools=[GetFramesTool(tool_config)],
+        loop_options={"file_roots": [str(root)]},
+        prompt_length=1024,
+        response_length=1024,
+    )
+    return output, client, worker
+
+
+def _tool_texts(output, worker) -> list[str]:
+    text = worker.tokenizer.decode(output.batch["responses"][0], skip_special_tokens=False)
+    return [part.split("<|im_end|>")[0].strip() for part in text.split("<|im_start|>user\n")[1:]]
+
+
+def _colour(image: Image.Image) -> str:
+    red, green, _ = image.getpixel((image.width // 2, image.height // 2))
+    return "red" if red - green > 100 else "grey"
+
+
+def test_frames_of_a_window_come_back_as_images_the_model_sees(tiny_model_dir, root, tmp_path):
+    calls = [
+        {"video_id": 1, "start_s": 2.2, "end_s": 2.5, "n": 4},
+        {"video_id": 2, "start_s": 0, "end_s": 1},
+        {"video_id": 1, "start_s": 5, "end_s": 6},
+    ]
+    output, client, worker = _rollout(tiny_model_dir, tmp_path, root, calls)
+    pads = "<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>"  # 84 x 56 px: 3 x 2 tokens
+    assert _tool_texts(output, worker) == [
+        "<tool_response>\n"
+        + pads * 4
+        + "Image 1 at 2.20 s, Image 2 at 2.30 s, Image 3 at 2.40 s, Image 4 at 2.50 s: frames of Video 1, 84x56 px."
+        + "\n</tool_response>",
+        "<tool_response>\nError from get_frames: video_id must be between 1 and 1, got 2\n</tool_response>",
+        "<tool_response>\nError from get_frames: start_s must be at least 0 and less than the video's 4 s, got 5"
+        "\n</tool_response>",
+    ]
+    frames = client.requests[1]["images"]  # the second turn's request: the four frames (the video goes apart)
+    assert [(image.size, _colour(image)) for image in frames] == [
+        ((84, 56), "grey"),
+        ((84, 56), "red"),
+        ((84, 56), "red"),
+        ((84, 56), "grey"),
+    ]
+    assert output.non_tensor_batch["mm_tool/images"][0] == 4
+    assert output.non_tensor_batch["mm_tool/masked"][0] == 0
+
+
+def test_frames_given_as_images_are_timed_by_their_sample_fps(tiny_model_dir, root, tmp_path):
+    frames = [Image.new("RGB", (56, 56), RED if index == 3 else GREY) for index in range(4)]
+    video = {"video": frames, "sample_fps": 2.0}  # 2 s: frame 3 at 1.5 s
+    output, client, _ = _rollout(
+        tiny_model_dir, tmp_path, root, [{"video_id": 1, "start_s": 1.0, "end_s": 1.5, "n": 2}], video=video
+    )
+    assert [_colour(image) for image in client.requests[1]["images"]] == ["grey", "red"]
+
+
+def test_n_is_bounded_by_the_config():
+    tool = GetFramesTool({"max_frames": 2})
+    assert tool.settings.max_frames == 2
+    with pytest.raises(ConfigError, match="max_frames must be between 1 and 32, got 64"):
+        GetFramesTool({"max_frames": 64})
