@@ -1,4 +1,4 @@
-"""``verl-mm-tools make-data {rotation,zoom,count,geo3k,miniwob}``: write verl RL parquet for the built-in tasks."""
+"""``verl-mm-tools make-data {rotation,zoom,count,geo3k,miniwob,video}``: write verl RL parquet for the built-in tasks."""
 
 from __future__ import annotations
 
@@ -59,6 +59,16 @@ def _miniwob(args: argparse.Namespace) -> list[Path]:
     return list(write_miniwob_dataset(args.out, tasks=tasks, episodes=args.episodes, val_episodes=args.val_episodes))
 
 
+def _video(args: argparse.Namespace) -> list[Path]:
+    from verl_mm_tools.data.video import write_video_dataset
+
+    return list(
+        write_video_dataset(
+            args.out, train_size=args.train_size, val_size=args.val_size, seed=args.seed, seconds=args.seconds
+        )
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -77,6 +87,7 @@ def add_make_data_command(commands: argparse._SubParsersAction[argparse.Argument
         ("rotation", _rotation, "synthetic rotation estimation (train/val parquet)"),
         ("zoom", _zoom, "V*-like: a small digit in a large image (train/val parquet)"),
         ("count", _count, "count the red squares, where the python tool pays (train/val parquet)"),
+        ("video", _video, "a colour flashing between the prompt's frames, where get_frames pays (MP4 + parquet)"),
     ):
         task = tasks.add_parser(name, help=help_text)
         task.add_argument("--out", required=True, help="output directory")
@@ -106,6 +117,9 @@ def add_make_data_command(commands: argparse._SubParsersAction[argparse.Argument
     )
     tasks.choices["zoom"].add_argument(
         "--target", type=whole_number(8), default=24, help="digit box side in pixels, at most SIDE/4 (default 24)"
+    )
+    tasks.choices["video"].add_argument(
+        "--seconds", type=whole_number(2, 60), default=4, help="clip length in seconds, at 10 fps (default 4)"
     )
     geo3k = tasks.add_parser("geo3k", help="convert a downloaded hiyouga/geometry3k to mm_tool parquet")
     geo3k.add_argument("--source", required=True, help="directory (or parquet file) of the dataset as on the hub")
