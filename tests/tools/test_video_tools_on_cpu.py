@@ -63,8 +63,8 @@ def test_frames_of_a_window_come_back_as_images_the_model_sees(tiny_model_dir, r
     assert _tool_texts(output, worker) == [
         "<tool_response>\n"
         + pads * 4
-        + "Image 1 at 2.20 s, Image 2 at 2.30 s, Image 3 at 2.40 s, Image 4 at 2.50 s: frames of Video 1, 84x56 px."
-        + "\n</tool_response>",
+        + "Image 1: Video 1 at 2.20 s. Image 2: Video 1 at 2.30 s. Image 3: Video 1 at 2.40 s. Image 4: Video 1 at "
+        "2.50 s. (84x56 px)" + "\n</tool_response>",
         "<tool_response>\nError from get_frames: video_id must be between 1 and 1, got 2\n</tool_response>",
         "<tool_response>\nError from get_frames: start_s must be at least 0 and less than the video's 4 s, got 5"
         "\n</tool_response>",
@@ -94,3 +94,12 @@ def test_n_is_bounded_by_the_config():
     assert tool.settings.max_frames == 2
     with pytest.raises(ConfigError, match="max_frames must be between 1 and 32, got 64"):
         GetFramesTool({"max_frames": 64})
+
+
+def test_check_tool_passes_get_frames_on_its_probe_video():
+    from verl_mm_tools.tools import check_tool
+
+    lines = str(check_tool(GetFramesTool())).splitlines()  # a ToolCheckError would list every check that failed
+    assert lines[0] == "tool 'get_frames': 50 checks passed"
+    assert "  ok  bad input answered as text: no video in the conversation" in lines
+    assert "  ok  bad input answered as text: video_id 99 of 1 video" in lines

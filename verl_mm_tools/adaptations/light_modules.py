@@ -89,6 +89,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.data.geo3k",
         "verl_mm_tools.data.miniwob",
         "verl_mm_tools.data.rotation",
+        "verl_mm_tools.data.video",
         "verl_mm_tools.data.zoom",
         "verl_mm_tools.data.zoom_color",
         "verl_mm_tools.demo",

@@ -1,4 +1,4 @@
-"""``verl-mm-tools make-data {rotation,zoom,count,geo3k,miniwob,video}``: write verl RL parquet for the built-in tasks."""
+"""``verl-mm-tools make-data {rotation,zoom,count,geo3k,miniwob,video}``: write verl RL parquet for built-in tasks."""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ it) when the tool conforms:
 * bad input (an unknown argument, a missing image, ``image_id`` 99, hostile values for every parameter) is
   answered as text, without images and without raising.
 
+A video tool (one with a ``video_id`` parameter, e.g. ``get_frames``) gets a probe video of 4 frames of the probe
+image's size, 0.5 s apart, as the conversation's Video 1; its bad input includes a conversation without videos and
+``video_id`` 99.
+
 A GUI tool (``gui_tools.ScreenTool``) acts on an environment's page: ``verl_mm_tools.envs.check_gui_tool(tool,
 env)`` resets ``env`` (any ``ScreenEnvironment``, e.g. ``MiniWoBEnv("click-test")``), runs these checks on its
 screenshot in place of the 64x48 image (``acheck_tool``'s ``probe`` and ``screen``), and closes it.
@@ -34,6 +38,7 @@ from verl_mm_tools.check_report import CheckReport
 from verl_mm_tools.errors import ConfigError, VerlMMToolsError
 from verl_mm_tools.files import STATE_ATTR, FileRoots
 from verl_mm_tools.tools.gui_tools import ScreenTool
+from verl_mm_tools.video import VideoSource
 from verl_mm_tools.workspace import ImageWorkspace
 
 PROBE_SIZE = (64, 48)
@@ -51,6 +56,15 @@ def probe_image() -> Image.Image:
     image = Image.new("RGB", PROBE_SIZE)
     image.putdata([(4 * x, 5 * y, 128) for y in range(PROBE_SIZE[1]) for x in range(PROBE_SIZE[0])])
     return image
+
+
+def probe_video() -> VideoSource:
+    """4 frames of the probe image's size, 0.5 s apart, each a different grey."""
+    return VideoSource(frames=tuple(Image.new("RGB", PROBE_SIZE, (60 * i,) * 3) for i in range(4)), fps=2.0)
+
+
+def takes_video(tool: BaseTool) -> bool:
+    return "video_id" in tool.tool_schema.function.parameters.properties
 
 
 def schema_problems(tool: object) -> list[str]:
@@ -83,11 +97,15 @@ def schema_problems(tool: object) -> list[str]:
 
 
 async def _call(
-    tool: BaseTool, arguments: dict[str, Any], images: list[Image.Image], screen: object | None = None
+    tool: BaseTool,
+    arguments: dict[str, Any],
+    images: list[Image.Image],
+    screen: object | None = None,
+    videos: list[VideoSource] | None = None,
 ) -> object:
     agent_data = types.SimpleNamespace(image_data=images)
-    if screen is not None:  # what a GUI tool reads of its trajectory: the images and the environment
-        context = types.SimpleNamespace(workspace=ImageWorkspace(images), files=FileRoots(), env=screen)
+    if screen is not None or videos is not None:  # what a GUI or video tool reads: the environment, the videos
+        context = types.SimpleNamespace(workspace=ImageWorkspace(images), files=FileRoots(), env=screen, videos=videos)
         setattr(agent_data, STATE_ATTR, context)
     instance_id, _ = await tool.create()
     try:
@@ -102,7 +120,7 @@ async def valid_call_problems(
     """Problems with the answer to a valid call on the probe image (a GUI tool's: its environment's screenshot)."""
     images = [probe or probe_image()]
     try:
-        result = await _call(tool, arguments, images, screen)
+        result = await _call(tool, arguments, images, screen, [probe_video()] if takes_video(tool) else None)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return [f"a valid call {arguments} raised {type(error).__name__}: {error}"]
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
@@ -126,18 +144,24 @@ async def valid_call_problems(
 
 def _bad_calls(
     tool: BaseTool, arguments: dict[str, Any], probe: Image.Image | None = None
-) -> list[tuple[str, dict[str, Any], list, bool]]:
-    """(what, arguments, images, must_refuse) for each bad input."""
+) -> list[tuple[str, dict[str, Any], list, list[VideoSource] | None, bool]]:
+    """(what, arguments, images, videos, must_refuse) for each bad input."""
     probe = probe or probe_image()
     properties = tool.tool_schema.function.parameters.properties
+    videos = [probe_video()] if takes_video(tool) else None
     calls = [
-        ("an unknown argument", {**arguments, "no_such_argument": 1}, [probe], True),
-        ("no image in the conversation", arguments, [], True),
+        ("an unknown argument", {**arguments, "no_such_argument": 1}, [probe], videos, True),
+        ("no image in the conversation", arguments, [], videos, not videos),
     ]
     if "image_id" in properties:
-        calls.append(("image_id 99 of 1 image", {**arguments, "image_id": 99}, [probe], True))
+        calls.append(("image_id 99 of 1 image", {**arguments, "image_id": 99}, [probe], videos, True))
+    if videos:
+        calls.append(("no video in the conversation", arguments, [probe], [], True))
+        calls.append(("video_id 99 of 1 video", {**arguments, "video_id": 99}, [probe], videos, True))
     for name in properties:
-        calls += [(f"{name}={value!r}", {**arguments, name: value}, [probe], False) for value in _HOSTILE_VALUES]
+        calls += [
+            (f"{name}={value!r}", {**arguments, name: value}, [probe], videos, False) for value in _HOSTILE_VALUES
+        ]
     return calls
 
 
@@ -146,9 +170,9 @@ async def bad_input_problems(
 ) -> list[str]:
     """Problems with the answers to bad input: each must be a text ToolResponse; refusals carry no image."""
     problems = []
-    for what, call_arguments, images, must_refuse in _bad_calls(tool, arguments, probe):
+    for what, call_arguments, images, videos, must_refuse in _bad_calls(tool, arguments, probe):
         try:
-            result = await _call(tool, call_arguments, images, screen)
+            result = await _call(tool, call_arguments, images, screen, videos)
         except Exception as error:  # noqa: BLE001 - reported, not raised
             problems.append(f"{what}: raised {type(error).__name__}: {error}")
             continue

@@ -87,10 +87,11 @@ class GetFramesTool(BaseTool):
             logger.exception("%s failed on arguments %s", self.name, show(parameters))
             return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
         images = [fit_pixels(as_rgb(frame), self.settings.max_pixels) for frame in frames]
-        first = workspace_of(agent_data).next_id
-        shown = ", ".join(f"Image {first + index} at {time:.2f} s" for index, time in enumerate(times))
-        size = f"{images[0].width}x{images[0].height} px"
-        text = f"{shown}: frames of Video {arguments['video_id']}, {size}."
+        first, video_id = workspace_of(agent_data).next_id, arguments["video_id"]
+        shown = " ".join(
+            f"Image {first + index}: Video {video_id} at {time:.2f} s." for index, time in enumerate(times)
+        )
+        text = f"{shown} ({images[0].width}x{images[0].height} px)"
         return ToolResponse(image=images, text=text), 0.0, {}
 
     def _times(self, video: VideoSource, start_s: float, end_s: float, n: int) -> list[float]:
