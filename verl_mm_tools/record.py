@@ -6,10 +6,10 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 6; version 5 records lack the samples'
-``images_left_out``, version 4 records also the turns' ``weight_versions``, version 3 records also ``chat``, version 2
-records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
-``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 7; version 6 records lack ``videos`` and the
+messages' ``video_ids``, version 5 records also the samples' ``images_left_out``, version 4 records also the turns'
+``weight_versions``, version 3 records also ``chat``, version 2 records also ``samples`` and the turns' ``sample``,
+version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -17,9 +17,13 @@ records also ``samples`` and the turns' ``sample``, version 1 records also the t
 - ``messages``: in order, each ``role``, ``turn`` (0 for the prompt, j for assistant turn j and the tool or
   environment messages that answer it), ``text``, ``image_ids``; assistant messages add ``tool_calls`` (``name``,
   ``arguments``) and their text is the decoded generated tokens; tool messages add ``tool_call_id`` and ``error``
-  (the text starts with "Error", as every error of the loop and of the tool library does);
+  (the text starts with "Error", as every error of the loop and of the tool library does); a message holding videos
+  adds ``video_ids``;
 - ``images``: ``id`` (1-based, the ids tools use), ``source`` (prompt, tool or environment), ``turn``, ``width``,
   ``height``, ``file``, ``thumb`` (paths relative to the trajectory folder; None when the pixels were unavailable);
+- ``videos``: the prompt's videos as the model saw them: ``id`` (1-based, "Video N", the ids ``get_frames`` takes),
+  ``source`` (prompt), ``turn``, ``path`` (the file, None for a video given as frames), ``times_s`` (the time of each
+  frame sampled, in the video), ``width``, ``height`` (the frames' size after the processor's resize);
 - ``tool_calls``: flattened, each ``turn``, ``name``, ``arguments``, ``result`` (text), ``error``, ``image_ids``;
 - ``tools_used``: sorted tool names called at least once;
 - ``turns``: per assistant turn as the loop recorded it, ``turn``, ``prompt_tokens`` (tokens before its generation:
@@ -68,7 +72,7 @@ from verl_mm_tools.handoff import PREFIX, SampleFields
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 6
+RECORD_VERSION = 7
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"
@@ -140,10 +144,12 @@ def build_record(
     request_id: str | None = None,
     timing: dict | None = None,
     chat: dict | None = None,
+    videos: list[dict] | None = None,
 ) -> tuple[dict, list]:
     """The JSON-able record of one trajectory and the image for each image id (None when unavailable); ``chat``
-    is ``chat_record``'s."""
+    is ``chat_record``'s; ``videos`` the record's video entries but ``id`` (``video_entry``), in message order."""
     record_messages, message_images = _messages(messages, [turn.text for turn in turns])
+    video_entries = _videos(record_messages, messages, videos or [])
     image_entries, pixels = _images(record_messages, message_images, images)
     if chat is not None and chat_image_ids(chat) != [entry["id"] for entry in image_entries]:
         logger.warning("trajectory record: the rendered conversation's images do not match the messages'; no chat kept")
@@ -158,6 +164,7 @@ def build_record(
         "sample": sample_ids(sample),
         "messages": record_messages,
         "images": image_entries,
+        "videos": video_entries,
         "tool_calls": _tool_calls(record_messages),
         "turns": _turns(turns, samples),
         "samples": _samples(samples, turns),
@@ -298,6 +305,26 @@ def _images(records: list[dict], message_images: list[list], images: list) -> tu
             )
             pixels.append(image)
     return entries, pixels
+
+
+def video_entry(path: str | None, times_s: list[float], width: int, height: int) -> dict:
+    """A video of the record but its id: its file (None: given as frames), its frames' times and shown size."""
+    times = [round(float(time), 3) for time in times_s]
+    return {"source": "prompt", "turn": 0, "path": path, "times_s": times, "width": width, "height": height}
+
+
+def _videos(records: list[dict], messages: list[dict], videos: list[dict]) -> list[dict]:
+    """Number the messages' videos in order (``video_ids``); an entry for each (``videos``, in that order)."""
+    entries: list[dict] = []
+    for record, message in zip(records, messages, strict=False):
+        content = message.get("content")
+        for item in content if isinstance(content, list) else ():
+            if isinstance(item, dict) and (item.get("type") == "video" or "video" in item):
+                video_id = len(entries) + 1
+                record.setdefault("video_ids", []).append(video_id)
+                known = videos[video_id - 1] if video_id <= len(videos) else video_entry(None, [], 1, 1)
+                entries.append({"id": video_id, **known})
+    return entries
 
 
 def _image_source(message: dict) -> str:

@@ -74,6 +74,13 @@ def video_placeholder_tokens(processor: ProcessorMixin, video_grid_thw: Any) -> 
     return int(sum(int(t) * int(h) * int(w) for t, h, w in video_grid_thw.tolist())) // (merge * merge)
 
 
+def video_frame_sizes(processor: ProcessorMixin, video_grid_thw: Any) -> list[tuple[int, int]]:
+    """Each video's frame size (width, height) as the processor shows it: its grid's columns and rows of patches."""
+    video_processor = getattr(processor, "video_processor", None) or processor.image_processor
+    patch = int(getattr(video_processor, "patch_size", 14))
+    return [(int(w) * patch, int(h) * patch) for _, h, w in video_grid_thw.tolist()]
+
+
 def processor_image_tokens(
     processor: ProcessorMixin, image: Image.Image, mm_processor_kwargs: dict | None = None
 ) -> int:

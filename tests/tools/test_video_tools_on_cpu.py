@@ -3,6 +3,9 @@ MP4 file in the prompt, the frames shown to the model as images."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -103,3 +106,93 @@ def test_check_tool_passes_get_frames_on_its_probe_video():
     assert lines[0] == "tool 'get_frames': 50 checks passed"
     assert "  ok  bad input answered as text: no video in the conversation" in lines
     assert "  ok  bad input answered as text: video_id 99 of 1 video" in lines
+
+
+def test_the_dump_keeps_the_prompts_video_and_the_viewer_shows_it(tiny_model_dir, root, tmp_path):
+    """Record version 7: the prompt's video as the model saw it (its file, the times of the frames sampled, their
+    size after the resize), named by the message that holds it; read back as checked, and shown by the viewer."""
+    from verl_mm_tools.record import STAGED_RECORD_FILE, STAGING_DIR
+    from verl_mm_tools.runtime.config import CLASSIC_HOOK
+    from verl_mm_tools.trajectories.read import read_checked
+    from verl_mm_tools.viewer.html import trajectory_page
+
+    prompt = [
+        {
+            "role": "user",
+            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
+        }
+    ]
+    turns = [tool_call_text("get_frames", video_id=1, start_s=2.3, end_s=2.4, n=2), ANSWER]
+    dump_dir = tmp_path / "dump"
+    LocalRollout(tiny_model_dir, None, tmp_path).run(
+        turns,
+        [prompt],
+        columns={"extra_info": [{"index": 0}]},
+        tools=[GetFramesTool()],
+        loop_options={"file_roots": [str(root)], "dump_dir": str(dump_dir)},
+        prompt_length=1024,
+        response_length=1024,
+        extra=CLASSIC_HOOK,
+    )
+    [staged] = (dump_dir / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}")
+    record = read_checked(staged).record
+    assert record["version"] == 7
+    assert record["videos"] == [
+        {
+            "id": 1,
+            "source": "prompt",
+            "turn": 0,
+            "path": str(root / "flash.mp4"),
+            "times_s": [0.0, 1.3, 2.6, 3.9],  # frames 0, 13, 26 and 39 at 10 fps
+            "width": 252,
+            "height": 168,
+        }
+    ]
+    assert [(message["role"], message.get("video_ids")) for message in record["messages"][:1]] == [("user", [1])]
+    assert [image["source"] for image in record["images"]] == ["tool", "tool"]
+    html = trajectory_page(record, None, "index.html", (None, None))
+    assert f"Video 1: 4 frames at 0, 1.3, 2.6, 3.9 s (252x168 px), from {root / 'flash.mp4'}" in html
+
+
+def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
+    from verl_mm_tools.record import RecordError
+    from verl_mm_tools.trajectories.read import read_checked
+
+    base = {"format": "verl-mm-tools/trajectory", "version": 7, "id": "a1", "images": []}
+    video = {"id": 1, "source": "prompt", "turn": 0, "path": None, "times_s": [0.0], "width": 4, "height": 4}
+    cases = {
+        "a video id past the videos": (
+            {"videos": [video], "messages": [{"role": "user", "turn": 0, "text": "", "video_ids": [2]}]},
+            "field messages[0].video_ids[0] must be a video id from 1 to 1, found 2",
+        ),
+        "times that are no numbers": (
+            {"videos": [{**video, "times_s": ["soon"]}], "messages": []},
+            "field videos[0].times_s[0] must be",
+        ),
+        "videos out of order": ({"videos": [{**video, "id": 2}], "messages": []}, "field videos[0].id must be 1"),
+    }
+    for name, (fields, message) in cases.items():
+        path = tmp_path / name / "trajectory.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**base, **fields}))
+        with pytest.raises(RecordError, match=re.escape(message)):
+            read_checked(path)
+
+
+def test_export_sft_and_rescore_leave_out_records_with_videos_by_name(tmp_path):
+    """Their rows and rebuilt inputs hold images only: a record whose prompt holds a video is skipped (export-sft,
+    counted under its reason) or refused (rescore), never exported without its video."""
+    from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet
+    from verl_mm_tools.trajectories.rescore_records import by_model
+    from verl_mm_tools.trajectories.sft import SFTFilters
+
+    record = {"model": "m", "videos": [{"id": 1}], "messages": []}
+    assert SFTFilters().reason_to_skip(record) == (
+        "its prompt holds videos (SFT rows hold images only; the video would be left out)"
+    )
+    loaded = RecordSet([LoadedRecord(record, tmp_path / "trajectory.json")])
+    assert by_model(loaded, None) == {}
+    assert [bad.line() for bad in loaded.bad] == [
+        f"{tmp_path / 'trajectory.json'}: its prompt holds videos, which rescore cannot rebuild (it rebuilds image "
+        "prompts)"
+    ]

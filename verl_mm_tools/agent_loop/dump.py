@@ -46,6 +46,7 @@ from verl_mm_tools.record import (
     build_record,
     chat_record,
     sample_ids,
+    video_entry,
 )
 
 if TYPE_CHECKING:
@@ -112,7 +113,24 @@ def _loop_record(
         timing=output.metrics.model_dump() if hasattr(output.metrics, "model_dump") else dict(output.metrics or {}),
         # a state is attached to agent data only
         chat=_chat(context, agent_data, state) if agent_data is not None and state is not None and messages else None,
+        videos=_video_entries(agent_data, state),
     )
+
+
+def _video_entries(agent_data: LoopAgentData | None, state: TrajectoryState | None) -> list[dict]:
+    """The prompt's videos as the model saw them: the frames qwen-vl-utils sampled (verl's (frames, metadata)), at
+    the size the processor showed them (before the prompt was rendered: qwen-vl-utils' own)."""
+    sampled = getattr(agent_data, "video_data", None) or []
+    sources = state.videos if state is not None else []
+    sizes = state.video_sizes if state is not None else []
+    entries = []
+    for index, (frames, metadata) in enumerate(sampled):
+        fps = float(metadata.get("fps") or 1.0)
+        times = [float(frame) / fps for frame in metadata.get("frames_indices", [])]
+        path = sources[index].path if index < len(sources) else None
+        width, height = sizes[index] if index < len(sizes) else (int(frames.shape[-1]), int(frames.shape[-2]))
+        entries.append(video_entry(path, times, width, height))
+    return entries
 
 
 def _images_left_out(state: TrajectoryState | None, outputs: int) -> list[int]:

@@ -22,7 +22,7 @@ from verl_mm_tools.envs import Sample, make_environment
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.files import FileRoots
 from verl_mm_tools.ops.text import valid_text
-from verl_mm_tools.tokens import video_placeholder_tokens
+from verl_mm_tools.tokens import video_frame_sizes, video_placeholder_tokens
 from verl_mm_tools.video import VideoSource
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def charge_prompt_videos(state: TrajectoryState, processor: ProcessorMixin | Non
     if processor is None or mm_inputs.get("video_grid_thw") is None:
         return
     state.prompt_video_tokens = video_placeholder_tokens(processor, mm_inputs["video_grid_thw"])
+    state.video_sizes = video_frame_sizes(processor, mm_inputs["video_grid_thw"])
     if state.budget is not None:
         state.budget.admit_prompt_videos(state.prompt_video_tokens)
 

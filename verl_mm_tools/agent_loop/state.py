@@ -156,6 +156,7 @@ class TrajectoryState:
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     prompt_video_tokens: int = 0  # the placeholder tokens of the first prompt's videos (the processor's count)
+    video_sizes: list[tuple[int, int]] = field(default_factory=list)  # each prompt video's frame size, as shown
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
     first_image: int = 0  # the current sample's first image in context: the earlier ones left it (keep_last_images)
     request_id: str = ""  # verl's, once the trajectory has one

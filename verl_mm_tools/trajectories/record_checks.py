@@ -110,8 +110,15 @@ def check_fields(record: dict) -> None:
     for position, image in enumerate(images):
         _image(image, position)
     image_count = len(images)
+    videos = items(record.get("videos"), "videos")
+    for position, video in enumerate(videos):
+        _video(video, position)
     for position, message in enumerate(items(record.get("messages"), "messages", optional=False)):
         _message(message, f"messages[{position}]", image_count)
+        for at, video_id in enumerate(items(message.get("video_ids"), f"messages[{position}].video_ids")):
+            count(video_id, f"messages[{position}].video_ids[{at}]", minimum=1, optional=False)
+            if video_id > len(videos):
+                raise _fail(f"messages[{position}].video_ids[{at}]", f"a video id from 1 to {len(videos)}", video_id)
     for position, call in enumerate(items(record.get("tool_calls"), "tool_calls")):
         _tool_call(call, f"tool_calls[{position}]", image_count)
     each(record.get("tools_used"), "tools_used", text)
@@ -155,6 +162,25 @@ def _image(value: object, position: int) -> None:
     count(image.get("height"), f"{where}.height", minimum=1)
     text(image.get("file"), f"{where}.file")
     text(image.get("thumb"), f"{where}.thumb")
+
+
+MAX_VIDEO_FRAMES = 768  # qwen-vl-utils' most frames sampled
+
+
+def _video(value: object, position: int) -> None:
+    where = f"videos[{position}]"
+    video = mapping(value, where, optional=False)
+    if video.get("id") != position + 1 or isinstance(video.get("id"), bool):
+        raise _fail(f"{where}.id", f"{position + 1} (videos are numbered in order)", video.get("id"))
+    text(video.get("source"), f"{where}.source", optional=False)
+    count(video.get("turn"), f"{where}.turn", optional=False)
+    text(video.get("path"), f"{where}.path")
+    times = items(video.get("times_s"), f"{where}.times_s", optional=False)
+    if len(times) > MAX_VIDEO_FRAMES:
+        raise _fail(f"{where}.times_s", f"at most {MAX_VIDEO_FRAMES} frames", f"{len(times)} frames")
+    each(times, f"{where}.times_s", lambda time, at: number(time, at, optional=False))
+    count(video.get("width"), f"{where}.width", minimum=1)
+    count(video.get("height"), f"{where}.height", minimum=1)
 
 
 def _message(value: object, where: str, image_count: int) -> None:

@@ -59,6 +59,8 @@ class SFTFilters:
             return f"not in the {self.split} split (--split)"
         if record.get("masked"):
             return "masked (the loop trained on nothing)"
+        if record.get("videos"):
+            return "its prompt holds videos (SFT rows hold images only; the video would be left out)"
         if (self.min_reward is not None or self.best_of) and score is None:
             return "no reward score"
         if self.min_reward is not None and score is not None and score < self.min_reward:

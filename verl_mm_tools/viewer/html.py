@@ -430,6 +430,8 @@ def _message(message: dict, record: dict, image_base: str | None, acted_on: Mapp
     images = {image["id"]: image for image in record.get("images") or []}
     image_ids = message.get("image_ids") or []
     figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
+    videos = {video["id"]: video for video in record.get("videos") or []}
+    figures = "".join(_video_line(videos[video_id]) for video_id in message.get("video_ids") or []) + figures
     calls = "".join(
         _call(call, action_view(call, images.get(acted_on.get(position)), image_base))
         for position, call in enumerate(message.get("tool_calls") or [])
@@ -438,6 +440,16 @@ def _message(message: dict, record: dict, image_base: str | None, acted_on: Mapp
     note += _resumed_note(message, record)
     text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
     return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
+
+
+def _video_line(video: dict) -> str:
+    """A prompt video as the model saw it: its frames' times and size, and its file."""
+    times = video.get("times_s") or []
+    shown = ", ".join(f"{time:g}" for time in times[:32]) + (", ..." if len(times) > 32 else "")
+    source = f", from {video['path']}" if video.get("path") else ", given as frames"
+    size = f"{video.get('width')}x{video.get('height')} px"
+    what = f"Video {video['id']}: {len(times)} frames at {shown} s ({size}){source}"
+    return f'<div class="note">{escape(what)}</div>'
 
 
 def _call(call: dict, action: str = "") -> str:
