@@ -99,11 +99,30 @@ def build_schema(fn: Callable[..., object]) -> OpenAIFunctionToolSchema:
     return schema
 
 
+class SchemaFunctionTool(BaseTool):
+    """A verl ``BaseTool`` whose schema is derived from its ``schema_fn`` (signature and Google docstring), which
+    also checks the model's arguments (``self.arguments``). ``BaseTool.__init__`` is not called: it print()s the
+    schema."""
+
+    schema_fn: ClassVar[Callable[..., object]]
+
+    def _set_schema(self, tool_schema: OpenAIFunctionToolSchema | Mapping | None) -> None:
+        """``tool_schema`` from the YAML (a mapping or a schema), else the schema function's; the tool's name and
+        argument checks from them."""
+        if not callable(getattr(type(self), "schema_fn", None)):
+            raise TypeError(f"{type(self).__name__} must set schema_fn, the function its schema is derived from")
+        if isinstance(tool_schema, Mapping):
+            tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
+        self.tool_schema = tool_schema or build_schema(type(self).schema_fn)
+        self.name = self.tool_schema.function.name
+        self.arguments = ArgumentSpec(type(self).schema_fn)
+
+
 # The config class of an ImageTool: ``class RotateTool(ImageTool[RotateConfig])`` types its ``settings``.
 ConfigT = TypeVar("ConfigT", bound=ImageToolConfig)
 
 
-class ImageTool(BaseTool, Generic[ConfigT]):
+class ImageTool(SchemaFunctionTool, Generic[ConfigT]):
     """Base of the image tools. Subclasses set ``schema_fn`` and implement ``apply``; a tool with a config class of
     its own derives from ``ImageTool[ItsConfig]`` and sets ``config_cls = ItsConfig``.
 
@@ -121,16 +140,9 @@ class ImageTool(BaseTool, Generic[ConfigT]):
     example_arguments: ClassVar[dict[str, object]] = {}
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
-        # BaseTool.__init__ is not called on purpose: it print()s the schema.
-        if not callable(getattr(type(self), "schema_fn", None)):
-            raise TypeError(f"{type(self).__name__} must set schema_fn, the function its schema is derived from")
         self.config = dict(config or {})
         self.settings: ConfigT = self.config_cls.from_dict(self.config)
-        if isinstance(tool_schema, Mapping):
-            tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
-        self.tool_schema = tool_schema or build_schema(type(self).schema_fn)
-        self.name = self.tool_schema.function.name
-        self.arguments = ArgumentSpec(type(self).schema_fn)
+        self._set_schema(tool_schema)
 
     # *args: Any, **arguments: Any: each subclass names its own arguments (those of its schema_fn), so
     # type checkers accept any override's keyword parameters; execute() passes them by name only.

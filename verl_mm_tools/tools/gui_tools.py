@@ -15,10 +15,9 @@ Load them with verl's tool YAML (``examples/tools/gui_tools.yaml``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
@@ -37,8 +36,7 @@ from verl_mm_tools.envs.gui.screen import (
 )
 from verl_mm_tools.errors import ConfigError, ToolInputError
 from verl_mm_tools.files import STATE_ATTR
-from verl_mm_tools.tools.arguments import ArgumentSpec
-from verl_mm_tools.tools.base import EPISODE_DONE, build_schema
+from verl_mm_tools.tools.base import EPISODE_DONE, SchemaFunctionTool
 from verl_mm_tools.workspace import workspace_of
 
 logger = logging.getLogger(__name__)
@@ -83,23 +81,17 @@ def scroll(x: float, y: float, direction: Literal["up", "down"]) -> None:
     """
 
 
-class ScreenTool(BaseTool):
+class ScreenTool(SchemaFunctionTool):
     """Base of the GUI tools: subclasses set ``schema_fn`` and implement ``action``."""
 
-    schema_fn: ClassVar[Callable[..., None]]
     example_arguments: ClassVar[dict[str, object]] = {}
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
-        # BaseTool.__init__ is not called on purpose: it print()s the schema.
         self.config = dict(config or {})
         unknown = sorted(set(self.config) - {"type"})
         if unknown:
             raise ConfigError(f"{type(self).__name__} takes no config besides type, got {unknown}")
-        if isinstance(tool_schema, Mapping):
-            tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
-        self.tool_schema = tool_schema or build_schema(type(self).schema_fn)
-        self.name = self.tool_schema.function.name
-        self.arguments = ArgumentSpec(type(self).schema_fn)
+        self._set_schema(tool_schema)
 
     def action(self, arguments: dict[str, Any], screen: ScreenEnvironment, shown: tuple[int, int]) -> ScreenAction:
         raise NotImplementedError(f"{type(self).__name__} must implement action(arguments, screen, shown)")

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
@@ -24,8 +23,7 @@ from verl_mm_tools.errors import ConfigError, ToolInputError, VideoInputError
 from verl_mm_tools.ops.argument_checks import show
 from verl_mm_tools.ops.geometry import fit_pixels
 from verl_mm_tools.ops.transform import as_rgb
-from verl_mm_tools.tools.arguments import ArgumentSpec
-from verl_mm_tools.tools.base import ImageToolConfig, build_schema
+from verl_mm_tools.tools.base import ImageToolConfig, SchemaFunctionTool
 from verl_mm_tools.video import VideoSource
 from verl_mm_tools.workspace import videos_of, workspace_of
 
@@ -55,20 +53,16 @@ class GetFramesConfig(ImageToolConfig):
             raise ConfigError(f"max_frames must be between 1 and {MAX_FRAMES_PER_CALL}, got {self.max_frames}")
 
 
-class GetFramesTool(BaseTool):
+class GetFramesTool(SchemaFunctionTool):
     """verl's ``BaseTool`` for ``get_frames`` (config: ``max_frames``, ``max_pixels`` per frame)."""
 
+    schema_fn = get_frames
     example_arguments = {"video_id": 1, "start_s": 0.0, "end_s": 1.0, "n": 2}
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
-        # BaseTool.__init__ is not called on purpose: it print()s the schema.
         self.config = dict(config or {})
         self.settings = GetFramesConfig.from_dict(self.config)
-        if isinstance(tool_schema, Mapping):
-            tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
-        self.tool_schema = tool_schema or build_schema(get_frames)
-        self.name = self.tool_schema.function.name
-        self.arguments = ArgumentSpec(get_frames)
+        self._set_schema(tool_schema)
 
     @rollout_trace_op
     async def execute(
