@@ -23,7 +23,9 @@ version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images
   ``height``, ``file``, ``thumb`` (paths relative to the trajectory folder; None when the pixels were unavailable);
 - ``videos``: the prompt's videos as the model saw them: ``id`` (1-based, "Video N", the ids ``get_frames`` takes),
   ``source`` (prompt), ``turn``, ``path`` (the file, None for a video given as frames), ``times_s`` (the time of each
-  frame sampled, in the video), ``width``, ``height`` (the frames' size after the processor's resize);
+  frame sampled, in the video), ``width``, ``height`` (the frames' size after the processor's resize), ``strip`` (up
+  to 8 of those frames spread over the video, each ``time_s`` and ``thumb``, a JPEG relative to the folder; None
+  when its pixels were unavailable);
 - ``tool_calls``: flattened, each ``turn``, ``name``, ``arguments``, ``result`` (text), ``error``, ``image_ids``;
 - ``tools_used``: sorted tool names called at least once;
 - ``turns``: per assistant turn as the loop recorded it, ``turn``, ``prompt_tokens`` (tokens before its generation:
@@ -307,10 +309,20 @@ def _images(records: list[dict], message_images: list[list], images: list) -> tu
     return entries, pixels
 
 
-def video_entry(path: str | None, times_s: list[float], width: int, height: int) -> dict:
-    """A video of the record but its id: its file (None: given as frames), its frames' times and shown size."""
+def video_entry(path: str | None, times_s: list[float], width: int, height: int, strip: list[float]) -> dict:
+    """A video of the record but its id: its file (None: given as frames), its frames' times and shown size, and
+    the times of its strip's frames (their thumbnails are written with the record)."""
     times = [round(float(time), 3) for time in times_s]
-    return {"source": "prompt", "turn": 0, "path": path, "times_s": times, "width": width, "height": height}
+    shown = [{"time_s": round(float(time), 3), "thumb": None} for time in strip]
+    return {
+        "source": "prompt",
+        "turn": 0,
+        "path": path,
+        "times_s": times,
+        "width": width,
+        "height": height,
+        "strip": shown,
+    }
 
 
 def _videos(records: list[dict], messages: list[dict], videos: list[dict]) -> list[dict]:
@@ -322,7 +334,7 @@ def _videos(records: list[dict], messages: list[dict], videos: list[dict]) -> li
             if isinstance(item, dict) and (item.get("type") == "video" or "video" in item):
                 video_id = len(entries) + 1
                 record.setdefault("video_ids", []).append(video_id)
-                known = videos[video_id - 1] if video_id <= len(videos) else video_entry(None, [], 1, 1)
+                known = videos[video_id - 1] if video_id <= len(videos) else video_entry(None, [], 1, 1, [])
                 entries.append({"id": video_id, **known})
     return entries
 

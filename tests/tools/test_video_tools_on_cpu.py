@@ -137,21 +137,27 @@ def test_the_dump_keeps_the_prompts_video_and_the_viewer_shows_it(tiny_model_dir
     [staged] = (dump_dir / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}")
     record = read_checked(staged).record
     assert record["version"] == 7
+    times = [0.0, 1.3, 2.6, 3.9]  # frames 0, 13, 26 and 39 at 10 fps
+    strip = [{"time_s": time, "thumb": f"videos/1_{position + 1}.thumb.jpg"} for position, time in enumerate(times)]
     assert record["videos"] == [
         {
             "id": 1,
             "source": "prompt",
             "turn": 0,
             "path": str(root / "flash.mp4"),
-            "times_s": [0.0, 1.3, 2.6, 3.9],  # frames 0, 13, 26 and 39 at 10 fps
+            "times_s": times,
             "width": 252,
             "height": 168,
+            "strip": strip,
         }
     ]
+    with Image.open(staged.parent / "videos/1_3.thumb.jpg") as frame:  # 2.6 s: grey (the flash is at 2.3-2.5 s)
+        assert (frame.format, _colour(frame.convert("RGB"))) == ("JPEG", "grey")
     assert [(message["role"], message.get("video_ids")) for message in record["messages"][:1]] == [("user", [1])]
     assert [image["source"] for image in record["images"]] == ["tool", "tool"]
-    html = trajectory_page(record, None, "index.html", (None, None))
+    html = trajectory_page(record, "files", "index.html", (None, None))
     assert f"Video 1: 4 frames at 0, 1.3, 2.6, 3.9 s (252x168 px), from {root / 'flash.mp4'}" in html
+    assert '<img src="files/videos/1_2.thumb.jpg" alt="Video 1 at 1.3 s" title="1.3 s">' in html
 
 
 def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
@@ -170,6 +176,10 @@ def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
             "field videos[0].times_s[0] must be",
         ),
         "videos out of order": ({"videos": [{**video, "id": 2}], "messages": []}, "field videos[0].id must be 1"),
+        "a strip frame outside the folder": (
+            {"videos": [{**video, "strip": [{"time_s": 0.0, "thumb": "../../secret.jpg"}]}], "messages": []},
+            "names the file '../../secret.jpg', outside its folder; not read",
+        ),
     }
     for name, (fields, message) in cases.items():
         path = tmp_path / name / "trajectory.json"

@@ -202,6 +202,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.viewer.html",
         "verl_mm_tools.viewer.loading",
         "verl_mm_tools.viewer.site",
+        "verl_mm_tools.viewer.videos",
         "verl_mm_tools.workspace",
     }
 )

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 THUMBNAIL_SIZE = (160, 160)
+STRIP_FRAMES = 8  # a video's frames shown in its record's strip, spread over the frames the model saw
 
 
 # ----- phase 1: the loop stages one trajectory (phase 2: step_hook/dump.py) -----------------------------------------
@@ -80,9 +81,9 @@ async def stage_trajectory(
     if (dump_dir / FULL_MARKER).exists():
         return {**reference, "skipped": "disk_cap"}
     try:
-        record, images = _loop_record(context, agent_data, outputs, sample)
+        record, images, strips = _loop_record(context, agent_data, outputs, sample)
         # Encoding images is the slow part: off the event loop, which other trajectories share.
-        written = await asyncio.to_thread(write_staged, dump_dir, record, images)
+        written = await asyncio.to_thread(write_staged, dump_dir, record, images, strips)
     except Exception as error:
         logger.warning("mm_tool dump: could not stage a trajectory under %s", dump_dir, exc_info=True)
         return {**reference, "skipped": "error", "error": f"{type(error).__name__}: {error}"}
@@ -91,6 +92,15 @@ async def stage_trajectory(
 
 def _loop_record(
     context: LoopContext, agent_data: LoopAgentData | None, outputs: list[MMToolOutput], sample: dict
+) -> tuple[dict, list, list]:
+    """The record, its images and its videos' strip frames."""
+    videos, strips = _video_entries(agent_data, state_of(agent_data))
+    record, images = _loop_record_images(context, agent_data, outputs, sample, videos)
+    return record, images, strips
+
+
+def _loop_record_images(
+    context: LoopContext, agent_data: LoopAgentData | None, outputs: list[MMToolOutput], sample: dict, videos: list
 ) -> tuple[dict, list]:
     messages = list(getattr(agent_data, "messages", None) or sample.get("raw_prompt") or [])
     state = state_of(agent_data)
@@ -113,24 +123,43 @@ def _loop_record(
         timing=output.metrics.model_dump() if hasattr(output.metrics, "model_dump") else dict(output.metrics or {}),
         # a state is attached to agent data only
         chat=_chat(context, agent_data, state) if agent_data is not None and state is not None and messages else None,
-        videos=_video_entries(agent_data, state),
+        videos=videos,
     )
 
 
-def _video_entries(agent_data: LoopAgentData | None, state: TrajectoryState | None) -> list[dict]:
-    """The prompt's videos as the model saw them: the frames qwen-vl-utils sampled (verl's (frames, metadata)), at
-    the size the processor showed them (before the prompt was rendered: qwen-vl-utils' own)."""
+def _video_entries(
+    agent_data: LoopAgentData | None, state: TrajectoryState | None
+) -> tuple[list[dict], list[list[Image.Image]]]:
+    """The prompt's videos as the model saw them (the frames qwen-vl-utils sampled: verl's (frames, metadata), at
+    the size the processor showed them), and each one's strip frames (qwen-vl-utils' resize, before the processor's)."""
     sampled = getattr(agent_data, "video_data", None) or []
     sources = state.videos if state is not None else []
     sizes = state.video_sizes if state is not None else []
-    entries = []
+    entries, strips = [], []
     for index, (frames, metadata) in enumerate(sampled):
         fps = float(metadata.get("fps") or 1.0)
         times = [float(frame) / fps for frame in metadata.get("frames_indices", [])]
         path = sources[index].path if index < len(sources) else None
         width, height = sizes[index] if index < len(sizes) else (int(frames.shape[-1]), int(frames.shape[-2]))
-        entries.append(video_entry(path, times, width, height))
-    return entries
+        picks = _spread(len(frames), STRIP_FRAMES)
+        entries.append(video_entry(path, times, width, height, [times[pick] for pick in picks if pick < len(times)]))
+        strips.append([_frame_image(frames[pick]) for pick in picks if pick < len(times)])
+    return entries, strips
+
+
+def _spread(count: int, most: int) -> list[int]:
+    """At most ``most`` indices of ``count`` spread evenly, first and last included."""
+    if count <= most:
+        return list(range(count))
+    return [round(position * (count - 1) / (most - 1)) for position in range(most)]
+
+
+def _frame_image(frame: object) -> Image.Image:
+    """A frame of verl's video tensor (C x H x W, 0-255, float after qwen-vl-utils' resize) as an RGB image."""
+    import numpy as np
+
+    pixels = np.asarray(frame, dtype=np.float32).clip(0, 255).round().astype(np.uint8)
+    return Image.fromarray(pixels.transpose(1, 2, 0))
 
 
 def _images_left_out(state: TrajectoryState | None, outputs: int) -> list[int]:
@@ -185,24 +214,33 @@ def _turn_records(
     return records
 
 
-def write_staged(dump_dir: str | os.PathLike, record: dict, images: list) -> dict:
-    """Write the images and the record under ``<dump_dir>/_staging/<id>/``; returns ``id``, ``dir`` and ``bytes``."""
+def write_staged(dump_dir: str | os.PathLike, record: dict, images: list, strips: list | None = None) -> dict:
+    """Write the images, the videos' strip frames and the record under ``<dump_dir>/_staging/<id>/``; returns
+    ``id``, ``dir`` and ``bytes``."""
     folder = Path(dump_dir) / STAGING_DIR / record["id"]
     (folder / "images").mkdir(parents=True)
     for entry, image in zip(record["images"], images, strict=True):
         if image is not None:
             entry["file"], entry["thumb"] = _write_image(folder, entry["id"], image)
+    for video, frames in zip(record.get("videos") or [], strips or [], strict=False):
+        for position, (shown, frame) in enumerate(zip(video["strip"], frames, strict=True)):
+            shown["thumb"] = _write_thumbnail(folder, f"videos/{video['id']}_{position + 1}.thumb.jpg", frame)
     write_json(folder / STAGED_RECORD_FILE, record)
     return {"id": record["id"], "dir": str(folder), "bytes": folder_bytes(folder)}
 
 
 def _write_image(folder: Path, image_id: int, image: Image.Image) -> tuple[str, str]:
-    file, thumb = f"images/{image_id}.png", f"images/{image_id}.thumb.jpg"
+    file = f"images/{image_id}.png"
     image.save(folder / file, format="PNG")
+    return file, _write_thumbnail(folder, f"images/{image_id}.thumb.jpg", image)
+
+
+def _write_thumbnail(folder: Path, name: str, image: Image.Image) -> str:
+    (folder / name).parent.mkdir(exist_ok=True)
     small = image.convert("RGB")
     small.thumbnail(THUMBNAIL_SIZE)
-    small.save(folder / thumb, format="JPEG", quality=80)
-    return file, thumb
+    small.save(folder / name, format="JPEG", quality=80)
+    return name
 
 
 def write_json(path: Path, data: dict) -> None:

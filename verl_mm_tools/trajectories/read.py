@@ -49,6 +49,7 @@ class LoadedRecord:
     path: Path
     files: dict[int, Path] = field(default_factory=dict)
     thumbs: dict[int, Path] = field(default_factory=dict)
+    strips: dict[str, Path] = field(default_factory=dict)  # the videos' strip thumbnails, by the name the record gives
 
     @property
     def folder(self) -> Path:
@@ -204,7 +205,15 @@ def read_checked(path: Path) -> LoadedRecord:
             files[image["id"]] = _checked_image(path, image, "file")
         if image.get("thumb"):
             thumbs[image["id"]] = _checked_image(path, image, "thumb")
-    return LoadedRecord(record, path, files, thumbs)
+    strips = {
+        shown["thumb"]: _checked_image(
+            path, shown, "thumb", f"video {video['id']}'s strip frame at {shown['time_s']} s"
+        )
+        for video in record.get("videos") or []
+        for shown in video.get("strip") or []
+        if shown.get("thumb")
+    }
+    return LoadedRecord(record, path, files, thumbs, strips)
 
 
 def _check_not_a_link_out(path: Path) -> None:
@@ -225,26 +234,27 @@ def inside_folder(record_path: Path, name: str) -> Path:
     return folder / name
 
 
-def _checked_image(record_path: Path, image: dict, key: str) -> Path:
+def _checked_image(record_path: Path, image: dict, key: str, what: str | None = None) -> Path:
+    """The file ``image[key]`` names, inside the record's folder, a readable image of its kind (``what`` names it in
+    errors; default: ``image N``)."""
+    what = what or f"image {image['id']}"
     path = inside_folder(record_path, image[key])
     if not path.is_file():
-        raise RecordError(f"{record_path}: image {image['id']}'s file {path} is missing")
+        raise RecordError(f"{record_path}: {what}'s file {path} is missing")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as opened:
                 size, kind = opened.size, opened.format
                 if size[0] * size[1] > MAX_IMAGE_PIXELS:
-                    raise RecordError(f"{record_path}: image {image['id']}'s {key} is {size[0]}x{size[1]} pixels")
+                    raise RecordError(f"{record_path}: {what}'s {key} is {size[0]}x{size[1]} pixels")
                 opened.load()
     except RecordError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise RecordError(
-            f"{record_path}: image {image['id']}'s {key} {path.name} is not a readable image ({error})"
-        ) from None
+        raise RecordError(f"{record_path}: {what}'s {key} {path.name} is not a readable image ({error})") from None
     if kind not in IMAGE_FORMATS[key]:
-        raise RecordError(f"{record_path}: image {image['id']}'s {key} {path.name} is {kind}, not {IMAGE_FORMATS[key]}")
+        raise RecordError(f"{record_path}: {what}'s {key} {path.name} is {kind}, not {IMAGE_FORMATS[key]}")
     recorded = (image.get("width"), image.get("height"))  # both optional; one without the other is a mismatch
     if key == "file" and recorded != (None, None) and size != recorded:
         raise RecordError(

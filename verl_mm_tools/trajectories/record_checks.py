@@ -165,6 +165,7 @@ def _image(value: object, position: int) -> None:
 
 
 MAX_VIDEO_FRAMES = 768  # qwen-vl-utils' most frames sampled
+MAX_STRIP_FRAMES = 32
 
 
 def _video(value: object, position: int) -> None:
@@ -181,6 +182,13 @@ def _video(value: object, position: int) -> None:
     each(times, f"{where}.times_s", lambda time, at: number(time, at, optional=False))
     count(video.get("width"), f"{where}.width", minimum=1)
     count(video.get("height"), f"{where}.height", minimum=1)
+    strip = items(video.get("strip"), f"{where}.strip")
+    if len(strip) > MAX_STRIP_FRAMES:
+        raise _fail(f"{where}.strip", f"at most {MAX_STRIP_FRAMES} frames", f"{len(strip)} frames")
+    for position, shown in enumerate(strip):
+        frame = mapping(shown, f"{where}.strip[{position}]", optional=False)
+        number(frame.get("time_s"), f"{where}.strip[{position}].time_s", optional=False)
+        text(frame.get("thumb"), f"{where}.strip[{position}].thumb")
 
 
 def _message(value: object, where: str, image_count: int) -> None:

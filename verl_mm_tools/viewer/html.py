@@ -11,6 +11,7 @@ from pathlib import PurePath
 
 from verl_mm_tools.record import tools_used, trajectory_name
 from verl_mm_tools.viewer.gui_actions import acted_on_images, action_view
+from verl_mm_tools.viewer.videos import video_view
 
 # The argument a tool call's code travels in (the python tool's schema: ``python(code)``); shown as a code block
 CODE_ARGUMENT = "code"
@@ -36,6 +37,7 @@ th, td { padding: 6px 8px; border-bottom: 1px solid var(--line); text-align: lef
 th { font-size: 12px; color: var(--muted); font-weight: 600; background: #fafbfc; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.thumbs img { height: 40px; margin-right: 3px; border: 1px solid var(--line); border-radius: 3px; }
+div.strip img { height: 56px; margin-right: 3px; border: 1px solid var(--line); border-radius: 3px; }
 .badge { display: inline-block; padding: 0 6px; border-radius: 9px; font-size: 12px; }
 .badge.bad { background: var(--bad-bg); color: var(--bad); } .badge.ok { background: var(--ok-bg); color: var(--ok); }
 .question { color: var(--muted); max-width: 340px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
@@ -431,7 +433,7 @@ def _message(message: dict, record: dict, image_base: str | None, acted_on: Mapp
     image_ids = message.get("image_ids") or []
     figures = "".join(_figure(images.get(image_id), image_id, image_base) for image_id in image_ids)
     videos = {video["id"]: video for video in record.get("videos") or []}
-    figures = "".join(_video_line(videos[video_id]) for video_id in message.get("video_ids") or []) + figures
+    figures = "".join(video_view(videos[video_id], image_base) for video_id in message.get("video_ids") or []) + figures
     calls = "".join(
         _call(call, action_view(call, images.get(acted_on.get(position)), image_base))
         for position, call in enumerate(message.get("tool_calls") or [])
@@ -440,16 +442,6 @@ def _message(message: dict, record: dict, image_base: str | None, acted_on: Mapp
     note += _resumed_note(message, record)
     text = f'<pre class="text">{escape(message.get("text") or "")}</pre>' if message.get("text") else ""
     return f'<section class="{classes}"><div class="who">{escape(who)}</div>{figures}{text}{calls}{note}</section>'
-
-
-def _video_line(video: dict) -> str:
-    """A prompt video as the model saw it: its frames' times and size, and its file."""
-    times = video.get("times_s") or []
-    shown = ", ".join(f"{time:g}" for time in times[:32]) + (", ..." if len(times) > 32 else "")
-    source = f", from {video['path']}" if video.get("path") else ", given as frames"
-    size = f"{video.get('width')}x{video.get('height')} px"
-    what = f"Video {video['id']}: {len(times)} frames at {shown} s ({size}){source}"
-    return f'<div class="note">{escape(what)}</div>'
 
 
 def _call(call: dict, action: str = "") -> str:

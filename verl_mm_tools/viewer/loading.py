@@ -115,6 +115,7 @@ def _checked(paths: list[Path], origin: str, bad: list[BadRecord]) -> list[Traje
         images = {entry["id"]: entry for entry in loaded.record["images"]}
         files = {images[image_id]["file"]: file for image_id, file in loaded.files.items()}
         files |= {images[image_id]["thumb"]: file for image_id, file in loaded.thumbs.items()}
+        files |= loaded.strips
         trajectories.append(Trajectory(loaded.record, path.parent, origin, files))
     return trajectories
 
