@@ -18,7 +18,8 @@ Each half of a trajectory is known to a different process, so a dump is written 
 workers and the trainer's driver share. A failing dump never costs a trajectory or stops training.
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``; the record's keys: ``verl_mm_tools.record``.
+``images/<image id>.thumb.jpg``, and ``videos/<video id>_<k>.thumb.jpg`` for each prompt video's strip of frames; the
+record's keys: ``verl_mm_tools.record``.
 """
 
 from __future__ import annotations
