@@ -137,6 +137,11 @@ def _checked_root(root: object) -> Path:
     return Path(os.path.realpath(path))
 
 
+def is_url(text: str) -> bool:
+    """``text`` starts with a URL scheme (``http://``, ``s3://``, ...)."""
+    return bool(_URL.match(text))
+
+
 def _path_text(path: object) -> str:
     """A path as text, ``file://`` stripped; URLs, bytes and NUL characters refused."""
     if isinstance(path, os.PathLike):
@@ -145,7 +150,7 @@ def _path_text(path: object) -> str:
         raise FileAccessError(f"a file path must be a string, got {type(path).__name__}")
     if path.startswith("file://"):
         path = path[len("file://") :]
-    elif _URL.match(path):
+    elif is_url(path):
         raise FileAccessError(
             f"refused to fetch {path[:80]!r}: only local files under the file roots are read; "
             "download it under a root first"

@@ -70,6 +70,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.handoff import PREFIX, SampleFields
+from verl_mm_tools.video import is_video_entry
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ def _videos(records: list[dict], messages: list[dict], videos: list[dict]) -> li
     for record, message in zip(records, messages, strict=False):
         content = message.get("content")
         for item in content if isinstance(content, list) else ():
-            if isinstance(item, dict) and (item.get("type") == "video" or "video" in item):
+            if is_video_entry(item):
                 video_id = len(entries) + 1
                 record.setdefault("video_ids", []).append(video_id)
                 known = videos[video_id - 1] if video_id <= len(videos) else video_entry(None, [], 1, 1, [])

@@ -69,16 +69,19 @@ def video_placeholder_tokens(processor: ProcessorMixin, video_grid_thw: Any) -> 
     ``merge_size`` x ``merge_size`` patches one token)."""
     if video_grid_thw is None or len(video_grid_thw) == 0:
         return 0
-    video_processor = getattr(processor, "video_processor", None) or processor.image_processor
-    merge = int(getattr(video_processor, "merge_size", 2))
+    merge = int(getattr(_video_processor(processor), "merge_size", 2))
     return int(sum(int(t) * int(h) * int(w) for t, h, w in video_grid_thw.tolist())) // (merge * merge)
 
 
 def video_frame_sizes(processor: ProcessorMixin, video_grid_thw: Any) -> list[tuple[int, int]]:
     """Each video's frame size (width, height) as the processor shows it: its grid's columns and rows of patches."""
-    video_processor = getattr(processor, "video_processor", None) or processor.image_processor
-    patch = int(getattr(video_processor, "patch_size", 14))
+    patch = int(getattr(_video_processor(processor), "patch_size", 14))
     return [(int(w) * patch, int(h) * patch) for _, h, w in video_grid_thw.tolist()]
+
+
+def _video_processor(processor: ProcessorMixin) -> Any:
+    """The processor's video processor (its image processor where it has none)."""
+    return getattr(processor, "video_processor", None) or processor.image_processor
 
 
 def processor_image_tokens(

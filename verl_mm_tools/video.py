@@ -4,7 +4,7 @@
 checked (no video stream, zero frames, a frame over ``MAX_DECODE_PIXELS``, longer than ``MAX_DURATION_S``: a
 ``VideoInputError`` that names the file). ``decode_frames`` decodes only the frames asked for, by their index in the
 stream, seeking over long gaps (a uniform sample of an hour-long video decodes a few frames per sample, not the hour),
-and bounds memory: a frame over ``DECODE_MAX_PIXELS`` (above 1080p) is scaled down, aspect kept, while it is
+and bounds memory: a frame over ``DECODE_MAX_PIXELS`` (above 1440p) is scaled down, aspect kept, while it is
 converted (a 4K frame costs 25 MiB as RGB, and qwen-vl-utils samples up to 768 of them).
 
 ``read_video_sampled`` is qwen-vl-utils' reader contract (``VIDEO_READER_BACKENDS``): the frame range of
@@ -16,17 +16,17 @@ clips of ``make-data video`` and the tests). No verl import.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from verl_mm_tools.errors import VideoInputError
-from verl_mm_tools.files import MAX_DECODE_PIXELS
+from verl_mm_tools.files import MAX_DECODE_PIXELS, is_url
 
 if TYPE_CHECKING:
     import av.container
@@ -40,7 +40,6 @@ tokens' worth (602,112 px at patch 14), so only videos above 1440p see a second 
 SEEK_GAP_S = 2.0
 """A wanted frame this far past the last decoded one is reached by seeking (to the keyframe before it)."""
 BACKEND = "pyav"
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @dataclass(frozen=True)
@@ -56,15 +55,24 @@ class VideoInfo:
     codec: str
 
 
+def is_video_entry(item: object) -> bool:
+    """What qwen-vl-utils takes for a video entry of a message's content."""
+    return isinstance(item, dict) and ("video" in item or item.get("type") == "video")
+
+
 @dataclass(frozen=True)
 class VideoSource:
-    """One of a trajectory's videos as a tool reads it: a checked file (``path``, ``info``) or frames given as images
-    (``frames``, shown ``fps`` apart: the entry's ``sample_fps``, as qwen-vl-utils reads it)."""
+    """One of a trajectory's videos as a tool reads it: a checked file (``path``; its header read when first needed)
+    or frames given as images (``frames``, shown ``fps`` apart: the entry's ``sample_fps``, as qwen-vl-utils reads
+    it)."""
 
     path: str | None = None
-    info: VideoInfo | None = None
     frames: tuple[Any, ...] = ()  # PIL images
     fps: float = 2.0
+
+    @cached_property
+    def info(self) -> VideoInfo | None:
+        return probe_video(self.path) if self.path is not None else None
 
     @property
     def duration_s(self) -> float:
@@ -99,15 +107,7 @@ def decode_frames(path: str | Path, indices: list[int], *, source: str | None = 
         raise VideoInputError(f"{name}: no frames asked for")
     with _opened(path, name) as container:
         stream = _video_stream(container, name)
-        info = _stream_info(stream, container, name)
-        wanted = sorted(set(indices))
-        if wanted[0] < 0 or wanted[-1] >= info.frames:
-            raise VideoInputError(
-                f"{name}: frames {wanted[0]}..{wanted[-1]} asked for, but the video has {info.frames} (0.."
-                f"{info.frames - 1})"
-            )
-        frames = _decode_wanted(container, stream, info, wanted, name)
-    return np.stack([frames[index] for index in indices])
+        return _frames_at(container, stream, _stream_info(stream, container, name), indices, name)
 
 
 def read_video_sampled(element: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:
@@ -116,15 +116,34 @@ def read_video_sampled(element: dict[str, Any]) -> tuple[Any, dict[str, Any], fl
     from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
 
     path = str(element["video"]).removeprefix("file://")
-    if _URL.match(path):
+    if is_url(path):
         raise VideoInputError(f"refused to fetch {path[:200]!r}: videos are read from local files only")
-    info = probe_video(path)
-    start, end, total = calculate_video_frame_range(element, info.frames, info.fps)
-    count = smart_nframes(element, total_frames=total, video_fps=info.fps)
-    indices = torch.linspace(start, end, count).round().long().tolist()
-    frames = torch.from_numpy(decode_frames(path, indices)).permute(0, 3, 1, 2)
+    with _opened(path, path) as container:
+        stream = _video_stream(container, path)
+        info = _stream_info(stream, container, path)
+        start, end, total = calculate_video_frame_range(element, info.frames, info.fps)
+        count = smart_nframes(element, total_frames=total, video_fps=info.fps)
+        indices = torch.linspace(start, end, count).round().long().tolist()
+        frames = torch.from_numpy(_frames_at(container, stream, info, indices, path)).permute(0, 3, 1, 2)
     metadata = {"fps": info.fps, "frames_indices": indices, "total_num_frames": total, "video_backend": BACKEND}
     return frames, metadata, count / max(total, 1e-6) * info.fps
+
+
+def _frames_at(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    info: VideoInfo,
+    indices: list[int],
+    name: str,
+) -> np.ndarray:
+    wanted = sorted(set(indices))
+    if wanted[0] < 0 or wanted[-1] >= info.frames:
+        raise VideoInputError(
+            f"{name}: frames {wanted[0]}..{wanted[-1]} asked for, but the video has {info.frames} (0.."
+            f"{info.frames - 1})"
+        )
+    frames = _decode_wanted(container, stream, info, wanted, name)
+    return np.stack([frames[index] for index in indices])
 
 
 def _opened(path: str | Path, name: str) -> av.container.InputContainer:

@@ -24,10 +24,10 @@ from verl_mm_tools.files import FileRoots
 from verl_mm_tools.ops.text import valid_text
 from verl_mm_tools.tokens import video_frame_sizes, video_placeholder_tokens
 from verl_mm_tools.video import VideoSource
+from verl_mm_tools.workspace import ImageWorkspace
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
-from verl_mm_tools.workspace import ImageWorkspace
 
 
 async def new_agent_data(context: LoopContext, row: dict, priority: int, state: TrajectoryState) -> LoopAgentData:

@@ -15,9 +15,10 @@ import binascii
 
 from PIL import Image
 
-from verl_mm_tools.agent_loop.prompt_videos import is_video, safe_video_item
+from verl_mm_tools.agent_loop.prompt_videos import safe_video_item
 from verl_mm_tools.errors import FileAccessError, ImageInputError
 from verl_mm_tools.files import FileRoots, decode_image, loaded_rgb
+from verl_mm_tools.video import is_video_entry
 
 MAX_ASPECT_RATIO = 200
 """Qwen-VL processors (transformers and qwen_vl_utils) refuse more elongated images."""
@@ -40,7 +41,7 @@ def safe_messages(messages: list[dict], files: FileRoots, sample: str) -> list[d
             if _is_image(item):
                 number += 1
                 item = _safe_item(item, files, f"sample {sample}, prompt image {number}")
-            elif is_video(item):
+            elif is_video_entry(item):
                 videos += 1
                 item = safe_video_item(
                     item,
@@ -60,7 +61,7 @@ def cheap_to_check(messages: list[dict]) -> bool:
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         for item in content if isinstance(content, list) else ():
-            if is_video(item):
+            if is_video_entry(item):
                 return False
             if _is_image(item):
                 source = item.get("image")
@@ -72,7 +73,7 @@ def cheap_to_check(messages: list[dict]) -> bool:
 
 def _is_image(item: object) -> bool:
     """What qwen_vl_utils takes for an image entry."""
-    if not isinstance(item, dict) or is_video(item):
+    if not isinstance(item, dict) or is_video_entry(item):
         return False
     return "image" in item or "image_url" in item or item.get("type") in ("image", "image_url")
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import FileAccessError, VideoInputError
 from verl_mm_tools.files import FileRoots
-from verl_mm_tools.video import VideoInfo, VideoSource, probe_video
+from verl_mm_tools.video import VideoInfo, VideoSource, is_video_entry, probe_video
 
 MAX_FRAMES = 768
 """qwen-vl-utils' own ceiling on sampled frames (FPS_MAX_FRAMES)."""
@@ -45,11 +45,6 @@ SAMPLING_KEYS: dict[str, tuple[float, float, bool]] = {
     "sample_fps": (1e-3, 60.0, False),
     "raw_fps": (1e-3, 1000.0, False),
 }
-
-
-def is_video(item: object) -> bool:
-    """What qwen-vl-utils takes for a video entry."""
-    return isinstance(item, dict) and ("video" in item or item.get("type") == "video")
 
 
 def safe_video_item(item: dict, files: FileRoots, name: str, safe_frame: Callable[[object, str], Image.Image]) -> dict:
@@ -114,10 +109,10 @@ def video_sources(messages: list[dict]) -> list[VideoSource]:
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         for item in content if isinstance(content, list) else ():
-            if not is_video(item):
+            if not is_video_entry(item):
                 continue
             if isinstance(item["video"], str):
-                sources.append(VideoSource(path=item["video"], info=probe_video(item["video"])))
+                sources.append(VideoSource(path=item["video"]))
             else:
                 sources.append(VideoSource(frames=tuple(item["video"]), fps=float(item.get("sample_fps", 2.0))))
     return sources

@@ -72,9 +72,8 @@ class GetFramesTool(SchemaFunctionTool):
         try:
             arguments = self.arguments.parse(parameters)
             video = _video(videos_of(agent_data), arguments["video_id"])
-            times = self._times(video, arguments["start_s"], arguments["end_s"], arguments["n"])
-            # decoding seeks and decodes: off the event loop the trajectories share
-            frames = await asyncio.to_thread(video.images, [video.frame_at(time) for time in times])
+            # reading the header, seeking and decoding: off the event loop the trajectories share
+            times, frames = await asyncio.to_thread(self._window, video, arguments)
         except (ToolInputError, VideoInputError) as error:
             return self._refuse(str(error))
         except Exception as error:  # logged; the model must get an answer, never an exception
@@ -87,6 +86,11 @@ class GetFramesTool(SchemaFunctionTool):
         )
         text = f"{shown} ({images[0].width}x{images[0].height} px)"
         return ToolResponse(image=images, text=text), 0.0, {}
+
+    def _window(self, video: VideoSource, arguments: dict[str, Any]) -> tuple[list[float], list[Any]]:
+        """The times of the frames asked for and the frames."""
+        times = self._times(video, arguments["start_s"], arguments["end_s"], arguments["n"])
+        return times, video.images([video.frame_at(time) for time in times])
 
     def _times(self, video: VideoSource, start_s: float, end_s: float, n: int) -> list[float]:
         limit = self.settings.max_frames
