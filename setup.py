@@ -65,8 +65,8 @@ setup(
     entry_points={
         "verl.plugins": ["mm_tools = verl_mm_tools.plugin"],
         "console_scripts": ["verl-mm-tools = verl_mm_tools.cli:main"],
-        # loaded by vLLM in each of its processes: verl's weight sync into vLLM on CPU
+        # loaded by vLLM in each of its processes: Qwen2.5-VL's video metadata; on CPU, verl's weight sync into vLLM
         # and its MoE torch path (verl_mm_tools/adaptations/vllm_plugin/)
-        "vllm.general_plugins": ["verl_mm_tools_cpu = verl_mm_tools.adaptations.vllm_plugin:adapt_vllm_cpu"],
+        "vllm.general_plugins": ["verl_mm_tools = verl_mm_tools.adaptations.vllm_plugin:adapt_vllm"],
     },
 )

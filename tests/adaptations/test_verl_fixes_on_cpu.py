@@ -325,6 +325,37 @@ def test_verls_vllm_server_sends_glm_and_gemma_prompts_expanded(family):
     assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == rendered
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_verls_vllm_server_sends_qwen3_vl_videos_with_their_timestamps(family, tmp_path):
+    """Qwen3-VL's processor writes a video as a timestamp plus a delimited run per frame group; verl collapses the
+    runs only, and vLLM, which expands the template's one placeholder into all of it, saw it twice (the engine
+    check's 4 s clip: 212 tokens became 237). The fix sends the template's own tokens, images and text untouched."""
+    import numpy as np
+    from PIL import Image
+    from qwen_vl_utils import process_vision_info
+    from verl.utils import hf_processor
+    from verl.utils.tokenizer.tokenizer import build_multimodal_processor_inputs
+    from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
+
+    from verl_mm_tools.tiny import tiny_model_path
+    from verl_mm_tools.video import write_video
+
+    clip = write_video(tmp_path / "clip.mp4", [np.full((64, 64, 3), i * 6, np.uint8) for i in range(40)], 10)
+    content = [{"type": "image"}, {"type": "video", "video": str(clip), "fps": 1.0}, {"type": "text", "text": "a<b"}]
+    conversation = [{"role": "user", "content": content}]
+    processor = hf_processor(str(tiny_model_path(family=family)))
+    image = Image.new("RGB", (64, 64))
+    loaded = [{"role": "user", "content": [{"type": "image", "image": image}, *content[1:]]}]
+    images, videos = process_vision_info(loaded, image_patch_size=16, return_video_metadata=True)
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    inputs = build_multimodal_processor_inputs(processor, text=[text], images=images, videos=videos)
+    expanded = inputs["input_ids"][0].tolist()
+
+    verls = processor.tokenizer.decode(qwen2_5_vl_dedup_image_tokens.__wrapped__(expanded, processor))
+    assert re.findall(r"<[\d.]+ seconds>", verls) == ["<0.7 seconds>", "<3.2 seconds>"]  # 2 frame groups of 2 frames
+    assert qwen2_5_vl_dedup_image_tokens(expanded, processor) == processor.tokenizer.encode(text)
+
+
 def test_qwen_prompts_still_take_verls_own_dedup():
     from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
 

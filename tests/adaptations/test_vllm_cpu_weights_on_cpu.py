@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verl_mm_tools.adaptations import guard
-from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu, linear_weights, moe_weights
+from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm, linear_weights, moe_weights
 
 
 def linear_layer(seed: int) -> torch.nn.Module:
@@ -31,7 +31,7 @@ def method():
 
 def test_vllm_loads_the_plugin_in_its_processes():
     (plugin,) = [point for point in entry_points(group="vllm.general_plugins") if point.value.startswith("verl_mm")]
-    assert plugin.load() is adapt_vllm_cpu
+    assert plugin.load() is adapt_vllm
 
 
 def test_vllms_own_method_leaves_nothing_to_load_into(method):
@@ -132,7 +132,7 @@ def test_vllms_own_expert_packing_loses_the_weight_loader(packing):
     loader stays and the fix is not needed. When packing keeps the loader, drop moe_weights."""
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
-    adapt_vllm_cpu()
+    adapt_vllm()
     layer = expert_layer(0)
     before = layer.w13_weight
     prepared = vllm_prepares(
@@ -148,7 +148,7 @@ def test_vllms_own_expert_packing_loses_the_weight_loader(packing):
 def test_packed_experts_stay_loadable_and_a_sync_changes_what_they_compute(packing):
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
 
-    adapt_vllm_cpu()  # the fix, and the torch path's SiLU (moe_silu), which the forced torch path needs
+    adapt_vllm()  # the fix, and the torch path's SiLU (moe_silu), which the forced torch path needs
     layer, update, reference, unfixed = expert_layer(0), expert_layer(1), expert_layer(1), expert_layer(0)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verl_mm_tools.adaptations.guard import PATCHED_MARK, source_sha256
-from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu, eager_sampler
+from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm, eager_sampler
 
 DRAWS = 200_000
 VOCABULARY = 151_936  # Qwen's
@@ -22,7 +22,7 @@ def vllm_modules():
 
     originals = [topk_topp_sampler.compiled_random_sample, logprobs.batched_count_greater_than]
     originals = [code.__wrapped__ if getattr(code, PATCHED_MARK, False) else code for code in originals]
-    adapt_vllm_cpu()
+    adapt_vllm()
     return originals, topk_topp_sampler, logprobs, sampler
 
 
@@ -42,7 +42,7 @@ def test_the_plugin_puts_both_where_vllms_sampler_calls_them(vllm_modules):
         assert getattr(installed, PATCHED_MARK) is True
         assert not hasattr(installed, "_torchdynamo_orig_callable")
         assert source_sha256(installed) == target.sha256  # the guard still reads vLLM's original
-    adapt_vllm_cpu()  # a second load of the plugin changes nothing
+    adapt_vllm()  # a second load of the plugin changes nothing
     assert (draw_module.compiled_random_sample, rank_module.batched_count_greater_than) == (draw, rank)
 
 

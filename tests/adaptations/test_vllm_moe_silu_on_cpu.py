@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional
 
-from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm_cpu
+from verl_mm_tools.adaptations.vllm_plugin import adapt_vllm
 
 EXPERTS, HIDDEN, WIDTH, TOP_K = 4, 64, 32, 2
 
@@ -17,7 +17,7 @@ EXPERTS, HIDDEN, WIDTH, TOP_K = 4, 64, 32, 2
 def moe():
     from vllm.model_executor.layers.fused_moe import cpu_fused_moe
 
-    adapt_vllm_cpu()
+    adapt_vllm()
     return cpu_fused_moe
 
 

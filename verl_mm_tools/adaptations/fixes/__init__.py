@@ -16,6 +16,7 @@ from verl_mm_tools.adaptations.fixes import (
     glm_stop_token,
     glm_vision_embeddings,
     processed_images,
+    qwen2_5_vl_video_positions,
     qwen2_vl_text_only,
     qwen_video_reader,
     remote_tools,
@@ -23,6 +24,7 @@ from verl_mm_tools.adaptations.fixes import (
     sft_rows_without_images,
     sft_tools_nulls,
     shared_images,
+    video_timing_positions,
     vllm_image_tokens,
     weight_sync,
 )
@@ -46,6 +48,8 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     shared_images,
     separate_async_logger,
     qwen_video_reader,
+    qwen2_5_vl_video_positions,
+    video_timing_positions,
 )
 
 
