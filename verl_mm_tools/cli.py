@@ -34,7 +34,7 @@ EPILOG = "Run 'verl-mm-tools COMMAND --help' for a command's options."
 
 # The demo's names, here so that parsing does not import the demo (it imports verl, ~5 s). tests/test_cli_on_cpu.py
 # checks they equal verl_mm_tools.demo.options' TASKS, TRAINERS and ROLLOUTS.
-DEMO_TASKS = ("click", "learn", "learn_tool", "learn_zoom", "rotation", "zoom")
+DEMO_TASKS = ("click", "learn", "learn_tool", "learn_zoom", "rotation", "video", "zoom")
 DEMO_TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
 DEMO_FULLY_ASYNC = "fully_async"  # verl's fully async trainer (demo.options.FULLY_ASYNC)
 DEMO_ROLLOUTS = ("vllm", "hf")
@@ -144,13 +144,14 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
         "MiniWoB++'s click-test in headless Chromium, one click on one of four points, a showcase of the GUI "
         "environment (the tiny model stays near chance; docs/gui.md); rotation: arrow pictures, the loop's showcase of "
-        "tool calls",
+        "tool calls; video: 4 s clips whose colour flash the prompt's frames miss, get_frames shows it (docs/video.md)",
     )
     demo.add_argument(
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 40 zoom, 30 rotation, 20 click, 80 learn, 120 learn_tool and learn_zoom)",
+        help="training steps (default: 40 zoom, 30 rotation, 20 click and video, 80 learn, 120 learn_tool and "
+        "learn_zoom)",
     )
     demo.add_argument(
         "--nodes",

@@ -55,6 +55,7 @@ HEADER_KEY = f"{COMPACT_PREFIX}header"
 IMAGE_KEY = f"{COMPACT_PREFIX}image_"  # + the image's index in the sample
 REF_KEY = f"{COMPACT_PREFIX}ref_"  # + the image's index: where another sample carries it (``ImageRef``)
 PIXEL_PREFIX = "pixel_values"  # the keys an image processor's pixels go under (the rest: grids, positions, counts)
+VIDEO_PIXELS = "pixel_values_videos"  # a video processor's: a sample's video frames, never compact
 
 
 class NotCompactable(ValueError):
@@ -345,6 +346,11 @@ Expansions = dict[tuple[ProcessorSpec, str, Content], Output]
 Resolve = Callable[[ImageRef], "torch.Tensor"]
 
 
+def is_image_pixels(key: str) -> bool:
+    """Whether a ``multi_modal_inputs`` key holds images' pixels (a video's frames are not compacted)."""
+    return key.startswith(PIXEL_PREFIX) and key != VIDEO_PIXELS
+
+
 def expanded_inputs(
     inputs: Mapping[str, Any], expansions: Expansions | None = None, resolve: Resolve | None = None
 ) -> dict[str, Any]:
@@ -360,7 +366,7 @@ def expanded_inputs(
     if compact is None:
         return rest
     sample = compact.header.sample
-    carried = sorted(key for key in rest if key.startswith(PIXEL_PREFIX))
+    carried = sorted(key for key in rest if is_image_pixels(key))
     if carried:
         raise CompactImageError(f"sample {sample}: it carries both compact images and {carried}")
     try:

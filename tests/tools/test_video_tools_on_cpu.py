@@ -8,8 +8,10 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.runtime.rollout import LocalRollout
 from verl_mm_tools.runtime.scripted_client import tool_call_text
@@ -81,6 +83,17 @@ def test_frames_of_a_window_come_back_as_images_the_model_sees(tiny_model_dir, r
     ]
     assert output.non_tensor_batch["mm_tool/images"][0] == 4
     assert output.non_tensor_batch["mm_tool/masked"][0] == 0
+    # the training sample carries the video's frames and its four images' pixels (compact, expanded by the trainer):
+    # before, a video's pixel_values_videos key hid that the images' pixels were missing, and they were dropped
+    sample = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][0])
+    assert sample["image_grid_thw"].tolist() == [[1, 4, 6]] * 4
+    assert tuple(sample["pixel_values"].shape) == (4 * 24, 1176)
+    assert sample["video_grid_thw"].tolist() == [[2, 12, 18]]
+    assert tuple(sample["pixel_values_videos"].shape) == (432, 1176)
+    verls = worker.processor(
+        images=frames, text=["<|vision_start|><|image_pad|><|vision_end|>" * 4], return_tensors="pt"
+    )
+    assert torch.equal(sample["pixel_values"], verls["pixel_values"])
 
 
 def test_frames_given_as_images_are_timed_by_their_sample_fps(tiny_model_dir, root, tmp_path):

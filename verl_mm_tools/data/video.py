@@ -27,6 +27,9 @@ COLORS = {"red": (220, 30, 30), "blue": (30, 60, 220)}
 FPS = 10
 FLASH_FRAMES = 2  # 0.2 s
 PROMPT_FPS = 1.0
+# The demo's task (``demo --task video``): every flash at 2.0-2.1 s, and the call that shows it, as the zoom task's box
+DEMO_FLASH_FRAME = 20
+DEMO_CALL = {"video_id": 1, "start_s": 2.0, "end_s": 2.1, "n": 2}
 PROMPT = (
     "<video>For a moment, at about {at:.1f} s, the whole picture of this video turns one colour. Which colour: red or "
     "blue? The video above shows only a few of its frames; get_frames shows the frames of any moment. Answer as "
@@ -54,16 +57,29 @@ def prompt_frame_indices(total_frames: int) -> list[int]:
     return torch.linspace(0, total_frames - 1, count).round().long().tolist()
 
 
-def flash_clip(rng: random.Random, color: str, *, seconds: int = 4, side: int = 112) -> FlashClip:
-    """A clip of ``seconds`` at FPS whose flash misses every frame the prompt samples."""
-    total = seconds * FPS
-    sampled = set(prompt_frame_indices(total))
-    starts = [
+def flash_starts(total_frames: int) -> list[int]:
+    """The frames a flash may start at: it and a frame's margin on either side miss every frame the prompt samples."""
+    sampled = set(prompt_frame_indices(total_frames))
+    return [
         start
-        for start in range(1, total - FLASH_FRAMES)
-        if not sampled & set(range(start - 1, start + FLASH_FRAMES + 1))  # a frame's margin on either side
+        for start in range(1, total_frames - FLASH_FRAMES)
+        if not sampled & set(range(start - 1, start + FLASH_FRAMES + 1))
     ]
-    first = rng.choice(starts)
+
+
+def flash_clip(
+    rng: random.Random, color: str, *, seconds: int = 4, side: int = 112, first_flash_frame: int | None = None
+) -> FlashClip:
+    """A clip of ``seconds`` at FPS whose flash misses every frame the prompt samples: at ``first_flash_frame``, or
+    drawn."""
+    total = seconds * FPS
+    starts = flash_starts(total)
+    if first_flash_frame is not None and first_flash_frame not in starts:
+        raise ConfigError(
+            f"a flash at frame {first_flash_frame} of a {seconds} s clip would show in a frame the prompt samples "
+            f"({prompt_frame_indices(total)}, a frame's margin on either side); choose one of {starts}"
+        )
+    first = rng.choice(starts) if first_flash_frame is None else first_flash_frame
     background = rng.randrange(100, 160)
     y = rng.randrange(side // 4, 3 * side // 4)
     frames = []
@@ -104,9 +120,10 @@ def write_video_dataset(
     seed: int = 0,
     seconds: int = 4,
     agent_name: str = "mm_tool",
+    first_flash_frame: int | None = None,
 ) -> tuple[Path, Path]:
     """Write the clips under ``out_dir/videos`` and ``train.parquet`` / ``val.parquet`` (colours alternating;
-    validation from its own seed)."""
+    validation from its own seed; every flash at ``first_flash_frame`` where given, else each at a drawn moment)."""
     if train_size < 1 or val_size < 1:
         raise ConfigError(f"video dataset sizes must be >= 1, got train_size={train_size}, val_size={val_size}")
     if not 2 <= seconds <= 60:
@@ -115,7 +132,10 @@ def write_video_dataset(
     written = []
     for split, size, split_seed in (("train", train_size, seed), ("val", val_size, seed + 1_000_003)):
         rng = random.Random(split_seed)
-        clips = [flash_clip(rng, sorted(COLORS)[index % 2], seconds=seconds) for index in range(size)]
+        clips = [
+            flash_clip(rng, sorted(COLORS)[index % 2], seconds=seconds, first_flash_frame=first_flash_frame)
+            for index in range(size)
+        ]
         paths = [f"videos/{split}_{index:04d}.mp4" for index in range(size)]
         for clip, path in zip(clips, paths, strict=True):
             write_video(out / path, clip.frames, FPS)

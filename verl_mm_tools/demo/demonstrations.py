@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from PIL import Image
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from verl_mm_tools.runtime.scripted_client import Script
 
+# The processor's vision inputs a demonstration carries (those its images and videos gave)
+VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 # Demonstration pictures come from their own seed stream: their labels are random anyway.
 DEMO_SEED_OFFSET = 7_000_001
 
@@ -36,6 +38,10 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
     """Token-exact trajectories of the mm_tool loop with random tool calls and random answers (and the task's
     ``sight`` demonstrations with their true answers)."""
     task = TASKS[spec.task]
+    if task.video:
+        from verl_mm_tools.demo.video_demonstrations import video_demonstrations
+
+        return video_demonstrations(model_dir, tools_yaml, task, spec.demonstrations, spec.seed)
     pictures = task.pictures(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
     examples = task_demonstrations(model_dir, tools_yaml, task, pictures, random.Random(spec.seed))
     if task.sight is None:
@@ -73,16 +79,23 @@ def task_demonstrations(
             script, prompts, max_turns=2, extra=CLASSIC_HOOK
         )
     fits_any_answer = task.after_call == AfterCall.EITHER and not true_labels
-    choices = answer_tokens(worker.tokenizer, task.answers) if fits_any_answer else torch.tensor([], dtype=torch.long)
-    tokens = LabelTokens(
-        image=worker.tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        answer_tag=worker.tokenizer.encode("<answer>"),
-        fits_any_answer=fits_any_answer,
-        choices=choices,
-    )
+    tokens = LabelTokens.of(worker.tokenizer, task, fits_any_answer)
     return [
         row_example(output, index, calling[index], task, tokens, true_labels=true_labels)
         for index in range(len(prompts))
+    ]
+
+
+def labelled_rows(output: DataProto, tokenizer: PreTrainedTokenizerBase, task: FormatTask) -> list[dict[str, Any]]:
+    """Every row of ``output`` as a training example, labelled as the script answered (the video task's: its
+    script decides at turn 0 whether a trajectory calls, so whether a row calls is read from its response)."""
+    from verl_mm_tools.runtime.batch import unpadded_row
+
+    tokens = LabelTokens.of(tokenizer, task, fits_any_answer=False)
+    call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    return [
+        row_example(output, index, call in unpadded_row(output, index)["response_ids"], task, tokens, true_labels=False)
+        for index in range(len(output))
     ]
 
 
@@ -91,9 +104,21 @@ class LabelTokens:
     """The tokens a demonstration's inputs and labels are placed by."""
 
     image: int  # the image placeholder token
+    video: int  # the video placeholder token
     answer_tag: list[int]  # "<answer>": the answer starts after its last occurrence
     fits_any_answer: bool  # whether the answer after a call is fitted to any answer (AfterCall.EITHER)
     choices: torch.Tensor  # the answers' tokens when it is (empty otherwise)
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, task: FormatTask, fits_any_answer: bool) -> LabelTokens:
+        empty = torch.tensor([], dtype=torch.long)
+        return cls(
+            image=cast(int, tokenizer.convert_tokens_to_ids("<|image_pad|>")),  # one token: one id
+            video=cast(int, tokenizer.convert_tokens_to_ids("<|video_pad|>")),
+            answer_tag=tokenizer.encode("<answer>"),
+            fits_any_answer=fits_any_answer,
+            choices=answer_tokens(tokenizer, task.answers) if fits_any_answer else empty,
+        )
 
 
 def row_example(
@@ -117,13 +142,14 @@ def row_example(
     if task.after_call == AfterCall.TRUE and calls and not true_labels:
         weights[answer_at] = task.after_call_weight
     inputs = expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][index])
+    id_tensor = torch.tensor(ids)
     return {
-        "input_ids": torch.tensor(ids),
+        "input_ids": id_tensor,
         "labels": torch.tensor(labels_of_row),
         "weights": torch.tensor(weights),  # each labelled token's weight in the loss
-        "mm_token_type_ids": (torch.tensor(ids) == tokens.image).long(),
-        "pixel_values": inputs["pixel_values"],
-        "image_grid_thw": inputs["image_grid_thw"],
+        # transformers' token types: 1 image, 2 video
+        "mm_token_type_ids": (id_tensor == tokens.image).long() + 2 * (id_tensor == tokens.video).long(),
+        **{key: torch.as_tensor(inputs[key]) for key in VISION_KEYS if key in inputs},
         "answer_at": answer_at,  # where the answer's first token is
         "any_answer_at": answer_at if any_answer else -1,  # where any answer is fitted instead of the label
         "answer_choices": tokens.choices,  # the answers' tokens

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from verl_mm_tools.demo.demonstrations import VISION_KEYS
 from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
 
 if TYPE_CHECKING:
@@ -79,13 +80,21 @@ def collate(examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
         "labels": pad("labels", -100),
         "weights": pad("weights", 0),
         "mm_token_type_ids": pad("mm_token_type_ids", 0),
-        "pixel_values": torch.cat([example["pixel_values"] for example in examples]),
-        "image_grid_thw": torch.cat([example["image_grid_thw"] for example in examples]),
+        **vision_inputs(examples),
         "any_answer_at": torch.tensor([example.get("any_answer_at", -1) for example in examples]),
         "answer_choices": next(
             (example["answer_choices"] for example in examples if example.get("any_answer_at", -1) >= 0),
             torch.tensor([], dtype=torch.long),
         ),
+    }
+
+
+def vision_inputs(examples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each vision input the examples carry, concatenated in example order (the order of their placeholders)."""
+    return {
+        key: torch.cat([example[key] for example in examples if key in example])
+        for key in VISION_KEYS
+        if any(key in example for example in examples)
     }
 
 

@@ -10,7 +10,7 @@ from enum import Enum
 
 from PIL import Image
 
-from verl_mm_tools.data import color, rotation, zoom_color
+from verl_mm_tools.data import color, rotation, video, zoom_color
 from verl_mm_tools.data.rotation import ANGLES
 from verl_mm_tools.errors import ConfigError
 
@@ -59,6 +59,8 @@ class FormatTask:
     # 100 steps. Without it, whether the format fit ever read depended on the seed (seed 1 at 450 steps: p(true
     # answer) 0.50 after a zoom; seeds 0 and 2: 1.00).
     reading_steps: int = 0
+    # The demonstrations' prompts are the video task's clips (``demo.video_demonstrations``), not ``pictures``
+    video: bool = False
 
     def __post_init__(self) -> None:
         if not self.calls and self.direct_share != 1.0:
@@ -100,6 +102,16 @@ TASKS = {
 # zoom keep it looking at its pictures, and a step without them costs about a third less.
 TASKS["zoom_read"] = replace(
     TASKS["zoom_color"], sight=None, after_call=AfterCall.TRUE, after_call_weight=30.0, reading_steps=100
+)
+# The video task's cold start, as zoom_read's: get_frames over the flash in half its first turns and the true colour
+# after it; answers at once (at chance: the prompt's frames miss the flash) in the other half.
+TASKS["video_read"] = replace(
+    TASKS["zoom_read"],
+    question=video.PROMPT.removeprefix("<video>").format(at=video.DEMO_FLASH_FRAME / video.FPS),
+    answers=tuple(sorted(video.COLORS)),
+    pictures=lambda count, seed: [],
+    calls=(("get_frames", video.DEMO_CALL),),
+    video=True,
 )
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
 TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)

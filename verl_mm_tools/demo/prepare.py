@@ -77,6 +77,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     loop: dict[str, object] = {"name": LOOP_NAME, "_target_": LOOP_TARGET}
     if options.env:
         loop["env"] = options.env
+    if task.reads_data_files:
+        loop["file_roots"] = [str(out / "data")]
     if options.export != "per_trajectory":
         loop["export"] = options.export
     if options.dumps:

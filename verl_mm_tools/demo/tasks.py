@@ -19,7 +19,12 @@ from typing import Protocol
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.step_metrics import CALL_RATE, REWARD_MEAN
-from verl_mm_tools.tools.tool_yaml import CLICK_TOOLS_YAML, ROTATE_TOOLS_YAML, ZOOM_TOOLS_YAML
+from verl_mm_tools.tools.tool_yaml import (
+    CLICK_TOOLS_YAML,
+    GET_FRAMES_TOOLS_YAML,
+    ROTATE_TOOLS_YAML,
+    ZOOM_TOOLS_YAML,
+)
 
 # Sequences per forward/backward in the trainer: 8 made old_log_prob + update_actor ~1.8x faster than 32 (measured,
 # 32 trajectories of ~600 tokens per step, one thread).
@@ -72,6 +77,8 @@ class DemoTask:
     sft_cold_start: bool = False
     # A cold start of the task's own (the GUI task's: demonstrations on a browser), replacing warm_start_task's
     cold_start: ColdStart | None = None
+    # The rows name files relative to the data folder (the video task's clips): the loop's file_roots is that folder
+    reads_data_files: bool = False
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
@@ -261,6 +268,29 @@ TASKS["click"] = replace(
     stop_at_reward=None,
     steps=20,
     warm_start_says="clicks on the four points at random, a quarter of them on the button",
+)
+
+
+def _write_video(out_dir: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
+    from verl_mm_tools.data.video import DEMO_FLASH_FRAME, write_video_dataset
+
+    return write_video_dataset(
+        out_dir, train_size=train_size, val_size=val_size, seed=seed, first_flash_frame=DEMO_FLASH_FRAME
+    )
+
+
+# The video task: a 4 s clip whose colour flash falls between the frames the prompt samples; get_frames over the
+# moment the prompt names shows it (data.video). learn's answer format and learn_tool's RL settings for the call.
+TASKS["video"] = replace(
+    TASKS["zoom"],
+    name="video",
+    warm_start_task="video_read",
+    write_dataset=_write_video,
+    validation_metric="val-core/verl_mm_tools/video_flash/acc/mean@1",
+    tools_yaml=GET_FRAMES_TOOLS_YAML,
+    reads_data_files=True,
+    steps=40,
+    warm_start_says="get_frames calls and true answers after them, answers at once at chance; calls in half its turns",
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.compact_image import PIXEL_PREFIX, CompactImages
+from verl_mm_tools.compact_image import CompactImages, is_image_pixels
 from verl_mm_tools.handoff import SampleFields
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def _compute_multi_modal_inputs(
             inputs = original(self, output, input_ids)
     finally:
         self.processor = processor
-    if compact is not None and not any(key.startswith(PIXEL_PREFIX) for key in inputs):
+    # a prompt video's frames (pixel_values_videos) come as verl's processor made them, beside the compact images
+    if compact is not None and not any(is_image_pixels(key) for key in inputs):
         inputs.update(_referring(output, compact).inputs())
     return inputs
 
