@@ -113,3 +113,16 @@ def test_bad_sizes_are_refused(tmp_path):
         write_video_dataset(tmp_path, train_size=0)
     with pytest.raises(ConfigError, match="--seconds must be between 2 and 60, got 90"):
         write_video_dataset(tmp_path, seconds=90)
+
+
+def test_the_demos_clips_flash_at_its_fixed_moment_and_a_moment_the_prompt_samples_is_refused(tmp_path):
+    import random
+
+    from verl_mm_tools.data.video import DEMO_FLASH_FRAME, flash_clip, write_video_dataset
+
+    train, _ = write_video_dataset(tmp_path, train_size=2, val_size=1, first_flash_frame=DEMO_FLASH_FRAME)
+    rows = pd.read_parquet(train)
+    assert [info["flash_frames"].tolist() for info in rows["extra_info"]] == [[20, 21], [20, 21]]
+    assert "at about 2.0 s" in rows["prompt"][0][0]["content"]
+    with pytest.raises(ConfigError, match=r"a flash at frame 12 of a 4 s clip would show in a frame the prompt"):
+        flash_clip(random.Random(0), "red", first_flash_frame=12)

@@ -330,3 +330,42 @@ def test_the_reading_fit_trains_the_answers_after_a_call_alone(tiny_model_dir, z
     losses = read_after_calls(model, examples, spec)
     assert len(losses) == 100 and losses[-1] < losses[0]
     assert read_after_calls(model, examples, WarmStartSpec(task="zoom_color", demonstrations=4, seed=3)) == []
+
+
+def test_video_demonstrations_call_get_frames_half_the_time_and_read_the_flash_after(tiny_model_dir, tiny_tokenizer):
+    """demo --task video's cold start (``video_read``): on the task's clips (colours alternating, every flash at
+    2.0-2.1 s), half the trajectories call get_frames over the flash and answer its true colour; the others answer at
+    once, red and blue alternately (the script sees nothing the prompt's frames miss). Each example carries the
+    video's frames, the called frames, transformers' token types and the video's 2 s a grid step."""
+    from transformers import AutoModelForImageTextToText
+
+    from verl_mm_tools.demo.fit import collate, token_loss
+    from verl_mm_tools.tools.tool_yaml import GET_FRAMES_TOOLS_YAML
+
+    tools = tiny_model_dir.parent / "get_frames_tools.yaml"
+    tools.write_text(GET_FRAMES_TOOLS_YAML)
+    examples = demonstrations(tiny_model_dir, tools, WarmStartSpec(task="video_read", demonstrations=8, seed=2))
+    call = (
+        '<tool_call>\n{"name": "get_frames", "arguments": {"video_id": 1, "start_s": 2.0, "end_s": 2.1, "n": 2}}\n'
+        "</tool_call><|im_end|>"
+    )
+    rows = []
+    for index, example in enumerate(examples):
+        trained = tiny_tokenizer.decode(example["labels"][example["labels"] != -100])
+        called = trained.startswith(call)
+        assert example["calls"] == called
+        truth = ("blue", "red")[index % 2]
+        rows.append(
+            (called, truth, re.fullmatch(r"<answer>(red|blue)</answer><\|im_end\|>", trained.removeprefix(call))[1])
+        )
+        types = example["mm_token_type_ids"]
+        assert (int((types == 2).sum()), int((types == 1).sum())) == (128, 32 if called else 0)
+        assert example["video_grid_thw"].tolist() == [[2, 16, 16]] and example["second_per_grid_ts"].tolist() == [2.0]
+        assert ("pixel_values" in example) == called and example["weights"][example["answer_at"]] == (
+            30.0 if called else 1.0
+        )
+    assert sum(called for called, _, _ in rows) == 4
+    assert all(answer == truth for called, truth, answer in rows if called)
+    assert collections.Counter(answer for called, _, answer in rows if not called) == {"red": 2, "blue": 2}
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    assert torch.isfinite(token_loss(model, collate(examples[:4], 0)))
