@@ -108,6 +108,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.demo.prepare",
         "verl_mm_tools.demo.summary",
         "verl_mm_tools.demo.tasks",
+        "verl_mm_tools.demo.video_demonstrations",
         "verl_mm_tools.demo.warm_start",
         "verl_mm_tools.demo.watch",
         "verl_mm_tools.envs.base",

@@ -39,9 +39,9 @@ def demonstrations(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> li
     ``sight`` demonstrations with their true answers)."""
     task = TASKS[spec.task]
     if task.video:
-        from verl_mm_tools.demo.video_demonstrations import video_demonstrations
+        from verl_mm_tools.demo.video_demonstrations import video_rollout
 
-        return video_demonstrations(model_dir, tools_yaml, task, spec.demonstrations, spec.seed)
+        return labelled_rows(*video_rollout(model_dir, tools_yaml, task, spec.demonstrations, spec.seed), task)
     pictures = task.pictures(spec.demonstrations, spec.seed + DEMO_SEED_OFFSET)
     examples = task_demonstrations(model_dir, tools_yaml, task, pictures, random.Random(spec.seed))
     if task.sight is None:

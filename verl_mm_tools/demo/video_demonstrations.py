@@ -9,22 +9,26 @@ from __future__ import annotations
 import random
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageStat
 
 from verl_mm_tools.demo.format_tasks import FormatTask
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from verl.protocol import DataProto
+
 # The demonstrations' clips come from their own seed stream (as the pictures of the other tasks)
 CLIP_SEED_OFFSET = 7_000_001
 
 
-def video_demonstrations(
+def video_rollout(
     model_dir: Path, tools_yaml: Path, task: FormatTask, count: int, seed: int
-) -> list[dict[str, Any]]:
-    """``count`` demonstrations on clips of alternating colours, with the flash where the demo task's data has it."""
+) -> tuple[DataProto, PreTrainedTokenizerBase]:
+    """``count`` scripted trajectories on clips of alternating colours, with the flash where the demo task's data has
+    it (``demonstrations.labelled_rows`` makes them examples); and the tokenizer."""
     from verl_mm_tools.data.video import DEMO_FLASH_FRAME, FPS, PROMPT_FPS, flash_clip
-    from verl_mm_tools.demo.demonstrations import labelled_rows
     from verl_mm_tools.runtime.config import CLASSIC_HOOK
     from verl_mm_tools.runtime.rollout import LocalRollout
     from verl_mm_tools.video import write_video
@@ -44,7 +48,7 @@ def video_demonstrations(
             extra=CLASSIC_HOOK,
             loop_options={"file_roots": [folder]},
         )
-    return labelled_rows(output, worker.tokenizer, task)
+    return output, worker.tokenizer
 
 
 class VideoScript:
