@@ -43,7 +43,7 @@ def test_an_unknown_task_is_a_config_error_with_a_suggestion(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"unknown demo task 'lern'; choose one of \['click', 'learn', 'learn_tool', "
-        r"'learn_zoom', 'rotation', 'zoom'\]\. Did you mean 'learn'",
+        r"'learn_zoom', 'rotation', 'video', 'zoom'\]\. Did you mean 'learn'",
     ):
         DemoOptions(out=tmp_path, task="lern")
 
@@ -145,9 +145,11 @@ def test_each_task_composes_with_verls_trainer_config(task, tmp_path):
             "learn_tool": "exact_answer_reward",
             "learn_zoom": "exact_answer_reward",
             "zoom": "exact_answer_reward",
+            "video": "exact_answer_reward",
         }[task]
     )
-    calls = task in ("zoom", "learn_zoom", "learn_tool", "click")  # every answer may follow or be a call: guarded
+    # every answer may follow or be a call: guarded
+    calls = task in ("zoom", "learn_zoom", "learn_tool", "click", "video")
     if task != "rotation":
         assert config.data.shuffle is False  # the rows alternate colors
         assert config.actor_rollout_ref.actor.optim.lr_warmup_steps == 10
@@ -243,7 +245,7 @@ def test_the_summary_says_what_changed_and_what_to_run_next(tmp_path):
         "summary: mean reward 0.75 -> 0.85 and tool calls per trajectory 0.25 -> 0.15 (first 5 steps -> last 5; "
         "answering without looking scores 0.50)",
         f"next: verl-mm-tools view {tmp_path / 'trajectories'}  (what the model saw and did, turn by turn); another "
-        "task: --task click | learn_tool | learn_zoom | rotation | zoom",
+        "task: --task click | learn_tool | learn_zoom | rotation | video | zoom",
     ]
     assert what_was_learned(RunResult(1, [], 5.0, None, 0), LEARN, paths) == []
 
@@ -314,3 +316,19 @@ def test_a_failed_run_names_the_exception_that_ended_it_and_why_rays_actor_died(
     assert trainer_error(log_lines(log)) == "ValueError: no such file: data.parquet"
     log.write_text("step:1 - reward 0.5\n")
     assert trainer_error(log_lines(log)) is None and trainer_error(log_lines(tmp_path / "missing.log")) is None
+
+
+def test_the_video_task_reads_its_clips_through_the_loops_file_roots(tmp_path):
+    """Its rows name clips relative to the data folder; the loop reads them through file_roots (nothing else)."""
+    import pandas as pd
+
+    from verl_mm_tools.demo.prepare import prepare
+
+    options = DemoOptions(out=tmp_path, task="video", warm_start=False, train_size=2, val_size=1)
+    paths = prepare(options, lambda line: None)
+    (loop,) = json.loads((paths.config / "agent_loops.yaml").read_text())
+    assert loop["file_roots"] == [str(tmp_path.resolve() / "data")]
+    videos = [row[0]["video"] for row in pd.read_parquet(paths.train)["videos"]]
+    assert videos == ["videos/train_0000.mp4", "videos/train_0001.mp4"]
+    assert all((tmp_path / "data" / video).is_file() for video in videos)
+    assert "video_tools.GetFramesTool" in (paths.config / "tools.yaml").read_text()
