@@ -53,7 +53,7 @@ def video_rollout(
 
 class VideoScript:
     """The scripted model: at turn 0 a call (half of the ``count`` trajectories, drawn) or an answer (alternating);
-    after a call, the colour of the tool's first frame."""
+    after a call, the colour of the last frame the tool returned."""
 
     def __init__(self, task: FormatTask, count: int, rng: random.Random) -> None:
         self.task = task

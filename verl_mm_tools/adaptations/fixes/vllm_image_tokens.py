@@ -47,7 +47,8 @@ ADAPTATION = Adaptation(
     "reach vLLM with their timestamps and frame delimiters twice (a 4 s clip's prompt: 212 tokens become 237). "
     "Videos of GLM-V and Gemma 4 are not handled",
     applies_to=VERL,
-    proof="`tests/adaptations/test_verl_fixes_on_cpu.py::test_verls_vllm_server_sends_glm_and_gemma_prompts_expanded`; "
+    proof="`tests/adaptations/test_verl_fixes_on_cpu.py::test_verls_vllm_server_sends_glm_and_gemma_prompts_expanded`, "
+    "`::test_verls_vllm_server_sends_qwen3_vl_videos_with_their_timestamps`; "
     "in vLLM: `tests/tiny/test_vllm_engine_on_cpu.py` (`vllm_prompt_tokens_from_verls_own_ids`)",
 )
 
