@@ -89,13 +89,11 @@ def task_demonstrations(
 def labelled_rows(output: DataProto, tokenizer: PreTrainedTokenizerBase, task: FormatTask) -> list[dict[str, Any]]:
     """Every row of ``output`` as a training example, labelled as the script answered (the video task's: its
     script decides at turn 0 whether a trajectory calls, so whether a row calls is read from its response)."""
-    from verl_mm_tools.runtime.batch import unpadded_row
-
     tokens = LabelTokens.of(tokenizer, task, fits_any_answer=False)
     call = tokenizer.convert_tokens_to_ids("<tool_call>")
     return [
-        row_example(output, index, call in unpadded_row(output, index)["response_ids"], task, tokens, true_labels=False)
-        for index in range(len(output))
+        row_example(output, index, bool((responses == call).any()), task, tokens, true_labels=False)
+        for index, responses in enumerate(output.batch["responses"])
     ]
 
 

@@ -96,21 +96,21 @@ def collapsed_timestamped_videos(prompt_ids: list[int], processor: Any) -> list[
     ``<|vision_start|><|video_pad|><|vision_end|>`` each, as the one ``<|vision_start|><|video_pad|><|vision_end|>``
     the chat template wrote. A video whose first timestamp cannot be told from the text before it is left as it is
     (logged): vLLM then sees that video twice."""
-    start, pad, end = processor.vision_start_token_id, processor.video_token_id, processor.vision_end_token_id
+    group = [processor.vision_start_token_id, processor.video_token_id, processor.vision_end_token_id]
     ids = list(prompt_ids)
     kept: list[int] = []
     index = 0
     while index < len(ids):
-        timestamp = _timestamp_before(kept, processor.tokenizer) if ids[index : index + 3] == [start, pad, end] else 0
+        timestamp = _timestamp_before(kept, processor.tokenizer) if ids[index : index + 3] == group else 0
         if not timestamp:
             kept.append(ids[index])
             index += 1
             continue
         del kept[len(kept) - timestamp :]
         index += 3
-        while (following := _next_frame_group(ids, index, processor)) is not None:
+        while (following := _next_frame_group(ids, index, group, processor.tokenizer)) is not None:
             index = following
-        kept += [start, pad, end]
+        kept += group
     return kept
 
 
@@ -127,13 +127,10 @@ def _timestamp_before(kept: list[int], tokenizer: Any) -> int:
     return 0
 
 
-def _next_frame_group(ids: list[int], index: int, processor: Any) -> int | None:
-    """Where the frame group after ``index`` ends, if a timestamp and a frame group follow at once; else None."""
-    start, pad, end = processor.vision_start_token_id, processor.video_token_id, processor.vision_end_token_id
+def _next_frame_group(ids: list[int], index: int, group: list[int], tokenizer: Any) -> int | None:
+    """Where the frame ``group`` after ``index`` ends, if a timestamp and the group follow at once; else None."""
     for length in range(1, LONGEST_TIMESTAMP + 1):
-        group = index + length
-        if ids[group : group + 3] == [start, pad, end] and TIMESTAMP.fullmatch(
-            processor.tokenizer.decode(ids[index:group])
-        ):
-            return group + 3
+        at = index + length
+        if ids[at : at + 3] == group and TIMESTAMP.fullmatch(tokenizer.decode(ids[index:at])):
+            return at + 3
     return None

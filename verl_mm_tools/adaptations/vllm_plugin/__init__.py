@@ -28,7 +28,6 @@ from verl_mm_tools.adaptations.vllm_plugin import eager_sampler, linear_weights,
 
 VLLM_CPU_ADAPTATIONS = (linear_weights, moe_weights, moe_silu, eager_sampler)
 VLLM_ADAPTATIONS = (video_metadata,)  # each applied when vLLM imports the module of its last target
-ALL_VLLM_ADAPTATIONS = VLLM_ADAPTATIONS + VLLM_CPU_ADAPTATIONS
 
 
 def adapt_vllm() -> None:

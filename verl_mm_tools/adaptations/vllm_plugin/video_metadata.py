@@ -87,7 +87,7 @@ def call_hf_processor(
 ) -> Any:
     """vLLM's call; videos given with metadata are passed as frames plus ``video_metadata``, already sampled."""
     videos = mm_data.get("videos")
-    if isinstance(videos, list) and videos and all(_with_metadata(video) for video in videos):
+    if isinstance(videos, list) and _all_with_metadata(videos):
         frames, metadata = zip(*videos, strict=True)
         mm_data = {**mm_data, "videos": list(frames), "video_metadata": list(metadata)}
         mm_kwargs = {**mm_kwargs, "do_sample_frames": False}
