@@ -14,6 +14,10 @@ class ConfigError(VerlMMToolsError, ValueError):
     """A user configuration (YAML, hydra override, dataset column) is invalid."""
 
 
+class ColdStartError(ConfigError):
+    """A cold start ended without what RL needs from it (a parseable call, reading the tool's answer)."""
+
+
 class PluginRegistrationError(VerlMMToolsError, RuntimeError):
     """Registering a component into one of verl's registries failed (e.g. a name clash)."""
 

@@ -13,8 +13,10 @@ import torch
 from verl_mm_tools.agent_loop.tool_format import resolve_tool_format, template_traits
 from verl_mm_tools.data.rotation import ANGLES, QUESTION, rotation_samples
 from verl_mm_tools.demo.demonstrations import demonstrations
+from verl_mm_tools.demo.fit_check import ColdStartCheck, cold_start_check
 from verl_mm_tools.demo.format_tasks import TOOL_DEGREES, WarmStartSpec
 from verl_mm_tools.demo.warm_start import warm_started_model
+from verl_mm_tools.errors import ColdStartError
 from verl_mm_tools.tools.tool_yaml import ROTATE_TOOLS_YAML
 
 TOOL_CALL = re.compile(
@@ -369,3 +371,39 @@ def test_video_demonstrations_call_get_frames_half_the_time_and_read_the_flash_a
     assert collections.Counter(answer for called, _, answer in rows if not called) == {"red": 2, "blue": 2}
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     assert torch.isfinite(token_loss(model, collate(examples[:4], 0)))
+    # the untrained model writes none of it: each part of the check fails
+    assert cold_start_check(model, examples, reads=True).failures(direct_share=0.5) == [
+        "p(its call) 0.000 < 0.8 x the calling share 0.50",
+        "p(its direct answer's format) 0.000 < 0.8 x 0.50",
+        "it starts a call with p 0.001, the demonstrations in 0.50",
+        "p(the true answer after a call) 0.001 < 0.9",
+    ]
+
+
+def test_the_cold_start_check_names_what_keeps_rl_from_learning():
+    calls_half = ColdStartCheck(call=0.45, direct=0.49, call_share=0.5, reading=0.998)
+    assert calls_half.failures(direct_share=0.5) == []
+    assert ColdStartCheck(call=0.0, direct=0.47, call_share=0.48, reading=0.998).failures(0.5) == [
+        "p(its call) 0.000 < 0.8 x the calling share 0.50"
+    ]
+    assert ColdStartCheck(call=0.45, direct=0.3, call_share=0.8, reading=0.5).failures(0.5) == [
+        "p(its direct answer's format) 0.300 < 0.8 x 0.50",
+        "it starts a call with p 0.800, the demonstrations in 0.50",
+        "p(the true answer after a call) 0.500 < 0.9",
+    ]
+    # answers after a call that are not the truth are not checked; a task that always calls starts one at p 1
+    assert ColdStartCheck(call=0.9, direct=1.0, call_share=1.0, reading=None).failures(direct_share=0.0) == []
+
+
+def test_a_checked_warm_start_that_did_not_take_fails_and_caches_nothing(tiny_model_dir, tmp_path):
+    from verl_mm_tools.tools.tool_yaml import GET_FRAMES_TOOLS_YAML
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(GET_FRAMES_TOOLS_YAML)
+    spec = WarmStartSpec(task="video_read", demonstrations=8, steps=2, seed=2)
+    with pytest.raises(
+        ColdStartError,
+        match=r"the warm start of video_read \(seed 2, 2 steps at lr 0.01\) did not take: p\(its call\) 0.000",
+    ):
+        warm_started_model(tiny_model_dir, tools, spec, cache_root=tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []

@@ -29,14 +29,15 @@ def compose_recipe(name: str, backend: str):
 
 
 def test_the_recipes_are_the_documented_ones():
-    assert NAMES == ["code", "geo3k_retry", "miniwob", "rotation_180", "rotation_45", "zoom"]
+    assert NAMES == ["code", "geo3k_retry", "miniwob", "rotation_180", "rotation_45", "video", "zoom"]
     assert all((RECIPES / f"run_{name}.sh").is_file() for name in NAMES)
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 @pytest.mark.parametrize("name", NAMES)
-def test_recipe_composes_and_every_name_resolves(name, backend, monkeypatch):
+def test_recipe_composes_and_every_name_resolves(name, backend, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)  # run.sh launches from the repository root; relative paths resolve there
+    monkeypatch.setenv("HOME", str(tmp_path))  # where the recipes' data lives (make-data's --out in their comments)
     config = compose_recipe(name, backend)
     OmegaConf.to_container(config, resolve=True)  # every interpolation resolves
     rollout = config.actor_rollout_ref.rollout
@@ -68,6 +69,8 @@ def _check_agent_loops(rollout):
             for key, value in OmegaConf.to_container(entry).items()
             if key != "_target_" and key not in VERL_LOOP_KWARGS
         }
+        for root in options.get("file_roots") or []:
+            Path(root).expanduser().mkdir(parents=True, exist_ok=True)  # the data make-data writes there
         MMToolLoopConfig.from_options(options, limit_images=rollout.get("limit_images"))
 
 

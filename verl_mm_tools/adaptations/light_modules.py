@@ -101,6 +101,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.demo.demonstrations",
         "verl_mm_tools.demo.examples",
         "verl_mm_tools.demo.fit",
+        "verl_mm_tools.demo.fit_check",
         "verl_mm_tools.demo.format_tasks",
         "verl_mm_tools.demo.metrics",
         "verl_mm_tools.demo.options",

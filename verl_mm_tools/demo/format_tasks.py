@@ -61,6 +61,9 @@ class FormatTask:
     reading_steps: int = 0
     # The demonstrations' prompts are the video task's clips (``demo.video_demonstrations``), not ``pictures``
     video: bool = False
+    # The warm start fails, uncached, unless its ``fit_check.ColdStartCheck`` finds nothing that keeps RL from
+    # learning (every warm start reports the check)
+    checked: bool = False
 
     def __post_init__(self) -> None:
         if not self.calls and self.direct_share != 1.0:
@@ -112,6 +115,7 @@ TASKS["video_read"] = replace(
     pictures=lambda count, seed: [],
     calls=(("get_frames", video.DEMO_CALL),),
     video=True,
+    checked=True,
 )
 # The same answers after a rotate call by 90 degrees: every trajectory holds a tool call and the tool's image.
 TASKS["color_tool"] = replace(TASKS["color"], calls=(("rotate", {"degrees": 90}),), direct_share=0.0)

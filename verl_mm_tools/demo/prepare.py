@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_mm_tools.demo.options import DemoOptions
@@ -100,9 +100,10 @@ def warm_started(task: DemoTask, model: Path, tools: Path, seed: int, sft: bool 
     from verl_mm_tools.demo.format_tasks import WarmStartSpec
     from verl_mm_tools.demo.warm_start import warm_started_model
 
-    return warm_started_model(
-        model, tools, WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=seed)
-    )
+    warm_spec = WarmStartSpec(task=task.warm_start_task, steps=task.warm_start_steps, seed=seed)
+    if task.warm_start_lr is not None:
+        warm_spec = replace(warm_spec, lr=task.warm_start_lr)
+    return warm_started_model(model, tools, warm_spec)
 
 
 @contextlib.contextmanager

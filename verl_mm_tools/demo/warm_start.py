@@ -33,7 +33,9 @@ import torch
 
 from verl_mm_tools.demo.demonstrations import demonstrations
 from verl_mm_tools.demo.fit import answer_shares, fit, one_thread, read_after_calls
-from verl_mm_tools.demo.format_tasks import TASKS, WarmStartSpec
+from verl_mm_tools.demo.fit_check import cold_start_check
+from verl_mm_tools.demo.format_tasks import TASKS, AfterCall, WarmStartSpec
+from verl_mm_tools.errors import ColdStartError
 
 logger = logging.getLogger(__name__)
 
@@ -113,18 +115,28 @@ def warm_start(model_dir: Path, tools_yaml: Path, spec: WarmStartSpec) -> dict:
     started = time.perf_counter()
     examples = demonstrations(model_dir, tools_yaml, spec)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    task = TASKS[spec.task]
     with one_thread():
         reading = read_after_calls(model, examples, spec)
         losses = fit(model, examples, spec)
         own = [example for example in examples if not example["sight"]]
-        shares = answer_shares(model, own, model_dir, TASKS[spec.task].answers)
-    model.save_pretrained(model_dir)
+        shares = answer_shares(model, own, model_dir, task.answers)
+        check = cold_start_check(model, examples, reads=task.after_call == AfterCall.TRUE)
     report = {
         "seconds": round(time.perf_counter() - started, 2),
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "reading_losses": reading[:1] + reading[-1:],
         "answer_shares": shares,
+        "check": asdict(check),
     }
     logger.info("warm start: %s", report)
+    failures = check.failures(task.direct_share)
+    if task.checked and failures:
+        raise ColdStartError(
+            f"the warm start of {spec.task} (seed {spec.seed}, {spec.steps} steps at lr {spec.lr}) did not take: "
+            f"{'; '.join(failures)} (last loss {losses[-1]}); RL would have nothing to reinforce. Try another "
+            "--seed; nothing was cached"
+        )
+    model.save_pretrained(model_dir)
     return report
