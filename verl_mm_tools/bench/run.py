@@ -19,6 +19,7 @@ from verl_mm_tools.bench.opencv_ops import opencv_figures
 from verl_mm_tools.bench.plugin_import import import_figures
 from verl_mm_tools.bench.python_tool import python_tool_figures
 from verl_mm_tools.bench.steps import cpu_step, engine_figures
+from verl_mm_tools.bench.video import video_figures
 from verl_mm_tools.bench.worker_memory import worker_memory
 
 
@@ -59,21 +60,23 @@ def _ops_in_fresh_process(repeats: int) -> dict[str, list[float]]:
 
 @dataclass(frozen=True)
 class Repeats:
-    """How often each timed figure of figures 1-3 and 6 is sampled: ``ops`` image-op samples, ``loop`` trajectory
-    pairs for each length (at least; ``pairs_per_size // turns`` where that is more), ``export`` pairs."""
+    """How often each timed figure of figures 1-3, 6 and 12 is sampled: ``ops`` image-op samples, ``loop``
+    trajectory pairs for each length (at least; ``pairs_per_size // turns`` where that is more), ``export`` pairs,
+    ``video`` decodes of each kind."""
 
     ops: int
     loop: int
     pairs_per_size: int
     export: int
+    video: int
 
     @classmethod
     def of(cls, quick: bool, repeats: int | None) -> Repeats:
         """The default sizes, the quick ones, or ``repeats`` samples of each (a wider spread, a shorter run): the short
         loop lengths too, which the default sizes give more pairs (``pairs_per_size``)."""
         if repeats is not None:
-            return cls(ops=repeats, loop=repeats, pairs_per_size=repeats, export=repeats)
-        return cls(ops=11, loop=12, pairs_per_size=96, export=6) if quick else cls(31, 24, 192, 12)
+            return cls(ops=repeats, loop=repeats, pairs_per_size=repeats, export=repeats, video=repeats)
+        return cls(ops=11, loop=12, pairs_per_size=96, export=6, video=3) if quick else cls(31, 24, 192, 12, 7)
 
 
 def run(
@@ -85,7 +88,7 @@ def run(
     say: Callable[[str], object] = lambda line: None,
     repeats: int | None = None,
 ) -> list[Figure]:
-    """Figures 1-4, 6 and 9-11; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
+    """Figures 1-4, 6 and 9-12; figure 5 too when ``step_dir`` is given (the trainer runs write there), figure 7 with
     ``remote`` (``bench.remote``: a local Ray cluster), figure 8 and figure 5's vLLM run with ``vllm``. ``repeats``
     sets every timed figure's sample count (``Repeats.of``; figure 11's: ``GuiSizes.of``)."""
     sizes = Repeats.of(quick, repeats)
@@ -103,6 +106,8 @@ def run(
     figures += python_tool_figures(repeats=sizes.loop, say=say)
     figures += gui_figures(GuiSizes.of(quick, repeats), say=say)
     figures += import_figures(pairs=min(sizes.export, 8))
+    # with --repeats a 2 s clip (a check of the output's shape), else the 10 s one docs/benchmarks.md reports
+    figures += video_figures(repeats=sizes.video, seconds=10 if repeats is None else 2, say=say)
     if step_dir is not None:
         figures += cpu_step(step_dir, steps=6 if quick else 12, vllm=vllm, say=say)
     if remote:
