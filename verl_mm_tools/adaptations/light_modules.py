@@ -75,6 +75,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.bench.remote",
         "verl_mm_tools.bench.steps",
         "verl_mm_tools.bench.verl_loop",
+        "verl_mm_tools.bench.video",
         "verl_mm_tools.check_report",
         "verl_mm_tools.cli",
         "verl_mm_tools.cli_types",
