@@ -6,10 +6,11 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 7; version 6 records lack ``videos`` and the
-messages' ``video_ids``, version 5 records also the samples' ``images_left_out``, version 4 records also the turns'
-``weight_versions``, version 3 records also ``chat``, version 2 records also ``samples`` and the turns' ``sample``,
-version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 8; version 7 records lack the ``chat``'s video
+parts, version 6 records also ``videos`` and the messages' ``video_ids``, version 5 records also the samples'
+``images_left_out``, version 4 records also the turns' ``weight_versions``, version 3 records also ``chat``, version 2
+records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
+``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -42,9 +43,10 @@ version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images
   which the loop's ``keep_last_images`` rendered as notes, ``image_window``);
 - ``chat``: the conversation as the chat template rendered it (what ``verl-mm-tools export-sft`` writes):
   ``messages`` (the loop's tool format applied: the tool block, tool results as the template takes them; assistant
-  messages as the model wrote them; content a string or parts ``{"type": "text", "text"}`` and
-  ``{"type": "image", "image_id"}``), ``tools`` (the ``tools`` argument of the template, or None) and
-  ``template_kwargs`` (``apply_chat_template_kwargs``); None when its images could not be matched to ``images``;
+  messages as the model wrote them; content a string or parts ``{"type": "text", "text"}``,
+  ``{"type": "image", "image_id"}`` and ``{"type": "video", "video_id"}``), ``tools`` (the ``tools`` argument of the
+  template, or None) and ``template_kwargs`` (``apply_chat_template_kwargs``); None when its images or videos could
+  not be matched to ``images`` and ``videos``;
 - ``mask``: ``prompt_tokens``, ``response_tokens``, ``trained_tokens``, ``context_tokens``, summed over the samples;
 - ``masked``, ``stop_reason``, ``error``, ``stats`` (every ``mm_tool/*`` extra field without its prefix, plus
   ``tool_call_counts``, ``attempts``, ``turn_scores``, ``tool_rewards``), ``timing`` (verl's per-trajectory metrics);
@@ -75,7 +77,7 @@ from verl_mm_tools.video import is_video_entry
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 7
+RECORD_VERSION = 8
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"
@@ -154,8 +156,13 @@ def build_record(
     record_messages, message_images = _messages(messages, [turn.text for turn in turns])
     video_entries = _videos(record_messages, messages, videos or [])
     image_entries, pixels = _images(record_messages, message_images, images)
-    if chat is not None and chat_image_ids(chat) != [entry["id"] for entry in image_entries]:
-        logger.warning("trajectory record: the rendered conversation's images do not match the messages'; no chat kept")
+    if chat is not None and (
+        chat_image_ids(chat) != [entry["id"] for entry in image_entries]
+        or chat_video_ids(chat) != [entry["id"] for entry in video_entries]
+    ):
+        logger.warning(
+            "trajectory record: the rendered conversation's images or videos do not match the messages'; no chat kept"
+        )
         chat = None
     stats = _stats(extra_fields)
     record = {
@@ -218,27 +225,31 @@ def _messages(messages: list[dict], assistant_texts: list[str]) -> tuple[list[di
 
 
 def chat_record(messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None) -> dict:
-    """The record's ``chat``: ``messages`` as the chat template rendered them, image items numbered in order (the
-    order of the record's ``images``: the template's order)."""
-    ids = itertools.count(1)
+    """The record's ``chat``: ``messages`` as the chat template rendered them, image and video items numbered in
+    order (the orders of the record's ``images`` and ``videos``: the template's)."""
+    image_ids, video_ids = itertools.count(1), itertools.count(1)
     return {
-        "messages": [_chat_message(message, ids) for message in messages],
+        "messages": [_chat_message(message, image_ids, video_ids) for message in messages],
         "tools": jsonable(tools) if tools else None,
         "template_kwargs": jsonable(template_kwargs or {}),
     }
 
 
-def _chat_message(message: dict, ids: Iterator[int]) -> dict:
+def _chat_message(message: dict, image_ids: Iterator[int], video_ids: Iterator[int]) -> dict:
     entry = {key: jsonable(value) for key, value in message.items() if key != "content"}
     content = message.get("content")
     if content is None or isinstance(content, str):
         entry["content"] = content
         return entry
-    entry["content"] = [
-        {"type": "image", "image_id": next(ids)} if _is_image(item) else {"type": "text", "text": str(item["text"])}
-        for item in content
-        if _is_image(item) or (isinstance(item, dict) and item.get("type") == "text")
-    ]
+    parts = []
+    for item in content:
+        if _is_image(item):
+            parts.append({"type": "image", "image_id": next(image_ids)})
+        elif is_video_entry(item):
+            parts.append({"type": "video", "video_id": next(video_ids)})
+        elif isinstance(item, dict) and item.get("type") == "text":
+            parts.append({"type": "text", "text": str(item["text"])})
+    entry["content"] = parts
     return entry
 
 
@@ -250,6 +261,17 @@ def chat_image_ids(chat: dict) -> list[int]:
         if isinstance(message.get("content"), list)
         for part in message["content"]
         if part.get("type") == "image"
+    ]
+
+
+def chat_video_ids(chat: dict) -> list[int]:
+    """The video ids of ``chat``'s messages, in order (none in records before version 8)."""
+    return [
+        part["video_id"]
+        for message in chat["messages"]
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "video"
     ]
 
 

@@ -122,8 +122,9 @@ def test_check_tool_passes_get_frames_on_its_probe_video():
 
 
 def test_the_dump_keeps_the_prompts_video_and_the_viewer_shows_it(tiny_model_dir, root, tmp_path):
-    """Record version 7: the prompt's video as the model saw it (its file, the times of the frames sampled, their
-    size after the resize), named by the message that holds it; read back as checked, and shown by the viewer."""
+    """Record version 8: the prompt's video as the model saw it (its file, the times of the frames sampled, their
+    size after the resize), named by the message that holds it and placed in the rendered conversation; read back as
+    checked, and shown by the viewer."""
     from verl_mm_tools.record import STAGED_RECORD_FILE, STAGING_DIR
     from verl_mm_tools.runtime.config import CLASSIC_HOOK
     from verl_mm_tools.trajectories.read import read_checked
@@ -149,7 +150,13 @@ def test_the_dump_keeps_the_prompts_video_and_the_viewer_shows_it(tiny_model_dir
     )
     [staged] = (dump_dir / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}")
     record = read_checked(staged).record
-    assert record["version"] == 7
+    assert record["version"] == 8
+    chat_parts = [part for message in record["chat"]["messages"] if isinstance(message["content"], list)
+                  for part in message["content"]]  # fmt: skip
+    assert [part for part in chat_parts if part["type"] != "text"][:2] == [
+        {"type": "video", "video_id": 1},
+        {"type": "image", "image_id": 1},
+    ]
     times = [0.0, 1.3, 2.6, 3.9]  # frames 0, 13, 26 and 39 at 10 fps
     strip = [{"time_s": time, "thumb": f"videos/1_{position + 1}.thumb.jpg"} for position, time in enumerate(times)]
     assert record["videos"] == [
@@ -202,20 +209,12 @@ def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
             read_checked(path)
 
 
-def test_export_sft_and_rescore_leave_out_records_with_videos_by_name(tmp_path):
-    """Their rows and rebuilt inputs hold images only: a record whose prompt holds a video is skipped (export-sft,
-    counted under its reason) or refused (rescore), never exported without its video."""
-    from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet
-    from verl_mm_tools.trajectories.rescore_records import by_model
+def test_export_sft_leaves_out_records_with_videos_by_name():
+    """Its rows hold images only: a record whose prompt holds a video is skipped, counted under its reason, never
+    exported without its video (rescore rebuilds them: tests/trajectories/test_rescore_on_cpu.py)."""
     from verl_mm_tools.trajectories.sft import SFTFilters
 
     record = {"model": "m", "videos": [{"id": 1}], "messages": []}
     assert SFTFilters().reason_to_skip(record) == (
         "its prompt holds videos (SFT rows hold images only; the video would be left out)"
     )
-    loaded = RecordSet([LoadedRecord(record, tmp_path / "trajectory.json")])
-    assert by_model(loaded, None) == {}
-    assert [bad.line() for bad in loaded.bad] == [
-        f"{tmp_path / 'trajectory.json'}: its prompt holds videos, which rescore cannot rebuild (it rebuilds image "
-        "prompts)"
-    ]

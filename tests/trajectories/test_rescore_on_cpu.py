@@ -401,3 +401,55 @@ def test_parsing_the_command_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_video_record_rescores_with_its_videos_placeholders_rebuilt(family, tmp_path):
+    """A prompt video (4 s at 10 fps, sampled at 1 fps) and get_frames: the record's chat says where the video was
+    (version 8), and rescore rebuilds its placeholders from the recorded frames' count, size and times, reading no
+    video file: Qwen2.5-VL's grid, Qwen3-VL's timestamps too ("<0.6 seconds>" for the frames at 0 and 1.3 s)."""
+    import numpy as np
+
+    from verl_mm_tools.record import chat_video_ids
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
+    from verl_mm_tools.step_hook.manager import step_batch
+    from verl_mm_tools.step_hook.step import process_step
+    from verl_mm_tools.tiny import tiny_model_path
+    from verl_mm_tools.tools.video_tools import GetFramesTool
+    from verl_mm_tools.video import write_video
+
+    root = tmp_path / "videos"
+    write_video(root / "clip.mp4", [np.full((56, 84, 3), 90, np.uint8)] * 40, 10)
+    video = {"type": "video", "video": "clip.mp4", "fps": 1.0}
+    prompt = [{"role": "user", "content": [video, {"type": "text", "text": "Which colour?"}]}]
+    turns = [tool_call_text("get_frames", video_id=1, start_s=2.0, end_s=2.1, n=2), "<answer>red</answer>"]
+    columns = {
+        "data_source": ["verl_mm_tools/video_flash"],
+        "reward_model": [{"style": "rule", "ground_truth": "red"}],
+        "extra_info": [{"index": 0}],
+        "index": [0],
+    }
+    reward = ("reward.reward_manager.name=mm_turn_discount", "+reward.reward_kwargs.reward_fn=exact_answer_reward")
+    output, _, _ = LocalRollout(tiny_model_path(family=family), None, tmp_path).run(
+        turns,
+        [prompt],
+        columns=columns,
+        tools=[GetFramesTool()],
+        score=True,
+        per_sample=True,
+        loop_options={"file_roots": [str(root)], "dump_dir": str(tmp_path / "dump")},
+        prompt_length=1024,
+        response_length=1024,
+        extra=("trainer.use_v1=true", MANAGER_TQ_OVERRIDE, *hook_overrides(v1=True), *reward),
+    )
+    process_step(step_batch(output, {"global_steps": 1}))
+    (root / "clip.mp4").unlink()  # rescore reads no video file
+    rescore_cli(str(tmp_path / "dump"), "--reward-fn", "exact_answer_reward", "--out", str(tmp_path / "out"))
+    [row] = rows_of(tmp_path / "out")
+    record = record_of(tmp_path / "out", row)
+    assert (record["version"], chat_video_ids(record["chat"]), record["videos"][0]["times_s"]) == (
+        8,
+        [1],
+        [0.0, 1.3, 2.6, 3.9],
+    )
+    assert (row["reward_before"], row["reward"], row["tokens_as_recorded"]) == (1.0, 1.0, True)

@@ -126,7 +126,7 @@ def check_fields(record: dict) -> None:
         _turn(turn, f"turns[{position}]", image_count)
     for position, sample in enumerate(items(record.get("samples"), "samples")):
         _training_sample(sample, f"samples[{position}]", image_count)
-    _chat(record.get("chat"), image_count)
+    _chat(record.get("chat"), image_count, len(videos))
     for key, value in mapping(record.get("mask"), "mask").items():
         count(value, f"mask.{key}")
     for key in ("reward", "reward_before"):
@@ -250,7 +250,7 @@ def _training_sample(value: object, where: str, image_count: int) -> None:
     each(sample.get("turns"), f"{where}.turns", lambda turn, at: count(turn, at, minimum=1, optional=False))
 
 
-def _chat(value: object, image_count: int) -> None:
+def _chat(value: object, image_count: int, video_count: int) -> None:
     chat = mapping(value, "chat")
     for position, message in enumerate(items(chat.get("messages"), "chat.messages", optional=not chat)):
         where = f"chat.messages[{position}]"
@@ -260,7 +260,7 @@ def _chat(value: object, image_count: int) -> None:
         if content is None or isinstance(content, str):
             continue
         for part_at, part in enumerate(items(content, f"{where}.content")):
-            _chat_part(part, f"{where}.content[{part_at}]", image_count)
+            _chat_part(part, f"{where}.content[{part_at}]", image_count, video_count)
     items(chat.get("tools"), "chat.tools")
     mapping(chat.get("template_kwargs"), "chat.template_kwargs")
 
@@ -279,14 +279,18 @@ def _chat_extras(message: dict, where: str) -> None:
             raise _fail(f"{where}.{key}", "a string, a number or null", value)
 
 
-def _chat_part(value: object, where: str, image_count: int) -> None:
+def _chat_part(value: object, where: str, image_count: int, video_count: int) -> None:
     part = mapping(value, where, optional=False)
     if part.get("type") == "image":
         _image_id(part.get("image_id"), f"{where}.image_id", image_count)
+    elif part.get("type") == "video":  # version 8 on
+        count(part.get("video_id"), f"{where}.video_id", minimum=1, optional=False)
+        if part["video_id"] > video_count:
+            raise _fail(f"{where}.video_id", f"a video id from 1 to {video_count}", part["video_id"])
     elif part.get("type") == "text":
         text(part.get("text"), f"{where}.text", optional=False)
     else:
-        raise _fail(f"{where}.type", "'text' or 'image'", part.get("type"))
+        raise _fail(f"{where}.type", "'text', 'image' or 'video'", part.get("type"))
 
 
 def _reward(value: object, where: str) -> None:

@@ -7,7 +7,9 @@ token counts but no token ids (``manager_input``):
 - one row, the trajectory's final training sample (the only one unless the loop's ``export`` was per_turn or auto,
   and the one verl's v1 manager scores: ``adaptations.manager_tq``): ``prompts`` and ``responses`` re-tokenised
   from the record's ``chat`` (the conversation as the chat template rendered it in the loop) by the model's chat
-  template and processor, image placeholders expanded from the record's PNGs (the pixels the model saw). Every
+  template and processor, image placeholders expanded from the record's PNGs (the pixels the model saw) and video
+  placeholders from the record's video entries (frames of the recorded count and size, at the recorded times: the
+  placeholders depend on those alone, and the reward managers read text, so no video file is read). Every
   sample is rebuilt, to check its counts against the record's: its prompt is the render of the conversation before
   its first turn, with the generation prompt; its response the rest of the render up to its last turn, cut to the
   recorded response length (the loop's response ends at the generated end-of-turn token, before the newline the
@@ -29,6 +31,7 @@ token counts but no token ids (``manager_input``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -36,11 +39,12 @@ import numpy as np
 from PIL import Image
 
 from verl_mm_tools.image_window import windowed
-from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids
+from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids, chat_video_ids
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import LoadedRecord
 
 if TYPE_CHECKING:
+    import torch
     from omegaconf import DictConfig
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
     from verl.protocol import DataProto
@@ -78,7 +82,12 @@ class ChatRenderer:
         return cls(hf_tokenizer(model_path), hf_processor(model_path), mm_processor_kwargs)
 
     def token_ids(
-        self, messages: list[dict], images: list[Image.Image], chat: dict, add_generation_prompt: bool
+        self,
+        messages: list[dict],
+        images: list[Image.Image],
+        chat: dict,
+        add_generation_prompt: bool,
+        videos: Sequence[RecordedVideo] = (),
     ) -> list[int]:
         from verl.utils.tokenizer.chat_template import apply_chat_template
         from verl.utils.tokenizer.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
@@ -94,7 +103,11 @@ class ChatRenderer:
         if self.processor is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
         inputs = build_multimodal_processor_inputs(
-            self.processor, text=[text], images=images or None, mm_processor_kwargs=self.mm_processor_kwargs or None
+            self.processor,
+            text=[text],
+            images=images or None,
+            videos=[video.processor_input() for video in videos] or None,
+            mm_processor_kwargs=self.mm_processor_kwargs or None,
         )
         return normalize_token_ids(inputs["input_ids"])
 
@@ -115,15 +128,15 @@ def manager_input(item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | N
             "version 4 on): its response tokens cannot be rebuilt for the reward manager; re-record it"
         )
     messages = template_messages(record, chat)
-    images = _images(item)
-    if images and renderer.processor is None:
+    images, videos = _images(item), recorded_videos(item)
+    if (images or videos) and renderer.processor is None:
         raise RecordError(
-            f"{item.path}: its images need the model's processor to rebuild their placeholder tokens, and "
+            f"{item.path}: its images and videos need the model's processor to rebuild their placeholder tokens, and "
             f"{record.get('model')} has none that loads: pass --model-path of the model that generated it"
         )
     samples, as_recorded = [], True
     for sample in record.get("samples") or []:
-        prompt, response, matches = sample_tokens(record, sample, messages, images, chat, renderer)
+        prompt, response, matches = sample_tokens(record, sample, messages, images, chat, renderer, videos)
         samples.append((prompt, response))
         as_recorded = as_recorded and matches
     if not samples:
@@ -147,7 +160,7 @@ def template_messages(record: dict, chat: dict) -> list[dict]:
 def _template_message(message: dict) -> dict:
     content = message.get("content")
     if isinstance(content, list):
-        content = [{"type": "image"} if part.get("type") == "image" else part for part in content]
+        content = [{"type": part["type"]} if part.get("type") in ("image", "video") else part for part in content]
     return {**message, "content": content}
 
 
@@ -160,16 +173,61 @@ def _images(item: LoadedRecord) -> list[Image.Image]:
     return images
 
 
+@dataclass(frozen=True)
+class RecordedVideo:
+    """A prompt video as the record keeps it: its frames' count, shown size and times."""
+
+    times_s: tuple[float, ...]
+    width: int
+    height: int
+
+    def processor_input(self) -> tuple[torch.Tensor, dict]:
+        """Black frames of the recorded count and size, and metadata that puts them at the recorded times (frame
+        indices in ms): the processor's placeholders (grid, timestamps) depend on nothing else."""
+        import torch
+
+        frames = torch.zeros((len(self.times_s), 3, self.height, self.width), dtype=torch.uint8)
+        indices = [round(time * 1000) for time in self.times_s]
+        return frames, {"fps": 1000.0, "frames_indices": indices, "total_num_frames": indices[-1] + 1}
+
+
+def recorded_videos(item: LoadedRecord) -> list[RecordedVideo]:
+    """The record's prompt videos in the rendered conversation's order; a RecordError where the conversation does
+    not say where they were (records before version 8) or one lacks its frames' times or size."""
+    videos = item.record.get("videos") or []
+    if not videos:
+        return []
+    ids = chat_video_ids(item.record["chat"])
+    if ids != [video["id"] for video in videos]:
+        raise RecordError(
+            f"{item.path}: record version {item.record.get('version')} does not keep where its {len(videos)} "
+            "video(s) were in the rendered conversation (version 8 on): its prompt cannot be rebuilt; re-record it"
+        )
+    found = []
+    for video in videos:
+        if not video.get("times_s") or not video.get("width") or not video.get("height"):
+            raise RecordError(f"{item.path}: video {video['id']} lacks its frames' times or size: cannot rebuild it")
+        found.append(RecordedVideo(tuple(video["times_s"]), video["width"], video["height"]))
+    return found
+
+
 def sample_tokens(
-    record: dict, sample: dict, messages: list[dict], images: list[Image.Image], chat: dict, renderer: ChatRenderer
+    record: dict,
+    sample: dict,
+    messages: list[dict],
+    images: list[Image.Image],
+    chat: dict,
+    renderer: ChatRenderer,
+    videos: Sequence[RecordedVideo] = (),
 ) -> tuple[list[int], list[int], bool]:
     """One training sample's prompt and response ids, and whether their counts are the record's: the conversation
-    as the sample's context held it, its first ``images_left_out`` images as notes (``keep_last_images``)."""
+    as the sample's context held it, its first ``images_left_out`` images as notes (``keep_last_images``); its
+    videos are the prompt's, in every sample."""
     messages, images = in_context(sample, messages, images)
     assistant_at = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
     turns = sample.get("turns") or []
     start = assistant_at[turns[0] - 1] if turns else (assistant_at[0] if assistant_at else len(messages))
-    prompt = renderer.token_ids(messages[:start], _images_in(messages[:start], images), chat, True)
+    prompt = renderer.token_ids(messages[:start], _images_in(messages[:start], images), chat, True, videos)
     if not turns:  # the loop's stand-in for a masked trajectory: its prompt and one eos token
         response = [renderer.tokenizer.eos_token_id]
         return prompt, response, len(prompt) == sample["prompt_tokens"] and sample["response_tokens"] == 1
@@ -179,7 +237,7 @@ def sample_tokens(
             f"{len(assistant_at)} assistant messages: its response cannot be rebuilt"
         )
     end = assistant_at[turns[-1] - 1] + 1
-    full = renderer.token_ids(messages[:end], _images_in(messages[:end], images), chat, False)
+    full = renderer.token_ids(messages[:end], _images_in(messages[:end], images), chat, False, videos)
     recorded = sample["response_tokens"]
     response = full[len(prompt) :][:recorded]
     matches = full[: len(prompt)] == prompt and len(prompt) == sample["prompt_tokens"] and len(response) == recorded

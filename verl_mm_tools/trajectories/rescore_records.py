@@ -20,9 +20,6 @@ def by_model(loaded: RecordSet, model_path: str | None) -> dict[str, list[Loaded
     groups: dict[str, list[LoadedRecord]] = {}
     for item in list(loaded.records):
         path = model_path or item.record.get("model")
-        if item.record.get("videos"):
-            loaded.refuse(item, "its prompt holds videos, which rescore cannot rebuild (it rebuilds image prompts)")
-            continue
         if not path:
             loaded.refuse(item, "the record names no model (its 'model' is empty): pass --model-path")
             continue

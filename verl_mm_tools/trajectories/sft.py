@@ -233,6 +233,8 @@ def _sft_message(item: LoadedRecord, message: dict) -> dict:
         if part["type"] == "image":
             text += "<image>"
             continue
+        if part["type"] == "video":  # the filters skip such records; a row without its video is never written
+            raise RecordError(f"{item.path}: a {message['role']} message holds a video, which SFT rows cannot hold")
         found = [placeholder for placeholder in PLACEHOLDERS if placeholder in part["text"]]
         if found:
             raise RecordError(
