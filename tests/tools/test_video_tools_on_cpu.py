@@ -184,7 +184,7 @@ def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
     from verl_mm_tools.record import RecordError
     from verl_mm_tools.trajectories.read import read_checked
 
-    base = {"format": "verl-mm-tools/trajectory", "version": 7, "id": "a1", "images": []}
+    base = {"format": "verl-mm-tools/trajectory", "version": 8, "id": "a1", "images": []}
     video = {"id": 1, "source": "prompt", "turn": 0, "path": None, "times_s": [0.0], "width": 4, "height": 4}
     cases = {
         "a video id past the videos": (
@@ -194,6 +194,14 @@ def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
         "times that are no numbers": (
             {"videos": [{**video, "times_s": ["soon"]}], "messages": []},
             "field videos[0].times_s[0] must be",
+        ),
+        "a chat video past the videos": (
+            {
+                "videos": [video],
+                "messages": [],
+                "chat": {"messages": [{"role": "user", "content": [{"type": "video", "video_id": 2}]}]},
+            },
+            "field chat.messages[0].content[0].video_id must be a video id from 1 to 1, found 2",
         ),
         "videos out of order": ({"videos": [{**video, "id": 2}], "messages": []}, "field videos[0].id must be 1"),
         "a strip frame outside the folder": (
