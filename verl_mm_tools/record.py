@@ -255,23 +255,21 @@ def _chat_message(message: dict, image_ids: Iterator[int], video_ids: Iterator[i
 
 def chat_image_ids(chat: dict) -> list[int]:
     """The image ids of ``chat``'s messages, in order."""
-    return [
-        part["image_id"]
-        for message in chat["messages"]
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if part.get("type") == "image"
-    ]
+    return _chat_part_ids(chat, "image")
 
 
 def chat_video_ids(chat: dict) -> list[int]:
     """The video ids of ``chat``'s messages, in order (none in records before version 8)."""
+    return _chat_part_ids(chat, "video")
+
+
+def _chat_part_ids(chat: dict, kind: str) -> list[int]:
     return [
-        part["video_id"]
+        part[f"{kind}_id"]
         for message in chat["messages"]
         if isinstance(message.get("content"), list)
         for part in message["content"]
-        if part.get("type") == "video"
+        if part.get("type") == kind
     ]
 
 
