@@ -171,8 +171,9 @@ def test_rewards_are_logged_and_dumped_per_trajectory(demo):
         assert len(records) == 8 and all(record["step"] == step and not record["validate"] for record in records)
         # the dump sums verl's float32 rm_scores; verl's rollout dump holds the float64 score (8/9 differs at 1e-8)
         assert {round(record["reward"]["score"], 6) for record in records} <= {round(row["score"], 6) for row in rows}
+        # the dumps are a step's first 8 trajectories to finish, and answering at once finishes first: some call
         with_calls = [record for record in records if record["stats"]["tool_call_counts"] >= 1]
-        assert len(with_calls) >= len(records) // 2
+        assert with_calls
         assert all(record["reward"]["extra"]["tool_calls"] == record["stats"]["tool_call_counts"] for record in records)
     assert list((out / "trajectories" / f"val_step_{STEPS:06d}").glob("*/trajectory.json"))
     validation = metrics[-1]["data"]
