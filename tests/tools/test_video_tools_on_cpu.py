@@ -226,3 +226,19 @@ def test_export_sft_leaves_out_records_with_videos_by_name():
     assert SFTFilters().reason_to_skip(record) == (
         "its prompt holds videos (SFT rows hold images only; the video would be left out)"
     )
+
+
+def test_rescore_refuses_a_recorded_video_frame_larger_than_any_shown(tmp_path):
+    """A record's video size is untrusted: rescore builds frames of it, so a size no frame the loop shows can have
+    (over 2560 x 1440 px) is refused before anything is allocated."""
+    from verl_mm_tools.record import RecordError
+    from verl_mm_tools.trajectories.read import LoadedRecord
+    from verl_mm_tools.trajectories.rescore_input import RecordedVideo, recorded_videos
+
+    video = {"id": 1, "times_s": [0.0, 1.0], "width": 252, "height": 168}
+    chat = {"messages": [{"role": "user", "content": [{"type": "video", "video_id": 1}]}]}
+    record = {"videos": [video], "chat": chat}
+    assert recorded_videos(LoadedRecord(record, tmp_path / "t.json")) == [RecordedVideo((0.0, 1.0), 252, 168)]
+    huge = {**record, "videos": [{**video, "width": 100_000, "height": 100_000}]}
+    with pytest.raises(RecordError, match="frames are 100000x100000 px, more than the 3686400 px"):
+        recorded_videos(LoadedRecord(huge, tmp_path / "t.json"))

@@ -42,6 +42,7 @@ from verl_mm_tools.image_window import windowed
 from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids, chat_video_ids
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import LoadedRecord
+from verl_mm_tools.video import DECODE_MAX_PIXELS
 
 if TYPE_CHECKING:
     import torch
@@ -186,7 +187,8 @@ class RecordedVideo:
         indices in ms): the processor's placeholders (grid, timestamps) depend on nothing else."""
         import torch
 
-        frames = torch.zeros((len(self.times_s), 3, self.height, self.width), dtype=torch.uint8)
+        # one black frame, repeated without copies: the processor makes its own
+        frames = torch.zeros((1, 3, self.height, self.width), dtype=torch.uint8).expand(len(self.times_s), -1, -1, -1)
         indices = [round(time * 1000) for time in self.times_s]
         return frames, {"fps": 1000.0, "frames_indices": indices, "total_num_frames": indices[-1] + 1}
 
@@ -207,6 +209,11 @@ def recorded_videos(item: LoadedRecord) -> list[RecordedVideo]:
     for video in videos:
         if not video.get("times_s") or not video.get("width") or not video.get("height"):
             raise RecordError(f"{item.path}: video {video['id']} lacks its frames' times or size: cannot rebuild it")
+        if video["width"] * video["height"] > DECODE_MAX_PIXELS:  # a frame the loop never shows: the record lies
+            raise RecordError(
+                f"{item.path}: video {video['id']}'s frames are {video['width']}x{video['height']} px, more than the "
+                f"{DECODE_MAX_PIXELS} px a shown frame can have: not rebuilt"
+            )
         found.append(RecordedVideo(tuple(video["times_s"]), video["width"], video["height"]))
     return found
 
