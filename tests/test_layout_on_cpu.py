@@ -42,11 +42,12 @@ LAYERS: list[set[str]] = [
         "adaptations.import_graph",  # the import graph (this test reads it) and the light modules it finds
         "adaptations.light_modules",
         "envs.gui.screen",  # what GUI environments and the GUI tools share (actions, the page map): pure
+        "judge.context",  # what a judge sees of a trajectory: the loop hands it over (``handoff``), PIL only
         "envs.gui.tasks",  # the MiniWoB task names (the data writer checks them), found without importing miniwob
     },
     {"sandbox"},  # the python tool's sandbox: bubblewrap, the kernel script, the host's side (no verl, no torch)
     {"families", "supervise", "cpu.vllm_cpu", "adaptations.guard", "adaptations.touchpoints"},
-    {"tools", "rewards", "data", "tiny", "parsers"},
+    {"tools", "rewards", "judge", "data", "tiny", "parsers"},
     {"remote"},  # tools on Ray actor pools
     {"envs"},  # environments (a remote environment runs on the pools)
     {"agent_loop"},

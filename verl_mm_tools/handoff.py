@@ -13,7 +13,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_mm_tools.judge.context import JudgeContext
 
 PREFIX = "mm_tool/"
 
@@ -118,6 +121,9 @@ class SampleFields(LoopSettings):
     image_bytes: int
     distinct_images: dict[str, int]
     dump: dict[str, Any] | None = None  # the trajectory's staged dump (final sample, with dump_dir), not a statistic
+    # what a judge sees besides the answer (final sample, with the judge_images option): for the reward worker; the
+    # step hook drops it from the batch before training
+    judge_context: JudgeContext | None = None
 
     @property
     def is_final(self) -> bool:
@@ -138,7 +144,9 @@ class SampleFields(LoopSettings):
         stop = columns.get(_KEYS["stop_reason"])
         if stop is None or stop[row] is None:
             return None
-        return cls(**{name: columns[key][row] for name, key in _KEYS.items() if name != "dump" or key in columns})
+        return cls(
+            **{name: columns[key][row] for name, key in _KEYS.items() if name not in _OPTIONAL or key in columns}
+        )
 
     @classmethod
     def rows(cls, columns: Mapping[str, Sequence[Any]], count: int) -> list[SampleFields | None]:
@@ -154,4 +162,5 @@ class SampleFields(LoopSettings):
         return ours
 
 
+_OPTIONAL = ("dump", "judge_context")  # fields a batch may lack (records and batches of older versions)
 _KEYS = {item.name: item.metadata.get(_KEY, PREFIX + item.name) for item in dataclasses.fields(SampleFields)}

@@ -226,3 +226,55 @@ def test_the_tool_call_guard_skips_validation_and_a_window_of_zero(caplog):
 def test_call_rate_window_must_be_a_whole_number_of_steps():
     with pytest.raises(ConfigError, match=r"call_rate_window must be a whole number of steps >= 0 \(0: off\), got -1"):
         MMToolLoopConfig(call_rate_window=-1)
+
+
+def test_the_loop_hands_a_judge_the_question_and_images_and_the_step_hook_drops_them_once_scored(rollout):
+    import io
+
+    import numpy as np
+
+    from verl_mm_tools.judge.context import ImageOrigin, JudgeContext
+
+    output, _, _ = rollout.run(
+        [ANSWER],
+        prompts(long=0, short=2),
+        prompt_length=PROMPT_LENGTH,
+        loop_options={"judge_images": "all"},
+        extra=CLASSIC,
+    )
+    key = SampleFields.key("judge_context")
+    context = output.non_tensor_batch[key][0]
+    assert isinstance(context, JudgeContext) and context.question == "What color?"
+    assert [(image.image_id, image.origin) for image in context.images] == [(1, ImageOrigin.PROMPT)]
+    shown = Image.open(io.BytesIO(context.images[0].png))
+    assert shown.size == (56, 56) and shown.getpixel((3, 3)) == (200, 0, 0)
+
+    # the reward worker scored both: the first could not be judged under on_failure: mask
+    verdicts = {"judge_score": [0.0, 0.75], "judge_judged": [0.0, 1.0], "judge_unparseable": [0.0, 0.0]}
+    verdicts |= {"judge_failed": [1.0, 0.0], "judge_cached": [0.0, 1.0], "judge_latency_s": [2.5, 0.0]}
+    verdicts |= {"judge_mask": [1.0, 0.0]}
+    for name, values in verdicts.items():
+        output.non_tensor_batch[name] = np.array(values)
+    output.meta_info["reward_extra_keys"] = list(verdicts)
+    output.batch["rm_scores"] = torch.zeros_like(output.batch["response_mask"], dtype=torch.float32)
+    generated = int(output.batch["response_mask"][1].sum())
+    metrics = process_step(step_batch(output, {"global_steps": 3}))
+    assert list(output.non_tensor_batch[key]) == [None, None]  # the PNG bytes left the batch
+    assert int(output.batch["response_mask"][0].sum()) == 0 and int(output.batch["response_mask"][1].sum()) == generated
+    judge = {name: value for name, value in metrics.items() if name.startswith("mm_tool/judge/")}
+    assert judge == {
+        "mm_tool/judge/score/mean": 0.75,
+        "mm_tool/judge/judged/count": 1.0,
+        "mm_tool/judge/parse_failures/count": 0.0,
+        "mm_tool/judge/failed/count": 1.0,
+        "mm_tool/judge/fallbacks/count": 1.0,
+        "mm_tool/judge/cache_hits/count": 1.0,
+        "mm_tool/judge/latency_s/mean": 2.5,
+        "mm_tool/judge/latency_s/max": 2.5,
+        "mm_tool/judge/masked/count": 1.0,
+    }
+
+
+def test_a_judge_images_option_that_names_no_choice_is_refused():
+    with pytest.raises(ConfigError, match="judge_images must be all, none, named or last:N"):
+        MMToolLoopConfig(judge_images="first")

@@ -14,6 +14,7 @@ from typing import Any
 from verl_mm_tools.agent_loop.options import Choice, Export, OverBudget, ToolPrompt, ToolResponseRole
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.judge.context import ImageChoice
 
 DEFAULT_MAX_IMAGES = 16
 # the options whose values are a ``Choice``: ``verl_mm_tools.agent_loop.options``
@@ -85,6 +86,10 @@ class MMToolLoopConfig:
             context. Each training sample is the context the model saw, so it needs several samples per trajectory:
             left unset, ``export`` becomes ``auto`` (a new sample exactly where an image leaves the context);
             ``export: per_trajectory`` is refused. The first prompt is rendered whole. None: every image stays.
+        judge_images: What a judge reward (``rewards.judge``) sees besides the final answer: the question and every
+            prompt image, plus the tool images chosen here: ``all``, ``none``, ``named`` (those the final answer
+            names, "Image 3") or ``last:N``. Each travels as PNG bytes to the reward worker; the step hook drops them
+            before training. None: nothing is handed over (a judge reward then refuses to run).
     """
 
     max_images: int = DEFAULT_MAX_IMAGES
@@ -105,6 +110,7 @@ class MMToolLoopConfig:
     tool_response_role: ToolResponseRole = ToolResponseRole.AUTO
     export: Export = Export.PER_TRAJECTORY
     keep_last_images: int | None = None
+    judge_images: str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], *, limit_images: int | None) -> MMToolLoopConfig:
@@ -157,6 +163,8 @@ class MMToolLoopConfig:
         window = self.call_rate_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ConfigError(f"mm_tool call_rate_window must be a whole number of steps >= 0 (0: off), got {window!r}")
+        if self.judge_images is not None:
+            ImageChoice.parse(self.judge_images)
         FileRoots.from_config(self.file_roots)  # relative or missing directories are ConfigErrors now, not later
 
     def check_against_server(self, limit_images: int | None) -> None:

@@ -32,6 +32,7 @@ from verl_mm_tools.agent_loop.dump import stage_trajectory
 from verl_mm_tools.agent_loop.engine import CheckedEngine
 from verl_mm_tools.agent_loop.export import Exporter
 from verl_mm_tools.agent_loop.image_features import ImageFeatureStore
+from verl_mm_tools.agent_loop.judge_view import judge_context
 from verl_mm_tools.agent_loop.loop_output import ADAPTATION as OUTPUT_MODEL
 from verl_mm_tools.agent_loop.loop_output import MMToolOutput
 from verl_mm_tools.agent_loop.options import Export
@@ -191,6 +192,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             final.extra_fields[SampleFields.key("dump")] = await stage_trajectory(
                 self.context, agent_data, [o for o, _ in outputs], kwargs
             )
+        final.extra_fields[SampleFields.key("judge_context")] = await judge_context(self.context.options, kwargs, state)
         if self.context.options.export is Export.PER_TRAJECTORY:
             return final
         return [output for output, _ in outputs]

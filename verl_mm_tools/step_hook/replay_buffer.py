@@ -151,6 +151,7 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
         step=global_steps,
         validate=partition_id == "val",
         trajectory_ids=[key.rsplit("_", 1)[0] for key in keys],
+        live_masks=False,  # padded from TransferQueue's nested tensor
     )
     mask = data["response_mask"]
     return step, mask.offsets().diff().tolist() if mask.is_nested else [mask.shape[1]] * len(keys)

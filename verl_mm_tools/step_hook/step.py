@@ -3,10 +3,12 @@ the same on both of verl's trainers:
 
 1. step metrics (``stats.aggregate_metrics``, and ``mm_tool/reward/mean``: the mean reward per trajectory) and the
    tool-call guard (``CallRateWatch``: a warning when the share of trajectories that call a tool falls by half);
-2. the masked-batch guard: a batch in which more than ``max_masked_fraction`` of the mm_tool trajectories were
+2. a judge reward's images leave the batch, the trajectories it could not score are masked where asked, and its
+   metrics (``judge``: ``mm_tool/judge/*``);
+3. the masked-batch guard: a batch in which more than ``max_masked_fraction`` of the mm_tool trajectories were
    masked (trained on nothing) stops the run with the most common error (``MaskedBatchError``);
-3. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
-4. per-turn rewards for ``mm_turn_grpo``: each trajectory's ``mm_tool/turn_rewards`` go onto the last token of each
+4. trajectory dumps: the step and rewards are added and the caps enforced (``dump``);
+5. per-turn rewards for ``mm_turn_grpo``: each trajectory's ``mm_tool/turn_rewards`` go onto the last token of each
    of its assistant turns in ``rm_scores``; a trajectory exported as several samples has its samples' returns chained
    (``rewards.turn_credit``).
 
@@ -26,6 +28,7 @@ from verl_mm_tools.errors import VerlMMToolsError
 from verl_mm_tools.rewards.turn_credit import chain_sample_returns, place_turn_rewards
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.dump import finalize_step_dumps
+from verl_mm_tools.step_hook.judge import judge_step
 from verl_mm_tools.step_metrics import (
     CALL_RATE,
     CALL_RATE_COLLAPSED,
@@ -87,6 +90,7 @@ def process_step(batch: StepBatch, watch: CallRateWatch | None = None) -> dict[s
     if trajectories.rm_scores is not None and ours:
         metrics[REWARD_MEAN] = float(trajectories.rm_scores[ours].sum(dim=-1).mean())
         metrics.update(_reward_by_tool_use(trajectories, ours, trajectories.rm_scores))
+    metrics.update(judge_step(batch))
     check_masked_fraction(trajectories)
     # before turn rewards join rm_scores: a dump shows the manager's score
     metrics.update(finalize_step_dumps(trajectories))
