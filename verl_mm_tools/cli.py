@@ -66,6 +66,7 @@ def _demo(args: argparse.Namespace) -> int:
         tools=args.tools,
         env=args.env,
         export=args.export,
+        judge=args.judge,
     )
 
     def say(line: str) -> None:
@@ -203,6 +204,12 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="store_true",
         help="learn, learn_tool: fit the warm start with verl's own SFT trainer (python -m verl.trainer.sft_trainer) "
         "on demonstrations the mm_tool loop recorded and export-sft wrote, instead of the custom fit",
+    )
+    demo.add_argument(
+        "--judge",
+        action="store_true",
+        help="score with judge_reward: the tiny model judges each trajectory (its question, picture and tool images) "
+        "on verl's reward-model server (vLLM), beside the task's rule reward; logs mm_tool/judge/* (docs/judge.md)",
     )
     demo.add_argument(
         "--family",

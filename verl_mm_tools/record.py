@@ -445,7 +445,7 @@ def _mask_summary(samples: list[SampleRecord]) -> dict:
 def _stats(extra_fields: dict) -> dict:
     stats = {key: extra_fields[key] for key in STATS_KEYS if key in extra_fields}
     for key, value in extra_fields.items():
-        if key.startswith(PREFIX) and key != SampleFields.key("dump"):
+        if key.startswith(PREFIX) and key not in (SampleFields.key("dump"), SampleFields.key("judge_context")):
             stats[key.removeprefix(PREFIX)] = value
     return jsonable(stats)
 

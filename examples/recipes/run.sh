@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Launch a verl-mm-tools GPU recipe with verl's own trainer:
-#   INFER_BACKEND=vllm|sglang examples/recipes/run.sh <recipe: rotation_180|rotation_45|geo3k_retry|zoom|code|miniwob|video> [overrides]
+#   INFER_BACKEND=vllm|sglang examples/recipes/run.sh <recipe: rotation_180|rotation_45|geo3k_retry|zoom|code|miniwob|video|judge> [overrides]
 # e.g. INFER_BACKEND=sglang examples/recipes/run.sh rotation_45 trainer.n_gpus_per_node=4
 # Install the backend first: pip install -e '.[vllm]' or -e '.[sglang]'.
 set -euo pipefail
-name=${1:?usage: run.sh <rotation_180|rotation_45|geo3k_retry|zoom|code|miniwob|video> [hydra overrides...]}
+name=${1:?usage: run.sh <rotation_180|rotation_45|geo3k_retry|zoom|code|miniwob|video|judge> [hydra overrides...]}
 shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"  # the recipes name their tool and agent-loop YAMLs relative to the repository root

@@ -29,7 +29,7 @@ def compose_recipe(name: str, backend: str):
 
 
 def test_the_recipes_are_the_documented_ones():
-    assert NAMES == ["code", "geo3k_retry", "miniwob", "rotation_180", "rotation_45", "video", "zoom"]
+    assert NAMES == ["code", "geo3k_retry", "judge", "miniwob", "rotation_180", "rotation_45", "video", "zoom"]
     assert all((RECIPES / f"run_{name}.sh").is_file() for name in NAMES)
 
 

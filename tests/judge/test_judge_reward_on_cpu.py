@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 
 import pytest
 from PIL import Image
@@ -158,3 +159,15 @@ def test_the_gullible_judge_obeys_an_answer_placed_among_its_instructions():
             ]
         }
         assert GullibleJudge("red")(body).endswith("<score>10</score>")
+
+
+def test_a_constrained_judge_is_asked_for_the_score_tag_alone_and_its_prompt_count_is_reported():
+    reply = JudgeReply("<score>7</score>", prompt_tokens=3, prompt_token_ids=[5, 17, 9])
+    with ScriptedJudge(lambda body: reply) as judge:
+        result = score(judge, "red", constrained=True, prompt_digest=True)
+    assert judge.requests[0]["structured_outputs"] == {"regex": "<score>(10|9|8|7|6|5|4|3|2|1|0)</score>"}
+    assert judge.requests[0]["return_token_ids"] is True
+    assert result["score"] == pytest.approx(0.7) and result["judge_prompt_tokens"] == 3.0
+    assert result["judge_prompt_digest"] == float(zlib.crc32(b"5,17,9"))
+    with pytest.raises(ConfigError, match="whole, non-negative score bounds"):
+        score(judge, "red", constrained=True, max_score=2.5)

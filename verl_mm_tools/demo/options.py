@@ -48,6 +48,7 @@ class DemoOptions:
     env: str | None = None  # the environment of every trajectory: a registered name or a class path
     export: str = "per_trajectory"  # the mm_tool loop's export: training samples per trajectory
     nodes: int = 1  # Ray nodes started on this machine (``runtime.cluster``): 2 puts the rollout and the trainer apart
+    judge: bool = False  # the reward from judge_reward, the tiny model judging on verl's reward-model server
 
     def __post_init__(self) -> None:
         get_task(self.task)  # an unknown task is a ConfigError now, not a KeyError later
@@ -61,6 +62,7 @@ class DemoOptions:
         check_family(self)
         check_warm_start(self)
         check_tools_and_env(self)
+        check_judge(self)
 
     @property
     def tool_parser(self) -> str:
@@ -74,6 +76,18 @@ class DemoOptions:
     @property
     def total_steps(self) -> int:
         return self.spec.steps if self.steps is None else self.steps
+
+
+def check_judge(options: DemoOptions) -> None:
+    """The judge runs where it was tried: verl's v1 sync trainer, vLLM serving policy and judge."""
+    if not options.judge:
+        return
+    if options.trainer != "sync" or options.rollout != VLLM_ROLLOUT or options.nodes != 1:
+        raise ConfigError(
+            f"--judge runs on verl's v1 sync trainer with the vllm rollout on one node (the reward-model server is "
+            f"verl's vLLM server on a pool of its own), got --trainer {options.trainer} --rollout {options.rollout} "
+            f"--nodes {options.nodes}"
+        )
 
 
 def check_rollout(options: DemoOptions) -> None:

@@ -18,6 +18,7 @@ from verl_mm_tools.cpu.overrides import (
 )
 from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import vllm_rollout_overrides
+from verl_mm_tools.demo.judge import judge_overrides
 from verl_mm_tools.demo.options import FULLY_ASYNC, DemoOptions
 from verl_mm_tools.demo.prepare import DemoPaths
 from verl_mm_tools.demo.tasks import MICRO_BATCH
@@ -52,7 +53,7 @@ def task_overrides(options: DemoOptions, paths: DemoPaths) -> list[str]:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH}",
         "reward.reward_manager.name=mm_turn_discount",
-        *task.reward,
+        *(() if options.judge else task.reward),  # --judge: the rule joins the judge (``trainer_command``)
         "trainer.logger=[console,file]",
         "trainer.project_name=verl_mm_tools",
         f"trainer.experiment_name=cpu_demo_{task.name}",
@@ -147,6 +148,11 @@ def trainer_command(options: DemoOptions, paths: DemoPaths, address: str | None 
         *rollout,
         *task_overrides(options, paths),
     ]
+    if options.judge:
+        from verl_mm_tools.tiny import tiny_model_path
+
+        judge = tiny_model_path(family=options.family)
+        overrides += judge_overrides(options.spec.reward, str(judge), gpus=ray_sizes(overrides)[1])
     if address is not None:
         overrides = [*without_ray_sizes(overrides), *cluster_overrides(address)]
     overrides += options.overrides

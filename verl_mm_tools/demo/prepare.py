@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from verl_mm_tools.demo.judge import JUDGE_IMAGES
 from verl_mm_tools.demo.options import DemoOptions
 from verl_mm_tools.demo.tasks import DemoTask
 from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
@@ -83,6 +84,8 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
         loop["export"] = options.export
     if options.dumps:
         loop.update(dump_dir=str(paths.trajectories), dump_max_per_step=8)
+    if options.judge:
+        loop["judge_images"] = JUDGE_IMAGES
     (paths.config / "agent_loops.yaml").write_text(json.dumps([loop]))
     return paths
 

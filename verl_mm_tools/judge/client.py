@@ -16,11 +16,11 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
-from verl_mm_tools.judge.verdict import JudgeReplyError, Verdict, VerdictStatus, parse_score
+from verl_mm_tools.judge.verdict import JudgeReplyError, PromptCount, Verdict, VerdictStatus, parse_score
 
 if TYPE_CHECKING:
     import httpx
@@ -47,6 +47,12 @@ class JudgeEndpoint:
     max_tokens: int = 256
     temperature: float = 0.0
     cache_size: int = 4096  # verdicts kept (0: no cache)
+    # vLLM's structured outputs: the reply is only the score tag, a whole number in the rubric's range (a judge too
+    # small to follow the protocol still gives a readable verdict); needs a vLLM endpoint and whole-number bounds
+    constrained: bool = False
+    # vLLM's ``return_token_ids``: each verdict carries a digest of the prompt's token ids (``prompt_digest``), to
+    # check the judge's prompt against its chat template token for token
+    prompt_digest: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
@@ -57,6 +63,9 @@ class JudgeEndpoint:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
                 raise ConfigError(f"judge {name} must be a number >= {low}, got {value!r}")
+        for name in ("constrained", "prompt_digest"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"judge {name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.cache_size, bool) or not isinstance(self.cache_size, int) or self.cache_size < 0:
             raise ConfigError(f"judge cache_size must be a whole number >= 0, got {self.cache_size!r}")
 
@@ -89,11 +98,10 @@ class JudgeClient:
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
-            return Verdict(cached.status, cached.score, cached.reply, latency_s=0.0, cached=True)
+            return replace(cached, latency_s=0.0, cached=True)
         pending = self._in_flight.get(key)
         if pending is not None:
-            verdict = await asyncio.shield(pending)
-            return Verdict(verdict.status, verdict.score, verdict.reply, verdict.error, latency_s=0.0, cached=True)
+            return replace(await asyncio.shield(pending), latency_s=0.0, cached=True)
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
@@ -118,6 +126,10 @@ class JudgeClient:
             "max_tokens": self.endpoint.max_tokens,
             "temperature": self.endpoint.temperature,
         }
+        if self.endpoint.constrained:
+            body["structured_outputs"] = {"regex": rubric.score_regex()}
+        if self.endpoint.prompt_digest:
+            body["return_token_ids"] = True
         started = time.monotonic()
         failure = ""
         for attempt in range(self.endpoint.retries + 1):
@@ -125,7 +137,7 @@ class JudgeClient:
                 await asyncio.sleep(min(self.endpoint.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
             try:
                 async with self._slot():
-                    reply = await self._post(body)
+                    reply, prompt = await self._post(body)
                 break
             except _Fault as fault:
                 failure = str(fault)
@@ -138,10 +150,11 @@ class JudgeClient:
         try:
             score = parse_score(reply, rubric.min_score, rubric.max_score)
         except JudgeReplyError as error:
-            return Verdict(VerdictStatus.UNPARSEABLE, reply=reply, error=str(error), latency_s=latency)
-        return Verdict(VerdictStatus.JUDGED, score=score, reply=reply, latency_s=latency)
+            return Verdict(VerdictStatus.UNPARSEABLE, reply=reply, error=str(error), latency_s=latency, prompt=prompt)
+        return Verdict(VerdictStatus.JUDGED, score=score, reply=reply, latency_s=latency, prompt=prompt)
 
-    async def _post(self, body: dict[str, Any]) -> str:
+    async def _post(self, body: dict[str, Any]) -> tuple[str, PromptCount]:
+        """The completion's text and what it says of its prompt."""
         import httpx
 
         try:
@@ -154,12 +167,13 @@ class JudgeClient:
             detail = f"HTTP {response.status_code}: {response.text[:200]!r}"
             raise _Fault(detail, retried=response.status_code in RETRIED_STATUS or response.status_code >= 500)
         try:
-            content = response.json()["choices"][0]["message"]["content"]
+            completion = response.json()
+            content = completion["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as error:
             raise _Fault(f"not a chat completion: {response.text[:200]!r}") from error
         if not isinstance(content, str):
             raise _Fault(f"the completion's content is not text: {str(content)[:200]!r}")
-        return content
+        return content, PromptCount.of(completion)
 
     def _client(self) -> httpx.AsyncClient:
         import httpx

@@ -75,6 +75,16 @@ class JudgeRubric:
         text = json.dumps([self.template, self.min_score, self.max_score, self.max_answer_chars])
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def score_regex(self) -> str:
+        """A regular expression of the score tag with every whole number in range (``constrained`` verdicts)."""
+        low, high = self.min_score, self.max_score
+        if low != int(low) or high != int(high) or low < 0 or high - low > 1000:
+            raise ConfigError(
+                f"judge constrained needs whole, non-negative score bounds at most 1000 apart, got [{low:g}, {high:g}]"
+            )
+        numbers = "|".join(str(n) for n in range(int(high), int(low) - 1, -1))  # longest first: 10 before 1
+        return f"<score>({numbers})</score>"
+
     def instructions(self, question: str, ground_truth: object, image_count: int) -> str:
         try:
             rendered = self._compiled.render(  # type: ignore[attr-defined]

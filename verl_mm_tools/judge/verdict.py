@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-__all__ = ["JudgeReplyError", "Verdict", "VerdictStatus", "parse_score"]
+__all__ = ["JudgeReplyError", "PromptCount", "Verdict", "VerdictStatus", "parse_score", "token_digest"]
 
 _SCORE_TAG = re.compile(r"<score>(.*?)</score>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -23,6 +26,30 @@ class VerdictStatus(str, Enum):
     FAILED = "failed"  # no answer: timeouts, connection errors or HTTP errors after every retry
 
 
+def token_digest(token_ids: Sequence[int]) -> int:
+    """A CRC-32 of token ids (a whole number below 2**32, exact as a float in reward_extra_info)."""
+    return zlib.crc32(",".join(str(token) for token in token_ids).encode())
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    """What a judge's answer says of the prompt it read (0s where it says nothing)."""
+
+    tokens: int = 0  # usage.prompt_tokens
+    digest: int = 0  # token_digest of vLLM's prompt_token_ids (``return_token_ids``)
+
+    @classmethod
+    def of(cls, completion: dict[str, Any]) -> PromptCount:
+        usage = completion.get("usage")
+        tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        ids = completion.get("prompt_token_ids")
+        whole = isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        return cls(
+            tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0,
+            digest=token_digest(ids) if whole and ids else 0,
+        )
+
+
 @dataclass(frozen=True)
 class Verdict:
     status: VerdictStatus
@@ -31,6 +58,7 @@ class Verdict:
     error: str = ""
     latency_s: float = 0.0  # the request's seconds (0 for a cached verdict)
     cached: bool = False
+    prompt: PromptCount = field(default_factory=PromptCount)  # the prompt the judge read, images included
 
 
 def parse_score(reply: str, low: float, high: float) -> float:

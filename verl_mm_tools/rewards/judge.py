@@ -20,15 +20,20 @@ trajectory is also masked (trained on nothing) by the step hook. The verdict's f
 
 Options (``reward_kwargs``): rubric (a Jinja template) or rubric_path (a file holding one), min_score (0),
 max_score (10), max_answer_chars (8000), fallback_score (0.0, on the reward's [0, 1] scale), on_failure (fallback |
-mask), judge_weight (1.0), rule_reward (None), rule_weight (0.0), endpoint, model, timeout_s (120), retries (2),
-backoff_s (1), concurrency (16), max_tokens (256), temperature (0), cache_size (4096).
+mask), judge_weight (1.0), rule_reward (None), rule_weight (0.0), rule_reward_kwargs ({}), endpoint, model,
+timeout_s (120), retries (2), backoff_s (1), concurrency (16), max_tokens (256), temperature (0), cache_size (4096),
+constrained (false: with true, a vLLM judge's reply is only the score tag, by vLLM's structured outputs),
+prompt_digest (false: with true, a vLLM judge returns the prompt's token ids and judge_prompt_digest holds their
+CRC-32).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +51,22 @@ __all__ = ["JUDGE_KEYS", "JudgeSettings", "judge_reward"]
 
 JUDGE_CONTEXT_KEY = SampleFields.key("judge_context")
 # reward_extra_info of a judged trajectory (numbers only: verl averages them in validation)
-JUDGE_KEYS = ("judge_score", "judge_judged", "judge_unparseable", "judge_failed", "judge_cached", "judge_latency_s")
+JUDGE_KEYS = (
+    "judge_score",
+    "judge_judged",
+    "judge_unparseable",
+    "judge_failed",
+    "judge_cached",
+    "judge_latency_s",
+    "judge_prompt_tokens",
+    "judge_prompt_digest",
+)
 JUDGE_MASK_KEY = "judge_mask"  # 1.0: the step hook masks the trajectory (on_failure: mask)
 ON_FAILURE = ("fallback", "mask")
 _RUBRIC_OPTIONS = ("rubric", "rubric_path", "min_score", "max_score", "max_answer_chars")
 _ENDPOINT_OPTIONS = tuple(f.name for f in dataclasses.fields(JudgeEndpoint) if f.name not in ("url", "model"))
-_OPTIONS = frozenset(
-    {*_RUBRIC_OPTIONS, *_ENDPOINT_OPTIONS, "endpoint", "model", "fallback_score", "on_failure", "judge_weight"}
-    | {"rule_reward", "rule_weight"}
-)
+_SETTINGS_OPTIONS = ("fallback_score", "on_failure", "judge_weight", "rule_reward", "rule_weight", "rule_reward_kwargs")
+_OPTIONS = frozenset({*_RUBRIC_OPTIONS, *_ENDPOINT_OPTIONS, *_SETTINGS_OPTIONS, "endpoint", "model"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +78,7 @@ class JudgeSettings:
     judge_weight: float = 1.0
     rule_reward: str | None = None
     rule_weight: float = 0.0
+    rule_reward_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
@@ -76,6 +89,8 @@ class JudgeSettings:
                 raise ConfigError(f"judge {name} must be a finite number, got {value!r}")
         if self.rule_reward is not None:
             get_reward_function(self.rule_reward)
+        if self.endpoint.constrained:
+            self.rubric.score_regex()  # bounds it cannot constrain are a ConfigError when the run starts
 
     @classmethod
     def from_options(
@@ -92,11 +107,9 @@ class JudgeSettings:
         endpoint_options = {key: options[key] for key in _ENDPOINT_OPTIONS if key in options}
         url, model = _endpoint(options, router_address, router_model)
         endpoint = JudgeEndpoint(url=url, model=model, **endpoint_options)
-        rest = {
-            key: options[key]
-            for key in ("fallback_score", "on_failure", "judge_weight", "rule_reward", "rule_weight")
-            if key in options
-        }
+        rest = {key: options[key] for key in _SETTINGS_OPTIONS if key in options}
+        if "rule_reward_kwargs" in rest:
+            rest["rule_reward_kwargs"] = dict(rest["rule_reward_kwargs"])
         return cls(rubric=rubric, endpoint=endpoint, **rest)
 
 
@@ -129,12 +142,15 @@ def _endpoint(options: dict[str, Any], router_address: str | None, router_model:
     return f"http://{router_address}/v1/chat/completions", str(options.get("model") or router_model)
 
 
-@functools.lru_cache(maxsize=16)
-def _settings(
-    options: tuple[tuple[str, Any], ...], router_address: str | None, router_model: str | None
-) -> JudgeSettings:
+_PARSED: dict[str, JudgeSettings] = {}
+
+
+def _settings(options: dict[str, Any], router_address: str | None, router_model: str | None) -> JudgeSettings:
     """Parsed once per process and configuration (the rubric compiles its template)."""
-    return JudgeSettings.from_options(dict(options), router_address, router_model)
+    key = json.dumps([options, router_address, router_model], sort_keys=True, default=repr)
+    if key not in _PARSED:
+        _PARSED[key] = JudgeSettings.from_options(options, router_address, router_model)
+    return _PARSED[key]
 
 
 @functools.lru_cache(maxsize=16)
@@ -156,7 +172,7 @@ async def judge_reward(
     """The reward of one trajectory (module docstring); verl's ``compute_score`` signature."""
     options = {key: value for key, value in options.items() if key not in VERL_CALL_KWARGS}
     router_model = getattr(reward_model_tokenizer, "name_or_path", None)
-    settings = _settings(tuple(sorted(options.items())), reward_router_address, router_model)
+    settings = _settings(options, reward_router_address, router_model)
     info = extra_info or {}
     context = info.get(JUDGE_CONTEXT_KEY)
     if not isinstance(context, JudgeContext):
@@ -171,7 +187,10 @@ async def judge_reward(
     result = _verdict_fields(verdict, settings)
     score = settings.judge_weight * result["judge_score"]
     if settings.rule_reward is not None:
-        rule = as_result_dict(get_reward_function(settings.rule_reward)(data_source, solution_str, ground_truth, info))
+        rule_function = get_reward_function(settings.rule_reward)
+        rule = as_result_dict(
+            rule_function(data_source, solution_str, ground_truth, info, **settings.rule_reward_kwargs)
+        )
         result["rule_score"] = float(rule["score"])
         score += settings.rule_weight * result["rule_score"]
     return {**result, "score": score}
@@ -191,5 +210,7 @@ def _verdict_fields(verdict: Verdict, settings: JudgeSettings) -> dict[str, floa
         "judge_failed": float(verdict.status is VerdictStatus.FAILED),
         "judge_cached": float(verdict.cached),
         "judge_latency_s": float(verdict.latency_s),
+        "judge_prompt_tokens": float(verdict.prompt.tokens),
+        "judge_prompt_digest": float(verdict.prompt.digest),
         JUDGE_MASK_KEY: float(not judged and settings.on_failure == "mask"),
     }

@@ -22,6 +22,8 @@ class JudgeReply:
     status: int = 200
     delay_s: float = 0.0  # seconds before answering (past the client's timeout: a timeout)
     body: str | None = None  # a raw body instead of a chat completion (a broken server)
+    prompt_tokens: int | None = None  # the usage it reports (None: none)
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids field (None: none)
 
 
 Script = Callable[[dict[str, Any]], JudgeReply | str]
@@ -80,6 +82,8 @@ class ScriptedJudge:
             "id": f"judge-{len(self.requests)}",
             "object": "chat.completion",
             "model": body.get("model", ""),
+            **({"usage": {"prompt_tokens": reply.prompt_tokens}} if reply.prompt_tokens is not None else {}),
+            **({"prompt_token_ids": reply.prompt_token_ids} if reply.prompt_token_ids is not None else {}),
             "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": "stop"}
             ],
