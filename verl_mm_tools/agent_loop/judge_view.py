@@ -3,35 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.state import TrajectoryState
-from verl_mm_tools.judge.context import ImageChoice, JudgeContext
-
-_PLACEHOLDERS = ("<image>", "<video>")  # verl datasets' markers of where a prompt's media go
-
-
-def prompt_question(messages: Sequence[dict[str, Any]]) -> str:
-    """The text of the dataset prompt's user messages, their media markers removed."""
-    texts: list[str] = []
-    for message in messages:
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        parts = (
-            [content]
-            if isinstance(content, str)
-            else [
-                part.get("text", "") for part in content or [] if isinstance(part, dict) and part.get("type") == "text"
-            ]
-        )
-        texts.extend(str(part) for part in parts)
-    question = "\n".join(texts)
-    for marker in _PLACEHOLDERS:
-        question = question.replace(marker, "")
-    return question.strip()
+from verl_mm_tools.judge.context import ImageChoice, JudgeContext, prompt_question
 
 
 async def judge_context(options: MMToolLoopConfig, row: dict[str, Any], state: TrajectoryState) -> JudgeContext | None:

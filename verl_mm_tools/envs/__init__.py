@@ -10,12 +10,14 @@ from verl_mm_tools.envs.base import (
 )
 from verl_mm_tools.envs.check import EnvironmentCheckError, acheck_environment, check_environment, check_gui_tool
 from verl_mm_tools.envs.feedback import AnswerFeedbackEnv, RotationFeedbackEnv
+from verl_mm_tools.envs.judge_feedback import JudgeFeedbackEnv
 
 __all__ = [
     "ENVIRONMENTS",
     "AnswerFeedbackEnv",
     "EnvironmentCheckError",
     "Environment",
+    "JudgeFeedbackEnv",
     "Observation",
     "RotationFeedbackEnv",
     "Sample",

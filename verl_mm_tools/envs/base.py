@@ -25,6 +25,7 @@ from PIL import Image
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.files import FileRoots
+from verl_mm_tools.judge.context import prompt_question
 from verl_mm_tools.verl_registry import register_unique
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ class Sample:
     extra_info: dict[str, Any]
     images: list[Image.Image] = field(default_factory=list)  # the prompt's images: ids 1..len(images)
     files: FileRoots = field(default_factory=FileRoots)  # read files only through these (the loop's file_roots)
+    question: str = ""  # the text of the dataset prompt's user messages (``judge.context.prompt_question``)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], images: list[Image.Image], files: FileRoots | None = None) -> Sample:
@@ -57,6 +59,7 @@ class Sample:
             extra_info=dict(row.get("extra_info") or {}),
             images=list(images),
             files=files or FileRoots(),
+            question=prompt_question(list(row.get("raw_prompt") or [])),
         )
 
 

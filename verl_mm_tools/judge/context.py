@@ -14,12 +14,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError
 
-__all__ = ["ImageChoice", "ImageOrigin", "JudgeContext", "JudgeImage", "named_image_ids"]
+__all__ = ["ImageChoice", "ImageOrigin", "JudgeContext", "JudgeImage", "named_image_ids", "prompt_question"]
 
 # "Image 3", "image #3", "Image3" in the answer: the ids the loop's tool answers give images ("Image 3: ...")
 _NAMED_IMAGE = re.compile(r"\bimage\s*#?\s*(\d{1,4})\b", re.IGNORECASE)
@@ -51,6 +52,30 @@ class JudgeImage:
 class JudgeContext:
     question: str  # the text of the dataset prompt's user messages
     images: tuple[JudgeImage, ...]
+
+
+_MEDIA_MARKERS = ("<image>", "<video>")  # verl datasets' markers of where a prompt's media go
+
+
+def prompt_question(messages: Sequence[dict[str, Any]]) -> str:
+    """The text of the dataset prompt's user messages, their media markers removed."""
+    texts: list[str] = []
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        parts = (
+            [content]
+            if isinstance(content, str)
+            else [
+                part.get("text", "") for part in content or [] if isinstance(part, dict) and part.get("type") == "text"
+            ]
+        )
+        texts.extend(str(part) for part in parts)
+    question = "\n".join(texts)
+    for marker in _MEDIA_MARKERS:
+        question = question.replace(marker, "")
+    return question.strip()
 
 
 def named_image_ids(text: str) -> set[int]:

@@ -47,7 +47,7 @@ from verl_mm_tools.rewards.common import VERL_CALL_KWARGS, as_result_dict
 from verl_mm_tools.rewards.registry import get_reward_function
 from verl_mm_tools.rewards.text import strip_template_leftovers
 
-__all__ = ["JUDGE_KEYS", "JudgeSettings", "judge_reward"]
+__all__ = ["JUDGE_KEYS", "JudgeSettings", "judge_answer", "judge_reward"]
 
 JUDGE_CONTEXT_KEY = SampleFields.key("judge_context")
 # reward_extra_info of a judged trajectory (numbers only: verl averages them in validation)
@@ -180,11 +180,8 @@ async def judge_reward(
             f"judge_reward needs the trajectory's question and images ({JUDGE_CONTEXT_KEY!r} in extra_info, got "
             f"{type(context).__name__}): set the mm_tool loop's judge_images option (all, none, named or last:N)"
         )
-    answer = strip_template_leftovers(str(info.get(LAST_ASSISTANT_TEXT_KEY) or solution_str))
-    messages = settings.rubric.messages(context, ground_truth, answer)
-    key = verdict_key(settings.rubric, context, ground_truth, answer)
-    verdict = await _client(settings.endpoint).judge(key, messages, settings.rubric)
-    result = _verdict_fields(verdict, settings)
+    answer = str(info.get(LAST_ASSISTANT_TEXT_KEY) or solution_str)
+    result = await judge_answer(settings, context, ground_truth, answer)
     score = settings.judge_weight * result["judge_score"]
     if settings.rule_reward is not None:
         rule_function = get_reward_function(settings.rule_reward)
@@ -194,6 +191,18 @@ async def judge_reward(
         result["rule_score"] = float(rule["score"])
         score += settings.rule_weight * result["rule_score"]
     return {**result, "score": score}
+
+
+async def judge_answer(
+    settings: JudgeSettings, context: JudgeContext, ground_truth: object, answer: str
+) -> dict[str, float]:
+    """The judge's verdict on ``answer`` as the fields ``judge_reward`` reports (``JUDGE_KEYS``, ``judge_mask``):
+    ``judge_score`` is the score scaled to [0, 1], or ``fallback_score`` when the judge gave none."""
+    answer = strip_template_leftovers(answer)
+    messages = settings.rubric.messages(context, ground_truth, answer)
+    key = verdict_key(settings.rubric, context, ground_truth, answer)
+    verdict = await _client(settings.endpoint).judge(key, messages, settings.rubric)
+    return _verdict_fields(verdict, settings)
 
 
 def _verdict_fields(verdict: Verdict, settings: JudgeSettings) -> dict[str, float]:
