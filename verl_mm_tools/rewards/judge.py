@@ -139,7 +139,10 @@ def _endpoint(options: dict[str, Any], router_address: str | None, router_model:
             "judge_reward has no judge: enable verl's reward model (reward.reward_model.enable=True with "
             "reward.reward_model.model_path and its rollout) or give the endpoint and model options"
         )
-    return f"http://{router_address}/v1/chat/completions", str(options.get("model") or router_model)
+    model = options.get("model") or router_model
+    if not model:
+        raise ConfigError("judge_reward: verl's reward router gave no model name; set the model option")
+    return f"http://{router_address}/v1/chat/completions", str(model)
 
 
 _PARSED: dict[str, JudgeSettings] = {}
