@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from verl_mm_tools.cli_types import whole_number
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.judging import add_judge_arguments, judge_flags
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -20,7 +21,12 @@ Score a model on a dataset with the same tools, image workspace, budget,
 environments and rewards as training: verl's AgentLoopWorker runs the mm_tool
 loop on every row, talking to an OpenAI-compatible chat endpoint (--endpoint)
 or to a local checkpoint (--checkpoint), greedy, or --samples N answers per row
-at --temperature (then the report adds pass_at_n and best_reward_mean). Writes
+at --temperature (then the report adds pass_at_n and best_reward_mean). With
+--judge URL --judge-model NAME, a VLM judge at that OpenAI-compatible endpoint
+scores every row (judge_reward: the question, the prompt's images and the tool
+images --judge-images chooses, then the final answer; docs/judge.md), plus
+--reward-fn's score times --judge-option rule_weight=W; the report adds the
+judge's counts (judged, parse failures, failed, cache hits, mean score). Writes
 OUT/report.json, OUT/report.txt, OUT/<mode>/rows.jsonl (each sample's reward,
 stop reason, calls and endpoint faults) and OUT/<mode>/trajectories
 (verl-mm-tools view shows them).
@@ -59,7 +65,11 @@ def add_eval_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="the training run's agent-loop YAML (actor_rollout_ref.rollout.agent.agent_loop_config_path): "
         "its mm_tool options apply; eval adds dumps for every row",
     )
-    command.add_argument("--reward-fn", help="a built-in reward function for rows whose extra_info names none")
+    command.add_argument(
+        "--reward-fn",
+        help="a built-in reward function for rows whose extra_info names none; with --judge, a rule reward added to "
+        "the judge's (--judge-option rule_weight=W)",
+    )
     command.add_argument("--concurrency", type=whole_number(1), default=8, help="requests at once (default 8)")
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     command.add_argument(
@@ -101,12 +111,20 @@ def add_eval_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         nargs="*",
         help="hydra overrides of verl's trainer config, as in training (reward, loop options, ...)",
     )
+    add_judge_arguments(
+        command,
+        images_help="the tool images the judge sees besides the prompt's: all, none, named (those the final answer "
+        "names, 'Image 3') or last:N (default: the --loop-config's judge_images, else all)",
+    )
     command.set_defaults(run=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from verl_mm_tools.evaluate.run import NO_TOOLS, TOOLS, EvalOptions, evaluate
 
+    judge = judge_flags(args)
+    if judge is not None:
+        judge.check(args.reward_fn)  # its mistakes before a checkpoint is merged
     make_client, model_path = _client(args)
     modes = (TOOLS, NO_TOOLS) if args.with_and_without_tools else (NO_TOOLS,) if args.no_tools else (TOOLS,)
     options = EvalOptions(
@@ -123,6 +141,7 @@ def run_eval(args: argparse.Namespace) -> int:
         samples=args.samples,
         temperature=args.temperature,
         overrides=tuple(args.overrides),
+        judge=judge,
     )
     bar = _progress_bar(args.data, len(modes) * args.samples)
     try:

@@ -1,6 +1,7 @@
 """The evaluation report: per data source, from the rows the agent-loop worker returned. The statistics are the
 training step's own (``stats.aggregate_metrics`` on the rows of a data source), plus the reward with a 95 %
-confidence interval and the endpoint's faults; with several samples per prompt, best-of figures too."""
+confidence interval and the endpoint's faults; with several samples per prompt, best-of figures too; scored by a
+judge (``--judge``), the judge's counts (``judging.judge_figures``) and each row's verdict."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.judging import judge_figures, judge_row
 from verl_mm_tools.handoff import SampleFields, StopReason
 from verl_mm_tools.record import jsonable
 from verl_mm_tools.step_metrics import MASKED_COUNT, aggregate_metrics, mean_metric, tool_metric
@@ -59,6 +61,9 @@ def row_records(output: DataProto, faults: Mapping[str, RequestFaults]) -> list[
                 "endpoint": request_faults.as_dict() if request_faults is not None else {},
             }
         )
+        verdict = judge_row(columns, row)
+        if verdict is not None:  # scored by the judge (``--judge``)
+            records[-1]["judge"] = verdict
     return records
 
 
@@ -95,6 +100,9 @@ def source_report(output: DataProto, rows: list[int], records: list[dict], sampl
         },
         "endpoint": dict(sorted(faults.items())),
     }
+    judge = judge_figures(output.non_tensor_batch, rows)
+    if judge is not None:
+        figures["judge"] = judge
     return {**figures, "samples_per_prompt": samples, **best_of(prompts)} if samples > 1 else figures
 
 
@@ -181,7 +189,17 @@ def table(reports: dict[str, dict]) -> str:
             )
             faults = ", ".join(f"{kind} {count}" for kind, count in figures["endpoint"].items() if count) or "none"
             lines.append(f"  [{mode}] stop: {stops}; tools: {tools}; endpoint: {faults}")
+            if "judge" in figures:
+                lines.append(f"  [{mode}] judge: {_judge_line(figures['judge'])}")
     return "\n".join(lines)
+
+
+def _judge_line(judge: dict) -> str:
+    mean = "n/a" if judge["score_mean"] is None else f"{judge['score_mean']:.3f}"
+    return (
+        f"judged {judge['judged']}, parse failures {judge['parse_failures']}, failed {judge['failed']}, "
+        f"cache hits {judge['cache_hits']}, mean judge score {mean}"
+    )
 
 
 def _cell(value: Any, form: str | None) -> str:  # a figure: a number, an interval or None (JSON)

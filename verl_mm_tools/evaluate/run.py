@@ -7,7 +7,8 @@ configured reward manager, the step hook publishes trajectory dumps (``verl-mm-t
 all on verl's validation path (``validate``). Its sampling is verl's ``actor_rollout_ref.rollout.val_kwargs``: greedy,
 or ``samples`` answers per row at ``temperature``, the rows repeated as verl's validation repeats them. Rows run in
 batches of ``batch_size`` prompts; a trajectory that fails is masked by the loop and stays in the report with its
-error.
+error. With a judge (``judge``, ``--judge``), ``judge_reward`` scores every row at the judge's endpoint, seeing the
+question and the images the loop hands it, and the report adds the judge's counts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.judging import DEFAULT_IMAGES, JudgeFlags
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,6 +59,8 @@ class EvalOptions:
     samples: int = 1  # answers per row (verl's val_kwargs.n)
     temperature: float | None = None  # None: greedy for one sample, SAMPLING_TEMPERATURE for several
     overrides: tuple[str, ...] = field(default_factory=tuple)  # hydra overrides of verl's trainer config, last
+    # a VLM judge scores every row (``judge_reward``), ``reward_fn`` its rule reward when given
+    judge: JudgeFlags | None = None
 
     def __post_init__(self) -> None:
         if not self.data.is_file():
@@ -69,6 +73,8 @@ class EvalOptions:
         if self.batch_size < 1 or self.max_turns < 1:
             raise ConfigError(f"--batch-size and --max-turns must be >= 1, got {self.batch_size}, {self.max_turns}")
         self._check_sampling()
+        if self.judge is not None:
+            self.judge.check(self.reward_fn)
 
     @property
     def sampling_temperature(self) -> float:
@@ -117,7 +123,9 @@ def trainer_overrides(options: EvalOptions, mode: str) -> list[str]:
         *(V1_SAMPLES if several_samples(entries) else CLASSIC_HOOK),
         *sampling_overrides(options),
     ]
-    if options.reward_fn:
+    if options.judge is not None:  # judge_reward, with reward_fn as its rule reward
+        overrides += options.judge.overrides(options.reward_fn)
+    elif options.reward_fn:
         overrides.append(f"+reward.reward_kwargs.reward_fn={options.reward_fn}")
     if mode == TOOLS:
         overrides.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={options.tools_yaml}")
@@ -146,7 +154,8 @@ def sampling_overrides(options: EvalOptions) -> list[str]:
 
 def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
     """The training run's agent-loop entries (``loop_config``), the mm_tool one dumping every row under OUT/<mode>
-    and reporting masked rows rather than stopping on them."""
+    and reporting masked rows rather than stopping on them; with a judge, handing it the trajectory's question and
+    images (``judge_images``: ``--judge-images``, else the loop config's, else all)."""
     import yaml
 
     from verl_mm_tools.plugin import LOOP_NAME, LOOP_TARGET
@@ -166,6 +175,8 @@ def loop_entries(options: EvalOptions, mode: str) -> list[dict]:
         dump_max_per_step=options.batch_size * options.samples,  # a batch: its prompts' samples, every one dumped
         max_masked_fraction=1.0,
     )
+    if options.judge is not None:
+        ours[0]["judge_images"] = options.judge.images or ours[0].get("judge_images") or DEFAULT_IMAGES
     return entries
 
 
@@ -266,7 +277,7 @@ def _batches(
     for start in range(0, len(dataset), options.batch_size):
         positions = range(start, min(start + options.batch_size, len(dataset)))
         batch = DataProto.from_single_dict(
-            collate_fn([_with_prompt_ids(dataset[position], position) for position in positions])
+            collate_fn([_row(dataset[position], position, options.judge is not None) for position in positions])
         )
         batch = batch.repeat(repeat_times=val_kwargs.n, interleave=True)
         batch.meta_info.update(
@@ -275,14 +286,19 @@ def _batches(
         yield batch, np.tile(np.arange(val_kwargs.n), len(positions))
 
 
-def _with_prompt_ids(item: dict, position: int) -> dict:
+def _row(item: dict, position: int, judged: bool) -> dict:
     """A dataset row with the ids its samples share: ``uid`` (the dataset's, else one per row, as verl's validation
     gives; the trainer side numbers each uid's rollouts), ``index`` the row's position when extra_info has none
-    (RLHFDataset gives every such row 0, which would make all prompts one)."""
+    (RLHFDataset gives every such row 0, which would make all prompts one). ``judged``: the judge scores every row,
+    so a row's own ``extra_info.reward_fn`` (which the reward manager would choose first) is set aside."""
+    from verl_mm_tools.rewards.common import REWARD_FN_KEY
+
     item.setdefault("uid", f"row-{position}")
     extra_info = item.get("extra_info")
     if not isinstance(extra_info, dict) or "index" not in extra_info:
         item["index"] = position
+    if judged and isinstance(extra_info, dict) and REWARD_FN_KEY in extra_info:
+        item["extra_info"] = {key: value for key, value in extra_info.items() if key != REWARD_FN_KEY}
     return item
 
 

@@ -14,11 +14,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
-
-from PIL import Image
+from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["ImageChoice", "ImageOrigin", "JudgeContext", "JudgeImage", "named_image_ids", "prompt_question"]
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.judging import add_judge_arguments, judge_flags
 from verl_mm_tools.trajectories.rescore_options import DEFAULT_MANAGER, REPORT_FILE, TRAJECTORIES, RescoreOptions
 
 DESCRIPTION = """\
@@ -20,6 +21,12 @@ recorded scores and the new ones side by side, each row with both) and
 OUT/trajectories (copies whose reward is the new score, the recorded one kept
 as reward_before: verl-mm-tools view OUT/trajectories shows both). Records
 that cannot be read or scored are listed with their reason.
+
+With --judge URL --judge-model NAME, a VLM judge at that OpenAI-compatible
+endpoint scores every record (judge_reward, docs/judge.md): the question of its
+prompt, its prompt images and the tool images --judge-images chooses (from its
+PNGs: the pixels the model saw), then its final answer; plus --reward-fn's score
+times --judge-option rule_weight=W. The report adds the judge's counts.
 """
 
 
@@ -34,7 +41,8 @@ def add_rescore_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     command.add_argument("--out", type=Path, required=True, help="output folder (empty, new or an earlier rescore's)")
     command.add_argument(
         "--reward-fn",
-        help="a built-in reward function scoring every record (also rows whose extra_info names another)",
+        help="a built-in reward function scoring every record (also rows whose extra_info names another); with "
+        "--judge, a rule reward added to the judge's (--judge-option rule_weight=W)",
     )
     command.add_argument(
         "--reward-manager",
@@ -54,6 +62,11 @@ def add_rescore_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "repeatable",
     )
     command.add_argument("--strict", action="store_true", help="exit 1 if any record could not be rescored")
+    add_judge_arguments(
+        command,
+        images_help="the tool images of each record the judge sees besides its prompt's: all, none, named (those "
+        "its final answer names, 'Image 3') or last:N (default all)",
+    )
     command.set_defaults(run=run_rescore)
 
 
@@ -61,10 +74,11 @@ def run_rescore(args: argparse.Namespace) -> int:
     from verl_mm_tools.trajectories.read import BadRecord
     from verl_mm_tools.trajectories.rescore import rescore
 
-    if args.reward_fn is None and args.reward_manager == DEFAULT_MANAGER and not args.override:
+    judge = judge_flags(args)
+    if judge is None and args.reward_fn is None and args.reward_manager == DEFAULT_MANAGER and not args.override:
         raise ConfigError(
-            "rescore needs something to score with: --reward-fn NAME, --reward-manager NAME or --override "
-            "reward settings"
+            "rescore needs something to score with: --reward-fn NAME, --reward-manager NAME, --judge URL or "
+            "--override reward settings"
         )
     options = RescoreOptions(
         records=tuple(args.records),
@@ -73,6 +87,7 @@ def run_rescore(args: argparse.Namespace) -> int:
         reward_manager=args.reward_manager,
         model_path=args.model_path,
         overrides=tuple(args.override),
+        judge=judge,
     )
     report = rescore(options)
     rows = sum(figures["rows"] for mode, figures in _rescored(report).items())

@@ -20,12 +20,14 @@ token counts but no token ids (``manager_input``):
   model's vision config and pixel inputs; no manager of verl's or ours reads them);
 - the dataset row's columns ``data_source``, ``reward_model.ground_truth``, ``extra_info``, ``index``, ``uid`` from
   the record's ``sample`` (with ``--reward-fn``, ``extra_info.reward_fn`` is replaced: a row naming its own function
-  would otherwise keep it under ``mm_turn_discount``). Not recorded, not rebuilt: ``raw_prompt``, ``tools_kwargs``
-  and ``reward_model.style`` (only a reward model reads the raw prompt, and rescore runs none);
+  would otherwise keep it under ``mm_turn_discount``; with ``--judge``, removed: the judge scores every record).
+  Not recorded, not rebuilt: ``raw_prompt``, ``tools_kwargs`` and ``reward_model.style`` (only a reward model reads
+  the raw prompt, and rescore runs none);
 - ``tool_extra_fields``: the loop's extra fields from the record's ``stats`` (``mm_tool/`` prefix restored;
   ``attempts``, ``tool_call_counts``, ``turn_scores``, ``tool_rewards``, per-turn ``mm_tool/turn_rewards``), plus
   ``last_assistant_text`` (not in ``stats``): the last assistant message re-tokenised and decoded without special
-  tokens, as the loop decodes it (verl's own extra fields, the server's weight versions, are not recorded);
+  tokens, as the loop decodes it (verl's own extra fields, the server's weight versions, are not recorded), and
+  with ``--judge`` the judge's view of it (``mm_tool/judge_context``: ``rescore_judge``);
 - ``__num_turns__``: assistant turns + tool and environment turns + 1, as verl counts them (1 for a masked one).
 """
 
@@ -38,10 +40,13 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 from PIL import Image
 
+from verl_mm_tools.handoff import LAST_ASSISTANT_TEXT_KEY, PREFIX, SampleFields
 from verl_mm_tools.image_window import windowed
+from verl_mm_tools.judge.context import ImageChoice
 from verl_mm_tools.record import STATS_KEYS, RecordError, chat_image_ids, chat_video_ids
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import LoadedRecord
+from verl_mm_tools.trajectories.rescore_judge import record_judge_context
 from verl_mm_tools.video import DECODE_MAX_PIXELS
 
 if TYPE_CHECKING:
@@ -119,8 +124,11 @@ class ChatRenderer:
         return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))  # one sequence: one text
 
 
-def manager_input(item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | None) -> ManagerInput:
-    """What verl's ``AgentLoopWorker._compute_score`` hands the reward worker for this trajectory (module doc)."""
+def manager_input(
+    item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | None, judge_images: ImageChoice | None = None
+) -> ManagerInput:
+    """What verl's ``AgentLoopWorker._compute_score`` hands the reward worker for this trajectory (module doc); with
+    ``judge_images`` (``rescore --judge``), also what the judge sees of it."""
     record = item.record
     chat = record.get("chat")
     if not chat:
@@ -143,7 +151,12 @@ def manager_input(item: LoadedRecord, renderer: ChatRenderer, reward_fn: str | N
     if not samples:
         raise RecordError(f"{item.path}: the record lists no training sample ('samples'): nothing to score")
     fields = loop_fields(item, renderer)
-    data = _data_proto(*samples[-1], row_columns(record, reward_fn), fields, num_turns(record))
+    if judge_images is not None:
+        fields[SampleFields.key("judge_context")] = record_judge_context(
+            item, judge_images, fields[LAST_ASSISTANT_TEXT_KEY]
+        )
+    row = row_columns(record, reward_fn, judged=judge_images is not None)
+    data = _data_proto(*samples[-1], row, fields, num_turns(record))
     return ManagerInput(data, fields, as_recorded)
 
 
@@ -273,9 +286,6 @@ def _images_in(messages: list[dict], images: list[Image.Image]) -> list[Image.Im
 def loop_fields(item: LoadedRecord, renderer: ChatRenderer) -> dict:
     """The loop's ``extra_fields`` (verl's ``tool_extra_fields``) from the record's ``stats``, which keeps them
     without their ``mm_tool/`` prefix, plus ``last_assistant_text``."""
-    from verl_mm_tools.handoff import PREFIX
-    from verl_mm_tools.rewards.common import LAST_ASSISTANT_TEXT_KEY
-
     stats = item.record.get("stats") or {}
     fields = {key if key in STATS_KEYS else PREFIX + key: value for key, value in stats.items()}
     assistants = [message for message in item.record.get("messages") or [] if message.get("role") == "assistant"]
@@ -283,13 +293,16 @@ def loop_fields(item: LoadedRecord, renderer: ChatRenderer) -> dict:
     return fields
 
 
-def row_columns(record: dict, reward_fn: str | None) -> dict:
-    """The dataset row's columns the reward worker reads, from the record's ``sample``."""
+def row_columns(record: dict, reward_fn: str | None, judged: bool = False) -> dict:
+    """The dataset row's columns the reward worker reads, from the record's ``sample``; ``judged``: the judge scores
+    every record, so a row's own ``extra_info.reward_fn`` (which the manager would choose first) is set aside."""
     from verl_mm_tools.rewards.common import REWARD_FN_KEY
 
     sample = record.get("sample") or {}
     extra_info = dict(sample.get("extra_info") or {})
-    if reward_fn is not None and REWARD_FN_KEY in extra_info:
+    if judged:
+        extra_info.pop(REWARD_FN_KEY, None)
+    elif reward_fn is not None and REWARD_FN_KEY in extra_info:
         extra_info[REWARD_FN_KEY] = reward_fn
     return {
         "data_source": sample.get("data_source"),

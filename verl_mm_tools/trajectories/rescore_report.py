@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.judging import JUDGE_COLUMNS, JUDGE_SCORE
 from verl_mm_tools.runtime.batch import object_array
 from verl_mm_tools.trajectories.read import BadRecord, RecordSet
 from verl_mm_tools.trajectories.rescore_copies import write_copy
@@ -99,11 +100,13 @@ def _mode_report(results: list[Rescored], out: Path) -> tuple[dict, list[dict]]:
     from verl_mm_tools.evaluate.report import build_report
 
     new = [result.score for result in results]
-    old = [(result.item.record.get("reward") or {}).get("score") for result in results]
+    recorded = [result.item.record.get("reward") or {} for result in results]
+    old = [reward.get("score") for reward in recorded]
     samples = max(Counter(result.item.prompt_key() for result in results).values())
     try:
-        figures, rows = build_report(_report_columns(results, new), {}, samples)
-        before = build_report(_report_columns(results, old), {}, samples)[0] if None not in old else None
+        figures, rows = build_report(_report_columns(results, new, [result.extra for result in results]), {}, samples)
+        before_columns = _report_columns(results, old, [reward.get("extra") or {} for reward in recorded])
+        before = build_report(before_columns, {}, samples)[0] if None not in old else None
     except KeyError as error:
         raise ConfigError(
             f"the records' statistics lack {error}, which this verl-mm-tools' report reads: they were written by "
@@ -122,10 +125,11 @@ def _mode_report(results: list[Rescored], out: Path) -> tuple[dict, list[dict]]:
     return ({BEFORE: before} if before is not None else {}) | {RESCORED: figures}, rows
 
 
-def _report_columns(results: list[Rescored], scores: Sequence[float | None]) -> DataProto:
+def _report_columns(results: list[Rescored], scores: Sequence[float | None], extras: Sequence[dict]) -> DataProto:
     """What eval's report reads of a generated batch: the loop's extra fields per row, the dataset row's columns
-    (data source, extra_info, index, uid), its sample number (the record's rollout number) and ``rm_scores``
-    (float64: the scores exactly as computed)."""
+    (data source, extra_info, index, uid), its sample number (the record's rollout number), ``rm_scores`` (float64:
+    the scores exactly as computed) and, when a judge scored some, the judge's fields of the reward extra info
+    (``extras``)."""
     import torch
     from verl.protocol import DataProto
 
@@ -141,6 +145,9 @@ def _report_columns(results: list[Rescored], scores: Sequence[float | None]) -> 
     columns["index"] = object_array([sample.get("index") for sample in samples])
     columns["uid"] = object_array([result.item.prompt_key() for result in results])
     columns[SAMPLE_KEY] = object_array([record.get("rollout_n") or 0 for record in records])
+    if any(JUDGE_SCORE in extra for extra in extras):
+        for key in JUDGE_COLUMNS:
+            columns[key] = object_array([extra.get(key) for extra in extras])
     rm_scores = torch.tensor([[score] for score in scores], dtype=torch.float64)
     return DataProto.from_dict(tensors={"rm_scores": rm_scores}, non_tensors=columns)
 
@@ -148,11 +155,12 @@ def _report_columns(results: list[Rescored], scores: Sequence[float | None]) -> 
 def report_text(report: dict) -> str:
     """The table, how the records were rescored, and the records that could not be."""
     settings = report["rescore"]
-    lines = [
-        report["table"],
-        f"rescored with reward manager {settings['reward_manager']}, reward function "
-        f"{settings['reward_fn'] or '(the manager default)'}",
-    ]
+    function = settings["reward_fn"] or "(the manager default)"
+    judge = settings.get("judge")
+    if judge is not None:
+        rule = f" plus {settings['reward_fn']}" if settings["reward_fn"] else ""
+        function = f"judge_reward{rule} (judge {judge['model']} at {judge['endpoint']}, images {judge['images']})"
+    lines = [report["table"], f"rescored with reward manager {settings['reward_manager']}, reward function {function}"]
     if report["bad_records"]:
         lines.append(f"left out {len(report['bad_records'])}:")
         lines += [f"  {described(BadRecord(Path(bad['path']), bad['reason']))}" for bad in report["bad_records"]]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
+from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.record import RecordError, jsonable
 from verl_mm_tools.trajectories.read import LoadedRecord, RecordSet
 from verl_mm_tools.trajectories.rescore_input import ChatRenderer, manager_input
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 REWARDS_MODULE = "pkg://verl_mm_tools.rewards"  # where verl's custom_reward_function finds our functions by name
+JUDGE_CONTEXT = SampleFields.key("judge_context")
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Rescored:
 
 
 def check_choices(options: RescoreOptions) -> None:
-    """The manager and the function exist (before any model is loaded)."""
+    """The manager and the function exist, the judge's options parse (before any model is loaded)."""
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 
     import verl_mm_tools.plugin  # noqa: F401  registers our managers into verl's registry
@@ -52,6 +54,8 @@ def check_choices(options: RescoreOptions) -> None:
         )
     if options.reward_fn is not None:
         get_reward_function(options.reward_fn)  # a ConfigError naming the built-in functions
+    if options.judge is not None:
+        options.judge.check(options.reward_fn)
 
 
 def score_with_model(
@@ -65,9 +69,10 @@ def score_with_model(
             loaded.refuse(item, f"cannot load the tokenizer and processor of {model_path} ({error}): pass --model-path")
         return []
     inputs = []
+    judge_images = options.judge.image_choice if options.judge is not None else None
     for item in items:
         try:
-            inputs.append((item, manager_input(item, renderer, options.reward_fn)))
+            inputs.append((item, manager_input(item, renderer, options.reward_fn, judge_images)))
         except RecordError as error:
             loaded.refuse(item, str(error))
         except Exception as error:  # noqa: BLE001  a record the template or processor cannot take costs only itself
@@ -80,20 +85,22 @@ def score_with_model(
             loaded.refuse(item, f"reward manager {options.reward_manager!r} failed on it: {failure}")
             continue
         extra = _plain(result.get("reward_extra_info") or {})
-        scored.append(
-            Rescored(item, float(_plain(result["reward_score"])), extra, prepared.tokens_as_recorded, prepared.fields)
-        )
+        fields = {key: value for key, value in prepared.fields.items() if key != JUDGE_CONTEXT}  # its PNGs: done
+        scored.append(Rescored(item, float(_plain(result["reward_score"])), extra, prepared.tokens_as_recorded, fields))
     return scored
 
 
 def reward_worker(model_path: str, options: RescoreOptions) -> RewardLoopWorker:
-    """verl's ``RewardLoopWorker`` on verl's trainer config with the chosen manager and function, in-process."""
+    """verl's ``RewardLoopWorker`` on verl's trainer config with the chosen manager and function (the judge's
+    ``judge_reward`` with ``--judge``), in-process."""
     from verl_mm_tools.rewards.managers import REWARD_MANAGERS
     from verl_mm_tools.runtime.config import compose_trainer_config
     from verl_mm_tools.runtime.workers import in_process_reward_worker
 
     overrides = [f"reward.reward_manager.name={options.reward_manager}"]
-    if options.reward_fn is not None and options.reward_manager in REWARD_MANAGERS:
+    if options.judge is not None:  # judge_reward, with reward_fn as its rule reward
+        overrides += options.judge.overrides(options.reward_fn)
+    elif options.reward_fn is not None and options.reward_manager in REWARD_MANAGERS:
         overrides.append(f"+reward.reward_kwargs.reward_fn={options.reward_fn}")  # how our managers name it
     elif options.reward_fn is not None:  # verl's managers score with reward.custom_reward_function
         overrides += [

@@ -343,7 +343,12 @@ def _reward_card(record: dict) -> str:
 def _rescored_scores(record: dict) -> str:
     """Both scores of a rescored record (``verl-mm-tools rescore``) and what rescored it."""
     settings = record.get("rescored") or {}
-    how = f"{settings.get('reward_manager')} manager, {settings.get('reward_fn') or 'its default function'}"
+    function = settings.get("reward_fn") or "its default function"
+    judge = settings.get("judge")
+    if isinstance(judge, dict):  # rescore --judge: judge_reward, the reward function its rule reward
+        rule = f" plus {settings['reward_fn']}" if settings.get("reward_fn") else ""
+        function = f"judge_reward by {judge.get('model')}{rule}"
+    how = f"{settings.get('reward_manager')} manager, {function}"
     before = (record.get("reward_before") or {}).get("score")
     return (
         f'<dt title="the reward manager score when rescored">Score (rescored)</dt>'
