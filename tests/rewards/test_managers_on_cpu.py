@@ -35,11 +35,18 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(registry.REWARD_MANAGER, name, cls)
 
 
-def trainer_config(tokenizer_dir: str, reward_kwargs: dict | None = None, custom_path: str | None = None):
+def trainer_config(
+    tokenizer_dir: str,
+    reward_kwargs: dict | None = None,
+    custom_path: str | None = None,
+    custom_name: str = "compute_score",
+    custom_kwargs: dict | None = None,
+):
     """The parts of verl's trainer config that RewardLoopWorker and load_reward_manager read."""
+    custom = {"path": custom_path, "name": custom_name, "reward_kwargs": custom_kwargs or {}}
     reward = {
         "num_workers": 1,
-        "custom_reward_function": {"path": custom_path, "name": "compute_score"},
+        "custom_reward_function": custom,
         "reward_manager": {"source": "register", "name": "mm_turn_discount", "module": {"path": None}},
         "reward_model": {"enable": False, "enable_resource_pool": False, "model_path": None},
         "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
@@ -177,6 +184,30 @@ def test_row_names_its_reward_function(registered, event_loop_for_verl, tokenize
     sample = row("90", reward_fn="rotation_reward_45")
     output = score_through_agent_loop(worker, tokenizer, "<answer>120</answer>", {"attempts": 2}, sample)
     assert output.reward_score == pytest.approx((1 - 30 / 45) * 0.5)
+
+
+def test_a_configured_judge_scores_rows_that_name_their_own_function(
+    registered, event_loop_for_verl, tokenizer_dir, tokenizer
+) -> None:
+    from PIL import Image
+
+    from verl_mm_tools.handoff import SampleFields
+    from verl_mm_tools.judge.context import ImageOrigin, JudgeContext, JudgeImage
+    from verl_mm_tools.testkit.judge import ScriptedJudge
+
+    context = JudgeContext("How far?", (JudgeImage.of(1, ImageOrigin.PROMPT, Image.new("RGB", (4, 4))),))
+    with ScriptedJudge(lambda body: "<score>6</score>") as judge:
+        worker = reward_worker(
+            tokenizer_dir,
+            reward_kwargs={"gamma": 0.5},
+            custom_path="pkg://verl_mm_tools.rewards.judge",
+            custom_name="judge_reward",
+            custom_kwargs={"endpoint": judge.url, "model": "judge"},
+        )
+        fields = {"attempts": 2, SampleFields.key("judge_context"): context}
+        sample = row("90", reward_fn="rotation_reward_45")
+        output = score_through_agent_loop(worker, tokenizer, "<answer>90</answer>", fields, sample)
+    assert output.reward_score == pytest.approx(0.6 * 0.5) and len(judge.requests) == 1
 
 
 def test_tool_shaping_from_config_then_discount(registered, event_loop_for_verl, tokenizer_dir, tokenizer) -> None:

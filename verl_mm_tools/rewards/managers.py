@@ -168,6 +168,16 @@ def _plain_container(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
+@functools.cache
+def _warn_row_function_set_aside(name: str) -> None:
+    logger.warning(
+        "rows name their own reward function %r (extra_info.reward_fn), but judge_reward is the configured reward: the "
+        "judge scores them. To add that rule to the judge's score, set judge_reward's rule_reward=%s and rule_weight.",
+        name,
+        name,
+    )
+
+
 class MMTurnDiscountRewardManager(RewardManagerBase):
     """Final score * gamma^(attempts-1), with the attempts and tool calls in ``reward_extra_info`` (see module)."""
 
@@ -189,6 +199,8 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
                 f"({self.settings.reward_fn!r}) are set; keep one"
             )
         self.default_function = self._default_function(compute_score)
+        # a judge configured as the reward scores every row: a row's own reward_fn would skip it (``_select_function``)
+        self.judges = (reward_config.get("custom_reward_function") or {}).get("name") == "judge_reward"
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
 
@@ -227,6 +239,9 @@ class MMTurnDiscountRewardManager(RewardManagerBase):
 
     def _select_function(self, extra_info: Mapping[str, Any]) -> RewardFunction:
         row_choice = extra_info.get(REWARD_FN_KEY)
+        if row_choice is not None and self.judges:
+            _warn_row_function_set_aside(row_choice)
+            return self.default_function
         return self.default_function if row_choice is None else get_reward_function(row_choice)
 
     async def _solution_text(self, item: DataProtoItem, extra_info: Mapping[str, Any]) -> str:
