@@ -87,6 +87,24 @@ def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
     tq.kv_clear(keys=batch.keys, partition_id="train")
 
 
+def test_a_trajectory_the_judge_could_not_score_is_masked_in_transfer_queue(transfer_queue):
+    """``on_failure: mask``: the hook zeroes the sample's response mask and writes it back, where verl reads it."""
+    tq = transfer_queue
+    verdict = {"judge_score": 0.0, "judge_judged": 0.0, "judge_unparseable": 0.0, "judge_failed": 1.0}
+    verdict |= {"judge_cached": 0.0, "judge_latency_s": 1.5, "judge_mask": 1.0}
+    failed = {**trajectory(0), "reward_extra_info": {"score": 0.0, **verdict}}
+    judged = {**trajectory(1), "reward_extra_info": {"score": 0.8, **verdict, "judge_score": 0.8, "judge_judged": 1.0}}
+    judged["reward_extra_info"] |= {"judge_failed": 0.0, "judge_mask": 0.0, "judge_latency_s": 0.5}
+    put_group(tq, "group5", [([1, 1, 0, 1], [0, 0, 0, 0.0], failed), ([1, 1, 1], [0, 0, 0.8], judged)])
+    batch, metrics = buffer().sample(global_steps=3, partition_id="train", batch_size=1)
+    masks = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["response_mask"])["response_mask"]
+    by_key = dict(zip(batch.keys, (row.tolist() for row in masks.unbind()), strict=True))
+    assert by_key == {"group5_0_0": [0, 0, 0, 0], "group5_1_0": [1, 1, 1]}
+    assert (metrics["mm_tool/judge/masked/count"], metrics["mm_tool/judge/failed/count"]) == (1.0, 1.0)
+    assert metrics["mm_tool/judge/score/mean"] == 0.8 and metrics["mm_tool/judge/latency_s/mean"] == 1.0
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
 def test_a_batch_of_masked_trajectories_stops_the_run(transfer_queue):
     from verl_mm_tools.step_hook.step import MaskedBatchError
 

@@ -30,8 +30,6 @@ class StepBatch:
     validate: bool = False
     # each row's trajectory (``{uid}_{session}`` on the v1 trainer); None where every row is its own trajectory
     trajectory_ids: list[str] | None = None
-    # whether ``response_mask`` is the trainer's own tensor, so zeroing a row masks it (False: a copy, the v1 trainer's)
-    live_masks: bool = True
 
     @cached_property
     def fields(self) -> list[SampleFields | None]:
@@ -59,7 +57,6 @@ class StepBatch:
             step=self.step,
             validate=self.validate,
             trajectory_ids=[self.trajectory_ids[row] for row in rows] if self.trajectory_ids else None,
-            live_masks=False,  # rows picked by index: a copy
         )
 
     def trajectory_samples(self, rows: list[int]) -> list[list[int]]:

@@ -3,13 +3,9 @@ the judge could not score are masked where ``on_failure: mask`` asked, and the v
 
 from __future__ import annotations
 
-import logging
-
 from verl_mm_tools.handoff import PREFIX, SampleFields
 from verl_mm_tools.rewards.judge import JUDGE_MASK_KEY
 from verl_mm_tools.step_hook.batch import StepBatch
-
-logger = logging.getLogger(__name__)
 
 JUDGE = PREFIX + "judge/"
 
@@ -42,18 +38,16 @@ def judge_step(batch: StepBatch) -> dict[str, float]:
     }
 
 
+def judge_masked_rows(batch: StepBatch) -> list[int]:
+    """The samples whose trajectory the judge could not score under ``on_failure: mask`` (every sample of a
+    trajectory carries its reward's fields)."""
+    return [row for row, extra in enumerate(batch.reward_extra) if float(extra.get(JUDGE_MASK_KEY, 0.0)) == 1.0]
+
+
 def _mask_unjudged(batch: StepBatch) -> int:
-    """Zero the response mask of every sample whose trajectory the judge could not score under ``on_failure: mask``
-    (every sample of a trajectory carries its reward's fields); the masked trajectories, counted once."""
-    rows = [row for row, extra in enumerate(batch.reward_extra) if float(extra.get(JUDGE_MASK_KEY, 0.0)) == 1.0]
-    if rows and not batch.live_masks:
-        logger.warning(
-            "%d samples the judge could not score asked to be masked (on_failure: mask), but this trainer's step hook "
-            "holds a copy of the response mask (verl's v1 trainer), so they train with fallback_score instead; use "
-            "on_failure: fallback there, or the classic or fully async trainer",
-            len(rows),
-        )
-        return 0
+    """Zero the response mask of ``judge_masked_rows`` (the v1 trainer's hook writes it back to TransferQueue); the
+    masked trajectories, counted once."""
+    rows = judge_masked_rows(batch)
     for row in rows:
         batch.response_mask[row] = 0
     return sum(1 for row in rows if (fields := batch.fields[row]) is None or fields.is_final)

@@ -39,6 +39,7 @@ from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.errors import ConfigError
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 from verl_mm_tools.step_hook.batch import StepBatch
+from verl_mm_tools.step_hook.judge import judge_masked_rows
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class MMToolReplayBuffer(ReplayBuffer):
         if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
             write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
+        if judge_masked_rows(step):  # process_step zeroed them in the hook's padded copy
+            write_response_mask(batch.keys, partition_id, step.response_mask, lengths)
         return batch, metrics
 
 
@@ -151,7 +154,6 @@ def read_step_batch(keys: list[str], partition_id: str, global_steps: int) -> tu
         step=global_steps,
         validate=partition_id == "val",
         trajectory_ids=[key.rsplit("_", 1)[0] for key in keys],
-        live_masks=False,  # padded from TransferQueue's nested tensor
     )
     mask = data["response_mask"]
     return step, mask.offsets().diff().tolist() if mask.is_nested else [mask.shape[1]] * len(keys)
@@ -171,6 +173,15 @@ def mark_continuations(keys: list[str], partition_id: str, step: StepBatch) -> N
 def _padded(tensor: torch.Tensor, padding: float) -> torch.Tensor:
     """TransferQueue packs a field's rows as a jagged nested tensor (or dense when it could not)."""
     return tensor.to_padded_tensor(padding) if tensor.is_nested else tensor
+
+
+def write_response_mask(keys: list[str], partition_id: str, mask: torch.Tensor, lengths: list[int]) -> None:
+    """Write the (judge-masked) padded response mask back to TransferQueue, each row at its own response length."""
+    rows = [mask[row, :length] for row, length in enumerate(lengths)]
+    fields = TensorDict(
+        {"response_mask": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, batch_size=len(keys)
+    )
+    tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=fields)
 
 
 def write_rm_scores(keys: list[str], partition_id: str, rm_scores: torch.Tensor, lengths: list[int]) -> None:
