@@ -95,10 +95,10 @@ class MMToolReplayBuffer(ReplayBuffer):
         metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
         if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
-            write_rm_scores(batch.keys, partition_id, step.rm_scores, lengths)
+            write_padded(batch.keys, partition_id, "rm_scores", step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
         if judge_masked_rows(step):  # process_step zeroed them in the hook's padded copy
-            write_response_mask(batch.keys, partition_id, step.response_mask, lengths)
+            write_padded(batch.keys, partition_id, "response_mask", step.response_mask, lengths)
         return batch, metrics
 
 
@@ -175,19 +175,10 @@ def _padded(tensor: torch.Tensor, padding: float) -> torch.Tensor:
     return tensor.to_padded_tensor(padding) if tensor.is_nested else tensor
 
 
-def write_response_mask(keys: list[str], partition_id: str, mask: torch.Tensor, lengths: list[int]) -> None:
-    """Write the (judge-masked) padded response mask back to TransferQueue, each row at its own response length."""
-    rows = [mask[row, :length] for row, length in enumerate(lengths)]
-    fields = TensorDict(
-        {"response_mask": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, batch_size=len(keys)
+def write_padded(keys: list[str], partition_id: str, name: str, padded: torch.Tensor, lengths: list[int]) -> None:
+    """Write a padded per-token field (turn-reward-placed ``rm_scores``, a judge-masked ``response_mask``) back to
+    TransferQueue, each row at its own response length."""
+    rows = torch.nested.as_nested_tensor(
+        [padded[row, :length] for row, length in enumerate(lengths)], layout=torch.jagged
     )
-    tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=fields)
-
-
-def write_rm_scores(keys: list[str], partition_id: str, rm_scores: torch.Tensor, lengths: list[int]) -> None:
-    """Write (turn-reward-placed) padded scores back to TransferQueue, each row at its own response length."""
-    rows = [rm_scores[row, :length] for row, length in enumerate(lengths)]
-    scores = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-    tq.kv_batch_put(
-        keys=keys, partition_id=partition_id, fields=TensorDict({"rm_scores": scores}, batch_size=len(keys))
-    )
+    tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict({name: rows}, batch_size=len(keys)))
