@@ -31,7 +31,9 @@ setup(
         "psutil",  # the CPU demo and verl import it; verl does not declare it
         "fastapi",
         "uvicorn",
-        "httpx",  # verl-mm-tools eval talks to chat endpoints
+        "httpx",  # verl-mm-tools eval and the judge reward talk to chat endpoints
+        "jinja2",  # the judge's rubric templates (transformers and torch bring it too)
+        "aiohttp",  # the test kit's scripted judge server (verl and Ray bring it too)
         # verl's default (v1) trainer moves batches through TransferQueue, which verl lists only in its verl-core
         # extra; 0.1.11 is the version tested here
         "TransferQueue>=0.1.10,<0.2",
