@@ -113,7 +113,6 @@ def decode_frames(path: str | Path, indices: list[int], *, source: str | None = 
 def read_video_sampled(element: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:
     """qwen-vl-utils' reader contract: (frames as a uint8 tensor T x C x H x W, metadata, the sampled fps)."""
     import torch
-    from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
 
     path = str(element["video"]).removeprefix("file://")
     if is_url(path):
@@ -121,12 +120,21 @@ def read_video_sampled(element: dict[str, Any]) -> tuple[Any, dict[str, Any], fl
     with _opened(path, path) as container:
         stream = _video_stream(container, path)
         info = _stream_info(stream, container, path)
-        start, end, total = calculate_video_frame_range(element, info.frames, info.fps)
-        count = smart_nframes(element, total_frames=total, video_fps=info.fps)
-        indices = torch.linspace(start, end, count).round().long().tolist()
+        indices, total = sampled_indices(element, info)
         frames = torch.from_numpy(_frames_at(container, stream, info, indices, path)).permute(0, 3, 1, 2)
     metadata = {"fps": info.fps, "frames_indices": indices, "total_num_frames": total, "video_backend": BACKEND}
-    return frames, metadata, count / max(total, 1e-6) * info.fps
+    return frames, metadata, len(indices) / max(total, 1e-6) * info.fps
+
+
+def sampled_indices(element: dict[str, Any], info: VideoInfo) -> tuple[list[int], int]:
+    """The frames qwen-vl-utils samples of a video entry (``nframes`` or ``fps``, ``video_start``, ``video_end``) in
+    a video ``info`` describes, by index, and the frames in its range; qwen-vl-utils' ValueError on a bad range."""
+    import torch
+    from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
+
+    start, end, total = calculate_video_frame_range(element, info.frames, info.fps)
+    count = smart_nframes(element, total_frames=total, video_fps=info.fps)
+    return torch.linspace(start, end, count).round().long().tolist(), total
 
 
 def _frames_at(

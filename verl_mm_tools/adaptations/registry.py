@@ -64,6 +64,7 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     vllm_plugin.video_metadata.ADAPTATION,
     fixes.qwen2_5_vl_video_positions.ADAPTATION,
     fixes.video_timing_positions.ADAPTATION,
+    fixes.sft_video_sampling.ADAPTATION,
 )
 _ = (checkpoint_engine, replica, server)  # imported for their classes, part of the CPU backend's row
 

@@ -11,13 +11,19 @@ from verl_mm_tools.cli_types import whole_number
 DESCRIPTION = """\
 Write recorded trajectories (training dumps: the mm_tool loop's dump_dir;
 verl-mm-tools eval output) as verl's multi-turn SFT parquet: OUT/train.parquet
-(messages with <image> placeholders, images, tools, enable_thinking: what
-verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset reads) and
+(messages with <image> and <video> placeholders, images, videos, tools,
+enable_thinking: what verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset
+reads) and
 OUT/export.json (rows, records used, records skipped by each filter, records
 that could not be read and why, the data overrides of verl's SFT trainer).
 Masked trajectories are never exported, validation ones only with --split val
 or all. Records that cannot be read (bad fields, files outside their folder,
 unreadable images) are left out, each named on stderr; --strict then exits 1.
+Trajectories whose prompt holds videos need --video-root: each video's file
+must lie under it, and is checked against the record (the frames sampled and
+their size); a row names the file with the sampling keys that give the frames
+the model saw. Without it, or when a check fails, the trajectory is skipped and
+counted with the reason.
 """
 
 
@@ -59,6 +65,12 @@ def add_export_sft_command(commands: argparse._SubParsersAction[argparse.Argumen
         action="store_true",
         help="one row per assistant turn (the conversation up to it) instead of one per trajectory",
     )
+    command.add_argument(
+        "--video-root",
+        type=Path,
+        help="the folder the prompts' video files are under (records with videos are skipped without it); rows "
+        "name only files that resolve inside it",
+    )
     command.set_defaults(run=run_export_sft)
 
 
@@ -74,7 +86,7 @@ def run_export_sft(args: argparse.Namespace) -> int:
         best_of=args.best_of,
         split=args.split,
     )
-    summary = export_sft(args.records, args.out, filters, per_turn=args.per_turn)
+    summary = export_sft(args.records, args.out, filters, per_turn=args.per_turn, video_root=args.video_root)
     skipped = ", ".join(f"{count} {reason}" for reason, count in summary["skipped"].items()) or "none"
     seen = ", ".join(f"{count} {split}" for split, count in summary["splits_seen"].items())
     for bad in summary["bad_records"]:

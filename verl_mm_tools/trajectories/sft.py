@@ -5,7 +5,9 @@ the layout ``verl.utils.dataset.multiturn_sft_dataset.MultiTurnSFTDataset`` read
 an ``<image>`` placeholder per image, and the keys the template reads: ``tool_calls``, ``name``), ``images`` (the
 PNGs the model saw, in placeholder order), ``tools`` (the template's ``tools`` as JSON text, when it had any: verl
 reads it with this package's fix, ``adaptations/fixes/sft_tools_nulls.py``) and
-``enable_thinking`` (when the loop set it). verl renders each message alone and trains every assistant message
+``enable_thinking`` (when the loop set it), and ``videos`` (the prompt's video files, each sampled as the loop sampled
+it: ``sft_videos``; only with ``--video-root``, the folder they must be under, and read by this package's fix,
+``adaptations/fixes/sft_video_sampling.py``). verl renders each message alone and trains every assistant message
 (its generation prompt excluded); ``--per-turn`` writes one row per assistant turn, the conversation up to it. A
 record whose loop kept only the last images in context (``keep_last_images``, ``image_window``) is written per turn
 only, each row as its turn's context held it: the earlier images as notes.
@@ -32,6 +34,7 @@ from verl_mm_tools.trajectories.read import (
     check_out_folder,
     load_records,
 )
+from verl_mm_tools.trajectories.sft_videos import VideoRefused, VideoRows
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +62,6 @@ class SFTFilters:
             return f"not in the {self.split} split (--split)"
         if record.get("masked"):
             return "masked (the loop trained on nothing)"
-        if record.get("videos"):
-            return "its prompt holds videos (SFT rows hold images only; the video would be left out)"
         if (self.min_reward is not None or self.best_of) and score is None:
             return "no reward score"
         if self.min_reward is not None and score is not None and score < self.min_reward:
@@ -83,6 +84,7 @@ class ExportSummary:
     models: set = field(default_factory=set)  # the models of the exported trajectories
     bad: list[dict] = field(default_factory=list)
     template_kwargs: dict = field(default_factory=dict)
+    videos: int = 0  # the video entries of the rows written
 
     def as_dict(self, out: Path) -> dict:
         return {
@@ -90,32 +92,45 @@ class ExportSummary:
             "records": self.records,
             "skipped": dict(sorted(self.skipped.items())),
             "splits_seen": self.splits,
+            "videos": self.videos,
             "bad_records": self.bad,
-            "verl_overrides": verl_overrides(out.absolute() / TRAIN_FILE, self.template_kwargs),
-            "verl_command": verl_command(out, self.template_kwargs, self.models),
+            "verl_overrides": verl_overrides(out.absolute() / TRAIN_FILE, self.template_kwargs, bool(self.videos)),
+            "verl_command": verl_command(out, self.template_kwargs, self.models, bool(self.videos)),
         }
 
 
-def export_sft(paths: list[Path], out: Path, filters: SFTFilters = SFTFilters(), per_turn: bool = False) -> dict:
+def export_sft(
+    paths: list[Path],
+    out: Path,
+    filters: SFTFilters = SFTFilters(),
+    per_turn: bool = False,
+    video_root: Path | None = None,
+) -> dict:
     """Write ``out/train.parquet`` and ``out/export.json`` (counts, splits seen, skipped and bad records, verl's
-    command) from the good records under ``paths`` (``read.load_records``); returns the summary. A ConfigError when
-    no row would be written."""
+    command) from the good records under ``paths`` (``read.load_records``); returns the summary. Records with
+    videos need ``video_root`` (their files must be under it), else they are skipped. A ConfigError when no row
+    would be written."""
     check_out_folder(out, paths)
+    videos = VideoRows.under(video_root)
     loaded = load_records(paths, exclude=[out])
     summary = ExportSummary(bad=[{"path": str(bad.path), "reason": bad.reason} for bad in loaded.bad])
     summary.splits = loaded.splits()
     exported = []
     for item in _kept(loaded, filters, summary):
         try:
-            exported.append((item, record_rows(item, per_turn)))
+            exported.append((item, record_rows(item, per_turn, videos.of(item))))
         except RecordError as error:
             summary.bad.append({"path": str(item.path), "reason": str(error)})
+        except VideoRefused as refused:
+            summary.skipped[refused.reason] += 1
+            logger.warning("export-sft: skipped %s", refused)
     summary.template_kwargs, exported = _shared_template_kwargs(exported, summary)
     rows = [row for _, record_rows_ in exported for row in record_rows_]
     if not rows:
         raise ConfigError(f"no SFT row to write from {[str(path) for path in paths]}: {_nothing_reason(summary)}")
     summary.records, summary.rows = len(exported), len(rows)
     summary.models = {item.record.get("model") for item, _ in exported}
+    summary.videos = sum(len(row["videos"]) for row in rows)
     out.mkdir(parents=True, exist_ok=True)
     _write_parquet(rows, out / TRAIN_FILE)
     result = summary.as_dict(out)
@@ -152,8 +167,9 @@ def best_of_each_prompt(records: list[LoadedRecord]) -> list[LoadedRecord]:
     return [item for _, _, item in sorted(best.values(), key=lambda entry: entry[1])]
 
 
-def record_rows(item: LoadedRecord, per_turn: bool) -> list[dict]:
-    """The record's SFT rows: the whole conversation up to its last assistant message, or one per assistant turn."""
+def record_rows(item: LoadedRecord, per_turn: bool, videos: list[dict] | None = None) -> list[dict]:
+    """The record's SFT rows: the whole conversation up to its last assistant message, or one per assistant turn;
+    ``videos``: its videos' row entries (``sft_videos.VideoRows.of``), in placeholder order."""
     chat = item.record.get("chat")
     if item.record.get("version", 0) < CHAT_VERSION or not chat:
         raise RecordError(
@@ -165,24 +181,33 @@ def record_rows(item: LoadedRecord, per_turn: bool) -> list[dict]:
         raise RecordError(f"{item.path}: no assistant message to train on")
     left_outs = _images_left_out(item, len(assistant_ends), per_turn)
     if not any(left_outs):
-        return _rows(item, chat, assistant_ends if per_turn else assistant_ends[-1:])
+        return _rows(item, chat, assistant_ends if per_turn else assistant_ends[-1:], videos=videos)
     # keep_last_images: each turn's row is the context its sample held, earlier images as notes
     rows = []
     for end, left_out in zip(assistant_ends, left_outs, strict=True):
         window = {**chat, "messages": windowed(chat["messages"][:end], left_out)}
-        rows += _rows(item, window, [end], chat_image_ids(chat)[left_out:])
+        rows += _rows(item, window, [end], chat_image_ids(chat)[left_out:], videos)
     return rows
 
 
-def _rows(item: LoadedRecord, chat: dict, ends: list[int], image_ids: list[int] | None = None) -> list[dict]:
+def _rows(
+    item: LoadedRecord,
+    chat: dict,
+    ends: list[int],
+    image_ids: list[int] | None = None,
+    videos: list[dict] | None = None,
+) -> list[dict]:
     """A row per end (an assistant message's index + 1) of ``chat``, whose image parts show ``image_ids`` in order
-    (the chat's own by default)."""
+    (the chat's own by default) and video parts ``videos``."""
     messages = [_sft_message(item, message) for message in chat["messages"]]
     ids = chat_image_ids(chat) if image_ids is None else image_ids
     # a row's images are the chat's first ones (numbered in placeholder order), one per "<image>" (a literal one in
     # a text is refused); read once for the rows that share them, none after the last row's messages
     pngs = [item.image_file(image_id).read_bytes() for image_id in ids[: _images(messages[: ends[-1]])]]
-    return [_row(item, chat, messages[:end], pngs[: _images(messages[:end])]) for end in ends]
+    return [
+        _row(item, chat, messages[:end], pngs[: _images(messages[:end])], (videos or [])[: _videos(messages[:end])])
+        for end in ends
+    ]
 
 
 def _images_left_out(item: LoadedRecord, assistant_messages: int, per_turn: bool) -> list[int]:
@@ -210,10 +235,15 @@ def _images(messages: list[dict]) -> int:
     return sum(message["content"].count("<image>") for message in messages)
 
 
-def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]) -> dict:
+def _videos(messages: list[dict]) -> int:
+    return sum(message["content"].count("<video>") for message in messages)
+
+
+def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes], videos: list[dict]) -> dict:
     row: dict[str, Any] = {
         "messages": messages,
         "images": [{"bytes": png} for png in pngs],
+        "videos": videos,
         # JSON text: a Parquet column of dicts would reorder and pad the schemas
         # (adaptations/fixes/sft_tools_nulls.py reads it)
         "tools": json.dumps(chat["tools"]) if chat.get("tools") else None,
@@ -225,21 +255,19 @@ def _row(item: LoadedRecord, chat: dict, messages: list[dict], pngs: list[bytes]
 
 
 def _sft_message(item: LoadedRecord, message: dict) -> dict:
-    """A chat message with its content as one string, ``<image>`` where each image was."""
+    """A chat message with its content as one string, ``<image>`` where each image was, ``<video>`` each video."""
     content = message.get("content")
     parts = [{"type": "text", "text": content or ""}] if not isinstance(content, list) else content
     text = ""
     for part in parts:
-        if part["type"] == "image":
-            text += "<image>"
+        if part["type"] in ("image", "video"):
+            text += f"<{part['type']}>"
             continue
-        if part["type"] == "video":  # the filters skip such records; a row without its video is never written
-            raise RecordError(f"{item.path}: a {message['role']} message holds a video, which SFT rows cannot hold")
         found = [placeholder for placeholder in PLACEHOLDERS if placeholder in part["text"]]
         if found:
             raise RecordError(
                 f"{item.path}: a {message['role']} message's text holds {found[0]!r}, which verl's "
-                "MultiTurnSFTDataset would read as an image placeholder"
+                "MultiTurnSFTDataset would read as an image or video placeholder"
             )
         text += part["text"]
     extra = {key: value for key, value in message.items() if key != "content" and value is not None}
@@ -283,26 +311,29 @@ def _write_parquet(rows: list[dict], path: Path) -> None:
     frame = pd.DataFrame(rows)
     if frame["tools"].isna().all():
         frame = frame.drop(columns=["tools"])  # a template that took no tools: verl then passes none
+    if not any(len(videos) for videos in frame["videos"]):
+        frame = frame.drop(columns=["videos"])  # verl then reads no video column
     frame.to_parquet(path)
 
 
-def verl_overrides(train_file: Path, template_kwargs: dict) -> list[str]:
+def verl_overrides(train_file: Path, template_kwargs: dict, videos: bool = False) -> list[str]:
     """The data options of ``python -m verl.trainer.sft_trainer`` for the written parquet."""
     overrides = [f"data.train_files={train_file}", "data.messages_key=messages", "data.image_key=images"]
+    overrides += ["data.video_key=videos"] if videos else []
     overrides += [
         f"+data.apply_chat_template_kwargs.{key}={json.dumps(value)}" for key, value in template_kwargs.items()
     ]
     return overrides
 
 
-def verl_command(out: Path, template_kwargs: dict, models: set) -> str:
+def verl_command(out: Path, template_kwargs: dict, models: set, videos: bool = False) -> str:
     """The whole command line of verl's SFT trainer for the written parquet, absolute paths: the model the
     trajectories were generated by when they share one (else MODEL_PATH, to fill in), checkpoints under ``out``."""
     out = out.absolute()
     named = sorted(str(model) for model in models if model)
     model = str(Path(named[0]).absolute()) if len(named) == 1 and len(models) == 1 else "MODEL_PATH"
     overrides = [
-        *verl_overrides(out / TRAIN_FILE, template_kwargs),
+        *verl_overrides(out / TRAIN_FILE, template_kwargs, videos),
         f"model.path={model}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
     ]

@@ -23,6 +23,7 @@ from verl_mm_tools.adaptations.fixes import (
     separate_async_logger,
     sft_rows_without_images,
     sft_tools_nulls,
+    sft_video_sampling,
     shared_images,
     video_timing_positions,
     vllm_image_tokens,
@@ -50,6 +51,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     qwen_video_reader,
     qwen2_5_vl_video_positions,
     video_timing_positions,
+    sft_video_sampling,
 )
 
 
