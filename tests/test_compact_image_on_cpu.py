@@ -16,20 +16,16 @@ import pytest
 import torch
 from PIL import Image
 
+from verl_mm_tools.compact_form import CompactImageError, NotCompactable, ProcessorSpec, SharedPixels, content_key
 from verl_mm_tools.compact_image import (
     IMAGE_KEY,
     PIXEL_PREFIX,
     REF_KEY,
     CompactHeader,
     CompactImage,
-    CompactImageError,
     CompactImages,
     ImageRef,
-    NotCompactable,
-    ProcessorSpec,
-    SharedPixels,
     compact_image,
-    content_key,
     expanded,
     expanded_inputs,
 )

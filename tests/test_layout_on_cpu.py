@@ -32,7 +32,9 @@ LAYERS: list[set[str]] = [
         "handoff",  # what the loop hands the trainer, typed
         "step_metrics",  # the step metrics the step hook and eval's report compute from it
         "tokens",
+        "compact_form",  # what the compact forms of images and videos share
         "compact_image",
+        "compact_video",  # a prompt video's compact form (the frames its processor saw, as uint8)
         "ops",
         "check_report",
         "cli_types",

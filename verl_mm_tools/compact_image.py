@@ -24,23 +24,30 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import json
-import threading
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from verl_mm_tools.errors import VerlMMToolsError
+from verl_mm_tools.compact_form import (
+    VIDEO_PIXELS,
+    CompactImageError,
+    Content,
+    Expansions,
+    NotCompactable,
+    Output,
+    ProcessorSpec,
+    content_key,
+    described,
+    json_fields,
+    json_tensor,
+)
+from verl_mm_tools.compact_video import expanded_videos
 
 if TYPE_CHECKING:
     import torch
     from PIL import Image
     from transformers import BaseImageProcessor, BatchFeature
-
-# an image processor's output for some images, without its pixel values or with them: tensors and lists, by key
-Output = dict[str, Any]
 
 # each supported image processor's resize step: the method whose output is the compact form
 RESIZE_METHODS = {
@@ -55,15 +62,6 @@ HEADER_KEY = f"{COMPACT_PREFIX}header"
 IMAGE_KEY = f"{COMPACT_PREFIX}image_"  # + the image's index in the sample
 REF_KEY = f"{COMPACT_PREFIX}ref_"  # + the image's index: where another sample carries it (``ImageRef``)
 PIXEL_PREFIX = "pixel_values"  # the keys an image processor's pixels go under (the rest: grids, positions, counts)
-VIDEO_PIXELS = "pixel_values_videos"  # a video processor's: a sample's video frames, never compact
-
-
-class NotCompactable(ValueError):
-    """This processor's output cannot be rebuilt from resized pixels here: keep its float output."""
-
-
-class CompactImageError(VerlMMToolsError, ValueError):
-    """A sample's compact images cannot be expanded exactly: the step stops rather than train on a guessed tensor."""
 
 
 @dataclass(frozen=True)
@@ -77,19 +75,6 @@ class CompactImage:
     @property
     def nbytes(self) -> int:
         return int(self.pixels.numel() * self.pixels.element_size())
-
-
-@dataclass(frozen=True)
-class ProcessorSpec:
-    """An image processor as its class name and its own config (``to_dict``, as JSON): what rebuilds the same
-    processor in another process (``image_processor``)."""
-
-    class_name: str
-    config: str
-
-    @classmethod
-    def of(cls, image_processor: BaseImageProcessor) -> ProcessorSpec:
-        return cls(type(image_processor).__name__, json.dumps(image_processor.to_dict(), sort_keys=True, default=str))
 
 
 @dataclass(frozen=True)
@@ -112,19 +97,15 @@ class CompactHeader:
             "sample": self.sample,
         }
         try:
-            return _json_tensor(fields)
+            return json_tensor(fields)
         except TypeError as error:
             raise NotCompactable(f"the processor call's arguments are not JSON ({error}): {self.arguments}") from error
 
     @classmethod
     def parse(cls, tensor: object) -> CompactHeader:
         kinds = {"processor": str, "config": str, "arguments": dict, "sample": str}
-        fields = _json_fields(tensor, HEADER_KEY, kinds)
+        fields = json_fields(tensor, HEADER_KEY, kinds)
         return cls(ProcessorSpec(fields["processor"], fields["config"]), fields["arguments"], fields["sample"])
-
-
-# a compact image's identity by content (``content_key``): its dtype, its shape and a digest of its bytes
-Content = tuple[str, tuple[int, ...], str]
 
 
 @dataclass(frozen=True)
@@ -143,12 +124,12 @@ class ImageRef:
     def tensor(self) -> torch.Tensor:
         dtype, shape, digest = self.content
         fields = {"partition": self.partition, "key": self.key, "image": self.image, "dtype": dtype}
-        return _json_tensor({**fields, "shape": list(shape), "digest": digest})
+        return json_tensor({**fields, "shape": list(shape), "digest": digest})
 
     @classmethod
     def parse(cls, tensor: object, name: str) -> ImageRef:
         kinds = {"partition": str, "key": str, "image": int, "dtype": str, "shape": list, "digest": str}
-        fields = _json_fields(tensor, name, kinds)
+        fields = json_fields(tensor, name, kinds)
         if fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
             raise CompactImageError(f"{name}: the fields ['image', 'shape'] are wrong: {fields!r:.200}")
         content = (fields["dtype"], tuple(fields["shape"]), fields["digest"])
@@ -210,79 +191,15 @@ class CompactImages:
         return cls(header, pixels)
 
 
-def content_key(pixels: torch.Tensor) -> Content:
-    """A compact image's identity by content: its dtype, its shape and a digest of its bytes."""
-    digest = hashlib.blake2b(pixels.contiguous().numpy().data, digest_size=16).hexdigest()
-    return str(pixels.dtype), tuple(pixels.shape), digest
-
-
-class SharedPixels:
-    """Identical compact images as one tensor in this process (issue #59, step 3). A GRPO group's trajectories each
-    read the prompt image and mostly make the same crops of it; ``export: per_turn`` samples show the history again.
-    Where the samples of a worker's output share each distinct image's tensor, one pickle of them carries it once:
-    Ray's, that takes the classic trainer's DataProto and fully async's samples (pickle keeps an object it has
-    written once). Holds the tensors weakly: an image no sample or store holds any more is gone. ``hits`` counts
-    the images that were already here."""
-
-    def __init__(self) -> None:
-        self._by_content: weakref.WeakValueDictionary[Content, torch.Tensor] = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()  # the worker's coroutines share one thread; its pool threads may call too
-        self.hits = 0
-
-    def shared(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The tensor this process holds for ``pixels``' content: one already here (equal, checked) or ``pixels``."""
-        import torch
-
-        key = content_key(pixels)
-        with self._lock:
-            kept = self._by_content.get(key)
-            if kept is not None and torch.equal(kept, pixels):
-                self.hits += 1
-                return kept
-            self._by_content[key] = pixels
-            return pixels
-
-
-def _json_tensor(fields: Mapping[str, Any]) -> torch.Tensor:
-    """``fields`` as a sample carries them: UTF-8 JSON in a uint8 tensor (verl's inputs hold tensors only)."""
-    import torch
-
-    return torch.frombuffer(bytearray(json.dumps(fields, sort_keys=True).encode()), dtype=torch.uint8)
-
-
-def _json_fields(tensor: object, name: str, kinds: Mapping[str, type]) -> dict[str, Any]:
-    """The fields ``_json_tensor`` made, each of its kind; ``CompactImageError`` naming ``name`` otherwise."""
-    import torch
-
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
-        raise CompactImageError(f"{name} is not a 1-D uint8 tensor: {_described(tensor)}")
-    try:
-        fields = json.loads(bytes(tensor.tolist()).decode())
-    except (UnicodeDecodeError, ValueError) as error:
-        raise CompactImageError(f"{name} is not UTF-8 JSON: {error}") from None
-    if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
-        raise CompactImageError(f"{name} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
-    wrong = [field for field, kind in kinds.items() if not isinstance(fields[field], kind)]
-    if wrong:
-        raise CompactImageError(f"{name}: the fields {wrong} have the wrong types")
-    return fields
-
-
 def _malformed(pixels: list[object]) -> str | None:
     import torch
 
     for index, each in enumerate(pixels):
         if not isinstance(each, torch.Tensor) or each.dtype != torch.uint8 or each.ndim != 3:
-            return f"image {index} is {_described(each)}, not a uint8 tensor (channels, height, width)"
+            return f"image {index} is {described(each)}, not a uint8 tensor (channels, height, width)"
         if each.shape[0] not in (1, 3) or min(each.shape[1:]) < 1:
             return f"image {index} has shape {tuple(each.shape)}; expected (1 or 3, height >= 1, width >= 1)"
     return None
-
-
-def _described(value: object) -> str:
-    import torch
-
-    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def compact_image(image_processor: Any, image: Image.Image, **arguments: Any) -> tuple[CompactImage, BatchFeature]:
@@ -340,8 +257,6 @@ def image_processor(spec: ProcessorSpec) -> BaseImageProcessor:
     return getattr(transformers, spec.class_name).from_dict(json.loads(spec.config))
 
 
-# the images expanded for one batch of samples: each distinct image once (``expanded_inputs``)
-Expansions = dict[tuple[ProcessorSpec, str, Content], Output]
 # the pixels of an image a sample refers to (``ImageRef``), read where the sample carrying it is
 Resolve = Callable[[ImageRef], "torch.Tensor"]
 
@@ -355,12 +270,15 @@ def expanded_inputs(
     inputs: Mapping[str, Any], expansions: Expansions | None = None, resolve: Resolve | None = None
 ) -> dict[str, Any]:
     """A sample's ``multi_modal_inputs`` as verl's own processor pass made them: its compact images expanded into the
-    processor's pixel keys, every other key as it is. Inputs without compact images are returned as they are.
+    processor's pixel keys (and its compact videos: ``compact_video.expanded_videos``), every other key as it is.
+    Inputs without compact images or videos are returned as they are.
     ``expansions``, shared by the samples of one batch, expands an image that several samples show once (by
     content: per-turn samples, a group's prompt image). ``resolve`` gives the pixels of an image the sample refers
     to. Raises ``CompactImageError`` (naming the sample) where the compact form is malformed, a referred image cannot
     be read or is not the one referred to, or the expansion disagrees with the grids and token counts the sample's
     token ids were made with."""
+    expansions = {} if expansions is None else expansions
+    inputs = expanded_videos(inputs, expansions)
     compact = CompactImages.from_inputs(inputs)
     rest = {key: value for key, value in inputs.items() if not str(key).startswith(COMPACT_PREFIX)}
     if compact is None:
@@ -373,7 +291,7 @@ def expanded_inputs(
         processor = image_processor(compact.header.processor)
     except CompactImageError as error:
         raise CompactImageError(f"sample {sample}: {error}") from None
-    output = _expanded_each(processor, compact, {} if expansions is None else expansions, resolve)
+    output = _expanded_each(processor, compact, expansions, resolve)
     disagreeing = [key for key in output if key in rest and not _equal(output[key], rest[key])]
     if disagreeing:
         raise CompactImageError(

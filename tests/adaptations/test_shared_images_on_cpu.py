@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from verl_mm_tools.adaptations.fixes import compact_images
-from verl_mm_tools.compact_image import CompactImageError, CompactImages, ImageRef
+from verl_mm_tools.compact_form import CompactImageError
+from verl_mm_tools.compact_image import CompactImages, ImageRef
 from verl_mm_tools.handoff import SampleFields
 
 pytestmark = pytest.mark.integration  # the tiny model, verl's worker and a Ray cluster with TransferQueue

@@ -69,6 +69,39 @@ def test_video_files_and_frames_reach_the_model_as_the_processor_renders_them(ba
     assert list(output.non_tensor_batch["mm_tool/masked"][:3]) == [0, 0, 0]
 
 
+def test_the_videos_go_as_their_frames_and_expand_to_verls_own_float_output(batch, tiny_model_dir, roots, tmp_path):
+    from verl_mm_tools.adaptations.fixes import processed_images
+    from verl_mm_tools.compact_form import VIDEO_PIXELS, NotCompactable
+    from verl_mm_tools.compact_image import expanded_inputs
+
+    def float_output(*args):
+        raise NotCompactable("the baseline: verl's own float output")
+
+    output, _ = batch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(processed_images, "compacted", float_output)
+        frames = [Image.new("RGB", (56, 56), (0, 0, 200 + i)) for i in range(4)]
+        videos = [
+            {"video": "clip.mp4", "fps": 1.0},
+            {"video": f"file://{roots[0]}/clip.mp4", "nframes": 8, "video_start": 1.0},
+            {"video": frames, "sample_fps": 2.0},
+        ]
+        baseline, _, _ = _run(tiny_model_dir, tmp_path, roots[0], videos)
+    # the frames the video processor was called with, as uint8 (qwen-vl-utils' sizes: 4 and 8 frames of 280 x 392 px,
+    # at least its 100,352 px; 4 of 336 x 336 px), against the float32 output (the tiny processor shrinks them)
+    for index, (frame_bytes, float_values) in enumerate(
+        [(1_317_120, 508_032), (2_634_240, 1_016_064), (1_354_752, 602_112)]
+    ):
+        carried, want = (each.non_tensor_batch["multi_modal_inputs"][index] for each in (output, baseline))
+        assert VIDEO_PIXELS not in carried and want[VIDEO_PIXELS].numel() == float_values
+        assert (
+            sum(value.numel() for key, value in carried.items() if key.startswith("vmt_video_frames_")) == frame_bytes
+        )
+        got = expanded_inputs(carried)
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype for key in want)
+
+
 def test_bad_videos_mask_their_own_trajectory_with_what_was_wrong(batch, roots):
     output, _ = batch
     root, outside = roots

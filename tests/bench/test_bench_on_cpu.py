@@ -76,10 +76,11 @@ def test_bench_prints_every_figure_then_the_summary(capsys):
         assert 1 < counted[f"export/8turns/{name}/transfer_queue_image_bytes_over_distinct_raw"] < 1.02
         assert 1 < counted[f"export/8turns/{name}/pickled_image_bytes_over_distinct_raw"] < 1.01
     # counted: 2 s at 2 fps, 4 frames of 560 x 1008 px (1280 x 720 scaled to qwen-vl-utils' bound): 2 temporal steps
-    # of 20 x 36 merged patches, float32 (4 bytes per resized byte)
+    # of 20 x 36 merged patches; carried as the uint8 frames (compact_video), against float32 (4 bytes per byte)
     assert counted["video/720p/qwen2_5_vl_tokens_per_second"] == 720
-    assert counted["video/720p/carried_MB"] == 27.1  # 4 x 3 x 560 x 1008 x 4 bytes, printed to 4 digits
-    assert counted["video/720p/carried_over_resized_frames"] == 4
+    assert counted["video/720p/carried_MB"] == 6.774  # 4 x 3 x 560 x 1008 bytes, printed to 4 digits
+    assert counted["video/720p/carried_over_resized_frames"] == 1
+    assert counted["video/720p/float_output_over_carried"] == 4
     memory = next(match for match in matches if match.group(1) == "memory/held_over_raw_image_bytes")
     # counted: Pillow's 4 bytes per RGB pixel over 3 raw ones, plus the token lists and extra fields
     assert memory.group(6) is not None and 4 / 3 < float(memory.group(6)) < 1.5

@@ -41,14 +41,12 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from verl_mm_tools.agent_loop.heap import TRIMMER
+from verl_mm_tools.compact_form import NotCompactable, ProcessorSpec, SharedPixels
 from verl_mm_tools.compact_image import (
     PIXEL_PREFIX,
     CompactHeader,
     CompactImage,
     CompactImages,
-    NotCompactable,
-    ProcessorSpec,
-    SharedPixels,
     compact_image,
     concatenated,
     expanded,

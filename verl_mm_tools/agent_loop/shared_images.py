@@ -32,7 +32,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.compact_image import CompactImages, Content, ImageRef, content_key
+from verl_mm_tools.compact_form import Content, content_key
+from verl_mm_tools.compact_image import CompactImages, ImageRef
 from verl_mm_tools.errors import VerlMMToolsError
 
 if TYPE_CHECKING:

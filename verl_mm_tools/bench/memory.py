@@ -19,7 +19,8 @@ from PIL import Image
 from verl_mm_tools.agent_loop.loop_output import image_store
 from verl_mm_tools.bench.figures import Figure, figure
 from verl_mm_tools.bench.loop import distinct_script, loop_factory, noise_image, one_trajectory, output_images
-from verl_mm_tools.compact_image import CompactHeader, CompactImages, ProcessorSpec, compact_image, expanded_inputs
+from verl_mm_tools.compact_form import ProcessorSpec
+from verl_mm_tools.compact_image import CompactHeader, CompactImages, compact_image, expanded_inputs
 
 if TYPE_CHECKING:
     from transformers import BaseImageProcessor, PreTrainedTokenizerBase

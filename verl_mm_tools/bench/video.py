@@ -2,9 +2,10 @@
 ``--repeats``): decoding every frame, in ms a frame; decoding the frames qwen-vl-utils samples by default (2 fps),
 in ms a sampled frame; qwen-vl-utils' ``fetch_video`` (decode, sample, resize), in s a video, as verl loads a
 prompt's video; then counted: the tokens per second of video Qwen2.5-VL gets from those frames (patch 14, 2x2 merge,
-2 frames a temporal step), and the bytes verl's agent-loop output carries for them (Qwen2.5-VL's video processor:
-float32 ``pixel_values_videos``) against the frames fetch_video resized (uint8: what a compact form would carry) and
-against the sampled frames at the clip's own size. CPU time of this process: decoding and resizing happen here."""
+2 frames a temporal step), and the bytes a training sample carries for them (their compact form, ``compact_video``:
+the frames as uint8) against the frames fetch_video resized, against the float32 ``pixel_values_videos`` verl's
+pass makes (what samples carried before) and against the sampled frames at the clip's own size; and the CPU ms of
+expanding the compact form in the trainer's process. CPU time of this process: decoding and resizing happen here."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from verl_mm_tools.bench.figures import Figure, figure
+
+if TYPE_CHECKING:
+    import torch
 
 WIDTH, HEIGHT, FPS = 1280, 720, 30
 SAMPLE_FPS = 2.0  # qwen-vl-utils' default
@@ -41,7 +46,7 @@ def video_figures(repeats: int, seconds: int = 10, say: Callable[[str], object] 
             sampled.append(_cpu_ms(lambda: read_video_sampled(entry)) / sampled_count)
             fetched.append(_cpu_ms(lambda: fetch_video(entry)) / 1000)
         resized = fetch_video(entry)
-    carried = carried_bytes(resized)
+    carried, float_bytes, expand_ms = carried_bytes(resized)
     count, _, height, width = resized.shape
     tokens = count // TEMPORAL * (height // (PATCH * MERGE)) * (width // (PATCH * MERGE))
     return [
@@ -50,8 +55,10 @@ def video_figures(repeats: int, seconds: int = 10, say: Callable[[str], object] 
         figure("video/720p/fetch_video_s", fetched),
         figure("video/720p/qwen2_5_vl_tokens_per_second", [tokens / seconds]),
         figure("video/720p/carried_MB", [carried / 1e6]),
-        figure("video/720p/carried_over_resized_frames", [carried / resized.numel()]),
+        figure("video/720p/carried_over_resized_frames", [carried / resized.numel()], "<= 1.25"),
+        figure("video/720p/float_output_over_carried", [float_bytes / carried]),
         figure("video/720p/carried_over_sampled_frames", [carried / (sampled_count * HEIGHT * WIDTH * 3)]),
+        figure("video/720p/expand_ms", expand_ms),
     ]
 
 
@@ -73,13 +80,26 @@ def write_clip(path: Path, seconds: int) -> Path:
     return write_video(path, (frame(index) for index in range(FPS * seconds)), FPS, crf=23)
 
 
-def carried_bytes(frames: object) -> int:
-    """The bytes of Qwen2.5-VL's video processor output for ``frames`` (T x C x H x W uint8, already resized)."""
+def carried_bytes(frames: torch.Tensor) -> tuple[int, int, list[float]]:
+    """What a sample carries for ``frames`` (fetch_video's output) through Qwen2.5-VL's real video processor
+    (transformers' defaults: Qwen2-VL's and Qwen2.5-VL's bounds, which keep fetch_video's size): its compact form's
+    bytes (``compact_video``: the frames as uint8), the float ``pixel_values_videos`` bytes verl's pass makes, and the
+    CPU ms of expanding the compact form in the trainer's process (checked equal to the float output)."""
+    import torch
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    processor = Qwen2VLVideoProcessor()  # transformers' defaults: Qwen2-VL's and Qwen2.5-VL's
-    output = processor(videos=[frames], do_resize=False, do_sample_frames=False, return_tensors="pt")
-    return int(output["pixel_values_videos"].numel() * output["pixel_values_videos"].element_size())
+    from verl_mm_tools.compact_video import VideoCallRecorder, compacted, expanded_videos
+
+    recorder = VideoCallRecorder(Qwen2VLVideoProcessor())
+    metadata = {"fps": float(FPS), "frames_indices": list(range(len(frames))), "total_num_frames": len(frames)}
+    output = recorder(videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt")
+    floats = output["pixel_values_videos"]
+    compact = compacted(recorder.calls, recorder.video_processor, output, "bench")
+    inputs = {"video_grid_thw": output["video_grid_thw"], **compact.inputs()}
+    expand_ms = [_cpu_ms(lambda: expanded_videos(inputs)) for _ in range(3)]
+    if not torch.equal(expanded_videos(inputs)["pixel_values_videos"], floats):
+        raise AssertionError("the compact video did not expand to the video processor's output")
+    return compact.nbytes, int(floats.numel() * floats.element_size()), expand_ms
 
 
 def _cpu_ms(work: Callable[[], object]) -> float:

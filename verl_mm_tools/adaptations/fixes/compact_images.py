@@ -19,15 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.compact_image import (
-    CompactImageError,
-    CompactImages,
-    Content,
-    Expansions,
-    ImageRef,
-    content_key,
-    expanded_inputs,
-)
+from verl_mm_tools.compact_form import CompactImageError, Content, Expansions, content_key
+from verl_mm_tools.compact_image import CompactImages, ImageRef, expanded_inputs
 
 # the images read from TransferQueue kept in a trainer worker (1 byte a pixel: 350 images of 1024 px), so the step's
 # later forwards (old log-probs, reference, update) read none again

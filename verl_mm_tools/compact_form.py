@@ -1,0 +1,118 @@
+"""What the compact forms of a sample's images (``compact_image``) and prompt videos (``compact_video``) share: their
+errors, a processor as data (``ProcessorSpec``), identity by content, one tensor per distinct content in a process
+(``SharedPixels``) and headers as UTF-8 JSON tensors (verl's ``multi_modal_inputs`` hold tensors only)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from verl_mm_tools.errors import VerlMMToolsError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import BaseImageProcessor
+
+# an image processor's output for some images, without its pixel values or with them: tensors and lists, by key
+Output = dict[str, Any]
+
+
+VIDEO_PIXELS = "pixel_values_videos"  # a video processor's: a sample's video frames, never compact
+
+
+class NotCompactable(ValueError):
+    """This processor's output cannot be rebuilt from resized pixels here: keep its float output."""
+
+
+class CompactImageError(VerlMMToolsError, ValueError):
+    """A sample's compact images cannot be expanded exactly: the step stops rather than train on a guessed tensor."""
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    """An image processor as its class name and its own config (``to_dict``, as JSON): what rebuilds the same
+    processor in another process (``image_processor``)."""
+
+    class_name: str
+    config: str
+
+    @classmethod
+    def of(cls, image_processor: BaseImageProcessor) -> ProcessorSpec:
+        return cls(type(image_processor).__name__, json.dumps(image_processor.to_dict(), sort_keys=True, default=str))
+
+
+# a compact image's identity by content (``content_key``): its dtype, its shape and a digest of its bytes
+Content = tuple[str, tuple[int, ...], str]
+
+
+def content_key(pixels: torch.Tensor) -> Content:
+    """A compact image's identity by content: its dtype, its shape and a digest of its bytes."""
+    digest = hashlib.blake2b(pixels.contiguous().numpy().data, digest_size=16).hexdigest()
+    return str(pixels.dtype), tuple(pixels.shape), digest
+
+
+class SharedPixels:
+    """Identical compact images as one tensor in this process (issue #59, step 3). A GRPO group's trajectories each
+    read the prompt image and mostly make the same crops of it; ``export: per_turn`` samples show the history again.
+    Where the samples of a worker's output share each distinct image's tensor, one pickle of them carries it once:
+    Ray's, that takes the classic trainer's DataProto and fully async's samples (pickle keeps an object it has
+    written once). Holds the tensors weakly: an image no sample or store holds any more is gone. ``hits`` counts
+    the images that were already here."""
+
+    def __init__(self) -> None:
+        self._by_content: weakref.WeakValueDictionary[Content, torch.Tensor] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()  # the worker's coroutines share one thread; its pool threads may call too
+        self.hits = 0
+
+    def shared(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The tensor this process holds for ``pixels``' content: one already here (equal, checked) or ``pixels``."""
+        import torch
+
+        key = content_key(pixels)
+        with self._lock:
+            kept = self._by_content.get(key)
+            if kept is not None and torch.equal(kept, pixels):
+                self.hits += 1
+                return kept
+            self._by_content[key] = pixels
+            return pixels
+
+
+def json_tensor(fields: Mapping[str, Any]) -> torch.Tensor:
+    """``fields`` as a sample carries them: UTF-8 JSON in a uint8 tensor (verl's inputs hold tensors only)."""
+    import torch
+
+    return torch.frombuffer(bytearray(json.dumps(fields, sort_keys=True).encode()), dtype=torch.uint8)
+
+
+def json_fields(tensor: object, name: str, kinds: Mapping[str, type]) -> dict[str, Any]:
+    """The fields ``json_tensor`` made, each of its kind; ``CompactImageError`` naming ``name`` otherwise."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
+        raise CompactImageError(f"{name} is not a 1-D uint8 tensor: {described(tensor)}")
+    try:
+        fields = json.loads(bytes(tensor.tolist()).decode())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise CompactImageError(f"{name} is not UTF-8 JSON: {error}") from None
+    if not isinstance(fields, dict) or sorted(fields) != sorted(kinds):
+        raise CompactImageError(f"{name} holds {fields!r:.200}; expected the fields {sorted(kinds)}")
+    wrong = [field for field, kind in kinds.items() if not isinstance(fields[field], kind)]
+    if wrong:
+        raise CompactImageError(f"{name}: the fields {wrong} have the wrong types")
+    return fields
+
+
+def described(value: object) -> str:
+    import torch
+
+    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+# the images (and videos: their frames' contents) expanded for one batch of samples, each distinct one once
+Expansions = dict[tuple[ProcessorSpec, str, Content | tuple[Content, ...]], Output]
