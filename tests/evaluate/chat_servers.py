@@ -69,37 +69,71 @@ class ScriptedChatServer:
             if step == "stall":
                 await asyncio.sleep(STALL_S)
                 step = tries[-1]
-            message = {"role": "assistant", "content": step.get("text", "")}
-            if "tool_calls" in step:
-                message["tool_calls"] = step["tool_calls"]
-            finish = "tool_calls" if "tool_calls" in step else "stop"
-            return JSONResponse(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "model": body["model"],
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                }
-            )
+            return completion(body, step)
 
         return app
 
-    @contextlib.contextmanager
     def running(self):
         """Serve on 127.0.0.1; yields the API's base URL."""
-        import uvicorn
+        return serving_app(self.app())
 
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(self.app(), host="127.0.0.1", port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}/v1"
-        _wait_until_up(f"http://127.0.0.1:{port}/docs", 30)
-        try:
-            yield url
-        finally:
-            server.should_exit = True
-            thread.join(10)
+
+class PolicyChatServer:
+    """Answers every chat completion with ``policy(body)`` (an ``answer`` or ``api_call``), as a model would from
+    what it was sent; records each request body (``requests``)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.requests: list[dict] = []
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request):
+            body = await request.json()
+            self.requests.append(body)
+            return completion(body, self.policy(body))
+
+        return app
+
+    def running(self):
+        """Serve on 127.0.0.1; yields the API's base URL."""
+        return serving_app(self.app())
+
+
+def completion(body: dict, step: dict) -> JSONResponse:
+    """A chat completion answering ``step`` (``answer`` or ``api_call``)."""
+    message = {"role": "assistant", "content": step.get("text", "")}
+    if "tool_calls" in step:
+        message["tool_calls"] = step["tool_calls"]
+    finish = "tool_calls" if "tool_calls" in step else "stop"
+    return JSONResponse(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
+    )
+
+
+@contextlib.contextmanager
+def serving_app(app: FastAPI):
+    """Serve ``app`` on 127.0.0.1 in a thread; yields the API's base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}/v1"
+    _wait_until_up(f"http://127.0.0.1:{port}/docs", 30)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def _text(message: dict) -> str:

@@ -134,6 +134,8 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.evaluate.messages",
         "verl_mm_tools.evaluate.report",
         "verl_mm_tools.evaluate.run",
+        "verl_mm_tools.evaluate.trainer_inputs",
+        "verl_mm_tools.evaluate.video_urls",
         "verl_mm_tools.families",
         "verl_mm_tools.families.catalog",
         "verl_mm_tools.families.docs",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from PIL import Image
@@ -91,13 +92,16 @@ class HFVisionLM:
         top_k: int = -1,
         seed: int | None = None,
         logprobs_mode: str = PROCESSED_LOGPROBS,
+        inputs: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], list[float]]:
-        """Sample (greedy when temperature is 0) up to ``max_new_tokens``; returns (token ids, log-probs)."""
+        """Sample (greedy when temperature is 0) up to ``max_new_tokens``; returns (token ids, log-probs).
+        ``inputs``: the forward's inputs made elsewhere, in the place of ``model_inputs(prompt_ids, images)`` (eval's
+        checkpoint engine passes the trainer's for a prompt with videos: their position ids included)."""
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            (result,) = self.generate_batch(
-                [(prompt_ids, images)],
+            (result,) = self.generate_from(
+                self.model_inputs(prompt_ids, images) if inputs is None else inputs,
                 max_new_tokens=[max_new_tokens],
                 temperature=temperature,
                 top_p=top_p,
@@ -136,8 +140,31 @@ class HFVisionLM:
         """``generate`` for several (prompt ids, images) requests at once: one (token ids, log-probs) per request,
         each cut at its own ``max_new_tokens`` and after its first end-of-turn token or ``stop_token_ids`` token.
         Sampling per step is independent across rows, so cutting a longer sample is the same as stopping there."""
+        return self.generate_from(
+            self.batch_inputs(requests),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            logprobs_mode=logprobs_mode,
+            stop_token_ids=stop_token_ids,
+        )
+
+    @torch.no_grad()
+    def generate_from(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        max_new_tokens: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        logprobs_mode: str = PROCESSED_LOGPROBS,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[tuple[list[int], list[float]]]:
+        """``generate_batch`` from the forward's inputs of its rows (``batch_inputs``'s, or ones with position ids:
+        transformers' generate then continues them, each new token one past the last)."""
         stops = sorted({*self.eos_token_ids, *stop_token_ids})
-        inputs = self.batch_inputs(requests)
         sampling = (
             {"do_sample": False}
             if temperature <= 0

@@ -19,6 +19,7 @@ from verl_mm_tools.errors import ConfigError
 
 if TYPE_CHECKING:
     from PIL import Image
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.workers.rollout.replica import TokenOutput
 
 logger = logging.getLogger(__name__)
@@ -75,26 +76,42 @@ def _merge(actor: Path, target: Path) -> None:
 
 
 class CheckpointClient:
-    """verl's LLM server client, answered by ``HFVisionLM`` on the checkpoint's weights, one request at a time."""
+    """verl's LLM server client, answered by ``HFVisionLM`` on the checkpoint's weights, one request at a time. A
+    prompt with videos is generated from the forward's inputs the trainer computes for it (``trainer_inputs``: the
+    frames, grids and M-RoPE positions of the agent-loop worker that runs the loop, bound with ``bind_worker``)."""
 
     def __init__(self, path: str | Path):
         from verl_mm_tools.cpu.hf_engine import HFVisionLM
 
         self.engine = HFVisionLM(str(path))
+        self.worker: AgentLoopWorker | None = None
         self._lock: asyncio.Lock | None = None
         self._requests = 0  # each request samples with its own seed (see generate)
 
-    async def generate(  # verl's client's signature: its other keyword arguments (videos, audio: none here) unused
+    def bind_worker(self, worker: AgentLoopWorker) -> None:
+        """The agent-loop worker whose loop this client answers: its processor and its trainer-side computations
+        make a video prompt's inputs."""
+        self.worker = worker
+
+    async def generate(  # verl's client's signature: its other keyword arguments (mm_processor_output) unused
         self,
         request_id: str,
         *,
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
         image_data: list[Image.Image] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
         **kwargs: object,
     ) -> TokenOutput:
         from verl.workers.rollout.replica import TokenOutput
 
+        if audio_data:
+            raise ConfigError(
+                f"eval's checkpoint engine takes images and videos; request {request_id} holds {len(audio_data)} "
+                "audio clip(s): evaluate audio prompts at an endpoint that serves them"
+            )
         if self._lock is None:
             self._lock = asyncio.Lock()
         settings: dict[str, Any] = {
@@ -107,7 +124,25 @@ class CheckpointClient:
             # the samples of one row send the same prompt: one seed for all would draw one answer N times. Seeds
             # count the requests, so a rerun that asks in the same order draws the same answers.
             seed, self._requests = self._requests, self._requests + 1
+            if video_data:  # on the event loop's thread, as the worker runs its own postprocess
+                settings["inputs"] = self._trainer_inputs(prompt_ids, image_data, video_data, mm_processor_kwargs)
             token_ids, log_probs = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self.engine.generate(list(prompt_ids), list(image_data or []), seed=seed, **settings)
             )
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed", num_preempted=0)
+
+    def _trainer_inputs(
+        self,
+        prompt_ids: list[int],
+        images: list[Image.Image] | None,
+        videos: list[Any],
+        mm_processor_kwargs: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        from verl_mm_tools.evaluate.trainer_inputs import trainer_inputs
+
+        if self.worker is None:
+            raise ConfigError(
+                "a prompt with videos reaches the checkpoint as the trainer computes its inputs, which takes the "
+                "agent-loop worker running the loop: call CheckpointClient.bind_worker(worker) (eval's run does)"
+            )
+        return trainer_inputs(self.worker, prompt_ids, images, videos, mm_processor_kwargs)

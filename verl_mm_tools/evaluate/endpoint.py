@@ -2,16 +2,17 @@
 
 ``EndpointClient.generate`` has the signature of verl's LLM server client (token ids in, ``TokenOutput`` out), so
 verl's ``AgentLoopWorker`` and the mm_tool loop run unchanged: same tools, image workspace, budget, environments
-and rewards as in training. Each call becomes one chat completion (``messages``): at most ``concurrency`` at once,
-each within ``timeout_s``, retried with exponential backoff after a timeout, a connection failure, HTTP 429 or 5xx,
-or an answer that is not a chat completion; a request that still fails raises ``EndpointError``, which the loop
-turns into a masked trajectory (its row stays in the report, with the error). Every fault is counted per trajectory
-(``faults``, keyed by verl's request id).
+and rewards as in training. Each call becomes one chat completion (``messages``; a prompt video as vLLM reads it,
+``video_urls``): at most ``concurrency`` at once, each within ``timeout_s``, retried with exponential backoff after a
+timeout, a connection failure, HTTP 429 or 5xx, or an answer that is not a chat completion; a request that still
+fails raises ``EndpointError``, which the loop turns into a masked trajectory (its row stays in the report, with the
+error). Every fault is counted per trajectory (``faults``, keyed by verl's request id).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections import defaultdict
@@ -20,11 +21,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from verl_mm_tools.errors import ConfigError, EndpointError
 from verl_mm_tools.evaluate.messages import answer_text, chat_messages
+from verl_mm_tools.evaluate.video_urls import check_endpoint_view, frame_array, video_io_kwargs
 
 if TYPE_CHECKING:
     import httpx
     from PIL import Image
     from transformers import PreTrainedTokenizerBase
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.workers.rollout.replica import TokenOutput
 
 logger = logging.getLogger(__name__)
@@ -91,14 +94,22 @@ class EndpointClient:
         self.faults: dict[str, RequestFaults] = defaultdict(RequestFaults)
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
+        self.video_processor: Any = None  # the model's, from bind_worker: checks what a video's frames become
+        self._videos_checked: set[bytes] = set()  # digests of the frames checked (each turn resends the video)
 
-    async def generate(  # verl's client's signature: its other keyword arguments (videos, audio: none here) unused
+    def bind_worker(self, worker: AgentLoopWorker) -> None:
+        """The agent-loop worker whose loop this client answers: its processor checks each prompt video's frames
+        (``check_endpoint_view``)."""
+        self.video_processor = getattr(worker.processor, "video_processor", None)
+
+    async def generate(  # verl's client's signature: its other keyword arguments (audio: refused) unused
         self,
         request_id: str,
         *,
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
         image_data: list[Image.Image] | None = None,
+        video_data: list[Any] | None = None,
         **kwargs: object,
     ) -> TokenOutput:
         from verl.workers.rollout.replica import TokenOutput
@@ -107,14 +118,18 @@ class EndpointClient:
         faults.requests += 1
         prompt_text = cast(str, self.tokenizer.decode(prompt_ids, skip_special_tokens=False))  # one sequence: a text
         limit = sampling_params.get("max_tokens")
+        videos = list(video_data or [])
         # verl's validation sampling (actor_rollout_ref.rollout.val_kwargs: greedy unless overridden)
-        body = {
+        body: dict[str, Any] = {
             "model": self.settings.model,
-            "messages": chat_messages(prompt_text, list(image_data or [])),
+            "messages": chat_messages(prompt_text, list(image_data or []), videos),
             "temperature": sampling_params.get("temperature", 0.0),
             "top_p": sampling_params.get("top_p", 1.0),
             "max_tokens": limit,
         }
+        if videos:  # the frames' times: vLLM's frame-sequence videos take them from here (video_urls)
+            body["media_io_kwargs"] = video_io_kwargs(videos)
+            self._check_videos(videos)
         choice, usage = await self._complete(body, faults)
         if usage.get("prompt_tokens") not in (None, len(prompt_ids)):
             faults.prompt_token_mismatch += 1
@@ -129,6 +144,15 @@ class EndpointClient:
             stop_reason="completed",
             num_preempted=0,
         )
+
+    def _check_videos(self, videos: list[Any]) -> None:
+        if self.video_processor is None:
+            return
+        for video in videos:
+            digest = hashlib.blake2b(frame_array(video).tobytes(), digest_size=16).digest()
+            if digest not in self._videos_checked:
+                check_endpoint_view(self.video_processor, video)
+                self._videos_checked.add(digest)
 
     async def _complete(self, body: dict, faults: RequestFaults) -> tuple[dict, dict]:
         attempts = self.settings.retries + 1

@@ -4,9 +4,11 @@ The loop renders each turn's prompt with the model's chat template (tool schemas
 exactly as in training) and hands verl's server its token ids. For an endpoint those tokens become chat messages
 again: the ChatML blocks of the rendered text (``<|im_start|>role\\n...<|im_end|>``), each image run
 (``<|vision_start|><|image_pad|>...<|vision_end|>``) an ``image_url`` part carrying the next image as a PNG data
-URL. An endpoint that serves the same model renders them back to the same text (the tests check the token count the
-server reports). The answer comes back as text (plus any structured ``tool_calls``, written as the model's hermes
-``<tool_call>`` text) and is tokenized with the model's tokenizer, so the loop parses it as it parses a rollout's.
+URL, each video run (``<|video_pad|>``) a ``video_url`` part carrying the next prompt video's sampled frames
+(``video_urls``; their times go in the request's ``media_io_kwargs``). Audio is refused. An endpoint that serves the
+same model renders them back to the same text (the tests check the token count the server reports). The answer comes
+back as text (plus any structured ``tool_calls``, written as the model's hermes ``<tool_call>`` text) and is
+tokenized with the model's tokenizer, so the loop parses it as it parses a rollout's.
 """
 
 from __future__ import annotations
@@ -16,20 +18,25 @@ import io
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.evaluate.video_urls import video_data_url
 
 BLOCK = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n?", re.DOTALL)
 GENERATION_PROMPT = "<|im_start|>assistant\n"
-IMAGE_RUN = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
-UNSUPPORTED = ("<|video_pad|>", "<|audio_pad|>")
+MEDIA_RUN = re.compile(r"<\|vision_start\|>(?:(?P<image>(?:<\|image_pad\|>)+)|(?:<\|video_pad\|>)+)<\|vision_end\|>")
+UNSUPPORTED = ("<|audio_pad|>",)
+EXTRA_RUNS = {"video": " (Qwen3-VL writes a video as one run per frame group, which eval does not send yet)"}
 
 
-def chat_messages(prompt_text: str, images: Sequence[Image.Image]) -> list[dict]:
+def chat_messages(prompt_text: str, images: Sequence[Image.Image], videos: Sequence[Any] = ()) -> list[dict]:
     """The OpenAI chat messages of a rendered ChatML prompt that ends in the assistant's generation prompt, its
-    image runs replaced by ``images`` in order."""
+    image runs replaced by ``images`` and its video runs by ``videos`` (verl's ``(frames, metadata)`` pairs) in
+    order."""
     if not prompt_text.endswith(GENERATION_PROMPT):
         raise ConfigError(
             "eval talks to chat endpoints in ChatML (Qwen-VL and most open VLMs): the rendered prompt must end in "
@@ -37,31 +44,48 @@ def chat_messages(prompt_text: str, images: Sequence[Image.Image]) -> list[dict]
         )
     for token in UNSUPPORTED:
         if token in prompt_text:
-            raise ConfigError(f"eval sends images only; the prompt holds {token} (video or audio)")
+            raise ConfigError(f"eval sends images and videos only; the prompt holds {token} (audio)")
     body = prompt_text[: -len(GENERATION_PROMPT)]
     blocks = list(BLOCK.finditer(body))
     if "".join(block.group(0) for block in blocks) != body:
         raise ConfigError(f"the rendered prompt is not a sequence of ChatML blocks: {body[:120]!r}...")
-    pictures = iter(images)
-    messages = [{"role": block.group(1), "content": _content(block.group(2), pictures)} for block in blocks]
-    left = sum(1 for _ in pictures)
-    if left:
-        raise ConfigError(f"the rendered prompt holds {len(images) - left} image runs but {len(images)} images came")
+    media = _Media(iter(images), iter(videos))
+    messages = [{"role": block.group(1), "content": _content(block.group(2), media)} for block in blocks]
+    for name, given, left in (("image", images, media.images), ("video", videos, media.videos)):
+        unused = sum(1 for _ in left)
+        if unused:
+            raise ConfigError(
+                f"the rendered prompt holds {len(given) - unused} {name} runs but {len(given)} {name}s came"
+            )
     return messages
 
 
-def _content(text: str, images: Iterator[Image.Image]) -> str | list[dict]:
-    if not IMAGE_RUN.search(text):
+@dataclass
+class _Media:
+    images: Iterator[Image.Image]
+    videos: Iterator[Any]
+
+    def part(self, run: re.Match[str]) -> dict:
+        """The chat content part of one image or video run: the next image's or video's data URL."""
+        name = "image" if run.group("image") else "video"
+        item = next(self.images if name == "image" else self.videos, None)
+        if item is None:
+            raise ConfigError(
+                f"the rendered prompt holds more {name} runs than the trajectory has {name}s{EXTRA_RUNS.get(name, '')}"
+            )
+        url = data_url(item) if name == "image" else video_data_url(item)
+        return {"type": f"{name}_url", f"{name}_url": {"url": url}}
+
+
+def _content(text: str, media: _Media) -> str | list[dict]:
+    if not MEDIA_RUN.search(text):
         return text
     parts: list[dict] = []
     start = 0
-    for run in IMAGE_RUN.finditer(text):
+    for run in MEDIA_RUN.finditer(text):
         if run.start() > start:
             parts.append({"type": "text", "text": text[start : run.start()]})
-        image = next(images, None)
-        if image is None:
-            raise ConfigError("the rendered prompt holds more image runs than the trajectory has images")
-        parts.append({"type": "image_url", "image_url": {"url": data_url(image)}})
+        parts.append(media.part(run))
         start = run.end()
     if start < len(text):
         parts.append({"type": "text", "text": text[start:]})

@@ -223,6 +223,9 @@ def _run_mode(
         manager, worker = in_process_manager(config, per_sample=per_sample)
         client = make_client(worker.tokenizer)
         worker.llm_client = client
+        bind_worker = getattr(client, "bind_worker", None)
+        if bind_worker is not None:  # the clients read a video prompt through this worker's trainer-side code
+            bind_worker(worker)
         outputs = []
         for batch, samples in _batches(options, config, worker):
             outputs.append(_with_row_columns(generate(manager, batch), batch, samples))
