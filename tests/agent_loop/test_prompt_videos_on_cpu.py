@@ -69,10 +69,16 @@ def test_video_files_and_frames_reach_the_model_as_the_processor_renders_them(ba
     assert list(output.non_tensor_batch["mm_tool/masked"][:3]) == [0, 0, 0]
 
 
-def test_the_videos_go_as_their_frames_and_expand_to_verls_own_float_output(batch, tiny_model_dir, roots, tmp_path):
+def test_the_videos_go_as_their_frames_and_reach_the_forward_as_verls_own_float_output(
+    batch, tiny_model_dir, roots, tmp_path
+):
+    """The samples carry their prompt videos as uint8 frames (``compact_video``); verl's ``extract_multi_modal_inputs``
+    (fixed: ``adaptations/fixes/compact_images.py``) gives a micro-batch of them the same tensors as verl's own
+    function gives the float samples of the same rollout without the compact form."""
+    from verl.utils.model import extract_multi_modal_inputs as extract
+
     from verl_mm_tools.adaptations.fixes import processed_images
     from verl_mm_tools.compact_form import VIDEO_PIXELS, NotCompactable
-    from verl_mm_tools.compact_image import expanded_inputs
 
     def float_output(*args):
         raise NotCompactable("the baseline: verl's own float output")
@@ -87,19 +93,19 @@ def test_the_videos_go_as_their_frames_and_expand_to_verls_own_float_output(batc
             {"video": frames, "sample_fps": 2.0},
         ]
         baseline, _, _ = _run(tiny_model_dir, tmp_path, roots[0], videos)
+    carried, floats = (list(each.non_tensor_batch["multi_modal_inputs"][:3]) for each in (output, baseline))
     # the frames the video processor was called with, as uint8 (qwen-vl-utils' sizes: 4 and 8 frames of 280 x 392 px,
     # at least its 100,352 px; 4 of 336 x 336 px), against the float32 output (the tiny processor shrinks them)
-    for index, (frame_bytes, float_values) in enumerate(
-        [(1_317_120, 508_032), (2_634_240, 1_016_064), (1_354_752, 602_112)]
-    ):
-        carried, want = (each.non_tensor_batch["multi_modal_inputs"][index] for each in (output, baseline))
-        assert VIDEO_PIXELS not in carried and want[VIDEO_PIXELS].numel() == float_values
-        assert (
-            sum(value.numel() for key, value in carried.items() if key.startswith("vmt_video_frames_")) == frame_bytes
-        )
-        got = expanded_inputs(carried)
-        assert sorted(got) == sorted(want)
-        assert all(torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype for key in want)
+    assert [sum(v.numel() for k, v in each.items() if k.startswith("vmt_video_frames_")) for each in carried] == [
+        1_317_120,
+        2_634_240,
+        1_354_752,
+    ]
+    assert [each[VIDEO_PIXELS].numel() for each in floats] == [508_032, 1_016_064, 602_112]
+    assert not any(VIDEO_PIXELS in each for each in carried)
+    got, want = extract(carried), extract.__wrapped__(floats)
+    assert sorted(got) == sorted(want) and VIDEO_PIXELS in want
+    assert all(torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype for key in want)
 
 
 def test_bad_videos_mask_their_own_trajectory_with_what_was_wrong(batch, roots):
