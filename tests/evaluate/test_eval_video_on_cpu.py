@@ -106,10 +106,11 @@ def test_the_checkpoint_generates_from_the_trainers_inputs(video_data, tiny_mode
         positions = _trainer_positions(tiny_processor, prompt_ids + token_ids, expected)
         assert torch.equal(inputs["position_ids"], positions[..., : len(prompt_ids)])
         assert len(token_ids) == 8
-        reference = _log_probs(model, prompt_ids, token_ids, expected, positions)
-        assert max(abs(a - b) for a, b in zip(log_probs, reference, strict=True)) < 1e-5
-        untimed = _log_probs(model, prompt_ids, token_ids, expected, None)  # the model's positions: 1 s a grid step
-        assert max(abs(a - b) for a, b in zip(log_probs, untimed, strict=True)) > 1e-4
+        reference, greedy = _log_probs(model, prompt_ids, token_ids, expected, positions)
+        assert greedy == token_ids  # eval's tokens are the trainer forward's greedy ones
+        assert max(abs(a - b) for a, b in zip(log_probs, reference, strict=True)) < 1e-5  # measured 0 and 4.8e-7
+        untimed, _ = _log_probs(model, prompt_ids, token_ids, expected, None)  # the model's positions: 1 s a grid step
+        assert max(abs(a - b) for a, b in zip(log_probs, untimed, strict=True)) > 1e-4  # measured 1.0e-3 and 7.5e-4
 
 
 def _model(model_dir):
@@ -152,9 +153,9 @@ def _trainer_positions(processor, ids: list[int], inputs: dict) -> torch.Tensor:
     return AgentLoopWorker._compute_position_ids(worker, tensor, torch.ones_like(tensor), vision).transpose(0, 1)
 
 
-def _log_probs(model, prompt_ids: list[int], token_ids: list[int], inputs: dict, positions) -> list[float]:
-    """The tokens' log-probs in one float32 forward over prompt and tokens: at ``positions``, or (None) at those the
-    model computes itself from the grid alone."""
+def _log_probs(model, prompt_ids: list[int], token_ids: list[int], inputs: dict, positions) -> tuple[list, list]:
+    """The tokens' log-probs in one float32 forward over prompt and tokens, and its greedy tokens: at ``positions``,
+    or (None) at those the model computes itself from the grid alone."""
     ids = torch.tensor([prompt_ids + token_ids])
     if positions is not None:
         where = {"position_ids": positions}
@@ -169,7 +170,17 @@ def _log_probs(model, prompt_ids: list[int], token_ids: list[int], inputs: dict,
             **where,
         ).logits[0]
     scores = torch.log_softmax(logits[len(prompt_ids) - 1 : -1].float(), dim=-1)
-    return scores.gather(-1, torch.tensor(token_ids).unsqueeze(-1)).squeeze(-1).tolist()
+    scores[:, sorted(_vision_ids(model))] = float("-inf")  # never sampled (HFVisionLM suppresses them)
+    picked = scores.gather(-1, torch.tensor(token_ids).unsqueeze(-1)).squeeze(-1).tolist()
+    return picked, scores.argmax(-1).tolist()
+
+
+def _vision_ids(model) -> set[int]:
+    from transformers import AutoTokenizer
+
+    from verl_mm_tools.tokens import vision_token_ids
+
+    return vision_token_ids(AutoTokenizer.from_pretrained(model.name_or_path))
 
 
 @pytest.fixture(scope="module")
