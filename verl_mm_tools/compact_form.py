@@ -4,13 +4,14 @@ errors, a processor as data (``ProcessorSpec``), identity by content, one tensor
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from verl_mm_tools.errors import VerlMMToolsError
 
@@ -116,3 +117,55 @@ def described(value: object) -> str:
 
 # the images (and videos: their frames' contents) expanded for one batch of samples, each distinct one once
 Expansions = dict[tuple[ProcessorSpec, str, Content | tuple[Content, ...]], Output]
+
+
+Ref = TypeVar("Ref", bound="ImageRef")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image a sample shows but does not carry: image ``image`` of the sample stored under ``key`` in
+    TransferQueue's ``partition`` carries it (the v1 trainer: a prompt group's samples are put, trained and cleared
+    together, so the sample that carries it is there while this one is read). ``content`` is the image's identity,
+    checked when it is read."""
+
+    partition: str
+    key: str
+    image: int
+    content: Content
+
+    @functools.cached_property
+    def tensor(self) -> torch.Tensor:
+        dtype, shape, digest = self.content
+        fields = {"partition": self.partition, "key": self.key, "image": self.image, "dtype": dtype}
+        return json_tensor({**fields, "shape": list(shape), "digest": digest})
+
+    @classmethod
+    def parse(cls: type[Ref], tensor: object, name: str) -> Ref:
+        kinds = {"partition": str, "key": str, "image": int, "dtype": str, "shape": list, "digest": str}
+        fields = json_fields(tensor, name, kinds)
+        if fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
+            raise CompactImageError(f"{name}: the fields ['image', 'shape'] are wrong: {fields!r:.200}")
+        content = (fields["dtype"], tuple(fields["shape"]), fields["digest"])
+        return cls(fields["partition"], fields["key"], fields["image"], content)
+
+    def __str__(self) -> str:
+        return f"image {self.image} of the sample {self.key!r} in TransferQueue's partition {self.partition!r}"
+
+
+# the pixels of an image a sample refers to (``ImageRef``), read where the sample carrying it is
+Resolve = Callable[[ImageRef], "torch.Tensor"]
+
+
+def resolved(ref: ImageRef, resolve: Resolve | None, sample: str) -> torch.Tensor:
+    """The pixels ``ref`` names, read by ``resolve``; ``CompactImageError`` where nothing reads them or they are
+    another image's."""
+    if resolve is None:
+        raise CompactImageError(
+            f"sample {sample} refers to {ref}, and nothing here reads TransferQueue: such samples are read by the "
+            "trainer's workers of verl's v1 trainer"
+        )
+    pixels = resolve(ref)
+    if content_key(pixels) != ref.content:
+        raise CompactImageError(f"sample {sample} refers to {ref}, which holds another image; it is not trained on")
+    return pixels

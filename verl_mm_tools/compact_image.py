@@ -25,22 +25,24 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from verl_mm_tools.compact_form import (
     VIDEO_PIXELS,
     CompactImageError,
-    Content,
     Expansions,
+    ImageRef,
     NotCompactable,
     Output,
     ProcessorSpec,
+    Resolve,
     content_key,
     described,
     json_fields,
     json_tensor,
+    resolved,
 )
 from verl_mm_tools.compact_video import expanded_videos
 
@@ -106,37 +108,6 @@ class CompactHeader:
         kinds = {"processor": str, "config": str, "arguments": dict, "sample": str}
         fields = json_fields(tensor, HEADER_KEY, kinds)
         return cls(ProcessorSpec(fields["processor"], fields["config"]), fields["arguments"], fields["sample"])
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """An image a sample shows but does not carry: image ``image`` of the sample stored under ``key`` in
-    TransferQueue's ``partition`` carries it (the v1 trainer: a prompt group's samples are put, trained and cleared
-    together, so the sample that carries it is there while this one is read). ``content`` is the image's identity,
-    checked when it is read."""
-
-    partition: str
-    key: str
-    image: int
-    content: Content
-
-    @functools.cached_property
-    def tensor(self) -> torch.Tensor:
-        dtype, shape, digest = self.content
-        fields = {"partition": self.partition, "key": self.key, "image": self.image, "dtype": dtype}
-        return json_tensor({**fields, "shape": list(shape), "digest": digest})
-
-    @classmethod
-    def parse(cls, tensor: object, name: str) -> ImageRef:
-        kinds = {"partition": str, "key": str, "image": int, "dtype": str, "shape": list, "digest": str}
-        fields = json_fields(tensor, name, kinds)
-        if fields["image"] < 0 or not all(isinstance(side, int) and side > 0 for side in fields["shape"]):
-            raise CompactImageError(f"{name}: the fields ['image', 'shape'] are wrong: {fields!r:.200}")
-        content = (fields["dtype"], tuple(fields["shape"]), fields["digest"])
-        return cls(fields["partition"], fields["key"], fields["image"], content)
-
-    def __str__(self) -> str:
-        return f"image {self.image} of the sample {self.key!r} in TransferQueue's partition {self.partition!r}"
 
 
 @dataclass(frozen=True)
@@ -257,10 +228,6 @@ def image_processor(spec: ProcessorSpec) -> BaseImageProcessor:
     return getattr(transformers, spec.class_name).from_dict(json.loads(spec.config))
 
 
-# the pixels of an image a sample refers to (``ImageRef``), read where the sample carrying it is
-Resolve = Callable[[ImageRef], "torch.Tensor"]
-
-
 def is_image_pixels(key: str) -> bool:
     """Whether a ``multi_modal_inputs`` key holds images' pixels (a video's frames are not compacted)."""
     return key.startswith(PIXEL_PREFIX) and key != VIDEO_PIXELS
@@ -278,7 +245,7 @@ def expanded_inputs(
     be read or is not the one referred to, or the expansion disagrees with the grids and token counts the sample's
     token ids were made with."""
     expansions = {} if expansions is None else expansions
-    inputs = expanded_videos(inputs, expansions)
+    inputs = expanded_videos(inputs, expansions, resolve)
     compact = CompactImages.from_inputs(inputs)
     rest = {key: value for key, value in inputs.items() if not str(key).startswith(COMPACT_PREFIX)}
     if compact is None:
@@ -312,7 +279,7 @@ def _expanded_each(
         content = each.content if isinstance(each, ImageRef) else content_key(each)
         key = (compact.header.processor, arguments, content)
         if key not in expansions:
-            pixels = _resolved(each, resolve, compact.header.sample) if isinstance(each, ImageRef) else each
+            pixels = resolved(each, resolve, compact.header.sample) if isinstance(each, ImageRef) else each
             image = CompactImage(pixels, compact.header.arguments)
             expansions[key] = dict(expanded(processor, [image]).convert_to_tensors("pt"))
         outputs.append(expansions[key])
@@ -320,18 +287,6 @@ def _expanded_each(
     if joined is None:
         raise CompactImageError(f"sample {compact.header.sample}: its images' outputs cannot be joined")
     return dict(joined)
-
-
-def _resolved(ref: ImageRef, resolve: Resolve | None, sample: str) -> torch.Tensor:
-    if resolve is None:
-        raise CompactImageError(
-            f"sample {sample} refers to {ref}, and nothing here reads TransferQueue: such samples are read by the "
-            "trainer's workers of verl's v1 trainer"
-        )
-    pixels = resolve(ref)
-    if content_key(pixels) != ref.content:
-        raise CompactImageError(f"sample {sample} refers to {ref}, which holds another image; it is not trained on")
-    return pixels
 
 
 def concatenated(outputs: list[Output]) -> BatchFeature | None:

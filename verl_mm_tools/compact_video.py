@@ -28,13 +28,16 @@ from verl_mm_tools.compact_form import (
     VIDEO_PIXELS,
     CompactImageError,
     Expansions,
+    ImageRef,
     NotCompactable,
     ProcessorSpec,
+    Resolve,
     SharedPixels,
     content_key,
     described,
     json_fields,
     json_tensor,
+    resolved,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 VIDEO_PREFIX = "vmt_video_"  # the keys of a sample's compact videos in its ``multi_modal_inputs``
 VIDEO_HEADER_KEY = f"{VIDEO_PREFIX}header"
 FRAMES_KEY = f"{VIDEO_PREFIX}frames_"  # + the video's index in the sample
+REF_KEY = f"{VIDEO_PREFIX}ref_"  # + the video's index: where another sample carries it (``VideoRef``)
 
 # the video processors whose call is rebuilt from their config in the trainer's process: a header is data from
 # another process, never a way to import anything else
@@ -114,23 +118,37 @@ class VideoHeader:
         return cls(spec, fields["arguments"], fields["dtype"], fields["sample"])
 
 
+class VideoRef(ImageRef):
+    """A video a sample shows but does not carry: video ``image`` of the sample under ``key`` in TransferQueue's
+    ``partition`` carries its frames (``agent_loop/shared_images.py``: a GRPO group's trajectories and per-turn
+    samples show the same prompt video)."""
+
+    def __str__(self) -> str:
+        return f"video {self.image} of the sample {self.key!r} in TransferQueue's partition {self.partition!r}"
+
+
 @dataclass(frozen=True)
 class CompactVideos:
-    """One training sample's videos, in order, each as its frames (frames, channels, height, width), uint8."""
+    """One training sample's videos, in order, each as its frames (frames, channels, height, width), uint8, or,
+    where another sample carries them, as a ``VideoRef`` to it."""
 
     header: VideoHeader
-    frames: tuple[torch.Tensor, ...]
+    frames: tuple[torch.Tensor | VideoRef, ...]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(each.numel()) for each in self.frames)
+        """The bytes of the frames it carries (a reference carries none)."""
+        return sum(int(each.numel()) for each in self.frames if not isinstance(each, VideoRef))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The sample's ``multi_modal_inputs`` entries that carry them."""
-        return {
-            VIDEO_HEADER_KEY: self.header.tensor,
-            **{f"{FRAMES_KEY}{i}": each for i, each in enumerate(self.frames)},
+        entries = {
+            f"{REF_KEY}{i}" if isinstance(each, VideoRef) else f"{FRAMES_KEY}{i}": (
+                each.tensor if isinstance(each, VideoRef) else each
+            )
+            for i, each in enumerate(self.frames)
         }
+        return {VIDEO_HEADER_KEY: self.header.tensor, **entries}
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> CompactVideos | None:
@@ -142,17 +160,28 @@ class CompactVideos:
         if VIDEO_HEADER_KEY not in inputs:
             raise CompactImageError(f"compact videos without their {VIDEO_HEADER_KEY}: {keys}")
         header = VideoHeader.parse(inputs[VIDEO_HEADER_KEY])
-        names = [f"{FRAMES_KEY}{i}" for i in range(len(keys) - 1)]
+        names = [f"{REF_KEY}{i}" if f"{REF_KEY}{i}" in inputs else f"{FRAMES_KEY}{i}" for i in range(len(keys) - 1)]
         if not names or sorted(names) != [key for key in keys if key != VIDEO_HEADER_KEY]:
             raise CompactImageError(
                 f"sample {header.sample}: its compact videos cannot be expanded: its keys are {keys}; expected "
-                f"{VIDEO_HEADER_KEY} and, for each video i from 0, {FRAMES_KEY}i"
+                f"{VIDEO_HEADER_KEY} and, for each video i from 0, {FRAMES_KEY}i or {REF_KEY}i"
             )
+        frames: list[torch.Tensor | VideoRef] = []
         for name in names:
-            problem = _malformed(inputs[name])
-            if problem:
-                raise CompactImageError(f"sample {header.sample}: {name} is {problem}")
-        return cls(header, tuple(inputs[name] for name in names))
+            try:
+                frames.append(
+                    VideoRef.parse(inputs[name], name) if name.startswith(REF_KEY) else _checked(inputs[name], name)
+                )
+            except CompactImageError as error:
+                raise CompactImageError(f"sample {header.sample}: {error}") from None
+        return cls(header, tuple(frames))
+
+
+def _checked(frames: object, name: str) -> torch.Tensor:
+    problem = _malformed(frames)
+    if problem:
+        raise CompactImageError(f"{name} is {problem}")
+    return frames  # type: ignore[return-value]  # a uint8 tensor: checked
 
 
 def compacted(
@@ -210,11 +239,14 @@ def video_processor(spec: ProcessorSpec) -> Any:
     return getattr(transformers, spec.class_name).from_dict(json.loads(spec.config))
 
 
-def expanded_videos(inputs: Mapping[str, Any], expansions: Expansions | None = None) -> dict[str, Any]:
+def expanded_videos(
+    inputs: Mapping[str, Any], expansions: Expansions | None = None, resolve: Resolve | None = None
+) -> dict[str, Any]:
     """A sample's ``multi_modal_inputs`` with its compact videos expanded into ``pixel_values_videos`` as the worker's
     processor pass made it; inputs without compact videos as they are. ``expansions`` (shared by a batch's samples)
-    expands the videos that several samples show (per-turn samples, a group's prompt) once. Raises
-    ``CompactImageError`` (naming the sample) for a malformed form, or one whose grids disagree with the sample's."""
+    expands the videos that several samples show (per-turn samples, a group's prompt) once; ``resolve`` gives the
+    frames of a video the sample refers to (``VideoRef``). Raises ``CompactImageError`` (naming the sample) for a
+    malformed form, a referred video that cannot be read or is another, or grids that disagree with the sample's."""
     compact = CompactVideos.from_inputs(inputs)
     rest = {key: value for key, value in inputs.items() if not str(key).startswith(VIDEO_PREFIX)}
     if compact is None:
@@ -226,7 +258,7 @@ def expanded_videos(inputs: Mapping[str, Any], expansions: Expansions | None = N
         processor = video_processor(compact.header.processor)
     except CompactImageError as error:
         raise CompactImageError(f"sample {sample}: {error}") from None
-    output = _expansion(processor, compact, {} if expansions is None else expansions)
+    output = _expansion(processor, compact, {} if expansions is None else expansions, resolve)
     if GRID_KEY not in rest or not _equal(output.get(GRID_KEY), rest[GRID_KEY]):
         raise CompactImageError(
             f"sample {sample}: its compact videos expand to other {GRID_KEY} than its token ids were made with "
@@ -235,14 +267,19 @@ def expanded_videos(inputs: Mapping[str, Any], expansions: Expansions | None = N
     return {**rest, VIDEO_PIXELS: output[VIDEO_PIXELS]}
 
 
-def _expansion(processor: Any, compact: CompactVideos, expansions: Expansions) -> dict[str, Any]:
+def _expansion(
+    processor: Any, compact: CompactVideos, expansions: Expansions, resolve: Resolve | None
+) -> dict[str, Any]:
     import torch
 
     arguments = json.dumps(dict(compact.header.arguments), sort_keys=True)
-    key = (compact.header.processor, arguments, tuple(content_key(each) for each in compact.frames))
+    contents = tuple(each.content if isinstance(each, VideoRef) else content_key(each) for each in compact.frames)
+    key = (compact.header.processor, arguments, contents)
     if key not in expansions:
         dtype = getattr(torch, compact.header.dtype.removeprefix("torch."))
-        videos = [each.to(dtype) for each in compact.frames]
+        sample = compact.header.sample
+        frames = [resolved(each, resolve, sample) if isinstance(each, VideoRef) else each for each in compact.frames]
+        videos = [each.to(dtype) for each in frames]
         try:
             output = processor(videos=videos, **compact.header.arguments)
         except Exception as error:  # the processor's own checks of arguments another process wrote

@@ -163,6 +163,72 @@ def test_a_put_referring_to_one_in_flight_waits_for_it_and_fails_with_it(transfe
         transfer_queue.kv_batch_get(keys=keys, partition_id="train")
 
 
+@pytest.fixture(scope="module")
+def video_group(transfer_queue, tmp_path_factory):
+    """Two trajectories of prompt group ``v`` on one prompt video (``export: per_turn``, 2 samples each: a call the
+    tool answers as text, then the answer), each put by verl's own v1 method; verl's own inputs for each sample."""
+    import numpy as np
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.ray_utils import get_event_loop
+
+    from verl_mm_tools.bench.loop import TimedServer, loop_factory
+    from verl_mm_tools.runtime.scripted_client import tool_call_text
+    from verl_mm_tools.tiny import tiny_model_path
+    from verl_mm_tools.video import write_video
+
+    root = tmp_path_factory.mktemp("videos")
+    write_video(root / "clip.mp4", [np.full((112, 112, 3), (10 * i, 90, 30), np.uint8) for i in range(20)], 10)
+    workdir = tmp_path_factory.mktemp("video_loop")
+    # images up to 336 px: the processor keeps qwen-vl-utils' 336 x 336 px frames (a smaller bound shrinks them, and
+    # their float output is then the smaller form)
+    make, tokenizer, worker = loop_factory(
+        str(tiny_model_path()), workdir, 336, 2, "per_turn", {"file_roots": [str(root)]}
+    )
+    prompt = [
+        {
+            "role": "user",
+            "content": [{"type": "video", "video": "clip.mp4", "fps": 2.0}, {"type": "text", "text": "Colour?"}],
+        }
+    ]
+    loop, verls_own = get_event_loop(), {}
+    original = AgentLoopWorker._compute_multi_modal_inputs.__wrapped__  # verl's own, before the fixes
+    for session in (0, 1):
+        server = TimedServer(tokenizer, [tool_call_text("rotate", degrees=90), "<answer>red</answer><|im_end|>"])
+        samples = loop.run_until_complete(
+            make("mm_tool", server).run({"temperature": 1.0, "logprobs": True}, raw_prompt=prompt)
+        )
+        loop.run_until_complete(verls_put()(worker, samples, False, uid="v", session_id=session, global_steps=1))
+        for index, output in enumerate(samples):
+            ids = torch.tensor(output.prompt_ids + output.response_ids)
+            own = verls_own[f"v_{session}_{index}"] = original(worker, output, ids)
+            worker._compute_position_ids(ids[None], torch.ones_like(ids)[None], own)  # as verl's put: takes a key
+    return verls_own
+
+
+def test_verls_put_stores_a_groups_prompt_video_once_and_each_sample_reads_back_verls_own_inputs(
+    transfer_queue, video_group, monkeypatch
+):
+    """The group's first sample carries the prompt video's frames (uint8); its other samples, per-turn and the
+    other trajectory's, refer to them. Each, read alone, reaches the forward as verl's own float inputs."""
+    from verl.utils.model import extract_multi_modal_inputs as extract
+
+    from verl_mm_tools.compact_video import CompactVideos, VideoRef
+
+    keys = sorted(video_group)
+    assert keys == ["v_0_0", "v_0_1", "v_1_0", "v_1_1"]
+    stored = [CompactVideos.from_inputs(inputs) for inputs in read(transfer_queue, keys)]
+    assert [isinstance(compact.frames[0], VideoRef) for compact in stored] == [False, True, True, True]
+    assert {compact.frames[0].key for compact in stored[1:]} == {"v_0_0"}
+    assert stored[0].nbytes == 4 * 3 * 336 * 336 and [compact.nbytes for compact in stored[1:]] == [0, 0, 0]
+    for key in keys:
+        monkeypatch.setattr(compact_images, "REFERRED", compact_images.ReferredImages())
+        got, want = extract(read(transfer_queue, [key])), extract.__wrapped__([video_group[key]])
+        assert sorted(got) == sorted(want) and "pixel_values_videos" in want
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype and torch.equal(got[name], value), (key, name)
+        assert compact_images.REFERRED.reads == int(key != "v_0_0")
+
+
 def test_verls_own_actor_class_runs_the_fix():
     """``@ray.remote`` made verl's actor class before the fix was installed, its methods Ray's tracing wrappers
     holding verl's functions: the fix is installed there too (what verl's own workers run, pickled by value into

@@ -1,5 +1,5 @@
-"""Each distinct image once per prompt group in TransferQueue (issue #59, step 3): the v1 trainer's samples refer to
-an image another sample of their group carries.
+"""Each distinct image and prompt video once per prompt group in TransferQueue (issue #59, step 3): the v1 trainer's
+samples refer to an image (or a video's frames) another sample of their group carries.
 
 verl's v1 worker puts each trajectory's samples into TransferQueue in one put (``_agent_loop_postprocess``), and
 TransferQueue stores and sends every tensor of every sample on its own: an image that ``export: per_turn`` shows
@@ -32,8 +32,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from verl_mm_tools.compact_form import Content, content_key
-from verl_mm_tools.compact_image import CompactImages, ImageRef
+from verl_mm_tools.compact_form import Content, ImageRef, Ref, content_key
+from verl_mm_tools.compact_image import CompactImages
+from verl_mm_tools.compact_video import CompactVideos, VideoRef
 from verl_mm_tools.errors import VerlMMToolsError
 
 if TYPE_CHECKING:
@@ -76,22 +77,32 @@ class GroupPut:
         """``compact`` with each image a sample of the group's puts showed first as a reference to it; the images it
         shows first are carried, and noted as carried here."""
         key = self.keys.get(id(output))
-        if key is None:  # not one of this put's outputs
-            return compact
-        images: list[torch.Tensor | ImageRef] = []
-        for index, pixels in enumerate(compact.pixels):
+        return compact if key is None else CompactImages(compact.header, self._referred(key, compact.pixels, ImageRef))
+
+    def referring_videos(self, output: object, compact: CompactVideos) -> CompactVideos:
+        """``compact`` with each prompt video a sample of the group's puts showed first as a reference to it."""
+        key = self.keys.get(id(output))
+        return compact if key is None else CompactVideos(compact.header, self._referred(key, compact.frames, VideoRef))
+
+    def _referred(
+        self, key: str, tensors: Sequence[torch.Tensor | Ref], kind: type[Ref]
+    ) -> tuple[torch.Tensor | Ref, ...]:
+        """Each of the sample's tensors (under ``key``) as carried, or as a ``kind`` of reference to the put that
+        carries it."""
+        found: list[torch.Tensor | Ref] = []
+        for index, pixels in enumerate(tensors):
             if isinstance(pixels, ImageRef):
-                images.append(pixels)
+                found.append(pixels)
                 continue
             content = self._contents.get(id(pixels)) or self._contents.setdefault(id(pixels), content_key(pixels))
-            owner, carrier = self.group.carrier(content, ImageRef(self.partition, key, index, content), self)
+            owner, carrier = self.group.carrier(content, kind(self.partition, key, index, content), self)
             if (owner.key, owner.image) == (key, index):
-                images.append(pixels)
+                found.append(pixels)
                 continue
             if carrier is not self and not carrier.done.is_set():
                 self.refers_to.add(carrier)
-            images.append(owner)
-        return CompactImages(compact.header, tuple(images))
+            found.append(owner)  # type: ignore[arg-type]  # the content's owner was offered as a ``kind``
+        return tuple(found)
 
 
 class _Group:

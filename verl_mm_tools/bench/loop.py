@@ -50,10 +50,10 @@ class TimedServer(ScriptedServer):
 
 
 def loop_factory(
-    model_dir: str, workdir: Path, side: int, turns: int, export: str = "per_trajectory"
+    model_dir: str, workdir: Path, side: int, turns: int, export: str = "per_trajectory", options: dict | None = None
 ) -> tuple[MakeLoop, PreTrainedTokenizerBase, AgentLoopWorker]:
     """A function making a fresh loop of a given name, on a config sized for ``turns`` images of ``side`` px, mm_tool
-    with the given ``export``; with the tokenizer and verl's worker the loops run in."""
+    with the given ``export`` and loop ``options``; with the tokenizer and verl's worker the loops run in."""
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 
@@ -70,7 +70,7 @@ def loop_factory(
         response_length=response_length,
         max_turns=turns + 1,
         extra=[*extra, "actor_rollout_ref.rollout.multi_turn.max_user_turns=100"],
-        loop_options=None if export == "per_trajectory" else {"export": export},
+        loop_options=None if export == "per_trajectory" and not options else {"export": export, **(options or {})},
     )
     with restored_loop_registry(), contextlib.redirect_stdout(io.StringIO()):  # verl prints "Using dataset class"
         worker = make_worker(config, None)

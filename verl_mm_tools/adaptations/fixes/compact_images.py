@@ -7,7 +7,8 @@ each selected sample's compact images there, just before the forward, into what 
 given it (tensor for tensor), and verl's function then joins the micro-batch as before. An image that several samples
 of the micro-batch show is expanded once (by content). On the v1 trainer a sample may refer to an image another sample
 of its prompt group carries (``compact_image.ImageRef``, ``fixes/shared_images.py``): ``ReferredImages`` reads those
-its micro-batch does not carry from TransferQueue, in one read. A sample whose compact images cannot be expanded
+its micro-batch does not carry from TransferQueue, in one read. A prompt video's compact form (``compact_video``:
+its uint8 frames, or a ``VideoRef`` to the sample of its group that carries them) is expanded there too. A sample whose compact images cannot be expanded
 exactly, or whose referred image cannot be read or is another, stops the step with ``CompactImageError`` naming it;
 samples without compact images pass unchanged."""
 
@@ -19,8 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from verl_mm_tools.adaptations.record import VERL, Adaptation, Section, Target
-from verl_mm_tools.compact_form import CompactImageError, Content, Expansions, content_key
-from verl_mm_tools.compact_image import CompactImages, ImageRef, expanded_inputs
+from verl_mm_tools.compact_form import CompactImageError, Content, Expansions, ImageRef, content_key
+from verl_mm_tools.compact_image import CompactImages, expanded_inputs
+from verl_mm_tools.compact_video import CompactVideos, VideoRef
 
 # the images read from TransferQueue kept in a trainer worker (1 byte a pixel: 350 images of 1024 px), so the step's
 # later forwards (old log-probs, reference, update) read none again
@@ -43,7 +45,8 @@ ADAPTATION = Adaptation(
     "then runs verl's function (each distinct image once per micro-batch; an image a sample refers to, "
     "`compact_image.ImageRef`, read from the sample of its group that carries it in TransferQueue); a compact form "
     "that is malformed, refers to an image that cannot be read, or expands to other grids than the sample's stops "
-    "the step naming the sample",
+    "the step naming the sample; prompt videos' compact forms (`compact_video`: uint8 frames, the video processor's "
+    "call again) likewise",
     why="verl carries every image from the rollout to the trainer as float processor outputs: 8x its bytes for "
     "Qwen-VL and GLM-V (two float32 frames), in the worker, through TransferQueue or the DataProto, and in the "
     "trainer's batch; the float values are a pure function of the resized pixels (issue #59)",
@@ -89,17 +92,16 @@ class ReferredImages:
         self.images_read = 0
 
     def read_for(self, samples: list[Mapping[str, object] | None]) -> None:
-        """Note the images ``samples`` carry; read those they refer to that this process has not seen."""
+        """Note the images (and videos' frames) ``samples`` carry; read those they refer to that this process has not
+        seen."""
         missing: dict[Content, tuple[ImageRef, str]] = {}
         for inputs in samples:
-            compact = None if inputs is None else CompactImages.from_inputs(inputs)
-            if compact is None:
-                continue
-            for each in compact.pixels:
-                if isinstance(each, ImageRef):
-                    missing.setdefault(each.content, (each, compact.header.sample))
-                else:
-                    self._carried[content_key(each)] = each
+            for sample, tensors in _carried_and_referred(inputs):
+                for each in tensors:
+                    if isinstance(each, ImageRef):
+                        missing.setdefault(each.content, (each, sample))
+                    else:
+                        self._carried[content_key(each)] = each
         wanted = [pair for content, pair in missing.items() if self._held(content) is None]
         for partition in sorted({ref.partition for ref, _ in wanted}):
             self._read_from(partition, [pair for pair in wanted if pair[0].partition == partition])
@@ -119,10 +121,8 @@ class ReferredImages:
         self.reads += 1
         carriers = dict(zip(keys, (_plain(each) for each in data["multi_modal_inputs"]), strict=True))
         for ref, sample in wanted:
-            carrier = carriers[ref.key]
-            compact = None if carrier is None else CompactImages.from_inputs(carrier)
-            pixels = compact.pixels[ref.image] if compact is not None and ref.image < len(compact.pixels) else None
-            if pixels is None or isinstance(pixels, ImageRef) or content_key(pixels) != ref.content:
+            pixels = _carried_by(carriers[ref.key], ref)
+            if pixels is None or content_key(pixels) != ref.content:
                 raise CompactImageError(f"sample {sample} refers to {ref}, which does not carry that image")
             self._keep(ref.content, pixels)
 
@@ -147,3 +147,28 @@ class ReferredImages:
 
 
 REFERRED = ReferredImages()  # one per trainer worker process
+
+
+def _carried_and_referred(inputs: Mapping[str, object] | None) -> list[tuple[str, Sequence[torch.Tensor | ImageRef]]]:
+    """A sample's compact images and videos' frames, each carried (a tensor) or referred to, with its name."""
+    images = None if inputs is None else CompactImages.from_inputs(inputs)
+    videos = None if inputs is None else CompactVideos.from_inputs(inputs)
+    found: list[tuple[str, Sequence[torch.Tensor | ImageRef]]] = []
+    if images is not None:
+        found.append((images.header.sample, images.pixels))
+    if videos is not None:
+        found.append((videos.header.sample, videos.frames))
+    return found
+
+
+def _carried_by(carrier: Mapping[str, object] | None, ref: ImageRef) -> torch.Tensor | None:
+    """The tensor ``ref`` names in the carrier's inputs: its image, or its video's frames (``VideoRef``)."""
+    tensors: Sequence[torch.Tensor | ImageRef] = ()
+    if carrier is not None and isinstance(ref, VideoRef):
+        videos = CompactVideos.from_inputs(carrier)
+        tensors = () if videos is None else videos.frames
+    elif carrier is not None:
+        images = CompactImages.from_inputs(carrier)
+        tensors = () if images is None else images.pixels
+    found = tensors[ref.image] if ref.image < len(tensors) else None
+    return None if isinstance(found, ImageRef) else found

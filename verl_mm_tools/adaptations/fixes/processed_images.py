@@ -82,7 +82,7 @@ def _compute_multi_modal_inputs(
     if compact is not None and not any(is_image_pixels(key) for key in inputs):
         inputs.update(_referring(output, compact).inputs())
     if videos is not None and VIDEO_PIXELS in inputs:
-        _compact_videos(inputs, videos, store.sample)
+        _compact_videos(output, inputs, videos, store.sample)
     return inputs
 
 
@@ -105,15 +105,21 @@ def _recording(processor: ProcessorMixin, recorder: VideoCallRecorder | None) ->
         processor.video_processor = recorder.video_processor
 
 
-def _compact_videos(inputs: dict[str, torch.Tensor], recorder: VideoCallRecorder, sample: str) -> None:
-    """The sample's prompt videos go as the frames their processor saw (uint8) where that is exact and smaller."""
+def _compact_videos(
+    output: AgentLoopOutput, inputs: dict[str, torch.Tensor], recorder: VideoCallRecorder, sample: str
+) -> None:
+    """The sample's prompt videos go as the frames their processor saw (uint8) where that is exact and smaller; within
+    verl's v1 put, as references to the sample of their group that carries them (``shared_images.py``)."""
+    from verl_mm_tools.agent_loop.shared_images import CURRENT_PUT
+
     try:
         compact = compacted(recorder.calls, recorder.video_processor, inputs, sample)
     except NotCompactable as reason:
         logger.debug("sample %s: its videos go as float pixel values: %s", sample, reason)
         return
+    put = CURRENT_PUT.get()
     del inputs[VIDEO_PIXELS]
-    inputs.update(compact.inputs())
+    inputs.update((compact if put is None else put.referring_videos(output, compact)).inputs())
 
 
 def _referring(output: AgentLoopOutput, compact: CompactImages) -> CompactImages:

@@ -38,7 +38,8 @@ ADAPTATION = Adaptation(
     what="runs verl's put of a trajectory's samples within a `GroupPut` holding their keys (verl's "
     "`{uid}_{session_id}_{index}`, so the sha256 guards the format), on the class and on the actor class Ray made "
     "of it (whose methods hold the functions of the class at `@ray.remote`): each sample refers to an image a "
-    "sample of its prompt group's puts showed first (`compact_image.ImageRef`), and carries the others; a put "
+    "sample of its prompt group's puts showed first (`compact_image.ImageRef`; a prompt video's frames: "
+    "`compact_video.VideoRef`), and carries the others; a put "
     "referring to one that failed removes its samples and fails its trajectory",
     why="TransferQueue stores and sends every tensor of every sample on its own: `export: per_turn` carried a "
     "trajectory's images 1 + 2 + ... + n times (4.5x its images at 8 turns), a GRPO group of n its shared images n "
