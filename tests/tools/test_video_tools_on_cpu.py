@@ -217,17 +217,6 @@ def test_a_record_whose_videos_do_not_add_up_is_refused(tmp_path):
             read_checked(path)
 
 
-def test_export_sft_leaves_out_records_with_videos_by_name():
-    """Its rows hold images only: a record whose prompt holds a video is skipped, counted under its reason, never
-    exported without its video (rescore rebuilds them: tests/trajectories/test_rescore_on_cpu.py)."""
-    from verl_mm_tools.trajectories.sft import SFTFilters
-
-    record = {"model": "m", "videos": [{"id": 1}], "messages": []}
-    assert SFTFilters().reason_to_skip(record) == (
-        "its prompt holds videos (SFT rows hold images only; the video would be left out)"
-    )
-
-
 def test_rescore_refuses_a_recorded_video_frame_larger_than_any_shown(tmp_path):
     """A record's video size is untrusted: rescore builds frames of it, so a size no frame the loop shows can have
     (over 2560 x 1440 px) is refused before anything is allocated."""
