@@ -9,7 +9,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -169,3 +169,24 @@ def resolved(ref: ImageRef, resolve: Resolve | None, sample: str) -> torch.Tenso
     if content_key(pixels) != ref.content:
         raise CompactImageError(f"sample {sample} refers to {ref}, which holds another image; it is not trained on")
     return pixels
+
+
+def carried_bytes(tensors: Sequence[torch.Tensor | ImageRef]) -> int:
+    """The bytes of the tensors a sample carries (a reference carries none)."""
+    return sum(int(each.numel() * each.element_size()) for each in tensors if not isinstance(each, ImageRef))
+
+
+def entries(tensors: Sequence[torch.Tensor | ImageRef], carried: str, referred: str) -> dict[str, torch.Tensor]:
+    """A sample's ``multi_modal_inputs`` entries for its tensors, in order: tensor i under ``carried`` + i, or its
+    reference under ``referred`` + i."""
+    return {
+        f"{referred}{i}" if isinstance(each, ImageRef) else f"{carried}{i}": (
+            each.tensor if isinstance(each, ImageRef) else each
+        )
+        for i, each in enumerate(tensors)
+    }
+
+
+def entry_names(inputs: Mapping[str, Any], count: int, carried: str, referred: str) -> list[str]:
+    """The names of ``count`` entries ``entries`` made: each its reference's where the inputs hold one."""
+    return [f"{referred}{i}" if f"{referred}{i}" in inputs else f"{carried}{i}" for i in range(count)]

@@ -38,8 +38,11 @@ from verl_mm_tools.compact_form import (
     Output,
     ProcessorSpec,
     Resolve,
+    carried_bytes,
     content_key,
     described,
+    entries,
+    entry_names,
     json_fields,
     json_tensor,
     resolved,
@@ -121,17 +124,11 @@ class CompactImages:
     @property
     def nbytes(self) -> int:
         """The bytes of the images it carries (a reference carries none)."""
-        return sum(int(each.numel() * each.element_size()) for each in self.pixels if not isinstance(each, ImageRef))
+        return carried_bytes(self.pixels)
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The sample's ``multi_modal_inputs`` entries that carry them."""
-        entries = {
-            f"{REF_KEY}{i}" if isinstance(each, ImageRef) else f"{IMAGE_KEY}{i}": (
-                each.tensor if isinstance(each, ImageRef) else each
-            )
-            for i, each in enumerate(self.pixels)
-        }
-        return {HEADER_KEY: self.header.tensor, **entries}
+        return {HEADER_KEY: self.header.tensor, **entries(self.pixels, IMAGE_KEY, REF_KEY)}
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> CompactImages | None:
@@ -144,7 +141,7 @@ class CompactImages:
             raise CompactImageError(f"compact images without their {HEADER_KEY}: {sorted(keys)}")
         header = CompactHeader.parse(inputs[HEADER_KEY])
         count = len(keys) - 1
-        names = [f"{REF_KEY}{i}" if f"{REF_KEY}{i}" in inputs else f"{IMAGE_KEY}{i}" for i in range(count)]
+        names = entry_names(inputs, count, IMAGE_KEY, REF_KEY)
         problem = (
             f"its keys are {sorted(keys)}; expected {HEADER_KEY} and, for each image i from 0, {IMAGE_KEY}i or "
             f"{REF_KEY}i"

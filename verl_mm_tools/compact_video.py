@@ -33,8 +33,11 @@ from verl_mm_tools.compact_form import (
     ProcessorSpec,
     Resolve,
     SharedPixels,
+    carried_bytes,
     content_key,
     described,
+    entries,
+    entry_names,
     json_fields,
     json_tensor,
     resolved,
@@ -138,17 +141,11 @@ class CompactVideos:
     @property
     def nbytes(self) -> int:
         """The bytes of the frames it carries (a reference carries none)."""
-        return sum(int(each.numel()) for each in self.frames if not isinstance(each, VideoRef))
+        return carried_bytes(self.frames)
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The sample's ``multi_modal_inputs`` entries that carry them."""
-        entries = {
-            f"{REF_KEY}{i}" if isinstance(each, VideoRef) else f"{FRAMES_KEY}{i}": (
-                each.tensor if isinstance(each, VideoRef) else each
-            )
-            for i, each in enumerate(self.frames)
-        }
-        return {VIDEO_HEADER_KEY: self.header.tensor, **entries}
+        return {VIDEO_HEADER_KEY: self.header.tensor, **entries(self.frames, FRAMES_KEY, REF_KEY)}
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> CompactVideos | None:
@@ -160,7 +157,7 @@ class CompactVideos:
         if VIDEO_HEADER_KEY not in inputs:
             raise CompactImageError(f"compact videos without their {VIDEO_HEADER_KEY}: {keys}")
         header = VideoHeader.parse(inputs[VIDEO_HEADER_KEY])
-        names = [f"{REF_KEY}{i}" if f"{REF_KEY}{i}" in inputs else f"{FRAMES_KEY}{i}" for i in range(len(keys) - 1)]
+        names = entry_names(inputs, len(keys) - 1, FRAMES_KEY, REF_KEY)
         if not names or sorted(names) != [key for key in keys if key != VIDEO_HEADER_KEY]:
             raise CompactImageError(
                 f"sample {header.sample}: its compact videos cannot be expanded: its keys are {keys}; expected "
