@@ -78,11 +78,18 @@ class VideoSource:
     def duration_s(self) -> float:
         return self.info.duration_s if self.info is not None else len(self.frames) / self.fps
 
+    @property
+    def fps_of(self) -> float:
+        """The rate its frames are shown at: the file's, or the frames' ``fps``."""
+        return self.info.fps if self.info is not None else self.fps
+
+    @property
+    def frame_count(self) -> int:
+        return self.info.frames if self.info is not None else len(self.frames)
+
     def frame_at(self, seconds: float) -> int:
         """The index of the frame shown at ``seconds`` (clamped to the video)."""
-        count = self.info.frames if self.info is not None else len(self.frames)
-        fps = self.info.fps if self.info is not None else self.fps
-        return min(count - 1, max(0, int(seconds * fps)))
+        return min(self.frame_count - 1, max(0, int(seconds * self.fps_of)))
 
     def images(self, indices: list[int]) -> list[Any]:
         """The frames at ``indices`` as RGB PIL images (decoded from the file, bounded like every decode)."""

@@ -18,12 +18,14 @@ from verl_mm_tools.tools.image_tools import (
     ZoomInTool,
 )
 from verl_mm_tools.tools.python_tool import PythonTool, PythonToolConfig
-from verl_mm_tools.tools.video_tools import GetFramesConfig, GetFramesTool
+from verl_mm_tools.tools.video_tools import ClipConfig, ClipTool, GetFramesConfig, GetFramesTool
 
 BUILTIN_TOOLS = (RotateTool, FlipTool, CropTool, ZoomInTool, DrawBBoxTool, DrawLineTool)
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "ClipConfig",
+    "ClipTool",
     "CropTool",
     "DrawBBoxTool",
     "DrawLineTool",

@@ -15,7 +15,10 @@ it) when the tool conforms:
 
 A video tool (one with a ``video_id`` parameter, e.g. ``get_frames``) gets a probe video of 4 frames of the probe
 image's size, 0.5 s apart, as the conversation's Video 1; its bad input includes a conversation without videos and
-``video_id`` 99.
+``video_id`` 99. A tool that answers with a video (``clip``; ``answers_with = "video"``) must return one in verl's form,
+``ToolResponse(video=[(frames, metadata)])``: a float T x 3 x H x W tensor of whole numbers 0-255, 2 frames or more,
+within ``settings.max_pixels``, with qwen-vl-utils' metadata (``fps``, ``frames_indices`` of each frame,
+``total_num_frames``), and a text starting ``"Video 2:"``; refusals carry neither images nor a video.
 
 A GUI tool (``gui_tools.ScreenTool``) acts on an environment's page: ``verl_mm_tools.envs.check_gui_tool(tool,
 env)`` resets ``env`` (any ``ScreenEnvironment``, e.g. ``MiniWoBEnv("click-test")``), runs these checks on its
@@ -129,6 +132,8 @@ async def valid_call_problems(
     problems = []
     if not isinstance(reward, (int, float)) or not isinstance(metrics, dict):
         problems.append(f"reward must be a number and metrics a dict, got {reward!r} and {metrics!r}")
+    if response.video is not None:  # a tool that answers with a video (``clip``)
+        return problems + video_answer_problems(tool, arguments, response) + _workspace_problems(images)
     if not response.image or not all(isinstance(image, Image.Image) for image in response.image):
         problems.append(f"a valid call {arguments} must return a list of PIL images, got {response!r:.300}")
     elif (limit := getattr(getattr(tool, "settings", None), "max_pixels", None)) is not None:
@@ -137,8 +142,43 @@ async def valid_call_problems(
             problems.append(f"images of {oversized} px exceed max_pixels {limit}")
     if not (response.text or "").startswith("Image 2:"):
         problems.append(f"the text must start with 'Image 2:' (the new image's id), got {response.text!r}")
-    if len(images) != 1:
-        problems.append("execute must not add images to the workspace itself (the agent loop does)")
+    return problems + _workspace_problems(images)
+
+
+def _workspace_problems(images: list[Image.Image]) -> list[str]:
+    return [] if len(images) == 1 else ["execute must not add images to the workspace itself (the agent loop does)"]
+
+
+def _max_pixels(tool: BaseTool) -> float:
+    limit = getattr(getattr(tool, "settings", None), "max_pixels", None)
+    return math.inf if limit is None else limit
+
+
+def video_answer_problems(tool: BaseTool, arguments: dict[str, Any], response: ToolResponse) -> list[str]:
+    """Problems with a valid call's video answer: one video in verl's form, (frames, metadata), whose frames are a
+    float T x C x H x W tensor of whole numbers 0-255 (qwen-vl-utils' form), at least 2, no larger than the tool's
+    ``settings.max_pixels``, timed by qwen-vl-utils' metadata; its text names it ``Video 2`` (the probe video is 1)."""
+    import torch
+
+    videos = response.video if isinstance(response.video, list) else [response.video]
+    shape = "a list of one (frames, metadata) video"
+    if len(videos) != 1 or not (isinstance(videos[0], tuple) and len(videos[0]) == 2):
+        return [f"a valid call {arguments} must return {shape}, got {response.video!r:.300}"]
+    frames, metadata = videos[0]
+    problems = []
+    if not (isinstance(frames, torch.Tensor) and frames.ndim == 4 and frames.shape[1] == 3 and len(frames) >= 2):
+        problems.append(f"the frames must be a T x 3 x H x W tensor of 2 frames or more, got {frames!r:.200}")
+    elif not (frames.is_floating_point() and torch.equal(frames, frames.round().clamp(0, 255))):
+        problems.append(f"the frames must be float whole numbers in 0..255 (qwen-vl-utils' form), got {frames.dtype}")
+    elif frames.shape[2] * frames.shape[3] > _max_pixels(tool):
+        problems.append(f"frames of {frames.shape[3]}x{frames.shape[2]} px exceed max_pixels {_max_pixels(tool)}")
+    keys = ("fps", "frames_indices", "total_num_frames")
+    if not isinstance(metadata, dict) or any(key not in metadata for key in keys):
+        problems.append(f"the metadata must hold {list(keys)} (qwen-vl-utils'), got {metadata!r:.200}")
+    elif isinstance(frames, torch.Tensor) and len(metadata["frames_indices"]) != len(frames):
+        problems.append(f"frames_indices names {len(metadata['frames_indices'])} frames for {len(frames)} frames")
+    if not (response.text or "").startswith("Video 2:"):
+        problems.append(f"the text must start with 'Video 2:' (the new video's id), got {response.text!r}")
     return problems
 
 
@@ -179,7 +219,7 @@ async def bad_input_problems(
         response = result[0] if isinstance(result, tuple) and result else None
         if not isinstance(response, ToolResponse) or not response.text:
             problems.append(f"{what}: must be answered with a text ToolResponse, got {result!r:.200}")
-        elif must_refuse and response.image:
+        elif must_refuse and (response.image or response.video):
             problems.append(f"{what}: must be refused as text without an image, got {response.text!r}")
     return problems
 
@@ -226,9 +266,11 @@ async def acheck_tool(
     report = CheckReport(f"tool {name!r}")
     report.passed("schema: an OpenAI function schema named like the tool, with a description and typed parameters")
     width, height = (probe or probe_image()).size
+    video = getattr(tool, "answers_with", "images") == "video"
+    answer, named = ("a video (frames and metadata)", "Video 2:") if video else ("images", "Image 2:")
     report.passed(
-        f"a valid call {arguments} on a {width}x{height} image returns images within max_pixels and a text starting "
-        "'Image 2:', leaving the workspace to the loop"
+        f"a valid call {arguments} on a {width}x{height} image returns {answer} within max_pixels and a text "
+        f"starting '{named}', leaving the workspace to the loop"
     )
     for what, *_ in _bad_calls(tool, arguments, probe):
         report.passed(f"bad input answered as text: {what}")
