@@ -22,11 +22,11 @@ records also ``samples`` and the turns' ``sample``, version 1 records also the t
   adds ``video_ids``;
 - ``images``: ``id`` (1-based, the ids tools use), ``source`` (prompt, tool or environment), ``turn``, ``width``,
   ``height``, ``file``, ``thumb`` (paths relative to the trajectory folder; None when the pixels were unavailable);
-- ``videos``: the prompt's videos as the model saw them: ``id`` (1-based, "Video N", the ids ``get_frames`` takes),
-  ``source`` (prompt), ``turn``, ``path`` (the file, None for a video given as frames), ``times_s`` (the time of each
-  frame sampled, in the video), ``width``, ``height`` (the frames' size after the processor's resize), ``strip`` (up
-  to 8 of those frames spread over the video, each ``time_s`` and ``thumb``, a JPEG relative to the folder; None
-  when its pixels were unavailable);
+- ``videos``: the videos as the model saw them: ``id`` (1-based, "Video N", the ids ``get_frames`` and ``clip``
+  take), ``source`` (prompt, or tool: a ``clip``'s answer), ``turn``, ``path`` (the file, None for a video given as
+  frames or a tool's), ``times_s`` (the time of each frame sampled, in the video), ``width``, ``height`` (the frames'
+  size after the processor's resize), ``strip`` (up to 8 of those frames spread over the video, each ``time_s`` and
+  ``thumb``, a JPEG relative to the folder; None when its pixels were unavailable);
 - ``tool_calls``: flattened, each ``turn``, ``name``, ``arguments``, ``result`` (text), ``error``, ``image_ids``;
 - ``tools_used``: sorted tool names called at least once;
 - ``turns``: per assistant turn as the loop recorded it, ``turn``, ``prompt_tokens`` (tokens before its generation:
@@ -356,7 +356,8 @@ def _videos(records: list[dict], messages: list[dict], videos: list[dict]) -> li
                 video_id = len(entries) + 1
                 record.setdefault("video_ids", []).append(video_id)
                 known = videos[video_id - 1] if video_id <= len(videos) else video_entry(None, [], 1, 1, [])
-                entries.append({"id": video_id, **known})
+                # where it was shown: the prompt, or the tool message answering turn j (a ``clip``)
+                entries.append({"id": video_id, **known, "source": _image_source(record), "turn": record["turn"]})
     return entries
 
 

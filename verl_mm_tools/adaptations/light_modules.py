@@ -64,6 +64,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.agent_loop.startup",
         "verl_mm_tools.agent_loop.state",
         "verl_mm_tools.agent_loop.tool_format",
+        "verl_mm_tools.agent_loop.tool_videos",
         "verl_mm_tools.agent_loop.validation",
         "verl_mm_tools.bench",
         "verl_mm_tools.bench.engine",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from verl_mm_tools import plugin
 from verl_mm_tools.adaptations import cpu, fixes, guard, import_order, manager_tq, touchpoints, vllm_plugin
 from verl_mm_tools.adaptations.record import Adaptation
-from verl_mm_tools.agent_loop import loop_output, mm_tool_loop, resumes
+from verl_mm_tools.agent_loop import loop_output, mm_tool_loop, resumes, tool_videos
 from verl_mm_tools.cpu import BACKEND_REGISTRATION, checkpoint_engine, overrides, platform, replica, server, sft
 from verl_mm_tools.runtime import workers
 from verl_mm_tools.step_hook import fully_async, manager, replay_buffer
@@ -65,6 +65,7 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     fixes.qwen2_5_vl_video_positions.ADAPTATION,
     fixes.video_timing_positions.ADAPTATION,
     fixes.sft_video_sampling.ADAPTATION,
+    tool_videos.ADAPTATION,
 )
 _ = (checkpoint_engine, replica, server)  # imported for their classes, part of the CPU backend's row
 

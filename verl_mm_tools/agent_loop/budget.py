@@ -202,6 +202,7 @@ class ImageBudget:
         self.max_pixels = min(config.max_pixels or geometry.max_pixels, geometry.max_pixels)
         self.charged: list[int] = []  # each image's tokens, in the trajectory's order
         self.video_tokens = 0  # the prompt's videos: in context for the whole trajectory
+        self.tool_video_tokens: list[int] = []  # each tool video's, in order: in context from its turn on
 
     @property
     def images(self) -> int:
@@ -211,7 +212,7 @@ class ImageBudget:
     @property
     def tokens(self) -> int:
         """Image and video tokens in the context."""
-        return sum(self._in_context(self.charged)) + self.video_tokens
+        return sum(self._in_context(self.charged)) + self.video_tokens + sum(self.tool_video_tokens)
 
     def _in_context(self, charged: list[int], room_for: int = 0) -> list[int]:
         """The images of ``charged`` the context keeps beside ``room_for`` newer ones."""
@@ -251,9 +252,27 @@ class ImageBudget:
             )
         return None
 
-    def truncate(self, images: int) -> None:
-        """Forget the images after the trajectory's first ``images`` (a dropped turn's)."""
+    def truncate(self, images: int, tool_videos: int | None = None) -> None:
+        """Forget the images after the trajectory's first ``images`` and the tool videos after its first
+        ``tool_videos`` (a dropped turn's)."""
         del self.charged[images:]
+        if tool_videos is not None:
+            del self.tool_video_tokens[tool_videos:]
+
+    def admit_video(self, tokens: int) -> Admission:
+        """The verdict on a tool's video of ``tokens`` placeholder tokens, charged when admitted: never downscaled
+        (its frames are the tool's sampling), refused or stopping by the over-budget policy where it does not fit."""
+        left = self._tokens_left(room_for=0)  # a video makes no image leave the context
+        if tokens > left:
+            reason = (
+                f"the image token budget is exhausted ({max(left, 0)} image tokens left, the video needs {tokens}); "
+                "the video was not shown: ask for fewer frames (a lower fps or a shorter window)"
+            )
+            if self.config.over_budget is OverBudget.STOP:
+                return Admission(Verdict.STOP, note=reason)
+            return Admission(Verdict.REFUSED, note=reason)
+        self.tool_video_tokens.append(tokens)
+        return Admission(Verdict.ADMITTED, tokens=tokens)
 
     def sized(self, image: Image.Image) -> Image.Image:
         """``image`` (RGB) at the size the processor gives it, so the image a trajectory holds is the image the model
@@ -316,10 +335,13 @@ class ImageBudget:
             return self.geometry.tokens(width, height)
         return (width // self.geometry.factor) * (height // self.geometry.factor)
 
-    def _tokens_left(self) -> int:
+    def _tokens_left(self, room_for: int = 1) -> int:
         if self.config.max_image_tokens is None:
             return 1 << 62
-        return self.config.max_image_tokens - sum(self._in_context(self.charged, room_for=1)) - self.video_tokens
+        in_context = (
+            sum(self._in_context(self.charged, room_for=room_for)) + self.video_tokens + sum(self.tool_video_tokens)
+        )
+        return self.config.max_image_tokens - in_context
 
     def _downscaled(self, image: Image.Image, tokens_left: int) -> tuple[int, int] | None:
         if self.config.over_budget is not OverBudget.DOWNSCALE or tokens_left < 1:

@@ -132,6 +132,7 @@ class Exporter:
                 last.images_before,
                 last.routed_experts,
                 first_image=state.first_image,
+                videos=last.videos_before,
             )
         )
         state.first_image = left_out

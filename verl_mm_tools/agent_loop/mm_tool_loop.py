@@ -39,7 +39,7 @@ from verl_mm_tools.agent_loop.options import Export
 from verl_mm_tools.agent_loop.output import OutputBuilder
 from verl_mm_tools.agent_loop.prompt import charge_prompt_videos, new_agent_data, sample_name, start_environment
 from verl_mm_tools.agent_loop.state import Checkpoint, LoopState, TrajectoryState, Turn, attached_state
-from verl_mm_tools.agent_loop.tool_runner import ToolRunner, start_remote_tools
+from verl_mm_tools.agent_loop.tool_runner import ToolRunner, ToolVideos, start_remote_tools
 from verl_mm_tools.envs import Observation
 from verl_mm_tools.envs.base import call as call_env
 from verl_mm_tools.errors import TrajectoryValidationError
@@ -121,6 +121,7 @@ class MMToolAgentLoop(ToolAgentLoop):
             self.max_tool_response_length,
             self.tool_response_truncate_side,
             self.tool_parser_name,
+            ToolVideos(self.context) if self.context.sees_images else None,
         )
         # verl's builder renders through the processor: each trajectory's copy of it processes each image once
         builder_processor = getattr(self.continuous_token_builder, "processor", None)
@@ -261,7 +262,7 @@ class MMToolAgentLoop(ToolAgentLoop):
         cast(CheckedEngine, self.server_manager).first_image = state.first_image  # the images in context
         tokens_left = self.response_length - len(agent_data.response_mask)
         limit = min(sampling_params.get("max_tokens") or tokens_left, tokens_left)
-        turn = state.start_turn(prompt_end=len(agent_data.prompt_ids), images_before=len(agent_data.image_data))
+        turn = state.turn_from(agent_data)
         messages = len(agent_data.messages)
         verl_next = await super()._handle_generating_state(
             cast("AgentData", agent_data),  # verl's own: prompt.new_agent_data builds an AgentData

@@ -74,7 +74,7 @@ class OutputBuilder:
         outputs = []
         for index, sample in enumerate([*state.samples, current]):
             output, spans = self._output(agent_data, sample, state.sample_turns(index))
-            problems = self._problems(output, image_tokens[sample.first_image : sample.images], state)
+            problems = self._problems(output, image_tokens[sample.first_image : sample.images], state, sample.videos)
             if problems:
                 raise TrajectoryValidationError(f"training sample {index + 1}: " + "; ".join(problems))
             outputs.append((output, spans))
@@ -100,7 +100,9 @@ class OutputBuilder:
             return []
         return [processor_image_tokens(processor, image, mm_processor_kwargs) for image in images]
 
-    def _problems(self, output: MMToolOutput, image_tokens: list[int], state: TrajectoryState) -> list[str]:
+    def _problems(
+        self, output: MMToolOutput, image_tokens: list[int], state: TrajectoryState, videos: int | None = None
+    ) -> list[str]:
         placeholder_ids = self.context.placeholder_ids
         return trajectory_problems(
             prompt_ids=output.prompt_ids,
@@ -110,7 +112,7 @@ class OutputBuilder:
             image_tokens=image_tokens,
             image_token_id=self.context.image_token_id,
             forbidden_generated=self.context.forbidden_generated,
-            video_tokens=state.prompt_video_tokens,
+            video_tokens=state.sample_video_tokens(videos),
             video_token_id=placeholder_ids[1] if placeholder_ids else None,
         )
 
@@ -128,7 +130,9 @@ class OutputBuilder:
             response_ids=sample.token_ids[first:][:limit][shift:],
             response_mask=sample.response_mask[:limit][shift:],
             response_logprobs=sample.response_logprobs[shift:limit] if sample.response_logprobs else None,
-            multi_modal_data=_multi_modal_data(agent_data, agent_data.image_data[sample.first_image : sample.images]),
+            multi_modal_data=_multi_modal_data(
+                agent_data, agent_data.image_data[sample.first_image : sample.images], sample.videos
+            ),
             mm_processor_kwargs=agent_data.mm_processor_kwargs,
             mm_processor_output=agent_data.mm_processor_output,
             num_turns=agent_data.user_turns + agent_data.assistant_turns + 1,
@@ -169,9 +173,10 @@ class OutputBuilder:
             return None
         images = agent_data.image_data[: state.prompt_images]
         # the prompt's videos with its images: their placeholders are in prompt_ids
-        output = self._masked(state.prompt_ids, _multi_modal_data(agent_data, images), agent_data)
+        prompt_videos = len(state.videos) - len(state.tool_videos)
+        output = self._masked(state.prompt_ids, _multi_modal_data(agent_data, images, prompt_videos), agent_data)
         image_tokens = self._image_tokens(images, agent_data.mm_processor_kwargs)
-        return None if self._problems(output, image_tokens, state) else output
+        return None if self._problems(output, image_tokens, state, prompt_videos) else output
 
     def _masked(self, prompt_ids: list[int], multi_modal_data: dict, agent_data: LoopAgentData | None) -> MMToolOutput:
         # verl concatenates rollout log-probs (and MoE routing) across the batch: all samples have them or none does
@@ -193,11 +198,14 @@ class OutputBuilder:
         )
 
 
-def _multi_modal_data(agent_data: LoopAgentData, images: list) -> dict:
-    """verl's multi_modal_data: the sample's images, and the prompt's videos and audios as verl passes them."""
+def _multi_modal_data(agent_data: LoopAgentData, images: list, videos: int | None = None) -> dict:
+    """verl's multi_modal_data: the sample's images, its videos (the prompt's, then the tools' it shows: the first
+    ``videos``, None: all) and the prompt's audios as verl passes them."""
     data: dict[str, Any] = {"images": images} if images else {}
     if agent_data.video_data is not None:
-        data["videos"] = agent_data.video_data
+        shown = agent_data.video_data if videos is None else agent_data.video_data[:videos]
+        if shown or videos is None:
+            data["videos"] = shown
     if agent_data.audio_data is not None:
         data["audios"] = agent_data.audio_data
     return data

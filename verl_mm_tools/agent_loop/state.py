@@ -112,6 +112,7 @@ class Turn:
 
     prompt_end: int
     images_before: int
+    videos_before: int = 0  # videos those tokens hold (the prompt's, then tools')
     response_span: tuple[int, int] = (0, 0)
     tool_calls: list[str] = field(default_factory=list)
     images_added: list[int] = field(default_factory=list)
@@ -126,6 +127,19 @@ class Turn:
     resume_cost: ResumeCost | None = None
 
 
+@dataclass(frozen=True)
+class ToolVideo:
+    """A tool's video the loop showed: its id, the turn whose calls it answered, its frames' times and shown size
+    (the processor's), and its placeholder tokens."""
+
+    video_id: int
+    turn: int
+    times_s: tuple[float, ...]
+    width: int
+    height: int
+    tokens: int
+
+
 @dataclass
 class SampleCut:
     """A finished training sample of a multi-sample export: the stream of tokens the loop ran, as it stood when the
@@ -137,6 +151,7 @@ class SampleCut:
     images: int  # the tokens hold the trajectory's images before this one: image_data[first_image:images]
     routed_experts: Routing | None = None  # the engine's MoE routing over the tokens (None unless it returns it)
     first_image: int = 0  # the images before it left the context (``keep_last_images``)
+    videos: int | None = None  # the tokens hold the trajectory's videos video_data[:videos] (None: all of them)
 
 
 @dataclass
@@ -152,11 +167,12 @@ class TrajectoryState:
     env: Environment | None = None  # the trajectory's environment, until closed
     workspace: ImageWorkspace = field(default_factory=ImageWorkspace)  # ids over the trajectory's images
     files: FileRoots = field(default_factory=FileRoots)  # what tools and environments may read
-    videos: list[VideoSource] = field(default_factory=list)  # the prompt's videos, checked: Video 1 is the first
+    videos: list[VideoSource] = field(default_factory=list)  # the prompt's videos, checked, then tools': Video 1 first
     prompt_ids: list[int] = field(default_factory=list)  # the rendered first prompt (empty until rendered)
     prompt_images: int = 0  # images of the first prompt (dataset and environment reset)
     prompt_video_tokens: int = 0  # the placeholder tokens of the first prompt's videos (the processor's count)
     video_sizes: list[tuple[int, int]] = field(default_factory=list)  # each prompt video's frame size, as shown
+    tool_videos: list[ToolVideo] = field(default_factory=list)  # the videos of tool answers shown, in order
     samples: list[SampleCut] = field(default_factory=list)  # finished samples; the current one is the loop's stream
     first_image: int = 0  # the current sample's first image in context: the earlier ones left it (keep_last_images)
     request_id: str = ""  # verl's, once the trajectory has one
@@ -200,10 +216,21 @@ class TrajectoryState:
         self.stop_reason = reason
         return LoopState.TERMINATED
 
-    def start_turn(self, prompt_end: int, images_before: int) -> Turn:
-        turn = Turn(prompt_end=prompt_end, images_before=images_before, sample=len(self.samples))
+    def start_turn(self, prompt_end: int, images_before: int, videos_before: int = 0) -> Turn:
+        turn = Turn(prompt_end, images_before, videos_before, sample=len(self.samples))
         self.turns.append(turn)
         return turn
+
+    def turn_from(self, agent_data: LoopAgentData) -> Turn:
+        """A new turn, its generation starting where the conversation stands."""
+        videos = len(agent_data.video_data or [])
+        return self.start_turn(len(agent_data.prompt_ids), len(agent_data.image_data), videos)
+
+    def sample_video_tokens(self, videos: int | None) -> int:
+        """The video placeholder tokens of a sample holding the first ``videos`` videos (None: all)."""
+        prompt_videos = len(self.videos) - len(self.tool_videos)
+        shown = self.tool_videos if videos is None else self.tool_videos[: max(0, videos - prompt_videos)]
+        return self.prompt_video_tokens + sum(video.tokens for video in shown)
 
     def sample_turns(self, sample: int) -> list[Turn]:
         return [turn for turn in self.turns if turn.sample == sample]
@@ -291,13 +318,22 @@ class Checkpoint:
 
     messages: int
     images: int
+    videos: int = 0  # the trajectory's videos (``state.videos``)
+    tool_videos: int = 0
 
     @classmethod
     def of(cls, agent_data: LoopAgentData, state: TrajectoryState) -> Checkpoint:
-        return cls(len(agent_data.messages), len(agent_data.image_data))
+        return cls(len(agent_data.messages), len(agent_data.image_data), len(state.videos), len(state.tool_videos))
 
     def restore(self, agent_data: LoopAgentData, state: TrajectoryState) -> None:
         del agent_data.messages[self.messages :]
         state.workspace.truncate(self.images)
         if state.budget is not None:
-            state.budget.truncate(self.images)
+            state.budget.truncate(self.images, self.tool_videos)
+        dropped = len(state.tool_videos) - self.tool_videos
+        if dropped and agent_data.video_data:
+            del agent_data.video_data[len(agent_data.video_data) - dropped :]
+            agent_data.video_data = agent_data.video_data or None  # verl's: None without videos
+        del state.videos[self.videos :]
+        del state.video_sizes[self.videos :]
+        del state.tool_videos[self.tool_videos :]

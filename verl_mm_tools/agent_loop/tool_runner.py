@@ -28,6 +28,7 @@ from verl.tools.schemas import ToolResponse
 from verl_mm_tools.agent_loop.budget import Verdict
 from verl_mm_tools.agent_loop.config import MMToolLoopConfig
 from verl_mm_tools.agent_loop.state import TrajectoryState
+from verl_mm_tools.agent_loop.tool_videos import ToolVideos, VideoAnswer
 from verl_mm_tools.errors import did_you_mean
 from verl_mm_tools.handoff import StopReason
 from verl_mm_tools.ops.argument_checks import show
@@ -96,6 +97,7 @@ class ToolRunner:
     max_response_length: int  # verl's max_tool_response_length, in characters
     truncate_side: str  # verl's tool_response_truncate_side: left, right or middle
     parser: str = "hermes"  # verl's multi_turn.format: what an unparsable call is told
+    videos: ToolVideos | None = None  # shows tools' videos (None: each is dropped with a note)
 
     async def run_turn(
         self, calls: list[FunctionCall], malformed: int, state: TrajectoryState, agent_data: LoopAgentData
@@ -109,7 +111,7 @@ class ToolRunner:
         # Sequential, so image ids are deterministic and a call may use an image made by an earlier one.
         for position, call in enumerate(run):
             response, reward, ends = await self.execute(call, state, agent_data)
-            message = self.tool_message(call, response, state)
+            message = self.tool_message(call, response, state, agent_data)
             if message is None:
                 return None
             turn.messages.append(message)
@@ -196,11 +198,18 @@ class ToolRunner:
         instance_id = await state.sessions.instance_id(tool_name)
         return await tool.execute(instance_id, arguments, agent_data=agent_data)
 
-    def tool_message(self, call: FunctionCall, response: ToolResponse, state: TrajectoryState) -> dict | None:
+    def tool_message(
+        self, call: FunctionCall, response: ToolResponse, state: TrajectoryState, agent_data: LoopAgentData
+    ) -> dict | None:
         """The tool-role message of one call. None when the budget says stop."""
         images = response.image if isinstance(response.image, list) else [response.image] if response.image else []
-        notes = ["videos from tools are not supported and were dropped"] if response.video else []
-        content = self.content(images, response.text or "", notes, state)
+        videos = self._videos(response, state, agent_data)
+        if videos.stop:
+            return None
+        text = response.text or ""
+        if response.video and not videos.parts:
+            text = ""  # the tool's text describes a video the model will not see; the notes say why
+        content = self.content(images, text, videos.notes, state, videos.parts)
         if content is None:
             return None
         # named: a template that renders each result under its call's name (Gemma 4's) needs it
@@ -209,9 +218,20 @@ class ToolRunner:
             message["tool_call_id"] = call.tool_call_id
         return message
 
-    def content(self, images: list, text: str, notes: list[str], state: TrajectoryState) -> list | str | None:
-        """Message content: the admitted images (each added to the workspace) then the text, with image ids and
-        notes on what the budget did. None when the budget says stop."""
+    def _videos(self, response: ToolResponse, state: TrajectoryState, agent_data: LoopAgentData) -> VideoAnswer:
+        videos = response.video if isinstance(response.video, list) else [response.video] if response.video else []
+        if not videos:
+            return VideoAnswer([], [])
+        if self.videos is None:
+            return VideoAnswer([], ["this loop shows no video from a tool; the tool's video was dropped"])
+        return self.videos.answer(videos, state, agent_data)
+
+    def content(
+        self, images: list, text: str, notes: list[str], state: TrajectoryState, videos: list[dict] | None = None
+    ) -> list | str | None:
+        """Message content: the admitted images (each added to the workspace), the admitted ``videos`` (content
+        parts), then the text, with image ids and notes on what the budget did. None when the budget says stop."""
+        videos = videos or []
         content, new_ids = [], []
         for image in images:
             if not isinstance(image, Image.Image):
@@ -231,6 +251,7 @@ class ToolRunner:
                 new_ids.append(state.workspace.add(admission.image))
                 content.append({"type": "image", "image": admission.image})
         text = valid_text(self._response_text(text, images, new_ids, notes))
+        content += videos
         return content + [{"type": "text", "text": text}] if content else text
 
     def _response_text(self, text: str, images: list, new_ids: list[int], notes: list[str]) -> str:

@@ -56,8 +56,14 @@ class ScriptedClient:
         turn = self.turns_seen.get(request_id, 0)
         self.turns_seen[request_id] = turn + 1
         images = list(image_data or [])
+        videos = list(kwargs.get("video_data") or [])  # verl's (frames, metadata) per video, in order
         self.requests.append(
-            {"prompt_ids": list(prompt_ids), "images": images, "sampling_params": dict(sampling_params)}
+            {
+                "prompt_ids": list(prompt_ids),
+                "images": images,
+                "videos": videos,
+                "sampling_params": dict(sampling_params),
+            }
         )
         token_ids, log_probs = self.answer(turn, list(prompt_ids), images, sampling_params)
         # the weight version, as verl's server client reports it (llm_server.AsyncLLMServerManager.generate)

@@ -220,6 +220,11 @@ def recorded_videos(item: LoadedRecord) -> list[RecordedVideo]:
         )
     found = []
     for video in videos:
+        if video.get("source") == "tool":  # its place is a later turn's context, never a prompt this rebuilds
+            raise RecordError(
+                f"{item.path}: video {video['id']} is a tool's answer (turn {video.get('turn')}); rescore rebuilds "
+                "prompt videos only: not rescored"
+            )
         if not video.get("times_s") or not video.get("width") or not video.get("height"):
             raise RecordError(f"{item.path}: video {video['id']} lacks its frames' times or size: cannot rebuild it")
         if video["width"] * video["height"] > DECODE_MAX_PIXELS:  # a frame the loop never shows: the record lies

@@ -8,7 +8,9 @@ by, is the loop's) and ``resized_height`` / ``resized_width`` (the recorded size
 this package's fix (``adaptations/fixes/sft_video_sampling.py``). Records are untrusted: a video is named only if its
 file resolves inside ``--video-root`` (no symlink out), can be read as a video, the entry passes the loop's own
 checks of sampling keys (``agent_loop.prompt_videos``), and the file, probed again, samples the recorded times. A
-record with a video that fails is skipped, counted under the reason (``VideoRefused``), and logged with the detail.
+record with a video that fails is skipped, counted under the reason (``VideoRefused``), and logged with the detail. A
+record holding a tool's video (a ``clip``'s answer) is skipped under ``TOOL_VIDEO``: a row names prompt video files
+only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from verl_mm_tools.files import FileRoots
 from verl_mm_tools.trajectories.read import LoadedRecord
 from verl_mm_tools.video import VideoInfo, probe_video, sampled_indices
 
+TOOL_VIDEO = "a tool answered it with a video (clip): SFT rows name prompt video files only"
 NO_ROOT = "its prompt holds videos: give --video-root (the folder their files are under) to export them"
 AS_FRAMES = "its prompt's video was given as frames, not a file (SFT rows name video files)"
 OUTSIDE = "its video's file is outside --video-root"
@@ -70,6 +73,9 @@ class VideoRows:
         videos = item.record.get("videos") or []
         if not videos:
             return []
+        answered = [video.get("id") for video in videos if video.get("source") == "tool"]
+        if answered:
+            raise VideoRefused(TOOL_VIDEO, f"{item.path}, video(s) {answered}")
         if self.roots is None:
             raise VideoRefused(NO_ROOT, str(item.path))
         return [self._entry(item, video, self.roots, f"{item.path}, video {video.get('id')}") for video in videos]

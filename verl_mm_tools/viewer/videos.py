@@ -1,5 +1,5 @@
-"""A trajectory page's prompt videos: each one's strip of frames (the dump's thumbnails), the times of the frames the
-model saw, their size and the video's file."""
+"""A trajectory page's videos (the prompt's and tools' answers): each one's strip of frames (the dump's thumbnails),
+the times of the frames the model saw, their size and the video's file or the turn whose tool answered with it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from html import escape
 
 
 def video_view(video: dict, image_base: str | None) -> str:
-    """A prompt video as the model saw it: its strip of frames, its frames' times and size, and its file."""
+    """A video as the model saw it: its strip of frames, its frames' times and size, and its file (a prompt's) or
+    its turn (a tool's)."""
     times = video.get("times_s") or []
     shown = ", ".join(f"{time:g}" for time in times[:32]) + (", ..." if len(times) > 32 else "")
     source = f", from {video['path']}" if video.get("path") else ", given as frames"
+    if video.get("source") == "tool":
+        source = f", a tool's answer in turn {video.get('turn')}"
     size = f"{video.get('width')}x{video.get('height')} px"
     what = f"Video {video['id']}: {len(times)} frames at {shown} s ({size}){source}"
     frames = "".join(
