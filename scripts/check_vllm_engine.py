@@ -9,7 +9,8 @@ For each model: one multi-image prompt (the tool format mm_tool renders: images 
 one placeholder, which vLLM expands); vLLM generates greedily with log-probs, and the same tokens are scored by a
 float32 HF forward at the position ids verl's agent loop computes for the trainer. Families whose processor reads
 videos (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are checked a second time with a video prompt and two frames in the tool's
-answer: the video loaded by qwen-vl-utils as verl loads it, and sent with its metadata as verl's server sends it.
+answer: the video loaded by qwen-vl-utils as verl loads it, and sent with its metadata as verl's server sends it;
+and a third time with a ``clip`` answer (a second video, the window ``ClipTool`` samples, in the tool's answer).
 Prints one JSON line per check and exits 1 when any fails. Needs vllm, transformers and verl with verl-mm-tools (the
 ids are verl's).
 """
@@ -64,6 +65,23 @@ def video_conversation(video: str, frames: list[Image.Image]) -> list[dict]:
     ]
 
 
+def clip_conversation(video: str, answer: str) -> list[dict]:
+    call = '{"name": "clip", "arguments": {"video_id": 1, "start_s": 2.0, "end_s": 2.5, "fps": 10}}'
+    tool_content = [{"type": "text", "text": "<tool_response>\n"}, {"type": "video"}]
+    tool_content.append({"type": "text", "text": f"{answer}\n</tool_response>"})
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video", "video": video, "fps": 1.0},
+                {"type": "text", "text": "Which colour flashes?"},
+            ],
+        },
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "user", "content": tool_content},
+    ]
+
+
 def as_verl_sends(ids: list[int], processor, fixed: bool = True) -> list[int]:
     """The prompt ids verl's vLLM server hands vLLM (``qwen2_5_vl_dedup_image_tokens``): with verl-mm-tools' fix 8
     (installed when verl is imported), or verl's own function (``fixed=False``), which collapses Qwen-VL's runs only."""
@@ -84,7 +102,7 @@ def check(model_dir: str) -> list[dict]:
         model=model_dir,
         dtype="float32",
         max_model_len=4096,
-        limit_mm_per_prompt={"image": len(SIZES), "video": 1 if with_video else 0},
+        limit_mm_per_prompt={"image": len(SIZES), "video": 2 if with_video else 0},
         enforce_eager=True,
         seed=0,
     )
@@ -93,6 +111,7 @@ def check(model_dir: str) -> list[dict]:
     if with_video:
         with tempfile.TemporaryDirectory() as folder:
             reports.append(check_video(engine, model, processor, Path(folder)))
+            reports.append(check_clip(engine, model, processor, Path(folder)))
     return [{"model": model_dir, "model_type": model.config.model_type, **report} for report in reports]
 
 
@@ -124,6 +143,37 @@ def check_video(engine, model, processor, folder: Path) -> dict:
     report = compare(engine, model, processor, inputs, {"image": frames, "video": videos})
     video_pad = processor.tokenizer.convert_tokens_to_ids(processor.video_token)
     return {"prompt": "video", **report, "video_tokens": inputs["input_ids"][0].tolist().count(video_pad)}
+
+
+def check_clip(engine, model, processor, folder: Path) -> dict:
+    """The clip of ``check_video`` (4 s at 10 fps, sampled at 1 fps) and, in the tool's answer, ``clip``'s video of
+    2.0-2.5 s at 10 fps (6 frames): the tool's own sampling and metadata, the second video of the request."""
+    import asyncio
+    import types
+
+    import numpy as np
+    from qwen_vl_utils import process_vision_info
+    from verl.utils.tokenizer.tokenizer import build_multimodal_processor_inputs
+
+    from verl_mm_tools.files import STATE_ATTR
+    from verl_mm_tools.tools.video_tools import ClipTool
+    from verl_mm_tools.video import VideoSource, write_video
+
+    pictures = [np.full((112, 112, 3), (20 * (i % 10), 90, 200 - 10 * (i % 10)), dtype=np.uint8) for i in range(40)]
+    clip = write_video(folder / "clip.mp4", pictures, 10)
+    agent_data = types.SimpleNamespace(image_data=[])
+    setattr(agent_data, STATE_ATTR, types.SimpleNamespace(videos=[VideoSource(path=str(clip))]))
+    arguments = {"video_id": 1, "start_s": 2.0, "end_s": 2.5, "fps": 10}
+    answer, _, _ = asyncio.run(ClipTool().execute("check", arguments, agent_data=agent_data))
+    messages = clip_conversation(str(clip), answer.text)
+    patch_size = processor.image_processor.patch_size
+    _, videos = process_vision_info(messages[:1], image_patch_size=patch_size, return_video_metadata=True)
+    videos = [*videos, *answer.video]  # the prompt's, then the tool's: the order of agent_data.video_data
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = build_multimodal_processor_inputs(processor, text=[text], videos=videos)
+    report = compare(engine, model, processor, inputs, {"video": videos})
+    video_pad = processor.tokenizer.convert_tokens_to_ids(processor.video_token)
+    return {"prompt": "clip", **report, "video_tokens": inputs["input_ids"][0].tolist().count(video_pad)}
 
 
 def compare(engine, model, processor, inputs, multi_modal_data: dict) -> dict:

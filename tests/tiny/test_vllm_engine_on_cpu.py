@@ -27,10 +27,11 @@ VLLM_PYTHON = os.environ.get("VERL_MM_TOOLS_VLLM_PYTHON", sys.executable)
 # trainer runs. Each costs ~45 s of engine start and HF forward here, ~70 s beside a trainer run.
 IN_A_TRAINER_RUN = {"qwen2_5_vl", "gemma4", "qwen3_vl_moe"}
 PARENT_OF_ONE_CHECKED = {"qwen3_vl", "glm4v"}
-# The script checks a video prompt for each family whose processor reads videos; Qwen2.5-VL's runs here for it (its
-# video positions and metadata: three fixes). Qwen3-VL's timestamped frames: the ids vLLM gets are the template's
-# (tests/adaptations/test_verl_fixes_on_cpu.py), and vLLM's expansion of them the processor's (docs/video.md: 212 =
-# 212 tokens, 4.8e-7), left out of CI for its ~35 s.
+# The script checks a video prompt for each family whose processor reads videos, and a clip answer (a second video, in
+# the tool's answer); Qwen2.5-VL's runs here for them (its video positions and metadata: three fixes). Qwen3-VL's
+# timestamped frames: the ids vLLM gets are the template's (tests/adaptations/test_verl_fixes_on_cpu.py), and vLLM's
+# expansion of them the processor's (docs/video.md: 212 = 212 tokens, 4.8e-7; the clip: 305 = 305, 0.0), left out of
+# CI for its ~35 s.
 VIDEO_CHECKED = {"qwen2_5_vl"}
 
 
@@ -51,7 +52,9 @@ def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
     sys.stderr.write(done.stderr[-3000:])
     with_video = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"}
     assert [(report["model_type"], report["prompt"]) for report in reports] == [
-        (family, prompt) for family in families for prompt in ("images", "video")[: 1 + (family in with_video)]
+        (family, prompt)
+        for family in families
+        for prompt in ("images", "video", "clip")[: 1 + 2 * (family in with_video)]
     ]
     for report in reports:
         # video prompts: the trainer's positions (adaptations/fixes/qwen2_5_vl_video_positions.py,
@@ -61,6 +64,6 @@ def test_every_tiny_family_loads_in_vllm_with_hf_logprobs():
         assert report["vllm_prompt_tokens"] == report["prompt_tokens"], report
         # verl's own ids: vLLM expands GLM-V's and Gemma 4's image runs, Qwen3-VL's video frames, a second time
         expanded_again = report["vllm_prompt_tokens_from_verls_own_ids"] > report["prompt_tokens"]
-        again = ("qwen3_vl",) if report["prompt"] == "video" else ("glm4v", "gemma4")
+        again = ("qwen3_vl",) if report["prompt"] in ("video", "clip") else ("glm4v", "gemma4")
         assert expanded_again == report["model_type"].startswith(again), report
     assert done.returncode == 0
