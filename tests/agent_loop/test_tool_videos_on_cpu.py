@@ -100,7 +100,7 @@ def test_the_samples_inputs_are_verls_own_processor_pass_over_both_videos(clippe
     def float_output(*args):
         raise NotCompactable("the baseline: verl's own float output")
 
-    output, _, _ = clipped
+    output, client, _ = clipped
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(processed_images, "compacted", float_output)
         baseline, _, _ = _rollout(tiny_model_dir, tmp_path, root, [WINDOW, {**WINDOW, "video_id": 3}])
@@ -111,6 +111,10 @@ def test_the_samples_inputs_are_verls_own_processor_pass_over_both_videos(clippe
     assert floats["video_grid_thw"].tolist() == [PROMPT_GRID, CLIP_GRID]
     assert floats["second_per_grid_ts"].tolist() == pytest.approx([2.0, 0.2])  # 1 fps and 10 fps, 2 frames a step
     assert VIDEO_PIXELS not in carried and "vmt_video_frames_1" in carried
+    # SGLang's payload (it cannot take frames) for the turn after the clip: the same pass's pixels of both videos
+    [payload] = client.requests[1]["video_payload"]
+    assert payload["video_grid_thw"].tolist() == [PROMPT_GRID, CLIP_GRID]
+    assert torch.equal(payload["pixel_values_videos"], floats[VIDEO_PIXELS])
     got, want = extract([carried]), extract.__wrapped__([floats])
     assert sorted(got) == sorted(want) and VIDEO_PIXELS in want
     assert all(torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype for key in want)
@@ -302,3 +306,27 @@ def test_a_malformed_tool_video_is_dropped_with_what_was_wrong(video, note):
     from verl_mm_tools.agent_loop.tool_videos import _malformed
 
     assert _malformed(video) == note
+
+
+def test_a_tool_turn_that_does_not_fit_takes_its_clip_with_it(tiny_model_dir, root, tmp_path):
+    """The response budget drops the whole tool turn: the clip leaves the trajectory's videos, its budget and SGLang's
+    payload with it (``Checkpoint.restore``), and the sample holds the prompt's video only."""
+    prompt = [
+        {
+            "role": "user",
+            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
+        }
+    ]
+    output, client, _ = LocalRollout(tiny_model_dir, None, tmp_path).run(
+        [tool_call_text("clip", **WINDOW), ANSWER],
+        [prompt],
+        columns={"extra_info": [{"index": 0}]},
+        tools=[ClipTool()],
+        loop_options={"file_roots": [str(root)]},
+        prompt_length=1024,
+        response_length=64,  # the call fits, its answer (18 video tokens and the text) does not
+    )
+    assert len(client.requests) == 1
+    assert list(output.non_tensor_batch["mm_tool/masked"]) == [0]
+    assert str(output.non_tensor_batch["mm_tool/stop_reason"][0]) == "length_limit"
+    assert expanded_inputs(output.non_tensor_batch["multi_modal_inputs"][0])["video_grid_thw"].tolist() == [PROMPT_GRID]

@@ -320,10 +320,12 @@ class Checkpoint:
     images: int
     videos: int = 0  # the trajectory's videos (``state.videos``)
     tool_videos: int = 0
+    video_payload: object = None  # verl's SGLang video payload (``mm_processor_output``), which tool videos extend
 
     @classmethod
     def of(cls, agent_data: LoopAgentData, state: TrajectoryState) -> Checkpoint:
-        return cls(len(agent_data.messages), len(agent_data.image_data), len(state.videos), len(state.tool_videos))
+        videos, tool_videos, payload = len(state.videos), len(state.tool_videos), agent_data.mm_processor_output
+        return cls(len(agent_data.messages), len(agent_data.image_data), videos, tool_videos, payload)
 
     def restore(self, agent_data: LoopAgentData, state: TrajectoryState) -> None:
         del agent_data.messages[self.messages :]
@@ -334,6 +336,7 @@ class Checkpoint:
         if dropped and agent_data.video_data:
             del agent_data.video_data[len(agent_data.video_data) - dropped :]
             agent_data.video_data = agent_data.video_data or None  # verl's: None without videos
+        agent_data.mm_processor_output = self.video_payload  # type: ignore[assignment]  # the value it had
         del state.videos[self.videos :]
         del state.video_sizes[self.videos :]
         del state.tool_videos[self.tool_videos :]

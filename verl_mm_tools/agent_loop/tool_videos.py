@@ -5,11 +5,12 @@ tool message holds ``{"type": "video", "video": (frames, metadata)}``, the form 
 from a message and hands the processor with its metadata (``build_multimodal_processor_inputs``), so the tool turn's
 token ids are the processor's expansion of the template's video placeholder (Qwen3-VL's ``<t seconds>`` stamps
 included). The video joins ``agent_data.video_data`` after the prompt's, in order, which is what everything else
-reads: the engine's request (verl's ``video_data``), the output's ``multi_modal_data["videos"]`` (verl's worker's
-processor pass, the compact video form, the M-RoPE positions with every video's grid and timing) and the renders of
-``export: per_turn`` / ``auto``. It becomes the conversation's next video (``Video N``, which ``get_frames`` and
-``clip`` take), is charged to the image token budget with the processor's token count, and its placeholders join the
-token check (``TrajectoryState.sample_video_tokens``).
+reads: the engine's request (verl's ``video_data``; SGLang's processor-output payload, ``payload_with``), the
+output's ``multi_modal_data["videos"]`` (verl's worker's processor pass, the compact video form, the M-RoPE positions
+with every video's grid and timing) and the renders of ``export: per_turn`` / ``auto``. It becomes the
+conversation's next video (``Video N``, which ``get_frames`` and ``clip`` take), is charged to the image token
+budget with the processor's token count, and its placeholders join the token check
+(``TrajectoryState.sample_video_tokens``).
 
 Where the family does not render it (a processor outside ``RENDERING_PROCESSORS``: GLM-4.1V's, whose video
 placeholder expansion and positions this loop does not check, Gemma 4's; or a template that writes no video
@@ -60,11 +61,17 @@ ADAPTATION = Adaptation(
             "AgentLoopWorker._compute_multi_modal_inputs",
             "c1bf0d04b7399d10ea9cbc6a6e0beb7f708a40e90ee8ee19d2b582cae235f410",
         ),
+        Target(
+            "verl.experimental.agent_loop.agent_loop",
+            "AgentLoopBase.build_sglang_video_payload",
+            "297c9477f01187ed748748f20aa3b44805765903f3d26ea5d64c56f8490ba2d6",
+        ),
     ),
     what="the mm_tool loop shows a tool's `ToolResponse.video` (verl's `ToolAgentLoop` raises `NotImplementedError`): "
     "a `{type: video, video: (frames, metadata)}` part of the tool message, which verl's VL builder extracts and its "
     "processor call splits into videos and `video_metadata`; the video appended to `agent_data.video_data` after "
-    "the prompt's, which verl's worker's processor pass reads in order",
+    "the prompt's, which verl's worker's processor pass reads in order; SGLang's payload (verl's "
+    "`build_sglang_video_payload` form) extended with the video's processor output",
     why="verl has no way to show a video a tool returns; a family outside Qwen2-VL, Qwen2.5-VL and Qwen3-VL, whose "
     "video in a tool turn is not checked here, is told so by name instead",
     applies_to=VERL,
@@ -104,10 +111,11 @@ class ToolVideos:
                 continue
             frames, metadata = video
             try:
-                grid = self._grid(frames, metadata)
+                processed = self._processed(frames, metadata)
             except Exception as error:  # noqa: BLE001 - a tool's video is untrusted: the processor may refuse it
                 answer.notes.append(f"the tool's video cannot be processed ({type(error).__name__}); it was dropped")
                 continue
+            grid = processed["video_grid_thw"]
             tokens = video_placeholder_tokens(self.processor, grid)
             assert state.budget is not None, "_problem refuses videos where the model sees no images"
             admission = state.budget.admit_video(tokens)
@@ -119,6 +127,7 @@ class ToolVideos:
                 continue
             answer.parts.append({"type": "video", "video": (frames, metadata)})
             self._keep(frames, metadata, grid, tokens, state, agent_data)
+            agent_data.mm_processor_output = payload_with(agent_data.mm_processor_output, processed)
         return answer
 
     @property
@@ -140,8 +149,9 @@ class ToolVideos:
             self._refusal = _refusal(self.context)
         return self._refusal  # type: ignore[return-value]  # set above
 
-    def _grid(self, frames: Any, metadata: dict) -> Any:
-        """The processor's grid for the video, from the call verl's builder makes (its metadata, no resampling)."""
+    def _processed(self, frames: Any, metadata: dict) -> Any:
+        """The processor's output for the video (its grid, pixel values and timing), from the call verl's builder
+        makes (its metadata, no resampling)."""
         from verl.utils.tokenizer.tokenizer import build_multimodal_processor_inputs
 
         output = build_multimodal_processor_inputs(
@@ -150,7 +160,7 @@ class ToolVideos:
             videos=[(frames, metadata)],
             mm_processor_kwargs=self.context.mm_processor_kwargs(None),
         )
-        return output["video_grid_thw"]
+        return output
 
     def _keep(
         self, frames: Any, metadata: dict, grid: Any, tokens: int, state: TrajectoryState, agent_data: LoopAgentData
@@ -171,6 +181,22 @@ class ToolVideos:
         if agent_data.video_data is None:
             agent_data.video_data = []
         agent_data.video_data.append((frames, metadata))
+
+
+def payload_with(payload: list[dict] | None, processed: Any) -> list[dict] | None:
+    """SGLang's video payload (verl's ``build_sglang_video_payload``: one processor output for all of a request's
+    videos, as SGLang cannot take frames) with a tool video's processor output after the earlier videos'; verl's
+    client sends it in place of the frames on SGLang only. Unchanged where the processor gave no pixel values."""
+    import torch
+
+    if "pixel_values_videos" not in processed:
+        return payload
+    keys = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    new = {key: torch.as_tensor(processed[key]) for key in keys if key in processed}
+    if payload:
+        earlier = payload[0]
+        new = {key: torch.cat([torch.as_tensor(earlier[key]), value]) for key, value in new.items() if key in earlier}
+    return [{"format": "processor_output", **new}]
 
 
 def _malformed(video: object) -> str | None:

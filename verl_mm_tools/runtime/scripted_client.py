@@ -62,6 +62,7 @@ class ScriptedClient:
                 "prompt_ids": list(prompt_ids),
                 "images": images,
                 "videos": videos,
+                "video_payload": kwargs.get("mm_processor_output"),  # what SGLang gets in place of the frames
                 "sampling_params": dict(sampling_params),
             }
         )
