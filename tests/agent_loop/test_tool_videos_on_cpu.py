@@ -178,19 +178,20 @@ def test_a_family_that_cannot_render_it_is_told_so_by_name(tmp_path, family, pro
     text = worker.tokenizer.decode(output.batch["responses"][0], skip_special_tokens=False)
     note = (
         f"Note: this model ({processor}) cannot be shown a video in a tool's answer (supported: Qwen2-VL, "
-        "Qwen2.5-VL, Qwen3-VL); the tool's video was dropped."
+        "Qwen2.5-VL, Qwen3-VL, Qwen3.5); the tool's video was dropped."
     )
     assert note in text and "a clip" not in text
     assert [len(request["videos"]) for request in client.requests] == [0, 0]
     assert list(output.non_tensor_batch["mm_tool/masked"]) == [0]
 
 
-def test_qwen3_vl_renders_the_clip_with_its_frame_groups_timestamps(root, tmp_path):
-    """Qwen3-VL's processor writes a video as a ``<t seconds>`` stamp and a run per 2-frame group: the clip's stamps
-    are times in Video 1 (its window starts at 2.0 s)."""
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_qwen3_vl_renders_the_clip_with_its_frame_groups_timestamps(root, tmp_path, family):
+    """Qwen3-VL's processor (Qwen3.5's too) writes a video as a ``<t seconds>`` stamp and a run per 2-frame group:
+    the clip's stamps are times in Video 1 (its window starts at 2.0 s)."""
     from verl_mm_tools.tiny import tiny_model_path
 
-    output, client, worker = _rollout(tiny_model_path(family="qwen3_vl"), tmp_path, root, [WINDOW])
+    output, client, worker = _rollout(tiny_model_path(family=family), tmp_path, root, [WINDOW])
     run = "<|vision_start|>" + "<|video_pad|>" * 6 + "<|vision_end|>"
     assert _tool_texts(output, worker)[0].startswith(
         f"<tool_response>\n<2.0 seconds>{run}<2.2 seconds>{run}<2.5 seconds>{run}Video 2: Video 1 from 2.00 to 2.50 s"

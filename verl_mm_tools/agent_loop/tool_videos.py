@@ -72,14 +72,14 @@ ADAPTATION = Adaptation(
     "processor call splits into videos and `video_metadata`; the video appended to `agent_data.video_data` after "
     "the prompt's, which verl's worker's processor pass reads in order; SGLang's payload (verl's "
     "`build_sglang_video_payload` form) extended with the video's processor output",
-    why="verl has no way to show a video a tool returns; a family outside Qwen2-VL, Qwen2.5-VL and Qwen3-VL, whose "
-    "video in a tool turn is not checked here, is told so by name instead",
+    why="verl has no way to show a video a tool returns; a family outside Qwen2-VL, Qwen2.5-VL, Qwen3-VL and "
+    "Qwen3.5, whose video in a tool turn is not checked here, is told so by name instead",
     applies_to=VERL,
     proof="`tests/agent_loop/test_tool_videos_on_cpu.py` (token ids, the worker's inputs and positions against the "
     "processor's; the refusal on GLM-4.1V and Gemma 4)",
 )
 
-# processors whose expansion of a video in a tool turn, and its positions, the tests check against verl's own pass
+# processors whose expansion of a video in a tool turn the tests check (Qwen3VLProcessor: Qwen3-VL, its MoE, Qwen3.5)
 RENDERING_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 
 
@@ -227,7 +227,7 @@ def _refusal(context: LoopContext) -> str | None:
     if name not in RENDERING_PROCESSORS or not getattr(processor, "video_token", None):
         return (
             f"this model ({name}) cannot be shown a video in a tool's answer (supported: Qwen2-VL, Qwen2.5-VL, "
-            "Qwen3-VL); the tool's video was dropped"
+            "Qwen3-VL, Qwen3.5); the tool's video was dropped"
         )
     if not _template_renders_tool_video(context):
         return f"this model's chat template ({name}) shows no video in a tool's answer; the tool's video was dropped"
