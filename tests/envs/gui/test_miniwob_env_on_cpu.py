@@ -226,6 +226,55 @@ def test_a_hung_browser_is_killed_after_its_timeout():
     run(main())
 
 
+RED = (255, 0, 0)
+
+
+def button_centre(env: MiniWoBEnv) -> tuple[float, float, tuple[float, ...]]:
+    """The click-test button's centre in page px, and its box (left, top, width, height) from MiniWoB's DOM."""
+    (button,) = [element for element in env.observation["dom_elements"] if element["tag"] == "button"]
+    box = tuple(float(button[key][0]) for key in ("left", "top", "width", "height"))
+    return box[0] + box[2] / 2, box[1] + box[3] / 2, box
+
+
+def pixel(image, x: float, y: float) -> tuple[int, ...]:
+    return tuple(image.convert("RGB").getpixel((int(x), int(y))))
+
+
+def test_high_contrast_paints_the_button_red_and_keeps_its_box_clicks_and_reward():
+    async def main():
+        plain, plain_shown = await episode("click-test", 3)
+        x, y, plain_box = button_centre(plain)
+        assert pixel(plain_shown.images[0], x, y) != RED
+        browser = plain.browser
+        await plain.close()
+        red, red_shown = await episode("click-test", 3, high_contrast=True, reward="success")
+        try:
+            assert red.browser is browser  # the pool's browser, reused
+            assert button_centre(red) == (x, y, plain_box) == (89.0, 166.0, (47.0, 124.0, 84.0, 84.0))
+            assert pixel(red_shown.images[0], x, y) == RED
+            missed = await red.act(Click(5.0, 205.0))  # the area's corner: no button, the episode goes on
+            assert (missed.reward, missed.done) == (0.0, False)
+            assert pixel(missed.screenshot, x, y) == RED
+            hit = await red.act(Click(x, y))
+            assert (hit.reward, hit.done, hit.info["raw_reward"]) == (1.0, True, 1)
+        finally:
+            await red.close()
+        again, again_shown = await episode("click-test", 4, high_contrast=True)  # MiniWoB re-renders the task
+        try:
+            assert again.browser is browser
+            assert pixel(again_shown.images[0], *button_centre(again)[:2]) == RED
+        finally:
+            await again.close()
+        plain_again, plain_again_shown = await episode("click-test", 3)  # the style goes with the option
+        try:
+            assert plain_again.browser is browser
+            assert np.array_equal(np.asarray(plain_again_shown.images[0]), np.asarray(plain_shown.images[0]))
+        finally:
+            await plain_again.close()
+
+    run(main())
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -236,6 +285,10 @@ def test_a_hung_browser_is_killed_after_its_timeout():
         ({"name": "miniwob", "task": "click-test", "max_actions": 0}, r"max_actions must be a whole number >= 1"),
         ({"name": "miniwob", "task": "click-test", "max_actions": 1.5}, r"max_actions must be a whole number >= 1"),
         ({"name": "miniwob", "task": "click-test", "headless": False}, r"does not accept \['headless', 'task'\]"),
+        (
+            {"name": "miniwob", "task": "click-test", "high_contrast": "yes"},
+            r"high_contrast must be true or false.*'yes'",
+        ),
         ({"name": "minwob", "task": "click-test"}, r"unknown environment 'minwob'.*Did you mean 'miniwob'"),
     ],
 )

@@ -14,6 +14,12 @@ which counts the model's generation and its wait for the GPU; so by default the 
 bounds an episode (``time_limit_s`` sets one). ``max_actions`` ends an episode undone after that many actions (a click
 that misses does not end click-test): the task then scores as MiniWoB's time-out (-1; 0 with ``success``).
 
+``high_contrast: true`` paints the task area's buttons solid red (fill, border and label: ``HIGH_CONTRAST_CSS``), for
+a model that cannot see MiniWoB's grey-on-white buttons (the tiny one: docs/experiments/gui_click.md). The page, the
+boxes, the clicks and the reward are MiniWoB's own; only the paint differs. The rule is a style element set at every
+episode's start, after MiniWoB renders the task, so every screenshot shows it, and removed again for an episode
+without the option on a reused browser.
+
 Browsers: one per environment instance, taken from a process-wide pool when a trajectory starts and given back when it
 ends, reset for the next episode (not relaunched). Every browser call runs off the event loop with a timeout
 (``browser_timeout_s``); a browser that fails or hangs is killed, its trajectory fails (masked) and the pool launches
@@ -92,6 +98,18 @@ LAUNCH_SLOTS = threading.BoundedSemaphore(max(1, min(8, os.cpu_count() or 1)))
 # more trajectories at once than this relaunches the others each step
 MAX_IDLE_ENV = "VERL_MM_TOOLS_MAX_IDLE_BROWSERS"
 TYPING_LIMIT = 64  # MiniWoB's TYPING_MAX_LENGTH
+# high_contrast's paint: colours only (no size, margin or border width), so every box stays where MiniWoB put it
+HIGH_CONTRAST_CSS = (
+    "#area button { background: #f00 !important; border-color: #f00 !important; color: #f00 !important; }"
+)
+PAGE_STYLE_ID = "verl-mm-tools-page-style"
+# sets (or, given "", removes) the page's own style element; in <head>, which MiniWoB's re-render of #area keeps
+_SET_PAGE_STYLE_JS = """
+let style = document.getElementById(arguments[0]);
+if (!arguments[1]) { if (style) { style.remove(); } return; }
+if (!style) { style = document.createElement('style'); style.id = arguments[0]; document.head.appendChild(style); }
+style.textContent = arguments[1];
+"""
 _ACTION_TYPES = (
     ActionTypes.CLICK_COORDS,
     ActionTypes.SCROLL_UP_COORDS,
@@ -115,6 +133,7 @@ class _IsolatedInstance(SeleniumInstance):
 
     settings: BrowserSettings
     time_limit_ms: int
+    page_style: str = ""  # CSS set on the page at each episode's start ("" none)
     browser: Browser
 
     def create_driver(self) -> None:
@@ -138,6 +157,8 @@ class _IsolatedInstance(SeleniumInstance):
             "if (document.activeElement) { document.activeElement.blur(); }"
         )
         super().begin_task(seed=seed)
+        # after the task rendered (a page MiniWoB reloads loses it), before the reset's screenshot
+        self.driver.execute_script(_SET_PAGE_STYLE_JS, PAGE_STYLE_ID, self.page_style)
 
 
 class _TaskEnvironment(MiniWoBEnvironment):
@@ -199,8 +220,10 @@ class TaskBrowser:
     def alive(self) -> bool:
         return self.gym.browser.alive and not self.gym.gym_instance.died
 
-    def reset(self, seed: int, time_limit_ms: int) -> dict[str, Any]:
+    def reset(self, seed: int, time_limit_ms: int, page_style: str = "") -> dict[str, Any]:
+        """A new episode; ``page_style``: CSS the page shows in it (the last episode's is dropped)."""
         self.gym.gym_instance.time_limit_ms = time_limit_ms
+        self.gym.gym_instance.page_style = page_style
         observation, _ = self.gym.reset(seed=seed)
         self.episodes += 1
         return observation
@@ -304,6 +327,7 @@ class MiniWoBEnv(Environment):
             the trajectory fails.
         launch_timeout_s: The longest a browser's launch may take (once one of the ``LAUNCH_SLOTS`` is free).
         max_actions: Actions after which an episode that has not ended ends undone; None: no limit.
+        high_contrast: Paint the task area's buttons solid red (``HIGH_CONTRAST_CSS``); boxes and rewards unchanged.
     """
 
     name = "miniwob"
@@ -317,6 +341,7 @@ class MiniWoBEnv(Environment):
         browser_timeout_s: float = 30.0,
         launch_timeout_s: float = 120.0,
         max_actions: int | None = None,
+        high_contrast: bool = False,
     ) -> None:
         self.task = check_task(task)
         if reward not in REWARDS:
@@ -332,6 +357,12 @@ class MiniWoBEnv(Environment):
             isinstance(max_actions, bool) or not isinstance(max_actions, int) or max_actions < 1
         ):
             raise ConfigError(f"miniwob: max_actions must be a whole number >= 1 or None, got {max_actions!r}")
+        if not isinstance(high_contrast, bool):
+            raise ConfigError(
+                f"miniwob: high_contrast must be true or false (a YAML boolean), got {high_contrast!r}; write "
+                "`high_contrast: true` to paint the task's buttons red"
+            )
+        self.page_style = HIGH_CONTRAST_CSS if high_contrast else ""
         self.reward = reward
         self.max_actions = max_actions
         self.actions = 0
@@ -353,7 +384,7 @@ class MiniWoBEnv(Environment):
         except (Exception, asyncio.TimeoutError) as error:
             what = f"no answer within {self.launch_timeout_s:g} s" if isinstance(error, TimeoutError) else error
             raise BrowserLost(f"miniwob {self.task}: launching a browser failed ({what})") from error
-        self.observation = await self._blocking(self.browser.reset, seed, self.time_limit_ms)
+        self.observation = await self._blocking(self.browser.reset, seed, self.time_limit_ms, self.page_style)
         self.actions = 0
         ACTIVE_EPISODE.set(self)
         screenshot = _screenshot(self.observation, self.screen_token)
