@@ -6,11 +6,11 @@ the assistant turns (generations), as the step metric ``mm_tool/turns/mean`` cou
 counts messages, prompt included).
 
 A finished trajectory is ``<step dir>/<id>/trajectory.json`` plus ``images/<image id>.png`` and
-``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 8; version 7 records lack the ``chat``'s video
-parts, version 6 records also ``videos`` and the messages' ``video_ids``, version 5 records also the samples'
-``images_left_out``, version 4 records also the turns' ``weight_versions``, version 3 records also ``chat``, version 2
-records also ``samples`` and the turns' ``sample``, version 1 records also the turns' ``prompt_tokens``,
-``tool_calls`` and ``images_added``):
+``images/<image id>.thumb.jpg``. Record keys (``RECORD_VERSION`` 9; version 8 records hold no video a tool
+answered (``source`` tool), version 7 records also lack the ``chat``'s video parts, version 6 records also ``videos``
+and the messages' ``video_ids``, version 5 records also the samples' ``images_left_out``, version 4 records also the
+turns' ``weight_versions``, version 3 records also ``chat``, version 2 records also ``samples`` and the turns'
+``sample``, version 1 records also the turns' ``prompt_tokens``, ``tool_calls`` and ``images_added``):
 
 - ``format``, ``version``, ``id`` (the dump id, a uuid hex), ``request_id`` (verl's, of the trajectory), ``model``
   (the path of the model that generated it: ``actor_rollout_ref.model.path``);
@@ -77,7 +77,7 @@ from verl_mm_tools.video import is_video_entry
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "verl-mm-tools/trajectory"
-RECORD_VERSION = 8
+RECORD_VERSION = 9
 RECORD_FILE = "trajectory.json"
 STAGED_RECORD_FILE = "record.json"
 STAGING_DIR = "_staging"

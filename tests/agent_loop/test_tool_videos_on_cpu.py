@@ -236,7 +236,7 @@ def test_the_record_keeps_the_clip_and_rescore_and_export_sft_refuse_it_by_name(
     record = loaded.record
     times = [2.0, 2.1, 2.2, 2.3, 2.4, 2.5]
     strip = [{"time_s": time, "thumb": f"videos/2_{position + 1}.thumb.jpg"} for position, time in enumerate(times)]
-    assert record["version"] == 8
+    assert record["version"] == 9
     assert record["videos"][1] == {"id": 2, "source": "tool", "turn": 1, "path": None, "times_s": times,
                                    "width": 84, "height": 56, "strip": strip}  # fmt: skip
     assert [record["videos"][0][key] for key in ("id", "source", "turn")] == [1, "prompt", 0]

@@ -150,7 +150,7 @@ def test_the_dump_keeps_the_prompts_video_and_the_viewer_shows_it(tiny_model_dir
     )
     [staged] = (dump_dir / STAGING_DIR).glob(f"*/{STAGED_RECORD_FILE}")
     record = read_checked(staged).record
-    assert record["version"] == 8
+    assert record["version"] == 9
     chat_parts = [part for message in record["chat"]["messages"] if isinstance(message["content"], list)
                   for part in message["content"]]  # fmt: skip
     assert [part for part in chat_parts if part["type"] != "text"][:2] == [

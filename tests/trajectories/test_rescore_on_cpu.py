@@ -448,7 +448,7 @@ def test_a_video_record_rescores_with_its_videos_placeholders_rebuilt(family, tm
     [row] = rows_of(tmp_path / "out")
     record = record_of(tmp_path / "out", row)
     assert (record["version"], chat_video_ids(record["chat"]), record["videos"][0]["times_s"]) == (
-        8,
+        RECORD_VERSION,
         [1],
         [0.0, 1.3, 2.6, 3.9],
     )

@@ -8,9 +8,9 @@ given it (tensor for tensor), and verl's function then joins the micro-batch as 
 of the micro-batch show is expanded once (by content). On the v1 trainer a sample may refer to an image another sample
 of its prompt group carries (``compact_image.ImageRef``, ``fixes/shared_images.py``): ``ReferredImages`` reads those
 its micro-batch does not carry from TransferQueue, in one read. A prompt video's compact form (``compact_video``:
-its uint8 frames, or a ``VideoRef`` to the sample of its group that carries them) is expanded there too. A sample whose compact images cannot be expanded
-exactly, or whose referred image cannot be read or is another, stops the step with ``CompactImageError`` naming it;
-samples without compact images pass unchanged."""
+its uint8 frames, or a ``VideoRef`` to the sample of its group that carries them) is expanded there too. A sample
+whose compact images cannot be expanded exactly, or whose referred image cannot be read or is another, stops the
+step with ``CompactImageError`` naming it; samples without compact images pass unchanged."""
 
 from __future__ import annotations
 
