@@ -20,6 +20,7 @@ from verl_mm_tools.demo.click_task import (
     click_example,
     covered_points,
     demonstration_rollout,
+    informed_clicks,
     interleaved,
     point_shares,
     uninformative_clicks,
@@ -57,6 +58,17 @@ def test_uninformative_clicks_give_each_covered_point_every_click_equally():
     clicks = uninformative_clicks(episodes, random.Random(0))
     pairs = Counter((episode.point, click) for episode, click in zip(episodes, clicks))
     assert pairs == {(point, click): 4 for point in range(4) for click in range(4)}
+
+
+def test_informed_clicks_hit_the_covered_point_in_the_true_share_and_guess_evenly_otherwise():
+    episodes = [ClickEpisode(seed, (0.0, 0.0, 1.0, float(seed)), seed % 4) for seed in range(128)]
+    clicks = informed_clicks(episodes, 0.6, random.Random(0))
+    hits = Counter(episode.point for episode, click in zip(episodes, clicks) if click == episode.point)
+    # 19 of each point's 32 click it knowingly (0.6, rounded); its 13 guesses hit it in 3 or 4 more
+    assert all(22 <= hits[point] <= 23 for point in range(4)) and sum(hits.values()) == 89
+    misses = Counter(click for episode, click in zip(episodes, clicks) if click != episode.point)
+    assert sum(misses.values()) == 39 and set(misses) == {0, 1, 2, 3}
+    assert clicks == informed_clicks(episodes, 0.6, random.Random(0))  # seeded
 
 
 @pytest.mark.integration  # Chromium
