@@ -38,6 +38,7 @@ from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.data.miniwob import VAL_SEED_OFFSET, miniwob_row
 from verl_mm_tools.demo.demonstrations import uninformative_labels
 from verl_mm_tools.demo.fit import collate, fit, model_inputs, one_thread
+from verl_mm_tools.errors import ColdStartError
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -281,7 +282,8 @@ def click_cold_started_model(base_dir: Path, tools_yaml: Path, seed: int, steps:
 def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
     """Fit the model in ``model_dir``, in place, to click demonstrations with mistakes (``informed_clicks``); returns
     the fit's figures, the demonstrations' success (0.7), the point shares the fitted model gives on its
-    demonstrations, and its true-point share on held-out screenshots (a RuntimeError below ``HELD_OUT_SHARE_FLOOR``)."""
+    demonstrations, and its true-point share on held-out screenshots (``ColdStartError`` below
+    ``HELD_OUT_SHARE_FLOOR``)."""
     from transformers import AutoModelForImageTextToText
 
     started = time.perf_counter()
@@ -308,7 +310,7 @@ def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
     }
     logger.info("click cold start: %s", report)
     if report["held_out_true_point_share"] < HELD_OUT_SHARE_FLOOR:
-        raise RuntimeError(
+        raise ColdStartError(
             f"click cold start: its true-point share on {spec.held_out} held-out screenshots is "
             f"{report['held_out_true_point_share']}, under {HELD_OUT_SHARE_FLOOR} (chance 0.25): it does not see "
             f"where the button is, and RL would start at chance. Fit longer (warm_start_steps, now {spec.steps}). "
