@@ -143,8 +143,9 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "reward and tool-call rate reach 0.9 (exit 3 if they do not); learn_zoom: the same from a warm start that "
         "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
         "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
-        "MiniWoB++'s click-test in headless Chromium, one click on one of four points, a showcase of the GUI "
-        "environment (the tiny model stays near chance; docs/gui.md); rotation: arrow pictures, the loop's showcase of "
+        "MiniWoB++'s click-test in headless Chromium with the button painted red, one click on one of four points, "
+        "from a cold start checked on held-out screenshots (exit 2 while it does not localize the button; "
+        "docs/gui.md); rotation: arrow pictures, the loop's showcase of "
         "tool calls; video: 4 s clips whose colour flash the prompt's frames miss, get_frames shows it (docs/video.md)",
     )
     demo.add_argument(

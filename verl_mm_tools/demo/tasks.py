@@ -7,8 +7,9 @@ tool-call rate reach 0.9), ``learn_zoom`` (the same, from a warm start that has 
 RL learns to read it and to call), ``learn`` (red or blue pictures, reward from chance 0.5 to >= 0.9; the run stops
 once the model has learned), ``learn_tool`` (the same with a rotate call before each answer), ``rotation`` (the
 arrow pictures, a showcase of the loop; the tiny model cannot see arrows well, so its reward stays near chance) and
-``click`` (MiniWoB++'s click-test in headless Chromium, one click on one of four points: a showcase of the GUI
-environment in verl's trainer; the tiny model does not see the button, so its success stays near chance, 0.25).
+``click`` (MiniWoB++'s click-test in headless Chromium with the button painted red, one click on one of four points,
+from a cold start of demonstrations with mistakes that must localize the button on held-out screenshots before RL:
+``click_task``).
 """
 
 from __future__ import annotations
