@@ -258,7 +258,7 @@ async def run_turn(loop, text: str, images: list[Image.Image]) -> list[tuple[obj
     answered = []
     for call in calls:
         response = (await loop.tool_runner.execute(call, state, agent_data)).response
-        answered.append((call, response, loop.tool_runner.tool_message(call, response, state)))
+        answered.append((call, response, loop.tool_runner.tool_message(call, response, state, agent_data)))
     return answered
 
 
