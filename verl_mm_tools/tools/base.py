@@ -117,6 +117,10 @@ class SchemaFunctionTool(BaseTool):
         self.name = self.tool_schema.function.name
         self.arguments = ArgumentSpec(type(self).schema_fn)
 
+    def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
+        """The answer to a call that cannot be done: the reason, as text the model reads."""
+        return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}
+
 
 # The config class of an ImageTool: ``class RotateTool(ImageTool[RotateConfig])`` types its ``settings``.
 ConfigT = TypeVar("ConfigT", bound=ImageToolConfig)
@@ -172,6 +176,3 @@ class ImageTool(SchemaFunctionTool, Generic[ConfigT]):
         result = fit_pixels(as_rgb(result), self.settings.max_pixels)
         text = f"Image {workspace.next_id}: Image {source_id} {what}, {result.width}x{result.height} px."
         return ToolResponse(image=[result], text=text), 0.0, {}
-
-    def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
-        return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}

@@ -111,7 +111,7 @@ class ScreenTool(SchemaFunctionTool):
             workspace = workspace_of(agent_data)
             action = self.action(arguments, screen, shown_size(workspace.images, screen.screen_token))
         except ToolInputError as error:
-            return ToolResponse(text=f"Error from {self.name}: {error}"), 0.0, {"error": str(error)}
+            return self._refuse(str(error))
         result = await screen.act(action)  # a browser that fails raises: the loop masks the trajectory
         return self._answer(result, self.describe(arguments), workspace.next_id)
 

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
@@ -63,15 +63,15 @@ class GetFramesConfig(ImageToolConfig):
             raise ConfigError(f"max_frames must be between 1 and {MAX_FRAMES_PER_CALL}, got {self.max_frames}")
 
 
-class GetFramesTool(SchemaFunctionTool):
-    """verl's ``BaseTool`` for ``get_frames`` (config: ``max_frames``, ``max_pixels`` per frame)."""
+class VideoWindowTool(SchemaFunctionTool):
+    """A tool that reads a window of one of the conversation's videos: the call is checked, the video found and read
+    off the event loop (``read``), then answered (``answer``); bad calls are answered as text."""
 
-    schema_fn = get_frames
-    example_arguments = {"video_id": 1, "start_s": 0.0, "end_s": 1.0, "n": 2}
+    config_cls: ClassVar[type[ImageToolConfig]]
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
         self.config = dict(config or {})
-        self.settings = GetFramesConfig.from_dict(self.config)
+        self.settings: Any = self.config_cls.from_dict(self.config)
         self._set_schema(tool_schema)
 
     @rollout_trace_op
@@ -81,14 +81,47 @@ class GetFramesTool(SchemaFunctionTool):
         agent_data = kwargs.get("agent_data")
         try:
             arguments = self.arguments.parse(parameters)
-            video = _video(videos_of(agent_data), arguments["video_id"])
+            videos = videos_of(agent_data)
+            video = _video(videos, arguments["video_id"])
             # reading the header, seeking and decoding: off the event loop the trajectories share
-            times, frames = await asyncio.to_thread(self._window, video, arguments)
+            read = await asyncio.to_thread(self.read, video, arguments)
         except (ToolInputError, VideoInputError) as error:
             return self._refuse(str(error))
         except Exception as error:  # logged; the model must get an answer, never an exception
             logger.exception("%s failed on arguments %s", self.name, show(parameters))
             return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
+        return self.answer(read, arguments, videos, agent_data)
+
+    def read(self, video: VideoSource, arguments: dict[str, Any]) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement read(video, arguments)")
+
+    def answer(
+        self, read: Any, arguments: dict[str, Any], videos: list[VideoSource], agent_data: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        raise NotImplementedError(f"{type(self).__name__} must implement answer(read, arguments, videos, agent_data)")
+
+
+def _checked_window(video: VideoSource, start_s: float, end_s: float) -> float:
+    """The window's end within the video; ``ToolInputError`` for a start outside it or an end before the start."""
+    duration = video.duration_s
+    if not 0 <= start_s < duration:
+        raise ToolInputError(f"start_s must be at least 0 and less than the video's {duration:g} s, got {start_s}")
+    if end_s <= start_s:
+        raise ToolInputError(f"end_s must be greater than start_s={start_s}, got {end_s}")
+    return min(end_s, duration)
+
+
+class GetFramesTool(VideoWindowTool):
+    """verl's ``BaseTool`` for ``get_frames`` (config: ``max_frames``, ``max_pixels`` per frame)."""
+
+    schema_fn = get_frames
+    config_cls = GetFramesConfig
+    example_arguments = {"video_id": 1, "start_s": 0.0, "end_s": 1.0, "n": 2}
+
+    def answer(
+        self, read: Any, arguments: dict[str, Any], videos: list[VideoSource], agent_data: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        times, frames = read
         images = [fit_pixels(as_rgb(frame), self.settings.max_pixels) for frame in frames]
         first, video_id = workspace_of(agent_data).next_id, arguments["video_id"]
         shown = " ".join(
@@ -97,7 +130,7 @@ class GetFramesTool(SchemaFunctionTool):
         text = f"{shown} ({images[0].width}x{images[0].height} px)"
         return ToolResponse(image=images, text=text), 0.0, {}
 
-    def _window(self, video: VideoSource, arguments: dict[str, Any]) -> tuple[list[float], list[Any]]:
+    def read(self, video: VideoSource, arguments: dict[str, Any]) -> tuple[list[float], list[Any]]:
         """The times of the frames asked for and the frames."""
         times = self._times(video, arguments["start_s"], arguments["end_s"], arguments["n"])
         return times, video.images([video.frame_at(time) for time in times])
@@ -106,18 +139,10 @@ class GetFramesTool(SchemaFunctionTool):
         limit = self.settings.max_frames
         if not 1 <= n <= limit:
             raise ToolInputError(f"n must be between 1 and {limit}, got {n}")
-        duration = video.duration_s
-        if not 0 <= start_s < duration:
-            raise ToolInputError(f"start_s must be at least 0 and less than the video's {duration:g} s, got {start_s}")
-        if end_s <= start_s:
-            raise ToolInputError(f"end_s must be greater than start_s={start_s}, got {end_s}")
-        end_s = min(end_s, duration)
+        end_s = _checked_window(video, start_s, end_s)
         if n == 1:
             return [start_s]
         return [start_s + (end_s - start_s) * index / (n - 1) for index in range(n)]
-
-    def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
-        return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}
 
 
 def clip(video_id: int, start_s: float, end_s: float, fps: float = 2.0) -> None:
@@ -164,37 +189,22 @@ class ClipWindow:
         }
 
 
-class ClipTool(SchemaFunctionTool):
+class ClipTool(VideoWindowTool):
     """verl's ``BaseTool`` for ``clip`` (config: ``max_frames``, ``max_pixels`` per frame)."""
 
     schema_fn = clip
+    config_cls = ClipConfig
     example_arguments = {"video_id": 1, "start_s": 0.0, "end_s": 1.5, "fps": 2.0}
     answers_with = "video"  # check_tool checks its answer as a video, not images
 
-    def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: OpenAIFunctionToolSchema | None = None):
-        self.config = dict(config or {})
-        self.settings = ClipConfig.from_dict(self.config)
-        self._set_schema(tool_schema)
-
-    @rollout_trace_op
-    async def execute(
-        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    def answer(
+        self, read: Any, arguments: dict[str, Any], videos: list[VideoSource], agent_data: Any
     ) -> tuple[ToolResponse, float, dict]:
-        agent_data = kwargs.get("agent_data")
-        try:
-            arguments = self.arguments.parse(parameters)
-            videos = videos_of(agent_data)
-            video = _video(videos, arguments["video_id"])
-            window, frames = await asyncio.to_thread(self._clip, video, arguments)  # decoding: off the event loop
-        except (ToolInputError, VideoInputError) as error:
-            return self._refuse(str(error))
-        except Exception as error:  # logged; the model must get an answer, never an exception
-            logger.exception("%s failed on arguments %s", self.name, show(parameters))
-            return self._refuse(f"the tool failed internally ({type(error).__name__}); try other arguments")
+        window, frames = read
         text = clip_text(len(videos) + 1, arguments["video_id"], window, frames.shape[-1], frames.shape[-2])
         return ToolResponse(video=[(frames, window.metadata())], text=text), 0.0, {}
 
-    def _clip(self, video: VideoSource, arguments: dict[str, Any]) -> tuple[ClipWindow, Any]:
+    def read(self, video: VideoSource, arguments: dict[str, Any]) -> tuple[ClipWindow, Any]:
         """The window's sampling and its frames as a float32 T x C x H x W tensor (qwen-vl-utils' form)."""
         import numpy as np
         import torch
@@ -207,13 +217,9 @@ class ClipTool(SchemaFunctionTool):
     def _window(self, video: VideoSource, start_s: float, end_s: float, fps: float) -> ClipWindow:
         if not 0 < fps <= MAX_CLIP_FPS:
             raise ToolInputError(f"fps must be greater than 0 and at most {MAX_CLIP_FPS:g}, got {fps}")
-        duration, video_fps, count = video.duration_s, video.fps_of, video.frame_count
-        if not 0 <= start_s < duration:
-            raise ToolInputError(f"start_s must be at least 0 and less than the video's {duration:g} s, got {start_s}")
-        if end_s <= start_s:
-            raise ToolInputError(f"end_s must be greater than start_s={start_s}, got {end_s}")
+        end, video_fps = _checked_window(video, start_s, end_s), video.fps_of
         first = math.ceil(start_s * video_fps)  # qwen-vl-utils' range (calculate_video_frame_range)
-        last = min(math.floor(min(end_s, duration) * video_fps), count - 1)
+        last = min(math.floor(end * video_fps), video.frame_count - 1)
         window_frames = last - first + 1
         if window_frames < 2:
             raise ToolInputError(
@@ -229,9 +235,6 @@ class ClipTool(SchemaFunctionTool):
             )
         step = (last - first) / (frames - 1)
         return ClipWindow([round(first + step * k) for k in range(frames)], window_frames, video_fps)
-
-    def _refuse(self, message: str) -> tuple[ToolResponse, float, dict]:
-        return ToolResponse(text=f"Error from {self.name}: {message}"), 0.0, {"error": message}
 
 
 def clip_text(new_id: int, video_id: int, window: ClipWindow, width: int, height: int) -> str:
