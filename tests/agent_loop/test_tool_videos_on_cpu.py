@@ -30,13 +30,14 @@ def root(tmp_path_factory):
     return root
 
 
+# the clip's prompt: the flash clip at qwen-vl-utils' 1 fps, which misses the flash
+FLASH_PROMPT = [
+    {"role": "user", "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}]}
+]
+
+
 def _rollout(model_dir, workdir, root, calls: list[dict], **loop_options):
-    prompt = [
-        {
-            "role": "user",
-            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
-        }
-    ]
+    prompt = FLASH_PROMPT
     turns = [tool_call_text("clip", **arguments) for arguments in calls] + [ANSWER]
     return LocalRollout(model_dir, None, workdir).run(
         turns,
@@ -215,12 +216,7 @@ def test_the_record_keeps_the_clip_and_rescore_and_export_sft_refuse_it_by_name(
     from verl_mm_tools.trajectories.sft_videos import TOOL_VIDEO, VideoRefused, VideoRows
     from verl_mm_tools.viewer.html import trajectory_page
 
-    prompt = [
-        {
-            "role": "user",
-            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
-        }
-    ]
+    prompt = FLASH_PROMPT
     LocalRollout(tiny_model_dir, None, tmp_path).run(
         [tool_call_text("clip", **WINDOW), ANSWER],
         [prompt],
@@ -261,12 +257,7 @@ def test_per_turn_samples_hold_the_clip_from_the_turn_after_it(tiny_model_dir, r
     from verl_mm_tools.agent_loop.hook_config import MANAGER_TQ_OVERRIDE
     from verl_mm_tools.runtime.batch import unpadded_row
 
-    prompt = [
-        {
-            "role": "user",
-            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
-        }
-    ]
+    prompt = FLASH_PROMPT
     output, client, _ = LocalRollout(tiny_model_dir, None, tmp_path).run(
         [tool_call_text("clip", **WINDOW), ANSWER],
         [prompt],
@@ -312,12 +303,7 @@ def test_a_malformed_tool_video_is_dropped_with_what_was_wrong(video, note):
 def test_a_tool_turn_that_does_not_fit_takes_its_clip_with_it(tiny_model_dir, root, tmp_path):
     """The response budget drops the whole tool turn: the clip leaves the trajectory's videos, its budget and SGLang's
     payload with it (``Checkpoint.restore``), and the sample holds the prompt's video only."""
-    prompt = [
-        {
-            "role": "user",
-            "content": [{"type": "video", "video": "flash.mp4", "fps": 1.0}, {"type": "text", "text": "?"}],
-        }
-    ]
+    prompt = FLASH_PROMPT
     output, client, _ = LocalRollout(tiny_model_dir, None, tmp_path).run(
         [tool_call_text("clip", **WINDOW), ANSWER],
         [prompt],
