@@ -144,7 +144,7 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
         "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
         "MiniWoB++'s click-test in headless Chromium with the button painted red, one click on one of four points, "
-        "from a cold start checked on held-out screenshots (exit 2 while it does not localize the button; "
+        "from a cold start checked on held-out screenshots (exit 2 when it does not localize the button; "
         "docs/gui.md); rotation: arrow pictures, the loop's showcase of "
         "tool calls; video: 4 s clips whose colour flash the prompt's frames miss, get_frames shows it (docs/video.md)",
     )

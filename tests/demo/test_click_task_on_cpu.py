@@ -10,23 +10,29 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+import torch
 
 from verl_mm_tools.demo.click_task import (
     ENV,
     POINTS,
+    ClickColdStart,
     ClickEpisode,
     clear_point,
     click_episodes,
     click_example,
+    cold_start,
     covered_points,
     demonstration_rollout,
+    digit_ids,
     informed_clicks,
     interleaved,
     point_shares,
     uninformative_clicks,
+    weighted_digits,
     write_click_dataset,
 )
 from verl_mm_tools.envs.gui.miniwob_env import POOL
+from verl_mm_tools.errors import ColdStartError
 from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import unpadded_row
 from verl_mm_tools.tools.tool_yaml import CLICK_TOOLS_YAML
@@ -110,9 +116,30 @@ def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_d
     # the trained tokens are the call's: x and y one digit each (x 42 or 131, y 96 or 181)
     assert [len(example["call"]) for example in examples] == [32, 31, 30, 31]
     assert [int(example["weights"].sum()) for example in examples] == [32, 31, 30, 31]
+    # the fit weighs each digit 10x: 6, 5, 4 and 5 of them ("131", "181"; "42", "181"; "42", "96"; "131", "96")
+    digits = digit_ids(tiny_model_dir)
+    weighted = [weighted_digits(example, digits, 10.0) for example in examples]
+    assert [int(example["weights"].sum()) for example in weighted] == [86, 76, 66, 76]
+    assert torch.equal(weighted[2]["labels"], examples[2]["labels"])  # only the weights change
     shares = point_shares(tiny_model(tiny_model_dir), examples, [e.point for e in episodes], clicks)
     assert sum(shares["point_shares"]) == pytest.approx(1.0, abs=1e-3)
     assert shares["call_mass"] < 1e-6  # the untrained model writes none of the calls
+
+
+@pytest.mark.integration  # verl's worker, Chromium, the tiny model's fit
+def test_a_cold_start_that_does_not_localize_the_button_stops_with_its_figures(tiny_model_dir, tmp_path):
+    import shutil
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(CLICK_TOOLS_YAML)
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    weights = (model / "model.safetensors").read_bytes()
+    spec = ClickColdStart(demonstrations=8, steps=2, share_examples=4, held_out=4)
+    # two steps teach nothing: the four held-out screenshots (one per point) share their point at chance
+    with pytest.raises(ColdStartError, match=r"true-point share on 4 held-out screenshots is 0\.2\d*, under 0\.3"):
+        cold_start(model, tools, spec)
+    assert (model / "model.safetensors").read_bytes() == weights  # a refused fit is not saved
+    assert POOL.idle == 0  # its browsers are closed
 
 
 def tiny_model(model_dir):

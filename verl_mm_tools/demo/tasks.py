@@ -251,7 +251,7 @@ def _click_cold_start(model: Path, tools_yaml: Path, seed: int, steps: int) -> P
 
 
 # The GUI task: MiniWoB++'s click-test in headless Chromium with its button painted red (high_contrast), one click per
-# episode on one of four points, from a cold start of demonstrations with mistakes (the covered point in 60 % of them,
+# episode on one of four points, from a cold start of demonstrations with mistakes (the covered point in 80 % of them,
 # an uninformative one otherwise: demo.click_task), with learn_tool's RL settings (every answer is a ~30-token call).
 # On the plain grey-on-white page the tiny model did not see the button and stayed at chance; the red one it
 # localizes in a supervised fit (docs/experiments/gui_click.md, session 44).
@@ -269,7 +269,7 @@ TASKS["click"] = replace(
     chance_reward=0.25,
     stop_at_reward=None,
     steps=20,
-    warm_start_says="clicks on the covered point in 60 % of its demonstrations, on a random point otherwise",
+    warm_start_says="clicks on the covered point in 80 % of its demonstrations, on a random point otherwise",
 )
 
 
