@@ -41,7 +41,13 @@ DEMO_ROLLOUTS = ("vllm", "hf")
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    path = tiny_model_path(family=args.family, seed=args.seed, out=args.out, template=args.template)
+    path = tiny_model_path(
+        family=args.family,
+        seed=args.seed,
+        out=args.out,
+        template=args.template,
+        vision_output_scale=args.vision_output_scale,
+    )
     sys.stdout.write(f"{path}\n")
     return 0
 
@@ -126,6 +132,13 @@ def _add_tiny_model_command(commands: argparse._SubParsersAction[argparse.Argume
     )
     tiny.add_argument(
         "--thinking", dest="template", action="store_const", const="thinking", help="the same as --template thinking"
+    )
+    tiny.add_argument(
+        "--vision-output-scale",
+        type=float,
+        default=1.0,
+        help="build the vision merger's output layer this many times larger, so that image tokens stand out from "
+        "text embeddings as a trained VLM's do (Qwen-VL families; the click demo's model: 30) (default 1)",
     )
     tiny.set_defaults(run=_tiny_model)
 

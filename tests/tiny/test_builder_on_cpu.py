@@ -74,6 +74,34 @@ def test_cache_is_reused_and_rebuilt_when_the_builder_version_changes(tmp_path):
     assert json.loads((path / COMPLETE_MARKER).read_text())["builder_version"] == BUILDER_VERSION
 
 
+@pytest.mark.parametrize(
+    ("family", "layer"),
+    [("qwen2_5_vl", "visual.merger.mlp.2.weight"), ("qwen3_vl", "model.visual.merger.linear_fc2.weight")],
+)
+def test_vision_output_scale_multiplies_the_merger_output_layer_only(tmp_path, family, layer):
+    plain = load_file(build_tiny_model(tmp_path / "a", TinyModelSpec(family=family)) / "model.safetensors")
+    spec = TinyModelSpec(family=family, vision_output_scale=10.0)
+    scaled = load_file(build_tiny_model(tmp_path / "b", spec) / "model.safetensors")
+    assert torch.equal(scaled[layer], 10.0 * plain[layer])
+    assert [name for name in plain if not torch.equal(plain[name], scaled[name])] == [layer]
+    assert spec.cache_name() == f"tiny-{family}-vision10x-seed0-v{BUILDER_VERSION}"
+    assert TinyModelSpec(family=family).cache_name() == f"tiny-{family}-seed0-v{BUILDER_VERSION}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vision_output_scale": 0.0}, r"vision_output_scale must be a positive finite number; got 0.0"),
+        ({"vision_output_scale": float("nan")}, r"must be a positive finite number; got nan"),
+        ({"vision_output_scale": float("inf")}, r"must be a positive finite number; got inf"),
+        ({"family": "gemma4", "vision_output_scale": 10.0}, r"built for the Qwen-VL families .* not 'gemma4'"),
+    ],
+)
+def test_a_vision_output_scale_that_cannot_be_built_is_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        TinyModelSpec(**kwargs)
+
+
 def test_unknown_family_is_refused_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"unknown tiny model family 'qwen25_vl'.*Did you mean 'qwen2_5_vl'"):
         TinyModelSpec(family="qwen25_vl")

@@ -48,10 +48,14 @@ def default_cache_root() -> Path:
 
 
 def tiny_model_path(
-    family: str = DEFAULT_FAMILY, seed: int = 0, out: str | os.PathLike | None = None, template: str = "family"
+    family: str = DEFAULT_FAMILY,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+    template: str = "family",
+    vision_output_scale: float = 1.0,
 ) -> Path:
     """The directory of the tiny model, built on first use (seconds) and reused afterwards."""
-    spec = TinyModelSpec(family=family, seed=seed, template=template)
+    spec = TinyModelSpec(family=family, seed=seed, template=template, vision_output_scale=vision_output_scale)
     target = Path(out) if out is not None else default_cache_root() / spec.cache_name()
     if _is_complete(target, spec):
         return target

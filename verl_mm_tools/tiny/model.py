@@ -19,10 +19,22 @@ def build_random_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) 
     config = build_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    if spec.vision_output_scale != 1:
+        with torch.no_grad():
+            vision_output_layer(model).weight.mul_(spec.vision_output_scale)
     stop = spec.family_record.vocabulary.stop
     model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(token) for token in stop]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def vision_output_layer(model: PreTrainedModel) -> Any:
+    """The last linear layer of a Qwen-VL model's vision merger: what writes the image tokens the language model
+    reads (Qwen2/2.5-VL's ``merger.mlp.2``, Qwen3-VL's ``merger.linear_fc2``)."""
+    import torch
+
+    merger = model.model.visual.merger
+    return [module for module in merger.modules() if isinstance(module, torch.nn.Linear)][-1]
 
 
 def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:

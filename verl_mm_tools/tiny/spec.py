@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,11 @@ class TinyModelSpec:
     # Image pixel budget of the processor: min one merged token (2x2 patches), max 8x8 merged tokens.
     min_tokens: int = 1
     max_tokens: int = 64
+    # The vision merger's output layer is built this many times larger. At 1 the image tokens reach the language
+    # model as small as its text embeddings (std ~0.02), and two screenshots differ by a tenth of that: the tiny
+    # model hardly tells them apart. A trained VLM's image tokens carry norms well above its text tokens'
+    # (arXiv 2512.08374 measures it across mainstream MLLMs); the click task builds its stand-in at 30.
+    vision_output_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -54,6 +60,13 @@ class TinyModelSpec:
             raise ConfigError(
                 f"the thinking template exists for the families {THINKING_FAMILIES} (Qwen3-VL's Thinking models), "
                 f"not {self.family!r}; pass --family qwen3_vl with --thinking"
+            )
+        if not 0 < self.vision_output_scale < math.inf:
+            raise ConfigError(f"vision_output_scale must be a positive finite number; got {self.vision_output_scale!r}")
+        if self.vision_output_scale != 1 and self.family not in QWEN_VL_FAMILIES:
+            raise ConfigError(
+                f"vision_output_scale is built for the Qwen-VL families {QWEN_VL_FAMILIES} (their merger's output "
+                f"layer), not {self.family!r}; leave it at 1 for this family"
             )
 
     @property
@@ -86,4 +99,5 @@ class TinyModelSpec:
 
     def cache_name(self) -> str:
         template = "" if self.template == "family" else f"-{self.template}"
-        return f"tiny-{self.family}{template}-seed{self.seed}-v{BUILDER_VERSION}"
+        scale = "" if self.vision_output_scale == 1 else f"-vision{self.vision_output_scale:g}x"
+        return f"tiny-{self.family}{template}{scale}-seed{self.seed}-v{BUILDER_VERSION}"
