@@ -167,4 +167,5 @@ def test_the_click_task_trains_the_click_tool_on_its_rows(tmp_path):
     assert not any(item.startswith("+reward.reward_kwargs.reward_fn") for item in overrides)  # the rows' own
     assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3" in overrides
     assert options.spec.stop_at_reward is None and options.total_steps == 20  # a showcase: no learning target
+    assert options.spec.vision_output_scale == 30.0  # its tiny model: tiny-qwen2_5_vl-vision30x-seed0
     assert len(POINTS) == 4
