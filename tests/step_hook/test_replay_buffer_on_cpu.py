@@ -43,9 +43,12 @@ def trajectory(calls: int, *, masked=False, turn_credit=False, turns=()) -> dict
     }
 
 
-def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3, keys=None) -> None:
+def put_group(
+    tq, uid: str, rows: list[tuple[list[int], list[float], dict]], step: int = 3, keys=None, versions=None
+) -> None:
     """A finished prompt group as verl's AgentLoopWorkerTQ leaves it: one key per session (or the given
-    ``{uid}_{session}_{sample}`` keys), then the prompt tag."""
+    ``{uid}_{session}_{sample}`` keys), then the prompt tag; ``versions``: each row's weight version (default
+    ``step``; None as verl tags a sample that never generated)."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     keys = keys or [f"{uid}_{session}_0" for session in range(len(rows))]
@@ -53,7 +56,11 @@ def put_group(tq, uid: str, rows: list[tuple[list[int], list[float], dict]], ste
         {"response_mask": torch.tensor(mask), "rm_scores": torch.tensor(scores), "extra_fields": extra, "uid": uid}
         for mask, scores, extra in rows
     ]
-    tags = [{"status": "success", "global_steps": step, "min_global_steps": step, "max_global_steps": step}] * len(rows)
+    versions = versions or [step] * len(rows)
+    tags = [
+        {"status": "success", "global_steps": step, "min_global_steps": version, "max_global_steps": version}
+        for version in versions
+    ]
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
     tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": step})
 
@@ -85,6 +92,23 @@ def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
     by_key = dict(zip(batch.keys, (row.tolist() for row in scores.unbind()), strict=True))
     assert by_key == {"group1_0_0": [0, 0.5, 0, 0, 1.25], "group1_1_0": [0, 0, 0]}
     tq.kv_clear(keys=batch.keys, partition_id="train")
+
+
+def test_a_sample_masked_before_it_generated_gets_the_batchs_oldest_weight_version(transfer_queue):
+    """verl's v1 trainer reads every tag's versions as ints; a browser that failed to launch left them None."""
+    from verl_mm_tools.step_hook.replay_buffer import fill_missing_weight_versions
+
+    tq = transfer_queue
+    lost = trajectory(0, masked=True)
+    put_group(tq, "group6", [([1, 1], [0, 1.0], trajectory(1)), ([0], [0.0], lost)], step=4, versions=[2, None])
+    batch, metrics = buffer().sample(global_steps=4, partition_id="train", batch_size=1)
+    versions = {key: (tag["min_global_steps"], tag["max_global_steps"]) for key, tag in zip(batch.keys, batch.tags)}
+    assert versions == {"group6_0_0": (2, 2), "group6_1_0": (2, 2)}
+    assert metrics["mm_tool/unversioned_samples"] == 1.0
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+    alone = [{"min_global_steps": None, "max_global_steps": None}]
+    assert fill_missing_weight_versions(alone, global_steps=7) == 1 and alone[0]["min_global_steps"] == 6
+    assert fill_missing_weight_versions([{"min_global_steps": 1, "max_global_steps": 2}], global_steps=7) == 0
 
 
 def test_a_trajectory_the_judge_could_not_score_is_masked_in_transfer_queue(transfer_queue):

@@ -62,10 +62,14 @@ ADAPTATION = Adaptation(
     ),
     what=(
         "the v1 trainer's step hook (`trainer.v1.sampler.custom_sampler`): samples as verl's buffer does, then "
-        "returns the step metrics and writes per-turn rewards to "
-        "`rm_scores`; polls every 0.1 s"
+        "returns the step metrics, writes per-turn rewards to `rm_scores` and gives a sample masked before it "
+        "generated the batch's oldest weight version; polls every 0.05 s"
     ),
-    why=("the returned metrics dict is the v1 trainer's only channel to the logger; verl's buffer polls every 2 s"),
+    why=(
+        "the returned metrics dict is the v1 trainer's only channel to the logger; verl's buffer polls every 2 s; "
+        "the trainer's metrics read every sample's `min_global_steps` as an int, and verl drops a failed trajectory "
+        "where the mm_tool loop masks it"
+    ),
     applies_to="verl 0.9.1 v1 trainer",
     proof="none (an extension)",
 )
@@ -94,6 +98,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
+        metrics["mm_tool/unversioned_samples"] = float(fill_missing_weight_versions(batch.tags, global_steps))
         if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
             write_padded(batch.keys, partition_id, "rm_scores", step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
@@ -105,6 +110,25 @@ class MMToolReplayBuffer(ReplayBuffer):
 @ADAPTATION.implements
 class MMToolReplayBufferAsync(MMToolReplayBuffer, ReplayBufferAsync):
     """For ``colocate_async`` and ``separate_async``."""
+
+
+def fill_missing_weight_versions(tags: list[dict], global_steps: int) -> int:
+    """Give each sample without weight versions (a trajectory masked before it generated: a browser that failed to
+    launch) the oldest version the batch's other samples ran under, or ``global_steps - 1`` (the version a sync step
+    generates with) where none did; return how many. verl's v1 trainer reads every sample's ``min_global_steps`` and
+    ``max_global_steps`` as ints (its staleness metrics) and failed on None; such a sample trains no token, and the
+    oldest version keeps the batch's reported staleness from shrinking."""
+    missing = [tag for tag in tags if tag.get("min_global_steps") is None or tag.get("max_global_steps") is None]
+    if not missing:
+        return 0
+    known = [tag["min_global_steps"] for tag in tags if tag.get("min_global_steps") is not None]
+    oldest = min(known) if known else global_steps - 1
+    for tag in missing:
+        tag["min_global_steps"] = tag["max_global_steps"] = oldest
+    logger.warning(
+        "mm_tool: %d sample(s) had no weight version (masked before generating); tagged %d", len(missing), oldest
+    )
+    return len(missing)
 
 
 def tool_call_counts(batch: StepBatch) -> dict[str, float]:

@@ -4,17 +4,26 @@ nothing it started outlives it, however it ends (closed, killed, dropped)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from verl_mm_tools.envs.gui.browser import CHROMIUM_ENV, Browser, BrowserSettings, live_processes
+from verl_mm_tools.envs.gui.browser import (
+    BUSY_RETRIES,
+    CHROMIUM_ENV,
+    Browser,
+    BrowserSettings,
+    live_processes,
+    start_when_not_busy,
+)
 from verl_mm_tools.errors import ConfigError
 
 pytestmark = pytest.mark.integration  # starts Chromium
@@ -158,3 +167,40 @@ def test_pages_under_tmp_load_only_where_bound(tmp_path):
             assert (browser.driver.title == "bound page") is bound  # unbound: Chromium's error page
         finally:
             browser.close()
+
+
+def _busy_script(tmp_path: Path):
+    """An executable script with a write handle still open on it: exec'ing it fails with ETXTBSY, as a browser's
+    freshly written wrapper does while another thread's fork holds it."""
+    script = tmp_path / "busy.sh"
+    script.write_text("#!/bin/sh\nexit 7\n")
+    script.chmod(0o700)
+    return script, open(script, "a")  # closed by the test
+
+
+def test_a_script_busy_for_a_moment_is_started_once_it_is_free(tmp_path):
+    script, handle = _busy_script(tmp_path)
+    with pytest.raises(OSError) as busy:
+        subprocess.run([str(script)], check=False)
+    assert busy.value.errno == errno.ETXTBSY
+    threading.Timer(0.1, handle.close).start()
+    assert start_when_not_busy(lambda: subprocess.run([str(script)], check=False)).returncode == 7
+
+
+def test_a_script_that_stays_busy_or_another_error_is_raised(tmp_path):
+    script, handle = _busy_script(tmp_path)
+    tries = []
+
+    def start(path: Path):
+        tries.append(path.name)
+        return subprocess.run([str(path)], check=False)
+
+    try:
+        with pytest.raises(OSError) as busy:
+            start_when_not_busy(lambda: start(script))
+    finally:
+        handle.close()
+    assert busy.value.errno == errno.ETXTBSY and tries == ["busy.sh"] * (BUSY_RETRIES + 1)
+    with pytest.raises(FileNotFoundError):
+        start_when_not_busy(lambda: start(tmp_path / "absent"))
+    assert tries[-2:] == ["busy.sh", "absent"]  # tried once: only ETXTBSY is waited out

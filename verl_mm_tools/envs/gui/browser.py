@@ -22,6 +22,7 @@ download a driver.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -29,9 +30,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -46,6 +50,10 @@ CHROMEDRIVER_ENV = "VERL_MM_TOOLS_CHROMEDRIVER"
 INSTALL_HINT = "run scripts/install_chromium.sh (Debian/Ubuntu packages chromium and chromium-driver)"
 WRAPPER_NAME = "chromium-isolated"  # the script chromedriver starts as "Chromium", in the browser's directory
 DRIVER_WRAPPER_NAME = "chromedriver-tied"  # the script started as chromedriver: it dies with its launching thread
+# Starting a script this process has just written can fail with ETXTBSY: another thread's fork (another browser's
+# launch) inherits the open file until its child execs. The window is that short, so a few retries clear it.
+BUSY_RETRIES = 8
+BUSY_BACKOFF_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -149,12 +157,16 @@ class Browser:
         options.binary_location = str(wrapper)
         for argument in chromium_arguments(self.workdir / "profile", settings.window):
             options.add_argument(argument)
-        service = Service(
-            executable_path=self._tied_driver(settings),
-            log_output=subprocess.DEVNULL,
-            popen_kw={"start_new_session": True},  # its own process group: ``kill`` reaches all it started
-        )
-        return webdriver.Chrome(service=service, options=options)
+        driver = self._tied_driver(settings)
+
+        def service() -> Service:  # a fresh one per try: a failed start leaves nothing to reuse
+            return Service(
+                executable_path=driver,
+                log_output=subprocess.DEVNULL,
+                popen_kw={"start_new_session": True},  # its own process group: ``kill`` reaches all it started
+            )
+
+        return start_when_not_busy(lambda: webdriver.Chrome(service=service(), options=options))
 
     def _tied_driver(self, settings: BrowserSettings) -> str:
         """chromedriver, killed when the thread launching it ends (where setpriv is found)."""
@@ -183,6 +195,22 @@ class Browser:
     def kill(self) -> None:
         """Kill the browser at once (a hung or broken one), from any thread."""
         self._finalizer()
+
+
+T = TypeVar("T")
+
+
+def start_when_not_busy(start: Callable[[], T]) -> T:
+    """``start()``, tried again while it fails with ETXTBSY (``BUSY_RETRIES`` times, ``BUSY_BACKOFF_S`` apart)."""
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            return start()
+        except OSError as error:
+            if error.errno != errno.ETXTBSY or attempt == BUSY_RETRIES:
+                raise
+            logger.debug("starting %s: text file busy, try %d", error.filename, attempt + 1)
+            time.sleep(BUSY_BACKOFF_S * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def live_processes(marker: str) -> list[int]:
