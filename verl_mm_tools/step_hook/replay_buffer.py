@@ -41,6 +41,7 @@ from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.judge import judge_masked_rows
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
+from verl_mm_tools.step_metrics import UNVERSIONED_SAMPLES
 
 if TYPE_CHECKING:
     from transfer_queue import KVBatchMeta
@@ -98,7 +99,7 @@ class MMToolReplayBuffer(ReplayBuffer):
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
-        metrics["mm_tool/unversioned_samples"] = float(fill_missing_weight_versions(batch.tags, global_steps))
+        metrics[UNVERSIONED_SAMPLES] = float(fill_missing_weight_versions(batch.tags, global_steps))
         if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
             write_padded(batch.keys, partition_id, "rm_scores", step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
