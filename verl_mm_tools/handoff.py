@@ -10,6 +10,7 @@ step metrics (``step_metrics``) read it back by field (``SampleFields.of_row``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from verl_mm_tools.judge.context import JudgeContext
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "mm_tool/"
 
@@ -164,3 +167,19 @@ class SampleFields(LoopSettings):
 
 _OPTIONAL = ("dump", "judge_context")  # fields a batch may lack (records and batches of older versions)
 _KEYS = {item.name: item.metadata.get(_KEY, PREFIX + item.name) for item in dataclasses.fields(SampleFields)}
+
+
+def fill_missing_weight_versions(tags: Sequence[dict], fallback: int) -> int:
+    """Give each sample's tag (verl's ``min_global_steps`` and ``max_global_steps``) without weight versions, a
+    trajectory masked before it generated (a browser that failed to launch), the oldest version the other samples ran
+    under, or ``fallback`` where none did; return how many. verl's trainers read both as ints (their staleness metrics)
+    and failed on None; such a sample trains no token, and the oldest version keeps the batch's reported staleness
+    from shrinking."""
+    missing = [tag for tag in tags if tag.get("min_global_steps") is None or tag.get("max_global_steps") is None]
+    known = [tag["min_global_steps"] for tag in tags if tag.get("min_global_steps") is not None]
+    oldest = min(known, default=fallback)
+    for tag in missing:
+        tag["min_global_steps"] = tag["max_global_steps"] = oldest
+    if missing:
+        logger.warning("mm_tool: %d sample(s) masked before generating given weight version %d", len(missing), oldest)
+    return len(missing)

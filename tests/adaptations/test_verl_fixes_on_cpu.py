@@ -480,3 +480,43 @@ def test_the_fixed_collator_gives_the_text_row_none_and_the_engine_the_images(tm
     assert torch.equal(extracted["pixel_values"], rows[1]["multi_modal_inputs"]["pixel_values"])
     assert extracted["image_grid_thw"].tolist() == [[1, 4, 4]]
     assert batch["input_ids"].offsets().diff().tolist() == [len(rows[0]["input_ids"]), len(rows[1]["input_ids"])]
+
+
+def rollout_sample(sample_id: str, versions: list[tuple[int | None, int | None]]):
+    """verl's ``RolloutSample`` as its rollouter queues it: one prompt's trajectories, their weight versions."""
+    import numpy as np
+    from verl.experimental.fully_async_policy.detach_utils import RolloutSample
+    from verl.protocol import DataProto
+
+    rows = len(versions)
+    batch = DataProto.from_dict(
+        tensors={"attention_mask": torch.ones(rows, 3, dtype=torch.long), "response_mask": torch.ones(rows, 2)},
+        non_tensors={
+            "min_global_steps": np.array([first for first, _ in versions], dtype=object),
+            "max_global_steps": np.array([last for _, last in versions], dtype=object),
+        },
+        meta_info={"metrics": [{"generate_sequences": 1.0, "tool_calls": 0.5}] * rows},
+    )
+    return RolloutSample(full_batch=batch, sample_id=sample_id, epoch=0, rollout_status={"queue": 0})
+
+
+def test_verls_fully_async_assembly_fails_on_a_sample_without_versions_and_the_fix_fills_them():
+    """The bug: a trajectory masked before it generated (a browser that failed to launch) has no weight versions;
+    verl's assembly subtracts them. The fix gives it the oldest version of the step's others and counts it."""
+    from verl.experimental.fully_async_policy import detach_utils, fully_async_trainer
+
+    def samples():
+        return [rollout_sample("a", [(3, 4), (None, None)]), rollout_sample("b", [(2, 2), (4, 4)])]
+
+    with pytest.raises(TypeError, match="unsupported operand"):
+        detach_utils.assemble_batch_from_rollout_samples.__wrapped__(samples(), None, None)
+    assert fully_async_trainer.assemble_batch_from_rollout_samples is detach_utils.assemble_batch_from_rollout_samples
+    batch = fully_async_trainer.assemble_batch_from_rollout_samples(samples(), None, None)
+    assert batch.non_tensor_batch["min_global_steps"].tolist() == [3, 2, 2, 4]
+    assert batch.non_tensor_batch["max_global_steps"].tolist() == [4, 2, 2, 4]
+    assert batch.meta_info["mm_tool/unversioned_samples"] == 1.0
+    assert batch.meta_info["fully_async/partial/total_partial_num"] == 1  # the one that spanned 3-4
+    whole = fully_async_trainer.assemble_batch_from_rollout_samples([rollout_sample("c", [(5, 5)])], None, None)
+    assert whole.meta_info["mm_tool/unversioned_samples"] == 0.0
+    alone = fully_async_trainer.assemble_batch_from_rollout_samples([rollout_sample("d", [(None, None)])], None, None)
+    assert alone.non_tensor_batch["min_global_steps"].tolist() == [0]  # none generated: the initial weights'

@@ -1,12 +1,10 @@
 """The demo's GUI task (``demo --task click``) on real Chromium and verl's AgentLoopWorker: its episodes are the seeds
 whose button covers exactly one of the four points, balanced; a click on the covered point scores 1 and any other 0;
-the cold start's demonstrations click every point equally often for each button place; the trainer's command runs
-the click tool alone on the task's data."""
+each screenshot's demonstrations hit in 0.85 of them and miss on every other point alike; a demonstration of another
+click is the rolled-out prompt with that click's call; the trainer's command runs the click tool alone on the task's
+data."""
 
 from __future__ import annotations
-
-import random
-from collections import Counter
 
 import pandas as pd
 import pytest
@@ -24,11 +22,10 @@ from verl_mm_tools.demo.click_task import (
     covered_points,
     demonstration_rollout,
     digit_ids,
-    informed_clicks,
     interleaved,
     point_shares,
-    uninformative_clicks,
     weighted_digits,
+    with_call,
     write_click_dataset,
 )
 from verl_mm_tools.envs.gui.miniwob_env import POOL
@@ -59,22 +56,30 @@ def test_interleaved_episodes_take_the_points_in_turn():
     assert [(e.seed, e.point) for e in interleaved(episodes)] == [(2, 0), (3, 1), (4, 2), (0, 3), (5, 0), (1, 3)]
 
 
-def test_uninformative_clicks_give_each_covered_point_every_click_equally():
-    episodes = [ClickEpisode(seed, (0.0, 0.0, 1.0, 1.0), seed % 4) for seed in range(64)]
-    clicks = uninformative_clicks(episodes, random.Random(0))
-    pairs = Counter((episode.point, click) for episode, click in zip(episodes, clicks))
-    assert pairs == {(point, click): 4 for point in range(4) for click in range(4)}
+def test_each_screenshot_is_demonstrated_hitting_in_085_and_missing_on_every_other_point_alike():
+    spec = ClickColdStart()
+    assert spec.clicks_of(2) == [2] * 16 + [0, 1, 2, 3]  # 17 of 20 hit
+    assert ClickColdStart(clicks_per_screenshot=8, true_click_share=0.5).clicks_of(0) == [0] * 4 + [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="20 clicks per screenshot at true share 0.9 leave 2 guesses"):
+        ClickColdStart(true_click_share=0.9).clicks_of(0)
 
 
-def test_informed_clicks_hit_the_covered_point_in_the_true_share_and_guess_evenly_otherwise():
-    episodes = [ClickEpisode(seed, (0.0, 0.0, 1.0, float(seed)), seed % 4) for seed in range(128)]
-    clicks = informed_clicks(episodes, 0.6, random.Random(0))
-    hits = Counter(episode.point for episode, click in zip(episodes, clicks) if click == episode.point)
-    # 19 of each point's 32 click it knowingly (0.6, rounded); its 13 guesses hit it in 3 or 4 more
-    assert all(22 <= hits[point] <= 23 for point in range(4)) and sum(hits.values()) == 89
-    misses = Counter(click for episode, click in zip(episodes, clicks) if click != episode.point)
-    assert sum(misses.values()) == 39 and set(misses) == {0, 1, 2, 3}
-    assert clicks == informed_clicks(episodes, 0.6, random.Random(0))  # seeded
+def test_another_click_on_a_screenshot_is_its_prompt_with_that_call():
+    example = {
+        "input_ids": torch.tensor([5, 6, 7, 8, 9]),
+        "labels": torch.tensor([-100, -100, -100, 8, 9]),
+        "weights": torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0]),
+        "mm_token_type_ids": torch.tensor([0, 1, 0, 0, 0]),
+        "prompt_length": 3,
+        "call": [8, 9],
+        "pixel_values": torch.zeros(1),
+    }
+    other = with_call(example, [11, 12, 13])
+    assert other["input_ids"].tolist() == [5, 6, 7, 11, 12, 13]
+    assert other["labels"].tolist() == [-100, -100, -100, 11, 12, 13]
+    assert other["weights"].tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert other["mm_token_type_ids"].tolist() == [0, 1, 0, 0, 0, 0]
+    assert other["call"] == [11, 12, 13] and other["pixel_values"] is example["pixel_values"]
 
 
 @pytest.mark.integration  # Chromium
@@ -121,9 +126,10 @@ def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_d
     weighted = [weighted_digits(example, digits, 10.0) for example in examples]
     assert [int(example["weights"].sum()) for example in weighted] == [86, 76, 66, 76]
     assert torch.equal(weighted[2]["labels"], examples[2]["labels"])  # only the weights change
-    shares = point_shares(tiny_model(tiny_model_dir), examples, [e.point for e in episodes], clicks)
+    calls = {click: example["call"] for example, click in zip(examples, clicks)}
+    shares = point_shares(tiny_model(tiny_model_dir), examples, [e.point for e in episodes], calls)
     assert sum(shares["point_shares"]) == pytest.approx(1.0, abs=1e-3)
-    assert shares["call_mass"] < 1e-6  # the untrained model writes none of the calls
+    assert shares["call_mass"] < 1e-6 and shares["true_call_probability"] < 1e-6  # the untrained model writes none
 
 
 @pytest.mark.integration  # verl's worker, Chromium, the tiny model's fit

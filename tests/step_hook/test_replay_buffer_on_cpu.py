@@ -96,7 +96,7 @@ def test_sampling_adds_mm_tool_metrics_and_places_turn_rewards(transfer_queue):
 
 def test_a_sample_masked_before_it_generated_gets_the_batchs_oldest_weight_version(transfer_queue):
     """verl's v1 trainer reads every tag's versions as ints; a browser that failed to launch left them None."""
-    from verl_mm_tools.step_hook.replay_buffer import fill_missing_weight_versions
+    from verl_mm_tools.handoff import fill_missing_weight_versions
 
     tq = transfer_queue
     lost = trajectory(0, masked=True)
@@ -107,8 +107,8 @@ def test_a_sample_masked_before_it_generated_gets_the_batchs_oldest_weight_versi
     assert metrics["mm_tool/unversioned_samples"] == 1.0
     tq.kv_clear(keys=batch.keys, partition_id="train")
     alone = [{"min_global_steps": None, "max_global_steps": None}]
-    assert fill_missing_weight_versions(alone, global_steps=7) == 1 and alone[0]["min_global_steps"] == 6
-    assert fill_missing_weight_versions([{"min_global_steps": 1, "max_global_steps": 2}], global_steps=7) == 0
+    assert fill_missing_weight_versions(alone, fallback=6) == 1 and alone[0]["min_global_steps"] == 6
+    assert fill_missing_weight_versions([{"min_global_steps": 1, "max_global_steps": 2}], fallback=6) == 0
 
 
 def test_a_trajectory_the_judge_could_not_score_is_masked_in_transfer_queue(transfer_queue):

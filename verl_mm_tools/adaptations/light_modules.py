@@ -15,6 +15,7 @@ LIGHT_MODULES = frozenset(
         "verl_mm_tools.adaptations.cpu.v1_position_ids",
         "verl_mm_tools.adaptations.fixes",
         "verl_mm_tools.adaptations.fixes.compact_images",
+        "verl_mm_tools.adaptations.fixes.fully_async_versions",
         "verl_mm_tools.adaptations.fixes.gemma4_arguments",
         "verl_mm_tools.adaptations.fixes.glm4v_flops",
         "verl_mm_tools.adaptations.fixes.glm4v_image_features",

@@ -56,6 +56,7 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
     fixes.processed_images.ADAPTATION,
     vllm_plugin.eager_sampler.ADAPTATION,
     fixes.separate_async_logger.ADAPTATION,
+    fixes.fully_async_versions.ADAPTATION,
     resumes.ADAPTATION,
     fixes.compact_images.ADAPTATION,
     loop_output.ADAPTATION,

@@ -6,14 +6,14 @@ episodes are the seeds whose button covers exactly one of four points near the c
 (``POINTS``), as many for each point. The button is painted red (the environment's ``high_contrast``: same page,
 boxes, clicks and reward), the variant the tiny model can localize (docs/experiments/gui_click.md, session 44).
 
-The cold start clicks those points only, demonstrations with mistakes: the covered point in ``true_click_share`` of
-each point's demonstrations, an uninformative point (``uninformative_labels``) in the rest, so the demonstrations hit
-in 0.8 + 0.2 / 4 = 0.85 of them. The task's tiny model has its image tokens built 30x larger
+The cold start clicks those points only, demonstrations with mistakes: of each screenshot's demonstrations,
+``true_click_share`` click the covered point and the rest each point equally often, so they hit in 0.8 + 0.2 / 4 =
+0.85 of them; the fit draws among them at every pick, so its mistakes are not tied to a screenshot and its policy
+leaves GRPO groups that hit and miss (``ClickColdStart``). The task's tiny model has its image tokens built 30x larger
 (``DemoTask.vision_output_scale``): with the model as built, whether the fit learned where the button is depended on
 the seed (of 12 fits, 3 localized it, 4 told left from right only, 5 stayed at chance); at 30x each finished fit
-moved toward both axes, and the demo's seeds 0-2 reached 0.69-0.86 (docs/experiments/gui_click.md, session 46). Its
-share on held-out screenshots must be above chance before RL (``HELD_OUT_SHARE_FLOOR``), and RL's part is to raise it
-past the demonstrations, to the point the button covers (not yet: the fit leaves GRPO few mixed groups).
+moved toward both axes (docs/experiments/gui_click.md, session 46). Its share on held-out screenshots must be above
+chance before RL (``HELD_OUT_SHARE_FLOOR``), and RL's part is to raise the hits past the demonstrations'.
 
 An episode is one action (``max_actions: 1``; a click that misses does not end click-test) scored by MiniWoB's success
 (``reward: success``): 1 when the click hits, 0 when it misses; a trajectory cut before it acted (turn or length
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import shutil
 import tempfile
 import time
@@ -40,7 +39,6 @@ import torch
 
 from verl_mm_tools.compact_image import expanded_inputs
 from verl_mm_tools.data.miniwob import VAL_SEED_OFFSET, miniwob_row
-from verl_mm_tools.demo.demonstrations import uninformative_labels
 from verl_mm_tools.demo.fit import collate, fit, model_inputs, one_thread
 from verl_mm_tools.errors import ColdStartError
 
@@ -239,13 +237,17 @@ def demonstration_rollout(
 
 @dataclass(frozen=True)
 class ClickColdStart:
-    """What the click task's cold start fits: ``demonstrations`` trajectories, ``steps`` of the warm start's fit."""
+    """What the click task's cold start fits: ``demonstrations`` screenshots, each demonstrated
+    ``clicks_per_screenshot`` times, ``steps`` of the warm start's fit."""
 
     # 128 screenshots, batches of 8 and 3,000 steps at lr 3e-3: the supervised fit that localized the red button
     # (0.96 held out; at 1,000-1,500 steps it had learned one axis at most: docs/experiments/gui_click.md)
     demonstrations: int = 128
-    # of each point's demonstrations, clicking it; the rest click uninformatively. At 0.6 the fit stayed near chance
-    # on held-out screenshots (0.245, and 0.46 with 256 demonstrations); at 0.8 3 of 12 fits reached 0.74-0.82
+    # Each screenshot's demonstrations: ``true_click_share`` of them click its covered point, the rest each point
+    # equally often (16 and one on each point: 0.85 hit), and the fit draws among them at every pick, so a mistake
+    # is not tied to a screenshot. With one demonstration per screenshot (a fifth of them mistakes) the fit learned
+    # which screenshots to miss: it missed them in every sample, and GRPO's groups were unanimous (session 47)
+    clicks_per_screenshot: int = 20
     true_click_share: float = 0.8
     # each digit of the call weighs this much in the loss as each of its other tokens: on the whole call alike, the
     # fit learned the call's text but not where to click (0.245 held out); on the digits alone it learned where
@@ -255,11 +257,22 @@ class ClickColdStart:
     batch_size: int = 8
     lr: float = 3e-3
     seed: int = 0
-    share_examples: int = 16  # demonstrations the point shares are measured on
+    share_examples: int = 16  # screenshots the point shares on the demonstrations are measured on
     held_out: int = 32  # episodes of other seeds, rolled out but not fitted: the held-out true-point share
 
+    def clicks_of(self, point: int) -> list[int]:
+        """The points one screenshot's demonstrations click when its button covers ``point``."""
+        knowing = round(self.true_click_share * self.clicks_per_screenshot)
+        guessing = self.clicks_per_screenshot - knowing
+        if guessing % len(POINTS):
+            raise ValueError(
+                f"ClickColdStart: {self.clicks_per_screenshot} clicks per screenshot at true share "
+                f"{self.true_click_share} leave {guessing} guesses, not a multiple of the {len(POINTS)} points"
+            )
+        return [point] * knowing + list(range(len(POINTS))) * (guessing // len(POINTS))
 
-COLD_START_VERSION = 6  # 5: the red button, demonstrations with mistakes, the held-out check; 6: weighted digits
+
+COLD_START_VERSION = 7  # 5: the red button, mistakes, the held-out check; 6: weighted digits; 7: mistakes per pick
 # The held-out true-point share the fit must reach (chance 0.25): below it, RL would start from a model that does
 # not see where the button is, as on the plain page
 HELD_OUT_SHARE_FLOOR = 0.3
@@ -290,8 +303,8 @@ def click_cold_started_model(base_dir: Path, tools_yaml: Path, seed: int, steps:
 
 
 def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
-    """Fit the model in ``model_dir``, in place, to click demonstrations with mistakes (``informed_clicks``); returns
-    the fit's figures, the demonstrations' success (0.85), the point shares the fitted model gives on its
+    """Fit the model in ``model_dir``, in place, to click demonstrations with mistakes (``ClickColdStart.clicks_of``);
+    returns the fit's figures, the demonstrations' success (0.85), the point shares the fitted model gives on its
     demonstrations, and its true-point share on held-out screenshots (``ColdStartError`` below
     ``HELD_OUT_SHARE_FLOOR``)."""
     from transformers import AutoModelForImageTextToText
@@ -300,25 +313,29 @@ def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
     first_seed = DEMO_SEED_START + spec.seed * SEEDS_PER_DEMO_SEED
     episodes = click_episodes(spec.demonstrations, first_seed)
     held = click_episodes(spec.held_out, first_seed + HELD_OUT_SEED_OFFSET, {episode.box for episode in episodes})
-    clicks = informed_clicks(episodes, spec.true_click_share, random.Random(spec.seed))
-    # the held-out ones click their covered point: only their screenshots and the four calls' texts are used
-    examples, successes = rolled_out_examples(model_dir, tools_yaml, [*episodes, *held], [*clicks, *points_of(held)])
+    # Each screenshot is rolled out once, clicking its covered point; a demonstration of another click on it is the
+    # same prompt with that click's call (with_call): the loop's tokens for the call are the same on every page
+    examples, calls = rolled_out_hits(model_dir, tools_yaml, [*episodes, *held])
     digits = digit_ids(model_dir)
-    demonstrations = [weighted_digits(example, digits, spec.digit_weight) for example in examples[: len(episodes)]]
+    demonstrations = [
+        weighted_digits(with_call(example, calls[click]), digits, spec.digit_weight)
+        for example, episode in zip(examples, episodes, strict=False)
+        for click in spec.clicks_of(episode.point)
+    ]
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     with one_thread():
         losses = fit(model, demonstrations, spec)
-        # the four calls' texts from the held-out examples, which click every point (a few demonstrations may not)
-        calls = {point: example["call"] for example, point in zip(examples[len(episodes) :], points_of(held))}
-        shares = point_shares(model, examples[: spec.share_examples], points_of(episodes), clicks, calls)
-        held_shares = point_shares(model, examples[len(episodes) :], points_of(held), points_of(held), calls)
+        shares = point_shares(model, examples[: spec.share_examples], points_of(episodes), calls)
+        held_shares = point_shares(model, examples[len(episodes) :], points_of(held), calls)
+    hits = [click == point for point in range(len(POINTS)) for click in spec.clicks_of(point)]
     report = {
         "seconds": round(time.perf_counter() - started, 2),
         "first_loss": losses[0],
         "last_loss": losses[-1],
-        "demonstration_success": round(sum(successes[: len(episodes)]) / len(episodes), 4),
+        "demonstration_success": round(sum(hits) / len(hits), 4),
         **shares,
         "held_out_true_point_share": held_shares["true_point_share"],
+        "held_out_true_call_probability": held_shares["true_call_probability"],
     }
     logger.info("click cold start: %s", report)
     if report["held_out_true_point_share"] < HELD_OUT_SHARE_FLOOR:
@@ -330,6 +347,41 @@ def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
         )
     model.save_pretrained(model_dir)
     return report
+
+
+def rolled_out_hits(
+    model_dir: Path, tools_yaml: Path, episodes: Sequence[ClickEpisode]
+) -> tuple[list[dict[str, Any]], dict[int, list[int]]]:
+    """The fit's examples of ``episodes``, each clicking its covered point through the real loop, and each point's
+    call (token ids). ``ColdStartError`` where such a click did not hit: the page or the mapping of the shown
+    screenshot to it is not what the task assumes."""
+    examples, successes = rolled_out_examples(model_dir, tools_yaml, episodes, points_of(episodes))
+    missed = [episode.seed for episode, success in zip(episodes, successes, strict=True) if success != 1.0]
+    if missed:
+        raise ColdStartError(
+            f"click cold start: a click on the covered point did not hit in {len(missed)} of {len(episodes)} "
+            f"episodes (seeds {missed[:8]}); check miniwob's click-test page and the screenshot's size"
+        )
+    calls = {episode.point: example["call"] for example, episode in zip(examples, episodes, strict=True)}
+    if sorted(calls) != list(range(len(POINTS))):
+        raise ColdStartError(f"click cold start: its episodes cover the points {sorted(calls)}, not all of POINTS")
+    return examples, calls
+
+
+def with_call(example: dict[str, Any], call: Sequence[int]) -> dict[str, Any]:
+    """The example's prompt followed by ``call`` (token ids), labelled: the demonstration of that call on the same
+    screenshot (what follows a call is not trained and does not change its tokens' loss)."""
+    start = example["prompt_length"]
+    tokens = torch.tensor(call)
+    labels = torch.cat([torch.full((start,), -100), tokens])
+    return {
+        **example,
+        "input_ids": torch.cat([example["input_ids"][:start], tokens]),
+        "labels": labels,
+        "weights": (labels != -100).float(),
+        "mm_token_type_ids": torch.cat([example["mm_token_type_ids"][:start], torch.zeros_like(tokens)]),
+        "call": list(call),
+    }
 
 
 def digit_ids(model_dir: Path) -> list[int]:
@@ -373,31 +425,6 @@ def rolled_out_examples(
     return examples, successes
 
 
-def informed_clicks(episodes: Sequence[ClickEpisode], true_share: float, rng: random.Random) -> list[int]:
-    """Demonstrations with mistakes: of each covered point's episodes, ``true_share`` (rounded) click that point and
-    the rest click as ``uninformative_clicks`` does (every point equally often, the true one among them)."""
-    clicks = [-1] * len(episodes)
-    guessing: list[int] = []
-    for point in range(len(POINTS)):
-        indices = [index for index, episode in enumerate(episodes) if episode.point == point]
-        rng.shuffle(indices)
-        knowing = round(true_share * len(indices))
-        for index in indices[:knowing]:
-            clicks[index] = point
-        guessing += indices[knowing:]
-    guessing.sort()
-    for index, click in zip(guessing, uninformative_clicks([episodes[i] for i in guessing], rng), strict=True):
-        clicks[index] = click
-    return clicks
-
-
-def uninformative_clicks(episodes: Sequence[ClickEpisode], rng: random.Random) -> list[int]:
-    """A point per demonstration such that the episodes of each covered point click every point equally often: where
-    a demonstration clicks tells nothing about where its button is."""
-    choices = [str(index) for index in range(len(POINTS))]
-    return [int(label) for label in uninformative_labels([str(e.point) for e in episodes], choices, rng)]
-
-
 def click_example(output: DataProto, index: int, image_token: int) -> dict[str, Any]:
     """Row ``index`` of the demonstrations' rollout as a training example of the fit (``demo.fit``): its ids, labels
     on the trained response tokens (the call), each labelled token's weight, and its image inputs."""
@@ -425,40 +452,32 @@ def click_example(output: DataProto, index: int, image_token: int) -> dict[str, 
 
 @torch.no_grad()
 def point_shares(
-    model: PreTrainedModel,
-    examples: Sequence[dict],
-    points: Sequence[int],
-    clicks: Sequence[int],
-    calls: dict[int, list[int]] | None = None,
+    model: PreTrainedModel, examples: Sequence[dict], points: Sequence[int], calls: dict[int, list[int]]
 ) -> dict[str, Any]:
-    """Each point's share of the model's probability among the four calls (the calls the demonstrations wrote, one
-    per point), averaged over ``examples``: ``point_shares``; the mean share of each example's covered point
-    (``true_point_share``: 0.25 when where it clicks tells nothing of where the button is); and the mean probability
-    of writing one of the four calls at all (``call_mass``: the rest is other text, e.g. a point off the grid). The
-    calls' token ids: ``calls`` (point: ids), else the examples' own."""
-    if calls is None:
-        calls = {click: example["call"] for example, click in zip(examples, clicks, strict=False)}
+    """Each point's share of the model's probability among the four calls (``calls``: point -> token ids), averaged
+    over ``examples``: ``point_shares``; the mean share of each example's covered point (``points``;
+    ``true_point_share``: 0.25 when where it clicks tells nothing of where the button is); the mean probability of
+    writing the covered point's call (``true_call_probability``: the share of sampled calls that hit); and the mean
+    probability of writing one of the four calls at all (``call_mass``: the rest is other text, e.g. a point off the
+    grid)."""
     if sorted(calls) != list(range(len(POINTS))):
-        raise ValueError(f"the examples' clicks {sorted(calls)} do not cover all {len(POINTS)} points")
+        raise ValueError(f"the calls given are for the points {sorted(calls)}, not for all {len(POINTS)}")
     pad = model.config.get_text_config().pad_token_id or 0
-    shares = []
+    scores = []
     for example in examples:
         start = example["prompt_length"]
-        scores = []
+        each = []
         for point in range(len(POINTS)):
-            call = torch.tensor(calls[point])
-            ids = torch.cat([example["input_ids"][:start], call])
-            types = torch.cat([example["mm_token_type_ids"][:start], torch.zeros_like(call)])
-            candidate = {**example, "input_ids": ids, "labels": ids, "weights": ids.float(), "mm_token_type_ids": types}
+            candidate = with_call(example, calls[point])
             batch = model_inputs(collate([candidate], pad))
             logits = model.lm_head(model.model(**batch).last_hidden_state[0, start - 1 : -1]).float()
-            scores.append(logits.log_softmax(-1).gather(-1, ids[start:, None]).sum())
-        shares.append(torch.stack(scores))  # each call's log-probability
-    mean = torch.stack([share.softmax(-1) for share in shares]).mean(0)
-    true = torch.stack([share.softmax(-1)[point] for share, point in zip(shares, points, strict=False)]).mean()
-    mass = torch.stack([share.exp().sum() for share in shares]).mean()
+            each.append(logits.log_softmax(-1).gather(-1, candidate["input_ids"][start:, None]).sum())
+        scores.append(torch.stack(each))  # each call's log-probability
+    shares = torch.stack([score.softmax(-1) for score in scores])
+    rows = torch.arange(len(scores))
     return {
-        "point_shares": [round(float(v), 4) for v in mean],
-        "true_point_share": round(float(true), 4),
-        "call_mass": round(float(mass), 4),
+        "point_shares": [round(float(v), 4) for v in shares.mean(0)],
+        "true_point_share": round(float(shares[rows, list(points)].mean()), 4),
+        "true_call_probability": round(float(torch.stack(scores).exp()[rows, list(points)].mean()), 4),
+        "call_mass": round(float(torch.stack(scores).exp().sum(-1).mean()), 4),
     }

@@ -30,6 +30,7 @@ from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.agent_loop.hook_config import FULLY_ASYNC_HOOK, FULLY_ASYNC_HOOK_KEY
 from verl_mm_tools.step_hook.manager import step_batch
 from verl_mm_tools.step_hook.step import CallRateWatch, process_step
+from verl_mm_tools.step_metrics import UNVERSIONED_SAMPLES
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -92,6 +93,8 @@ class MMToolFullyAsyncTrainer(_VerlTrainer):
         meta_info = {"global_steps": self.global_steps, "validate": False}
         metrics = process_step(step_batch(batch, meta_info, batch.non_tensor_batch.get("uid")), self.call_rate_watch)
         self.metrics.update(metrics)
+        # counted where verl assembled the batch (adaptations.fixes.fully_async_versions)
+        self.metrics[UNVERSIONED_SAMPLES] = batch.meta_info.pop(UNVERSIONED_SAMPLES, 0.0)
         return batch
 
 

@@ -24,7 +24,6 @@ the mm_tool loop refuses the combination (``step.refuse_unsupported_with_hook``)
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl_mm_tools.adaptations.guard import confirm
 from verl_mm_tools.adaptations.record import Adaptation, Section, Target
 from verl_mm_tools.errors import ConfigError
+from verl_mm_tools.handoff import fill_missing_weight_versions
 from verl_mm_tools.rewards.turn_credit import CONTINUATION_MARK
 from verl_mm_tools.step_hook.batch import StepBatch
 from verl_mm_tools.step_hook.judge import judge_masked_rows
@@ -46,7 +46,6 @@ from verl_mm_tools.step_metrics import UNVERSIONED_SAMPLES
 if TYPE_CHECKING:
     from transfer_queue import KVBatchMeta
 
-logger = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_S = 0.05
 SAMPLER_OPTIONS = ("poll_interval_s",)
@@ -99,7 +98,8 @@ class MMToolReplayBuffer(ReplayBuffer):
         step, lengths = read_step_batch(batch.keys, partition_id, global_steps)
         metrics.update(process_step(step, self.call_rate_watch))
         metrics.update(tool_call_counts(step.trajectories()))
-        metrics[UNVERSIONED_SAMPLES] = float(fill_missing_weight_versions(batch.tags, global_steps))
+        # a sync step generates with version global_steps - 1: the guess where no sample of the batch has one
+        metrics[UNVERSIONED_SAMPLES] = float(fill_missing_weight_versions(batch.tags, fallback=global_steps - 1))
         if step.rm_scores is not None and any(fields.turn_credit for _, fields in step.ours):
             write_padded(batch.keys, partition_id, "rm_scores", step.rm_scores, lengths)
             mark_continuations(batch.keys, partition_id, step)
@@ -111,25 +111,6 @@ class MMToolReplayBuffer(ReplayBuffer):
 @ADAPTATION.implements
 class MMToolReplayBufferAsync(MMToolReplayBuffer, ReplayBufferAsync):
     """For ``colocate_async`` and ``separate_async``."""
-
-
-def fill_missing_weight_versions(tags: list[dict], global_steps: int) -> int:
-    """Give each sample without weight versions (a trajectory masked before it generated: a browser that failed to
-    launch) the oldest version the batch's other samples ran under, or ``global_steps - 1`` (the version a sync step
-    generates with) where none did; return how many. verl's v1 trainer reads every sample's ``min_global_steps`` and
-    ``max_global_steps`` as ints (its staleness metrics) and failed on None; such a sample trains no token, and the
-    oldest version keeps the batch's reported staleness from shrinking."""
-    missing = [tag for tag in tags if tag.get("min_global_steps") is None or tag.get("max_global_steps") is None]
-    if not missing:
-        return 0
-    known = [tag["min_global_steps"] for tag in tags if tag.get("min_global_steps") is not None]
-    oldest = min(known) if known else global_steps - 1
-    for tag in missing:
-        tag["min_global_steps"] = tag["max_global_steps"] = oldest
-    logger.warning(
-        "mm_tool: %d sample(s) had no weight version (masked before generating); tagged %d", len(missing), oldest
-    )
-    return len(missing)
 
 
 def tool_call_counts(batch: StepBatch) -> dict[str, float]:

@@ -10,6 +10,7 @@ from types import ModuleType
 
 from verl_mm_tools.adaptations.fixes import (
     compact_images,
+    fully_async_versions,
     gemma4_arguments,
     glm4v_flops,
     glm4v_image_features,
@@ -48,6 +49,7 @@ EVERY_RUN: tuple[ModuleType, ...] = (
     compact_images,
     shared_images,
     separate_async_logger,
+    fully_async_versions,
     qwen_video_reader,
     qwen2_5_vl_video_positions,
     video_timing_positions,
