@@ -157,15 +157,16 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "cannot read the zoomed box yet; learn: red or blue pictures with the rotate tool offered, stops once the "
         "reward reaches 0.9; learn_tool: the same with a rotate call before every answer; click: a GUI task, "
         "MiniWoB++'s click-test in headless Chromium with the button painted red, one click on one of four points, "
-        "from a cold start checked on held-out screenshots (exit 2 when it does not localize the button; "
-        "docs/gui.md); rotation: arrow pictures, the loop's showcase of "
-        "tool calls; video: 4 s clips whose colour flash the prompt's frames miss, get_frames shows it (docs/video.md)",
+        "from a cold start with mistakes checked on held-out screenshots (exit 2 when it does not localize the "
+        "button), stops once its success reaches 0.95 and its validation 0.9 (docs/gui.md); rotation: arrow "
+        "pictures, the loop's showcase of tool calls; video: 4 s clips whose colour flash the prompt's frames miss, "
+        "get_frames shows it (docs/video.md)",
     )
     demo.add_argument(
         "--steps",
         type=whole_number(1),
         default=None,
-        help="training steps (default: 40 zoom, 30 rotation, 20 click and video, 80 learn, 120 learn_tool and "
+        help="training steps (default: 40 zoom, 30 rotation, 20 video, 50 click, 80 learn, 120 learn_tool and "
         "learn_zoom)",
     )
     demo.add_argument(

@@ -165,6 +165,7 @@ def test_the_click_task_trains_the_click_tool_on_its_rows(tmp_path):
     from verl_mm_tools.demo.options import DemoOptions
     from verl_mm_tools.demo.overrides import task_overrides
     from verl_mm_tools.demo.prepare import DemoPaths
+    from verl_mm_tools.demo.tasks import TRAINING_REWARD
 
     options = DemoOptions(out=tmp_path, task="click")
     paths = DemoPaths(out=tmp_path, model=tmp_path / "model", train=tmp_path / "t.parquet", val=tmp_path / "v.parquet")
@@ -172,6 +173,10 @@ def test_the_click_task_trains_the_click_tool_on_its_rows(tmp_path):
     assert options.spec.tools_yaml == CLICK_TOOLS_YAML and options.spec.chance_reward == 0.25
     assert not any(item.startswith("+reward.reward_kwargs.reward_fn") for item in overrides)  # the rows' own
     assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3" in overrides
-    assert options.spec.stop_at_reward is None and options.total_steps == 20  # a showcase: no learning target
+    # learned: 0.95 success over 5 steps (the demonstrations hit 0.85), 15 of 16 held-out validation episodes
+    assert (options.spec.stop_at_reward, options.spec.stop_at_validation, options.total_steps) == (0.95, 0.9, 50)
+    steps = [{TRAINING_REWARD: 0.96}] * 4 + [{TRAINING_REWARD: 0.96, options.spec.validation_metric: 0.9375}]
+    assert options.spec.learned(steps) and not options.spec.learned(steps[:4])
+    assert not options.spec.learned([*steps, {options.spec.validation_metric: 0.875}])
     assert options.spec.vision_output_scale == 30.0  # its tiny model: tiny-qwen2_5_vl-vision30x-seed0
     assert len(POINTS) == 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verl_mm_tools.demo.options import DemoOptions
-from verl_mm_tools.demo.sweep import HEADER, SweepRun, collapses, run_out, sweep_table
+from verl_mm_tools.demo.sweep import COLD_START_FAILED, HEADER, SweepRun, collapses, run_out, sweep_table
 from verl_mm_tools.demo.tasks import CALL_RATE, TASKS, TRAINING_REWARD
 from verl_mm_tools.demo.watch import RunResult
 from verl_mm_tools.step_metrics import CALL_RATE_COLLAPSED
@@ -52,6 +52,33 @@ def test_a_failed_trainer_is_shown_and_not_counted():
         "learned: 0/1 runs; 1 more whose trainer failed (not counted: see their trainer.log)",
         "runs with a tool-use collapse (the step hook's flag): 0/1",
     ]
+
+
+def test_a_failed_cold_start_counts_as_a_run_that_did_not_learn():
+    learned = RunResult(0, steps([0.75] * 5 + [1.0] * 4, [1.0] * 9, 1.0), 225.4, 116.0, 0, True)
+    cold = RunResult(COLD_START_FAILED, [], 0.0, None, 0)
+    table = sweep_table([SweepRun(0, 0, learned), SweepRun(3, 0, cold)], ZOOM)
+    assert table[2] == "   3    0  no: cold start      0          0       nan -> nan      nan -> nan         nan  -"
+    assert table[-2].startswith("learned: 1/2 runs; steps to learn median 9") and table[-2].endswith(
+        "; 1 of them stopped at a failed cold start"
+    )
+
+
+def test_a_sweep_goes_on_past_a_seed_whose_cold_start_fails(tmp_path, monkeypatch):
+    from verl_mm_tools.demo import sweep
+    from verl_mm_tools.errors import ColdStartError
+
+    def run_demo_result(options, say):
+        if options.seed == 3:
+            raise ColdStartError("click cold start: its true-point share on 32 held-out screenshots is 0.2403")
+        return RunResult(0, steps([1.0] * 5, [1.0] * 5, 1.0), 100.0, 50.0, 0, True), None
+
+    monkeypatch.setattr(sweep, "run_demo_result", run_demo_result)
+    said: list[str] = []
+    status = sweep.run_sweep(DemoOptions(out=tmp_path, task="zoom", rollout="hf"), [3, 4], said.append)
+    assert status == 3  # not every run learned
+    assert "seed 3: click cold start: its true-point share on 32 held-out screenshots is 0.2403" in said
+    assert said[-2].startswith("learned: 1/2 runs")
 
 
 def test_repeats_get_their_own_folders(tmp_path):

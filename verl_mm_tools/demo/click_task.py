@@ -325,7 +325,8 @@ def cold_start(model_dir: Path, tools_yaml: Path, spec: ClickColdStart) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     with one_thread():
         losses = fit(model, demonstrations, spec)
-        shares = point_shares(model, examples[: spec.share_examples], points_of(episodes), calls)
+        shared = slice(spec.share_examples)
+        shares = point_shares(model, examples[shared], points_of(episodes)[shared], calls)
         held_shares = point_shares(model, examples[len(episodes) :], points_of(held), calls)
     hits = [click == point for point in range(len(POINTS)) for click in spec.clicks_of(point)]
     report = {
@@ -462,6 +463,8 @@ def point_shares(
     grid)."""
     if sorted(calls) != list(range(len(POINTS))):
         raise ValueError(f"the calls given are for the points {sorted(calls)}, not for all {len(POINTS)}")
+    if len(points) != len(examples):
+        raise ValueError(f"point_shares takes one covered point per example: {len(points)} for {len(examples)}")
     pad = model.config.get_text_config().pad_token_id or 0
     scores = []
     for example in examples:

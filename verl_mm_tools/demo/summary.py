@@ -78,7 +78,8 @@ def how_it_ended(result: RunResult, paths: DemoPaths, task: DemoTask, trained: i
     if result.returncode == LEARNING_FAILED:
         what = "the reward" if task.stop_at_call_rate is None else "the reward and the tool-call rate"
         return [
-            f"did not learn: {what} did not reach {task.stop_at_reward} within {trained} steps "
+            f"did not learn: {what} did not reach {task.stop_at_reward} (validation {task.validation_target}) within "
+            f"{trained} steps "
             f"(see {paths.out / 'learning_curve.json'})"
         ]
     if result.returncode != 0:

@@ -15,8 +15,12 @@ from verl_mm_tools.demo.run import run_demo_result
 from verl_mm_tools.demo.summary import learning_curve
 from verl_mm_tools.demo.tasks import LEARNED_WINDOW, TRAINING_REWARD, DemoTask
 from verl_mm_tools.demo.watch import LEARNING_FAILED, RunResult
+from verl_mm_tools.errors import ColdStartError
 from verl_mm_tools.step_metrics import CALL_RATE_COLLAPSED
 
+# A run whose cold start ended without what RL needs (ColdStartError; the demo's exit status 2): the task's recipe
+# failed on that seed, so it counts as a run that did not learn, and the sweep goes on to the next
+COLD_START_FAILED = 2
 HEADER = "seed  run  learned  steps  trainer s  reward first -> last  calls first -> last  validation  collapses"
 
 
@@ -40,7 +44,11 @@ def run_sweep(options: DemoOptions, seeds: list[int], say: Callable[[str], None]
         for repeat in range(repeats):
             say(f"== seed {seed}" + (f", run {repeat}" if repeats > 1 else ""))
             run_options = replace(options, seed=seed, out=run_out(options, seed, repeat, repeats))
-            result, _ = run_demo_result(run_options, say)
+            try:
+                result, _ = run_demo_result(run_options, say)
+            except ColdStartError as error:
+                say(f"seed {seed}: {error}")
+                result = RunResult(COLD_START_FAILED, [], 0.0, None, 0)
             runs.append(SweepRun(seed, repeat, result))
     for line in sweep_table(runs, options.spec):
         say(line)
@@ -54,10 +62,12 @@ def collapses(result: RunResult) -> list[int]:
 
 def failed(result: RunResult) -> bool:
     """The trainer itself failed (killed, crashed): the run says nothing about learning."""
-    return result.returncode not in (0, LEARNING_FAILED)
+    return result.returncode not in (0, LEARNING_FAILED, COLD_START_FAILED)
 
 
 def outcome(result: RunResult) -> str:
+    if result.returncode == COLD_START_FAILED:
+        return "no: cold start"
     if failed(result):
         return f"error {result.returncode}"
     return "yes" if result.learned else "no"
@@ -83,7 +93,7 @@ def run_line(run: SweepRun, task: DemoTask) -> str:
 
 def sweep_table(runs: list[SweepRun], task: DemoTask) -> list[str]:
     """One line per run (first and last ``LEARNED_WINDOW`` steps' means; the steps flagged as a tool-use collapse),
-    then the runs that learned out of those whose trainer did not fail, the steps and trainer seconds they took
+    then the runs that learned out of those whose trainer did not fail (a failed cold start counts, as not learned), the steps and trainer seconds they took
     (median and max), the failed runs, and the runs with a collapse."""
     lines = [HEADER, *(run_line(run, task) for run in runs)]
     judged = [run for run in runs if not failed(run.result)]
@@ -96,6 +106,9 @@ def sweep_table(runs: list[SweepRun], task: DemoTask) -> list[str]:
             f"; steps to learn median {statistics.median(trained):g}, max {max(trained)}; trainer seconds median "
             f"{statistics.median(seconds):.0f}, max {max(seconds):.0f}"
         )
+    cold = sum(run.result.returncode == COLD_START_FAILED for run in runs)
+    if cold:
+        summary += f"; {cold} of them stopped at a failed cold start"
     if len(judged) < len(runs):
         summary += f"; {len(runs) - len(judged)} more whose trainer failed (not counted: see their trainer.log)"
     collapsed = sum(bool(collapses(run.result)) for run in judged)

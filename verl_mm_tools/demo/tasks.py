@@ -67,6 +67,8 @@ class DemoTask:
     # Stop once ``learned``: the mean training reward of the last LEARNED_WINDOW steps and the latest validation
     # reward both reach this.
     stop_at_reward: float | None = None
+    # The latest validation reward needed to have learned, where it is not ``stop_at_reward``
+    stop_at_validation: float | None = None
     tools_yaml: str = ROTATE_TOOLS_YAML
     chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
     # Also needed to have learned: the mean tool-call rate of the last LEARNED_WINDOW steps reaches this
@@ -85,11 +87,13 @@ class DemoTask:
     vision_output_scale: float = 1.0
 
     def learned(self, steps: list[dict]) -> bool:
-        """The mean training reward of the last LEARNED_WINDOW steps and the latest validation reward (greedy, on
-        pictures the training split does not hold) both reach ``stop_at_reward`` (and the mean tool-call rate of those
-        steps ``stop_at_call_rate``, where set); verl's metrics, one dict per step. A validation before the first
-        training step (``val_before_train``) judges the cold start, not what was learned: it never counts."""
-        if self.stop_at_reward is None:
+        """The mean training reward of the last LEARNED_WINDOW steps reaches ``stop_at_reward``, the latest
+        validation reward (greedy, on pictures the training split does not hold) ``validation_target``, and the mean
+        tool-call rate of those steps ``stop_at_call_rate`` where set; verl's metrics, one dict per step. A
+        validation before the first training step (``val_before_train``) judges the cold start, not what was
+        learned: it never counts."""
+        target = self.validation_target
+        if self.stop_at_reward is None or target is None:
             return False
         rewards = [step[TRAINING_REWARD] for step in steps if TRAINING_REWARD in step]
         rates = [step.get(CALL_RATE, 0.0) for step in steps if TRAINING_REWARD in step]
@@ -102,8 +106,12 @@ class DemoTask:
             and bool(validations)
             and calls_enough
             and sum(rewards[-LEARNED_WINDOW:]) / LEARNED_WINDOW >= self.stop_at_reward
-            and validations[-1] >= self.stop_at_reward
+            and validations[-1] >= target
         )
+
+    @property
+    def validation_target(self) -> float | None:
+        return self.stop_at_reward if self.stop_at_validation is None else self.stop_at_validation
 
     def validations_after_training_began(self, steps: list[dict]) -> list[float]:
         """The validation rewards logged with or after the first training step's metrics, in order."""
@@ -260,7 +268,9 @@ def _click_cold_start(model: Path, tools_yaml: Path, seed: int, steps: int) -> P
 # built 30x larger (TinyModelSpec.vision_output_scale): as built, 5 of 12 cold starts with mistakes stayed at chance
 # and 4 learned one axis; at 30x the fits localized both axes (session 46). With a fifth of the screenshots
 # demonstrated wrongly, the fit missed those in every sample and GRPO's groups were unanimous; with the mistakes spread
-# over each screenshot's demonstrations, its groups hit and miss (session 47).
+# over each screenshot's demonstrations, its groups hit and miss (session 47). RL's part: the sampled policy's success,
+# ~0.8 after the cold start, past the demonstrations' 0.85 to 0.95 over 5 steps (160 trajectories, 20 screenshots);
+# the greedy policy already clicks most held-out buttons, so its validation must only stay at 15 of 16.
 TASKS["click"] = replace(
     TASKS["learn_tool"],
     name="click",
@@ -274,8 +284,9 @@ TASKS["click"] = replace(
     reward=(),  # the rows' own: environment_reward, MiniWoB's success
     tools_yaml=CLICK_TOOLS_YAML,
     chance_reward=0.25,
-    stop_at_reward=None,
-    steps=20,
+    stop_at_reward=0.95,
+    stop_at_validation=0.9,
+    steps=50,
     warm_start_says="each screenshot's demonstrations click the covered point in 85 %, every other point in 5 %",
 )
 

@@ -197,8 +197,8 @@ def watch_until_done(
             return RunEnd.EXITED
         if watch.task.learned(watch.steps):
             watch.say(
-                f"learned: reward >= {watch.task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps and "
-                "validation); stopping the trainer"
+                f"learned: reward >= {watch.task.stop_at_reward} (mean of the last {LEARNED_WINDOW} steps), "
+                f"validation >= {watch.task.validation_target}; stopping the trainer"
             )
             stop_gracefully(process)
             return RunEnd.LEARNED
