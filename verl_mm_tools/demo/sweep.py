@@ -93,8 +93,9 @@ def run_line(run: SweepRun, task: DemoTask) -> str:
 
 def sweep_table(runs: list[SweepRun], task: DemoTask) -> list[str]:
     """One line per run (first and last ``LEARNED_WINDOW`` steps' means; the steps flagged as a tool-use collapse),
-    then the runs that learned out of those whose trainer did not fail (a failed cold start counts, as not learned), the steps and trainer seconds they took
-    (median and max), the failed runs, and the runs with a collapse."""
+    then the runs that learned out of those whose trainer did not fail (a failed cold start counts, as not
+    learned), the steps and trainer seconds they took (median and max), the failed runs, and the runs with a
+    collapse."""
     lines = [HEADER, *(run_line(run, task) for run in runs)]
     judged = [run for run in runs if not failed(run.result)]
     learned = [run.result for run in judged if run.result.learned]
