@@ -65,9 +65,8 @@ class DemoTask:
     rollouts_per_prompt: int = 4
     overrides: tuple[str, ...] = ()
     # Stop once ``learned``: the mean training reward of the last LEARNED_WINDOW steps and the latest validation
-    # reward both reach this.
+    # reward both reach this (the validation ``stop_at_validation`` instead, where set)
     stop_at_reward: float | None = None
-    # The latest validation reward needed to have learned, where it is not ``stop_at_reward``
     stop_at_validation: float | None = None
     tools_yaml: str = ROTATE_TOOLS_YAML
     chance_reward: float = 0.5  # the mean reward of answers that ignore the picture
