@@ -43,7 +43,7 @@ RESUMED_COUNT = PREFIX + "resumed_generations/count"
 MULTI_VERSION_COUNT = PREFIX + "multi_version_trajectories/count"
 VERSION_SPAN_MAX = PREFIX + "version_span/max"
 ABORTED_COUNT = PREFIX + "aborted_generations/count"
-# samples masked before they generated, tagged with the batch's oldest weight version (step_hook.replay_buffer)
+# samples masked before they generated, given the batch's oldest weight version (handoff.fill_missing_weight_versions)
 UNVERSIONED_SAMPLES = PREFIX + "unversioned_samples"
 # what the step's resumes cost the engine: requests after a generation's first, prompt tokens prefilled again,
 # images sent (and, the sync having reset vLLM's encoder cache, encoded) again

@@ -42,20 +42,14 @@ def assemble_with_versions(
 ) -> Any:
     """verl's assembly, after filling the missing weight versions of ``rollout_samples`` (verl's ``RolloutSample``:
     one prompt's trajectories each, in ``full_batch.non_tensor_batch``)."""
-    tags = [
-        {key: sample.full_batch.non_tensor_batch[key][row] for key in VERSION_KEYS}
-        for sample in rollout_samples
-        for row in range(len(sample.full_batch))
+    places = [
+        (sample.full_batch.non_tensor_batch, row) for sample in rollout_samples for row in range(len(sample.full_batch))
     ]
+    tags = [{key: columns[key][row] for key in VERSION_KEYS} for columns, row in places]
     filled = fill_missing_weight_versions(tags, fallback=NO_VERSION_GENERATED)
-    if filled:
-        rows = iter(tags)
-        for sample in rollout_samples:
-            columns = sample.full_batch.non_tensor_batch
-            for row in range(len(sample.full_batch)):
-                tag = next(rows)
-                for key in VERSION_KEYS:
-                    columns[key][row] = tag[key]
+    for (columns, row), tag in zip(places, tags, strict=True):
+        for key in VERSION_KEYS:
+            columns[key][row] = tag[key]
     batch = assemble(rollout_samples, *args, **kwargs)
     batch.meta_info[UNVERSIONED_SAMPLES] = float(filled)
     return batch
