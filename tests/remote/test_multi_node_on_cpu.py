@@ -362,3 +362,17 @@ def test_a_cluster_that_cannot_start_says_why_and_leaves_nothing(tmp_path):
     assert message.startswith("node_a: `") and "ray start" in message and "--num-cpus=-1" in message
     assert "failed (exit 1):" in message
     assert not any(tmp_path.glob("*/work/*"))
+
+
+def test_the_heads_ports_are_free_and_never_ones_the_kernel_hands_to_outgoing_connections(monkeypatch):
+    from verl_mm_tools.runtime import cluster
+
+    ephemeral = cluster._ephemeral_ports()
+    ports = [cluster._free_port() for _ in range(200)]
+    assert all(port in cluster.LISTEN_PORTS and port not in ephemeral and port >= 20000 for port in ports)
+    assert len(set(ports)) > 150  # drawn at random, not one fixed port shared by two runs on one machine
+    monkeypatch.setattr(cluster, "LISTEN_PORTS", range(32768, 32770))  # ephemeral on Linux: none to give
+    with pytest.raises(cluster.ClusterError) as none_free:
+        cluster._free_port()
+    expected = f"no free port in range(32768, 32770) outside the kernel's ephemeral ports {ephemeral} (0 tried)"
+    assert str(none_free.value).startswith(expected)

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 NODE_NAMES = ("node_a", "node_b", "node_c", "node_d")
 NODE_RESOURCE_UNITS = 100  # each node's own resource: an actor asking {node_b: 1} lands on node_b
 START_TIMEOUT_S = 120.0
+LISTEN_PORTS = range(20000, 65536)  # the head's listening ports: below 20000 are Ray's worker ports (10002-19999)
 STOP_GRACE_S = 5.0
 # A lost raylet is declared dead after health_check_period_ms * failure_threshold (Ray's default 3 s * 5).
 FAST_HEALTH_CHECK = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
@@ -268,9 +270,31 @@ def _node_ip() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, drawn outside the kernel's ephemeral range and Ray's worker ports. A port the kernel hands
+    out (bind to 0) is handed out again to the next outgoing connection of any process; in CI one took the head's
+    GCS port in the second before `ray start` bound it ("Failed to start the grpc server")."""
+    ephemeral = _ephemeral_ports()
+    candidates = [port for port in LISTEN_PORTS if port not in ephemeral]
+    tried = random.sample(candidates, min(len(candidates), 64))
+    for port in tried:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise ClusterError(
+        f"no free port in {LISTEN_PORTS} outside the kernel's ephemeral ports {ephemeral} ({len(tried)} tried): "
+        "stop the processes that hold them"
+    )
+
+
+def _ephemeral_ports() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
 
 
 def _children(process: psutil.Process) -> list[psutil.Process]:
