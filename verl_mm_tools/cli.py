@@ -228,10 +228,11 @@ def _add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     demo.add_argument(
         "--family",
-        default=DEFAULT_FAMILY,
+        default=None,
         choices=sorted(FAMILIES),
-        help=f"the tiny model's VLM family, with its tool-call format (default: {DEFAULT_FAMILY}); the warm start "
-        "writes hermes calls, so a family with another format (qwen3_5, glm4v, glm4v_moe) needs --no-warm-start",
+        help=f"the tiny model's VLM family, with its tool-call format (default: the task's, {DEFAULT_FAMILY}; "
+        "click's qwen3_vl); the warm start writes hermes calls, so a family with another format (qwen3_5, glm4v, "
+        "glm4v_moe) needs --no-warm-start",
     )
     demo.add_argument(
         "--tools",

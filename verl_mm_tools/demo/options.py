@@ -13,7 +13,7 @@ from verl_mm_tools.cpu.vllm_cpu import ROLLOUT_NAME as VLLM_ROLLOUT
 from verl_mm_tools.cpu.vllm_cpu import VLLM_CPU_UNSUPPORTED, VLLM_CPU_VERSION, vllm_cpu_problem
 from verl_mm_tools.demo.tasks import TASKS, DemoTask, get_task
 from verl_mm_tools.errors import ConfigError, did_you_mean
-from verl_mm_tools.tiny import DEFAULT_FAMILY, FAMILIES
+from verl_mm_tools.tiny import FAMILIES
 
 # verl's trainers: the v1 trainer's modes (verl's default is sync) and the classic (deprecated) trainer.
 TRAINERS = ("sync", "colocate_async", "separate_async", "classic")
@@ -41,7 +41,7 @@ class DemoOptions:
     warm_start: bool = True
     # fit the warm start with verl's own SFT trainer on demonstrations the loop recorded (``demo.cold_start``)
     sft_warm_start: bool = False
-    family: str = DEFAULT_FAMILY  # the tiny model's VLM family
+    family: str | None = None  # the tiny model's VLM family; None: the task's (``tiny_family``)
     dumps: bool = True  # mm_tool's trajectory dumps (verl's rollout dumps: trainer.rollout_data_dir=null)
     overrides: tuple[str, ...] = ()
     tools: Path | None = None  # a verl tool YAML replacing the task's tools (your own tools, say)
@@ -65,9 +65,14 @@ class DemoOptions:
         check_judge(self)
 
     @property
+    def tiny_family(self) -> str:
+        """The tiny model's VLM family: the one asked for, else the task's (``DemoTask.family``)."""
+        return self.spec.family if self.family is None else self.family
+
+    @property
     def tool_parser(self) -> str:
         """verl's multi_turn.format for the family's tool calls."""
-        return FAMILIES[self.family].tool_parser
+        return FAMILIES[self.tiny_family].tool_parser
 
     @property
     def spec(self) -> DemoTask:
@@ -122,15 +127,14 @@ def check_nodes(options: DemoOptions) -> None:
 
 def check_family(options: DemoOptions) -> None:
     """A known model family, one the chosen rollout engine can generate with."""
-    if options.family not in FAMILIES:
+    family = options.tiny_family
+    if family not in FAMILIES:
         raise ConfigError(
-            f"unknown family {options.family!r}; choose one of {sorted(FAMILIES)}."
-            + did_you_mean(options.family, FAMILIES)
+            f"unknown family {family!r}; choose one of {sorted(FAMILIES)}." + did_you_mean(family, FAMILIES)
         )
-    if options.rollout == VLLM_ROLLOUT and options.family in VLLM_CPU_UNSUPPORTED:
+    if options.rollout == VLLM_ROLLOUT and family in VLLM_CPU_UNSUPPORTED:
         raise ConfigError(
-            f"--family {options.family} cannot generate with --rollout vllm: {VLLM_CPU_UNSUPPORTED[options.family]}. "
-            "Pass --rollout hf"
+            f"--family {family} cannot generate with --rollout vllm: {VLLM_CPU_UNSUPPORTED[family]}. Pass --rollout hf"
         )
 
 
@@ -138,8 +142,8 @@ def check_warm_start(options: DemoOptions) -> None:
     """The warm start demonstrates hermes tool calls; the SFT warm start needs a task it can fit."""
     if options.warm_start and options.tool_parser != "hermes":
         raise ConfigError(
-            f"the warm start demonstrates hermes tool calls, but {options.family} writes {options.tool_parser} calls; "
-            "pass --no-warm-start with this family"
+            f"the warm start demonstrates hermes tool calls, but {options.tiny_family} writes {options.tool_parser} "
+            "calls; pass --no-warm-start with this family"
         )
     if options.sft_warm_start and not (options.warm_start and get_task(options.task).sft_cold_start):
         fitted = [name for name, task in TASKS.items() if task.sft_cold_start]

@@ -151,7 +151,7 @@ def trainer_command(options: DemoOptions, paths: DemoPaths, address: str | None 
     if options.judge:
         from verl_mm_tools.tiny import tiny_model_path
 
-        judge = tiny_model_path(family=options.family)
+        judge = tiny_model_path(family=options.tiny_family)
         overrides += judge_overrides(options.spec.reward, str(judge), gpus=ray_sizes(overrides)[1])
     if address is not None:
         overrides = [*without_ray_sizes(overrides), *cluster_overrides(address)]

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from verl_mm_tools.errors import ConfigError, did_you_mean
 from verl_mm_tools.step_metrics import CALL_RATE, REWARD_MEAN
+from verl_mm_tools.tiny import DEFAULT_FAMILY
 from verl_mm_tools.tools.tool_yaml import (
     CLICK_TOOLS_YAML,
     GET_FRAMES_TOOLS_YAML,
@@ -84,6 +85,7 @@ class DemoTask:
     warm_start_lr: float | None = None  # None: WarmStartSpec's
     # The tiny model's TinyModelSpec.vision_output_scale: image tokens as distinct as a trained VLM's
     vision_output_scale: float = 1.0
+    family: str = DEFAULT_FAMILY  # the tiny model's VLM family where the run names none (--family)
 
     def learned(self, steps: list[dict]) -> bool:
         """The mean training reward of the last LEARNED_WINDOW steps reaches ``stop_at_reward``, the latest
@@ -263,21 +265,23 @@ def _click_cold_start(model: Path, tools_yaml: Path, seed: int, steps: int) -> P
 # episode on one of four points, from a cold start of demonstrations with mistakes (each screenshot's clicks hit in
 # 0.85 of them, a miss on every other point alike: demo.click_task), with learn_tool's RL settings (every answer is a
 # ~30-token call). On the plain grey-on-white page the tiny model did not see the button and stayed at chance; the red
-# one it localizes in a supervised fit (docs/experiments/gui_click.md, session 44). Its tiny model's image tokens are
-# built 30x larger (TinyModelSpec.vision_output_scale): as built, 5 of 12 cold starts with mistakes stayed at chance
-# and 4 learned one axis; at 30x the fits localized both axes (session 46). With a fifth of the screenshots
-# demonstrated wrongly, the fit missed those in every sample and GRPO's groups were unanimous; with the mistakes spread
-# over each screenshot's demonstrations, its groups hit and miss (session 47). RL's part: the sampled policy's success,
-# ~0.8 after the cold start, past the demonstrations' 0.85 to 0.95 over 5 steps (160 trajectories, 20 screenshots);
-# the greedy policy already clicks most held-out buttons, so its validation must only stay at 15 of 16.
+# one it localizes in a supervised fit (docs/experiments/gui_click.md, session 44). Its tiny model is a Qwen3-VL, whose
+# vision tower adds a position embedding to each patch and whose M-RoPE interleaves time, height and width: its fits
+# localized both axes on every seed tried within 1,000 steps, where a tiny Qwen2.5-VL (no absolute position in its
+# tower, the image's width on M-RoPE's lowest frequencies) found one axis or none on half of them (session 48). With a
+# fifth of the screenshots demonstrated wrongly, the fit missed those in every sample and GRPO's groups were
+# unanimous; with the mistakes spread over each screenshot's demonstrations, its groups hit and miss (session 47).
+# RL's part: the sampled policy's success, ~0.8 after the cold start, past the demonstrations' 0.85 to 0.95 over 5
+# steps (160 trajectories, 20 screenshots); the greedy policy already clicks most held-out buttons, so its validation
+# must only stay at 15 of 16.
 TASKS["click"] = replace(
     TASKS["learn_tool"],
     name="click",
-    vision_output_scale=30.0,
+    family="qwen3_vl",
     warm_start_task="click",
     sft_cold_start=False,
     cold_start=_click_cold_start,
-    warm_start_steps=3000,  # demo.click_task.ClickColdStart: why
+    warm_start_steps=1000,  # demo.click_task.ClickColdStart: why
     write_dataset=_write_click,
     validation_metric="val-core/miniwob/click-test/acc/mean@1",
     reward=(),  # the rows' own: environment_reward, MiniWoB's success
