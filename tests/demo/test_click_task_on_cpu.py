@@ -32,6 +32,7 @@ from verl_mm_tools.envs.gui.miniwob_env import POOL
 from verl_mm_tools.errors import ColdStartError
 from verl_mm_tools.handoff import SampleFields
 from verl_mm_tools.runtime.batch import unpadded_row
+from verl_mm_tools.tiny import tiny_model_path
 from verl_mm_tools.tools.tool_yaml import CLICK_TOOLS_YAML
 
 
@@ -101,7 +102,12 @@ def test_the_episodes_are_the_seeds_covering_one_point_balanced(tmp_path):
 
 
 @pytest.mark.integration  # the tiny model's processor, verl's worker and reward worker, Chromium
-def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("family", "x", "image_tokens"),
+    [("qwen2_5_vl", 42, 48), ("qwen3_vl", 40, 35)],  # 168x224 in 28 px tokens (6x8); the task's: 160x224 in 32 (5x7)
+)
+def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tmp_path, family, x, image_tokens):
+    tiny_model_dir = tiny_model_path(family=family)
     tools = tmp_path / "tools.yaml"
     tools.write_text(CLICK_TOOLS_YAML)
     episodes = click_episodes(4, 0)  # covering points 3, 2, 1 and 0
@@ -113,15 +119,17 @@ def test_a_click_on_the_covered_point_scores_one_and_any_other_zero(tiny_model_d
     assert output.non_tensor_batch["tool_call_counts"].tolist() == [1, 1, 1, 1]
     row = unpadded_row(output, 2)
     text = tiny_decode(tiny_model_dir, row["response_ids"])
-    # the call in the pixels of the shown screenshot (168x224 for the 160x210 page): POINTS[0] = (40, 90) is (42, 96)
-    assert text.startswith('<tool_call>\n{"name": "click", "arguments": {"x": 42, "y": 96}}\n</tool_call><|im_end|>')
-    assert "The task is over after clicking at (42, 96): not done (reward 0)." in text
-    assert row["prompt_ids"].count(image_token) == 48  # one screenshot: 6x8 merged patches
+    # the call in the pixels of the shown screenshot (for the 160x210 page): POINTS[0] = (40, 90) is (x, 96)
+    assert text.startswith(
+        f'<tool_call>\n{{"name": "click", "arguments": {{"x": {x}, "y": 96}}}}\n</tool_call><|im_end|>'
+    )
+    assert f"The task is over after clicking at ({x}, 96): not done (reward 0)." in text
+    assert row["prompt_ids"].count(image_token) == image_tokens  # one screenshot
     examples = [click_example(output, index, image_token) for index in range(4)]
-    # the trained tokens are the call's: x and y one digit each (x 42 or 131, y 96 or 181)
+    # the trained tokens are the call's: x and y one digit each (x 42 or 131 / 40 or 125, y 96 or 181)
     assert [len(example["call"]) for example in examples] == [32, 31, 30, 31]
     assert [int(example["weights"].sum()) for example in examples] == [32, 31, 30, 31]
-    # the fit weighs each digit 10x: 6, 5, 4 and 5 of them ("131", "181"; "42", "181"; "42", "96"; "131", "96")
+    # the fit weighs each digit 10x: 6, 5, 4 and 5 of them (x of 3 digits, y "181"; x of 2, y "181"; 2, "96"; 3, "96")
     digits = digit_ids(tiny_model_dir)
     weighted = [weighted_digits(example, digits, 10.0) for example in examples]
     assert [int(example["weights"].sum()) for example in weighted] == [86, 76, 66, 76]
