@@ -138,7 +138,7 @@ def _add_tiny_model_command(commands: argparse._SubParsersAction[argparse.Argume
         type=float,
         default=1.0,
         help="build the vision merger's output layer this many times larger, so that image tokens stand out from "
-        "text embeddings as a trained VLM's do (Qwen-VL families; the click demo's model: 30) (default 1)",
+        "text embeddings as a trained VLM's do (Qwen-VL families; docs/experiments/gui_click.md) (default 1)",
     )
     tiny.set_defaults(run=_tiny_model)
 

@@ -42,7 +42,8 @@ class TinyModelSpec:
     # The vision merger's output layer is built this many times larger. At 1 the image tokens reach the language
     # model as small as its text embeddings (std ~0.02), and two screenshots differ by a tenth of that: the tiny
     # model hardly tells them apart. A trained VLM's image tokens carry norms well above its text tokens'
-    # (arXiv 2512.08374 measures it across mainstream MLLMs); the click task builds its stand-in at 30.
+    # (arXiv 2512.08374 measures it across mainstream MLLMs). At 30 the tiny Qwen2.5-VL localized a red button in
+    # more fits (docs/experiments/gui_click.md); the click task now uses the tiny Qwen3-VL as built.
     vision_output_scale: float = 1.0
 
     def __post_init__(self) -> None:
