@@ -271,8 +271,8 @@ def _node_ip() -> str:
 
 def _free_port() -> int:
     """A port free now, drawn outside the kernel's ephemeral range and Ray's worker ports. A port the kernel hands
-    out (bind to 0) is handed out again to the next outgoing connection of any process; in CI one took the head's
-    GCS port in the second before `ray start` bound it ("Failed to start the grpc server")."""
+    out (bind to 0) may go to the next outgoing connection of any process before `ray start` binds it: in CI the
+    head's GCS port was taken so ("Failed to start the grpc server ... Address already in use")."""
     ephemeral = _ephemeral_ports()
     candidates = [port for port in LISTEN_PORTS if port not in ephemeral]
     tried = random.sample(candidates, min(len(candidates), 64))
