@@ -65,7 +65,7 @@ def prepare(options: DemoOptions, say: Callable[[str], None]) -> DemoPaths:
     tools.write_text(Path(options.tools).read_text() if options.tools else options.spec.tools_yaml)
     say("tiny model" if options.tiny_family == DEFAULT_FAMILY else f"tiny {options.tiny_family} model")
     task = options.spec
-    model = tiny_model_path(family=options.tiny_family, vision_output_scale=task.vision_output_scale)
+    model = tiny_model_path(family=options.tiny_family)
     if options.warm_start:
         say(f"warm start: {task.warm_start_says} (cached after the first run; log {out / 'logs'})")
         with quiet(out / "logs" / "warm_start.log"):

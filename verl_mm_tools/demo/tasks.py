@@ -83,8 +83,6 @@ class DemoTask:
     # The rows name files relative to the data folder (the video task's clips): the loop's file_roots is that folder
     reads_data_files: bool = False
     warm_start_lr: float | None = None  # None: WarmStartSpec's
-    # The tiny model's TinyModelSpec.vision_output_scale: image tokens as distinct as a trained VLM's
-    vision_output_scale: float = 1.0
     family: str = DEFAULT_FAMILY  # the tiny model's VLM family where the run names none (--family)
 
     def learned(self, steps: list[dict]) -> bool:

@@ -47,9 +47,10 @@ def assemble_with_versions(
     ]
     tags = [{key: columns[key][row] for key in VERSION_KEYS} for columns, row in places]
     filled = fill_missing_weight_versions(tags, fallback=NO_VERSION_GENERATED)
-    for (columns, row), tag in zip(places, tags, strict=True):
-        for key in VERSION_KEYS:
-            columns[key][row] = tag[key]
+    if filled:  # verl's own columns are written only where a version was missing
+        for (columns, row), tag in zip(places, tags, strict=True):
+            for key in VERSION_KEYS:
+                columns[key][row] = tag[key]
     batch = assemble(rollout_samples, *args, **kwargs)
     batch.meta_info[UNVERSIONED_SAMPLES] = float(filled)
     return batch
